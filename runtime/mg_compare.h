@@ -13,10 +13,12 @@ typedef struct mg_err {
     double rel_l2;      /* ||got - ref||_2 / max(||ref||_2, tiny) */
     double ref_norm;    /* ||ref||_2 */
     size_t n;           /* elements compared */
-    size_t n_nonfinite; /* NaN/Inf in got */
+    size_t n_nonfinite; /* NaN/Inf in got (or in ref); left out of the norms */
 } mg_err;
 mg_err mg_compare_f32(const float *got, const double *ref, size_t n);
 mg_err mg_compare_f32f32(const float *got, const float *ref, size_t n);
+/* Added: f64 result against f64 reference (reference self-consistency). */
+mg_err mg_compare_f64(const double *got, const double *ref, size_t n);
 /* Prints "name: max_abs=... rel_l2=... (n=...)" to f. */
 void mg_err_print(FILE *f, const char *name, const mg_err *e);
 /* 1 if e is finite everywhere and rel_l2 <= tol. */

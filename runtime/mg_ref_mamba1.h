@@ -53,6 +53,72 @@ mg_status mg_ref_mamba1_forward(const mg_m1_dims *d, const mg_m1_layout *l,
                                 const float *u, double *out,
                                 double *conv_state, double *ssm_state);
 
+/* ---- Added beyond the first contract ------------------------------------ */
+
+/* One tensor of the blob, PyTorch (Hugging Face *-hf) name. */
+typedef struct mg_m1_tensor {
+    char name[64];      /* e.g. "backbone.layers.0.mixer.in_proj.weight" */
+    size_t offset;      /* floats from the start of the blob */
+    size_t numel;
+    int layer;          /* -1 for input_proj.* and norm_f.weight */
+} mg_m1_tensor;
+
+/* The tensors in blob order: (input_dim > 0 ? 2 : 0) + 10*n_layers + 1 of
+ * them. Fills min(count, max) entries of out (out may be NULL) and returns
+ * the count, or -1 if d or l is NULL. */
+int mg_ref_mamba1_tensors(const mg_m1_dims *d, const mg_m1_layout *l,
+                          mg_m1_tensor *out, int max);
+
+/* Same as mg_ref_mamba1_forward with the weights blob and the input in f64
+ * (finite differences need perturbations finer than f32). */
+mg_status mg_ref_mamba1_forward_f64(const mg_m1_dims *d, const mg_m1_layout *l,
+                                    const double *blob, int batch, int seqlen,
+                                    const double *u, double *out,
+                                    double *conv_state, double *ssm_state);
+
+/* Backward of loss = <out, dout> (sum over every element of
+ * out[batch][seqlen][D]). Recomputes the forward (saving activations layer
+ * by layer), then backpropagates through the step recurrence in reverse.
+ * conv_state_in [n_layers][batch][E][K-1], ssm_state_in [n_layers][batch][E][N]
+ * (f64): the initial state, NULL = zeros. Outputs (f64):
+ *   grad_blob  [l->total], same layout as the blob, overwritten (padding 0);
+ *   du         [batch][seqlen][input_dim or D], may be NULL;
+ *   dconv_state_in, dssm_state_in: gradients w.r.t. the initial state, same
+ *              shapes as the states, may be NULL (computed either way).
+ * The final state gets no gradient (the loss depends on out only). */
+mg_status mg_ref_mamba1_backward(const mg_m1_dims *d, const mg_m1_layout *l,
+                                 const float *blob, int batch, int seqlen,
+                                 const float *u, const double *conv_state_in,
+                                 const double *ssm_state_in, const double *dout,
+                                 double *grad_blob, double *du,
+                                 double *dconv_state_in, double *dssm_state_in);
+mg_status mg_ref_mamba1_backward_f64(const mg_m1_dims *d, const mg_m1_layout *l,
+                                     const double *blob, int batch, int seqlen,
+                                     const double *u, const double *conv_state_in,
+                                     const double *ssm_state_in, const double *dout,
+                                     double *grad_blob, double *du,
+                                     double *dconv_state_in, double *dssm_state_in);
+
+/* The two sequence kernels of the mixer, for one sequence, exposed so tests
+ * can hold them against naive loops.
+ * Causal depthwise conv + SiLU (math.md step 2): x[t*ldx + e] (t < T,
+ * e < E), w [E][K], bias [E]; state [E][K-1] (oldest first) supplies the
+ * inputs before t = 0 and is overwritten with the last K-1 inputs; NULL
+ * means zeros, nothing written. pre [T][E] (pre-activation; may be NULL),
+ * xc [T][E] = silu(pre). */
+void mg_ref_m1_conv(int T, int E, int K, const double *x, int ldx,
+                    const double *w, const double *bias, double *state,
+                    double *pre, double *xc);
+/* Selective scan, step form (math.md steps 6-7): xc, delta [T][E],
+ * A [E][N] (already -exp(A_log)), B and C rows at Bm[t*ldbc + n],
+ * Cm[t*ldbc + n], Dp [E]; s [E][N] is the state in/out (must not be NULL);
+ * y [T][E]; s_hist [T][E][N] receives s after every step (may be NULL). */
+void mg_ref_m1_scan(int T, int E, int N, const double *xc, const double *delta,
+                    const double *A, const double *Bm, const double *Cm, int ldbc,
+                    const double *Dp, double *s, double *y, double *s_hist);
+/* softplus with PyTorch's threshold 20 (x > 20 -> x). */
+double mg_ref_softplus(double x);
+
 #ifdef __cplusplus
 }
 #endif

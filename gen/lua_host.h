@@ -1,0 +1,73 @@
+/* gen/lua_host.h: the sandboxed Lua state that runs the templates/ modules
+ * (doc/HACKING.md, "Host <-> Lua contract"): which libraries and globals Lua
+ * sees, how `require` and `mg.read` find files of the template root (the
+ * embedded copy or a --templates directory), and the protected call of
+ * require("mg.init").main(args) with its result turned into C data. */
+#ifndef MG_LUA_HOST_H
+#define MG_LUA_HOST_H
+
+#include <stddef.h>
+
+#include <lua.h>
+
+typedef struct lh_host lh_host;
+
+typedef struct {
+    const char *templates_dir; /* template root on disk; NULL: the embedded copy */
+    int allow_print;           /* keep `print` (--lua-test); otherwise stdout is the product's */
+} lh_options;
+
+/* Creates the state. NULL with *ERR set (free it) if the template directory
+ * is not a directory or memory runs out. */
+lh_host *lh_new(const lh_options *opts, char **err);
+void lh_free(lh_host *h);
+lua_State *lh_state(lh_host *h);
+
+/* 1 if RELPATH[0..LEN) may name a file of the template root: not empty,
+ * relative, no NUL, no empty, "." or ".." component. */
+int lh_relpath_ok(const char *relpath, size_t len);
+
+/* Reads RELPATH from the template root into a malloc'd, NUL-terminated
+ * buffer. 0, or -1 with *ERR set (free it). */
+int lh_read_template(lh_host *h, const char *relpath, char **data, size_t *size, char **err);
+
+/* What the host passes to main (the spec tree comes from the Lua stack). */
+typedef struct {
+    const char *command;   /* "emit" | "check" | "print-spec" */
+    const char *spec_path; /* as given on the command line */
+    const char *spec_hash; /* sha256 hex of the file bytes */
+} lh_args;
+
+typedef struct {
+    char *path;          /* relative to the output directory */
+    char *content;
+    size_t size;
+    char *template_name; /* may be NULL */
+} lh_file;
+
+enum { LH_OK = 0, LH_SPEC_ERRORS = 1, LH_INTERNAL = 2 };
+
+typedef struct {
+    int status;        /* LH_OK, LH_SPEC_ERRORS or LH_INTERNAL (= exit status) */
+    char *message;     /* errors: complete text for stderr (newline-terminated) */
+    char *name;        /* spec name from the result, or NULL */
+    char *text;        /* print-spec */
+    size_t text_size;
+    lh_file *files;    /* emit, in the order Lua gave them */
+    size_t nfiles;
+} lh_result;
+
+/* Pops the spec tree from the top of lh_state(H), calls
+ * require("mg.init").main(args) and fills R. Spec errors raised as
+ * error({spec_errors={{line=,col=,msg=},...}}, 0) become LH_SPEC_ERRORS with
+ * one "SPEC:LINE:COL: MSG" line each; any other error or a malformed result
+ * becomes LH_INTERNAL with the traceback. Returns R->status. */
+int lh_run_main(lh_host *h, const lh_args *args, lh_result *r);
+void lh_result_free(lh_result *r);
+
+/* --lua-test: runs the Lua file PATH (from disk) in the sandbox. Returns 0
+ * if it returns nothing, nil or true; 1 with *MESSAGE set (free it) if it
+ * raises an error or returns anything else. */
+int lh_run_file(lh_host *h, const char *path, char **message);
+
+#endif

@@ -1,0 +1,187 @@
+/* mg_ref_mamba3.h: the Mamba-3 SISO reference path. Plain C, runtime dims,
+ * f64 accumulation, the step recurrence of math.md (not the chunked form).
+ * It is the oracle every generated Mamba-3 pipeline is checked against:
+ * forward with state in/out, backward by reverse-mode through the step
+ * recurrence, and an f64 evaluator of the chunked form of the SSM core (the
+ * blueprint of the GPU chunked kernels). Weights come in the same f32 blob
+ * layout as the generated libraries (doc/HACKING.md, "Weight blob layout
+ * (Mamba-3 SISO)"), laid out independently by mg_ref_mamba3_layout. */
+#ifndef MG_REF_MAMBA3_H
+#define MG_REF_MAMBA3_H
+#include <stdbool.h>
+#include <stddef.h>
+#include "mg_status.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mg_m3_a_act {
+    MG_M3_A_HEAVY_TAIL = 0,  /* 1+v (v >= 0), 1/(1-v) (v < 0) */
+    MG_M3_A_SOFTPLUS = 1
+} mg_m3_a_act;
+
+typedef struct mg_m3_dims {
+    int d_model;    /* D */
+    int n_layers;
+    int d_state;    /* N */
+    int d_inner;    /* E = expand * D = nheads * headdim */
+    int headdim;    /* P */
+    int nheads;     /* H */
+    int ngroups;    /* G, divides H; head h uses group h / (H/G) */
+    int n_angles;   /* S = floor(N * rope_fraction) / 2, 2S <= N */
+    int input_dim;  /* 0 = identity input projection */
+    double norm_eps;
+    double a_floor;          /* A = -max(act(dd_A), a_floor) */
+    mg_m3_a_act a_activation;
+    bool outproj_norm;       /* gated RMSNorm before out_proj, else y*silu(z) */
+} mg_m3_dims;
+
+/* Offset of a tensor that the configuration does not have. */
+#define MG_M3_NO_TENSOR ((size_t)-1)
+
+/* Offsets (in floats) of one layer's tensors in the blob. */
+typedef struct mg_m3_layer_off {
+    size_t norm_w, in_proj_w, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, D,
+           norm_gate_w,   /* MG_M3_NO_TENSOR unless outproj_norm */
+           out_proj_w;
+} mg_m3_layer_off;
+
+typedef struct mg_m3_layout {
+    size_t input_proj_w, input_proj_b;   /* MG_M3_NO_TENSOR unless input_dim > 0 */
+    mg_m3_layer_off *layers;             /* n_layers entries (malloc'd) */
+    size_t norm_f_w;
+    size_t total;                        /* floats, multiple of 64 */
+} mg_m3_layout;
+
+/* in_proj outputs: 2E + 2GN + 3H + S. */
+size_t mg_ref_mamba3_in_proj_dim(const mg_m3_dims *d);
+
+/* Checks the dims (positive sizes, E = H*P, G | H, 2S <= N, eps > 0,
+ * a_floor >= 0) and computes the layout. */
+mg_status mg_ref_mamba3_layout(const mg_m3_dims *d, mg_m3_layout *out);
+void mg_ref_mamba3_layout_free(mg_m3_layout *l);
+
+/* One tensor of the blob, in blob order. */
+typedef struct mg_m3_param {
+    const char *key;     /* "in_proj_w", ... (the layout field name) */
+    char name[64];       /* PyTorch state_dict name, e.g. "layers.0.mixer.D" */
+    int ndim;
+    long shape[3];
+    size_t offset;       /* floats */
+    size_t numel;
+    int layer;           /* -1 for input_proj / norm_f */
+} mg_m3_param;
+
+/* The blob's tensors in order. out may be NULL (count only); otherwise it
+ * has room for cap entries (MG_ERR_SIZE if too few). *count gets the
+ * number of tensors. */
+mg_status mg_ref_mamba3_params(const mg_m3_dims *d, const mg_m3_layout *l,
+                               mg_m3_param *out, size_t cap, size_t *count);
+
+/* Fill a blob with a plausible random initialisation (deterministic in
+ * seed): linear weights and biases U(-1/sqrt(in), 1/sqrt(in)), norm weights,
+ * B_bias, C_bias and D in 1 +- 0.1, dt_bias = softplus^-1(dt) with
+ * log(dt) uniform in [log 1e-3, log 1e-1]. Padding is zeroed. */
+mg_status mg_ref_mamba3_init(const mg_m3_dims *d, const mg_m3_layout *l,
+                             float *blob, unsigned long long seed);
+
+/* Recurrent state, per layer. All f64, layout [n_layers][batch][...]:
+ *   ssm    [n_layers][batch][H][P][N]
+ *   k_prev [n_layers][batch][H][N]   rotated k' of the last token
+ *   v_prev [n_layers][batch][H][P]   v (x) of the last token
+ *   angle  [n_layers][batch][H][S]   theta of the last token, in [0, 2pi)
+ * Each pointer may be NULL: zeros in, nothing out. */
+
+/* Forward over [batch][seqlen]. u: [batch][seqlen][input_dim or D] (f32),
+ * out: [batch][seqlen][D] (f64; may be NULL). The state arrays are read as
+ * the initial state and overwritten with the final state (unchanged when
+ * seqlen = 0). */
+mg_status mg_ref_mamba3_forward(const mg_m3_dims *d, const mg_m3_layout *l,
+                                const float *blob, int batch, int seqlen,
+                                const float *u, double *out,
+                                double *ssm, double *k_prev, double *v_prev,
+                                double *angle);
+
+/* The same with the weights blob and the input in f64 (finite differences
+ * need perturbations finer than f32; the f32 entry points widen their
+ * arguments and call these). */
+mg_status mg_ref_mamba3_forward_f64(const mg_m3_dims *d, const mg_m3_layout *l,
+                                    const double *blob, int batch, int seqlen,
+                                    const double *u, double *out,
+                                    double *ssm, double *k_prev, double *v_prev,
+                                    double *angle);
+
+/* Backward of loss = <out, dout> + <ssm_T, dssm_T> + <k_prev_T, dk_prev_T>
+ *   + <v_prev_T, dv_prev_T> + <angle_T, dangle_T>
+ * (the final-state terms let a sequence split across calls be
+ * backpropagated call by call; NULL = zero). Runs the forward itself, from
+ * the initial state (ssm0, ..., NULL = zeros; not modified), saving its
+ * activations, then the step recurrence in reverse.
+ * Outputs (each may be NULL except dblob):
+ *   out     [batch][seqlen][D]  the forward output
+ *   dblob   [l->total]          d loss / d weights, in the blob layout
+ *                               (padding 0); overwritten, not accumulated
+ *   du      [batch][seqlen][input_dim or D]
+ *   dssm0, dk_prev0, dv_prev0, dangle0: d loss / d initial state, same
+ *   layouts as the state.
+ * The a_floor clamp passes no gradient when active; mod 2pi has derivative 1. */
+mg_status mg_ref_mamba3_backward(const mg_m3_dims *d, const mg_m3_layout *l,
+                                 const float *blob, int batch, int seqlen,
+                                 const float *u,
+                                 const double *ssm0, const double *k_prev0,
+                                 const double *v_prev0, const double *angle0,
+                                 const double *dout,
+                                 const double *dssm_T, const double *dk_prev_T,
+                                 const double *dv_prev_T, const double *dangle_T,
+                                 double *out, double *dblob, double *du,
+                                 double *dssm0, double *dk_prev0,
+                                 double *dv_prev0, double *dangle0);
+
+mg_status mg_ref_mamba3_backward_f64(const mg_m3_dims *d, const mg_m3_layout *l,
+                                     const double *blob, int batch, int seqlen,
+                                     const double *u,
+                                     const double *ssm0, const double *k_prev0,
+                                     const double *v_prev0, const double *angle0,
+                                     const double *dout,
+                                     const double *dssm_T, const double *dk_prev_T,
+                                     const double *dv_prev_T, const double *dangle_T,
+                                     double *out, double *dblob, double *du,
+                                     double *dssm0, double *dk_prev0,
+                                     double *dv_prev0, double *dangle0);
+
+/* The SSM core of one layer (math.md steps 8-10), on precomputed per-token
+ * inputs. Per (batch b, token t, head h):
+ *   alpha = exp(adt), beta = (1-lam)*dt*alpha, gamma = lam*dt,
+ *   Hs_t = alpha Hs_{t-1} + beta v_{t-1} k'_{t-1}^T + gamma v_t k'_t^T,
+ *   y_t  = Hs_t q'_t + D v_t. */
+typedef struct mg_m3_ssm_args {
+    int batch, seqlen, nheads, headdim, d_state;   /* B, T, H, P, N */
+    const double *q;    /* [B][T][H][N] q' (rotated) */
+    const double *k;    /* [B][T][H][N] k' (rotated) */
+    const double *v;    /* [B][T][H][P] */
+    const double *adt;  /* [B][T][H] A*DT */
+    const double *dt;   /* [B][T][H] DT */
+    const double *lam;  /* [B][T][H] lambda */
+    const double *D;    /* [H] */
+    double *y;          /* [B][T][H][P] out */
+    double *ssm;        /* [B][H][P][N] in/out; NULL: zeros in, nothing out */
+    double *k_prev;     /* [B][H][N]    in/out; NULL: zeros in, nothing out */
+    double *v_prev;     /* [B][H][P]    in/out; NULL: zeros in, nothing out */
+} mg_m3_ssm_args;
+
+/* The step recurrence (what mg_ref_mamba3_forward uses). */
+mg_status mg_ref_mamba3_ssm_step(const mg_m3_ssm_args *a);
+
+/* The chunked form of math.md with chunk length `chunk` (>= 1; the last
+ * chunk may be shorter): per chunk, cumulative sums of adt, intra-chunk
+ * causal sums with the shifted gamma scale_s = gamma_s + (1-lam_{s+1})
+ * dt_{s+1} (dt past the end of the call = 0), chunk states passed on as
+ * Hs <- exp(cs_end) Hs + S_c; the initial state enters as
+ * ssm + (1-lam_0) dt_0 v_prev k_prev^T. Same results and final state as
+ * mg_ref_mamba3_ssm_step up to f64 rounding. */
+mg_status mg_ref_mamba3_ssm_chunked(const mg_m3_ssm_args *a, int chunk);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

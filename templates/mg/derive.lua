@@ -1,0 +1,177 @@
+-- mg/derive.lua: derived values common to every arch, then the per-arch
+-- module (mg/derive_mamba1.lua; Mamba-3 SISO lives here until its templates
+-- exist). Templates do no arithmetic: every number they print comes from d.
+--
+-- derive(spec) -> d. Common fields (all archs):
+--   d.name, d.NAME           spec.name and its upper-case form
+--   d.arch                   spec.arch
+--   d.dtype                  spec.precision ("f32" | "bf16" | "f16")
+--   d.act_t                  C storage type: "float" | "__nv_bfloat16" | "__half"
+--   d.mg_dtype               runtime enum: "MG_F32" | "MG_BF16" | "MG_F16"
+--   d.act_size               bytes per stored activation (4 | 2 | 2)
+--   d.check_tol              relative-L2 tolerance of the selfcheck against the
+--                            f64 reference for this storage dtype (f32 1e-5,
+--                            bf16 2e-2, f16 5e-3; the README's tolerance table)
+--   d.target, d.sm           "sm_90" and 90
+--   d.D, d.E, d.N, d.L       d_model, expand*d_model, d_state, n_layers
+--   d.input_dim, d.in_dim    input_dim, and the model input width (input_dim or D)
+--   d.eps                    norm_eps (a Lua float)
+--   d.max_batch, d.max_seq_len, d.max_tokens (= max_batch*max_seq_len)
+--   d.batch, d.seq_len       fixed sizes, 0 when given at run time
+--   d.batch_fixed, d.seq_len_fixed  booleans
+--   d.scan_mode_resolved     "sequential" | "chunked" (auto: sequential when
+--                            max_seq_len <= 256 — one pass is cheap and has no
+--                            chunk overhead at such lengths — else chunked)
+--   d.chunk_size             chunk length (auto: 64 until the autotune cache exists)
+--   d.training, d.inference, d.deterministic  spec.emit.* booleans
+-- plus the per-arch fields documented in each arch's section.
+
+local M = {}
+
+local DTYPES = {
+  f32  = { act_t = "float",         mg_dtype = "MG_F32",  act_size = 4, check_tol = 1e-5 },
+  bf16 = { act_t = "__nv_bfloat16", mg_dtype = "MG_BF16", act_size = 2, check_tol = 2e-2 },
+  f16  = { act_t = "__half",        mg_dtype = "MG_F16",  act_size = 2, check_tol = 5e-3 },
+}
+
+-- Sequences up to this length use the sequential scan under `scan.mode: auto`.
+M.AUTO_SEQUENTIAL_MAX_LEN = 256
+-- Chunk length used for `chunk_size: auto` until `mamba-gen tune` has filled
+-- the autotune cache (the Mamba-3 reference kernels use 64 as well).
+M.DEFAULT_CHUNK = 64
+-- Every tensor of the weights blob starts at a multiple of this many floats
+-- (256 bytes: aligned for any vector load and for cuBLAS).
+M.ALIGN = 64
+
+function M.align(x, a)
+  a = a or M.ALIGN
+  return (x + a - 1) // a * a
+end
+
+function M.next_pow2(x)
+  local p = 1
+  while p < x do p = p * 2 end
+  return p
+end
+
+function M.ceil_div(a, b) return (a + b - 1) // b end
+
+local function common(spec)
+  local d = {}
+  local m = spec.model
+  d.name = spec.name
+  d.NAME = spec.name:upper()
+  d.arch = spec.arch
+  d.dtype = spec.precision
+  local dt = DTYPES[spec.precision]
+  d.act_t, d.mg_dtype, d.act_size = dt.act_t, dt.mg_dtype, dt.act_size
+  d.check_tol = dt.check_tol
+  d.target = spec.target
+  d.sm = math.tointeger(tonumber(spec.target:match("^sm_(%d+)$")))
+  d.D = m.d_model
+  d.E = m.expand * m.d_model
+  d.N = m.d_state
+  d.L = m.n_layers
+  d.input_dim = m.input_dim
+  d.in_dim = m.input_dim > 0 and m.input_dim or m.d_model
+  d.eps = m.norm_eps
+  local sh = spec.shapes
+  d.max_batch, d.max_seq_len = sh.max_batch, sh.max_seq_len
+  d.max_tokens = sh.max_batch * sh.max_seq_len
+  d.batch, d.seq_len = sh.batch, sh.seq_len
+  d.batch_fixed, d.seq_len_fixed = sh.batch > 0, sh.seq_len > 0
+  if spec.scan.mode == "auto" then
+    d.scan_mode_resolved = (sh.max_seq_len <= M.AUTO_SEQUENTIAL_MAX_LEN) and "sequential" or "chunked"
+  else
+    d.scan_mode_resolved = spec.scan.mode
+  end
+  d.chunk_size = spec.scan.chunk_size == "auto" and M.DEFAULT_CHUNK or spec.scan.chunk_size
+  d.training = spec.emit.training
+  d.inference = spec.emit.inference
+  d.deterministic = spec.emit.deterministic
+  return d
+end
+
+-- Append a tensor to a blob layout under construction (shared by the archs).
+-- layout = { params = {}, next = 0 }.
+function M.add_param(layout, name, shape, key, layer)
+  local numel = 1
+  for _, s in ipairs(shape) do numel = numel * s end
+  local off = M.align(layout.next)
+  local p = { name = name, shape = shape, offset = off, numel = numel, layer = layer, key = key }
+  layout.params[#layout.params + 1] = p
+  layout.next = off + numel
+  return p
+end
+
+-- Mamba-3 SISO (provisional: its templates come later; the names follow
+-- math.md's state_dict names). Fields:
+--   d.P (headdim), d.H (nheads = E/P), d.G (ngroups), d.heads_per_group (H/G),
+--   d.S (n_angles = floor(N*rope_fraction)/2), d.in_proj_out (2E+2GN+3H+S) and
+--   the offsets of its splits d.split_{z,x,B,C,dd_dt,dd_A,trap,angles},
+--   d.a_floor, d.a_activation, d.outproj_norm, d.params/d.off/d.layer0/
+--   d.layer_stride/d.weights_total as for Mamba-1.
+local function derive_mamba3_siso(spec, d)
+  local m = spec.model
+  d.P = m.headdim
+  d.H = d.E // d.P
+  d.G = m.ngroups
+  d.heads_per_group = d.H // d.G
+  d.S = math.floor(d.N * m.rope_fraction) // 2
+  d.in_proj_out = 2 * d.E + 2 * d.G * d.N + 3 * d.H + d.S
+  d.split_z = 0
+  d.split_x = d.E
+  d.split_B = 2 * d.E
+  d.split_C = 2 * d.E + d.G * d.N
+  d.split_dd_dt = 2 * d.E + 2 * d.G * d.N
+  d.split_dd_A = d.split_dd_dt + d.H
+  d.split_trap = d.split_dd_A + d.H
+  d.split_angles = d.split_trap + d.H
+  d.a_floor = m.a_floor
+  d.a_activation = m.a_activation
+  d.outproj_norm = m.outproj_norm
+
+  local lay = { params = {}, next = 0 }
+  d.off = {}
+  if d.input_dim > 0 then
+    d.off.input_proj_w = M.add_param(lay, "input_proj.weight", { d.D, d.input_dim }, "input_proj_w").offset
+    d.off.input_proj_b = M.add_param(lay, "input_proj.bias", { d.D }, "input_proj_b").offset
+  end
+  local starts = {}
+  for l = 0, d.L - 1 do
+    local pre = "layers." .. l .. "."
+    local function add(n, shape, key) return M.add_param(lay, pre .. n, shape, key, l) end
+    starts[l] = add("norm.weight", { d.D }, "norm_w").offset
+    add("mixer.in_proj.weight", { d.in_proj_out, d.D }, "in_proj_w")
+    add("mixer.dt_bias", { d.H }, "dt_bias")
+    add("mixer.B_norm.weight", { d.N }, "B_norm_w")
+    add("mixer.C_norm.weight", { d.N }, "C_norm_w")
+    add("mixer.B_bias", { d.H, 1, d.N }, "B_bias")
+    add("mixer.C_bias", { d.H, 1, d.N }, "C_bias")
+    add("mixer.D", { d.H }, "D")
+    if d.outproj_norm then add("mixer.norm.weight", { d.E }, "norm_gate_w") end
+    add("mixer.out_proj.weight", { d.D, d.E }, "out_proj_w")
+  end
+  local layers_end = M.align(lay.next)
+  d.off.norm_f_w = M.add_param(lay, "norm_f.weight", { d.D }, "norm_f_w").offset
+  d.params = lay.params
+  d.weights_total = M.align(lay.next)
+  d.layer0 = {}
+  for _, p in ipairs(d.params) do
+    if p.layer == 0 then d.layer0[p.key] = p.offset end
+  end
+  d.layer_stride = d.L > 1 and (starts[1] - starts[0]) or (layers_end - starts[0])
+  return d
+end
+
+function M.derive(spec)
+  local d = common(spec)
+  if spec.arch == "mamba1" then
+    return require("mg.derive_mamba1").derive(spec, d)
+  elseif spec.arch == "mamba3_siso" then
+    return derive_mamba3_siso(spec, d)
+  end
+  error("derive: unknown arch " .. tostring(spec.arch))
+end
+
+return M

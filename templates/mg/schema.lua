@@ -1,0 +1,199 @@
+-- mg/schema.lua: the spec schema as data.
+--
+-- This table is the single source of truth for the public spec format: the
+-- validator (mg/validate.lua) walks it, --print-spec (mg/yaml_out.lua) prints
+-- keys in its order, and the README's spec reference is generated from / checked
+-- against the `doc` strings. Keep every doc string one line, user-facing.
+--
+-- A key entry:
+--   key       the YAML key
+--   type      "identifier" | "enum" | "int" | "number" | "bool" | "map"
+--   values    enum: allowed strings; int/number: allowed values (a set)
+--   auto      true: the string `auto` is also accepted (kept as "auto")
+--   min, max  inclusive range (int/number); for numbers `gt`/`lt` are strict
+--   pow2      int must be a power of two
+--   multiple_of  int must be a multiple of this
+--   required  true: must be present
+--   default   value when absent (or default_by_arch = {arch = value})
+--   archs     list of archs the key applies to (absent: all archs)
+--   by_arch   per-arch overrides of the constraint fields {arch = {...}}
+--   keys      for type "map": the child keys, in order
+--   doc       one-line description
+-- Cross-key rules (divisibility, bounds that depend on other keys) are in
+-- M.rules, each with a doc line and a check function over the canonical spec.
+
+local M = {}
+
+M.archs = { "mamba1", "mamba3_siso" }
+
+-- C keywords (C11 plus common extensions and C++ keywords that break headers
+-- included from C++), refused as model names since every emitted symbol and
+-- file starts with the name.
+M.c_keywords = {}
+for w in ([[auto break case char const continue default do double else enum
+  extern float for goto if inline int long register restrict return short
+  signed sizeof static struct switch typedef union unsigned void volatile
+  while _Alignas _Alignof _Atomic _Bool _Complex _Generic _Imaginary
+  _Noreturn _Static_assert _Thread_local asm typeof bool true false class
+  delete new namespace template this throw try catch private public
+  protected virtual operator friend using typename nullptr]]):gmatch("%S+") do
+  M.c_keywords[w] = true
+end
+
+M.name_max_len = 48
+
+M.keys = {
+  { key = "name", type = "identifier", required = true,
+    doc = "model name: a C identifier [a-z_][a-z0-9_]*, at most 48 characters, not a C keyword, not mg or mg_*; prefix of every emitted symbol and file" },
+  { key = "arch", type = "enum", values = { "mamba1", "mamba3_siso" }, required = true,
+    doc = "architecture: mamba1 (selective SSM, Gu & Dao 2023) or mamba3_siso (Mamba-3 SISO, Lahoti et al. 2026)" },
+  { key = "model", type = "map", required = true,
+    doc = "model dimensions and options",
+    keys = {
+      { key = "d_model", type = "int", required = true, min = 1, max = 16384, multiple_of = 8,
+        doc = "D, width of the residual stream; a multiple of 8 so rows load as 16-byte vectors in every storage dtype" },
+      { key = "n_layers", type = "int", required = true, min = 1, max = 256,
+        doc = "number of residual blocks" },
+      { key = "d_state", type = "int", default_by_arch = { mamba1 = 16, mamba3_siso = 128 },
+        min = 1, max = 256,
+        by_arch = { mamba1 = { pow2 = true },
+                    mamba3_siso = { values = { 16, 32, 64, 128, 256 } } },
+        doc = "N, SSM state size per channel: mamba1 a power of two in 1..256 (default 16), mamba3_siso one of 16, 32, 64, 128, 256 (default 128)" },
+      { key = "expand", type = "int", default = 2, min = 1, max = 8,
+        doc = "E = expand * d_model, the inner (mixer) width" },
+      { key = "d_conv", type = "int", default = 4, min = 2, max = 8, archs = { "mamba1" },
+        doc = "K, width of the causal depthwise convolution (mamba1)" },
+      { key = "dt_rank", type = "int", auto = true, default = "auto", min = 1, archs = { "mamba1" },
+        doc = "R, rank of the dt projection, 1..d_model, or auto = ceil(d_model/16) (mamba1)" },
+      { key = "headdim", type = "int", default = 64, values = { 16, 32, 64, 128 }, archs = { "mamba3_siso" },
+        doc = "P, head size; nheads = expand*d_model/headdim must be a whole number (mamba3_siso)" },
+      { key = "ngroups", type = "int", default = 1, min = 1, max = 256, archs = { "mamba3_siso" },
+        doc = "G, number of B/C groups; must divide nheads (mamba3_siso)" },
+      { key = "rope_fraction", type = "number", default = 0.5, values = { 0.5, 1.0 }, archs = { "mamba3_siso" },
+        doc = "fraction of d_state that is rotated: n_angles = floor(d_state*rope_fraction)/2 (mamba3_siso)" },
+      { key = "a_activation", type = "enum", default = "heavy_tail", values = { "heavy_tail", "softplus" },
+        archs = { "mamba3_siso" },
+        doc = "activation giving -A from dd_A: heavy_tail (current reference) or softplus (earlier form) (mamba3_siso)" },
+      { key = "a_floor", type = "number", default = 1.0e-4, gt = 0, archs = { "mamba3_siso" },
+        doc = "lower clamp of -A, > 0 (mamba3_siso)" },
+      { key = "outproj_norm", type = "bool", default = true, archs = { "mamba3_siso" },
+        doc = "gated RMSNorm of y before out_proj; false: y*silu(z) (mamba3_siso)" },
+      { key = "input_dim", type = "int", default = 0, min = 0, max = 65536,
+        doc = "width of the model input; 0 = identity (the input is already d_model wide), else a Linear input_dim -> d_model with bias" },
+      { key = "norm_eps", type = "number", default = 1.0e-5, gt = 0, lt = 1,
+        doc = "epsilon of every RMSNorm, 0 < norm_eps < 1" },
+    } },
+  { key = "precision", type = "enum", default = "f32", values = { "f32", "bf16", "f16" },
+    doc = "storage dtype of GEMM operands and activations; states, residual stream and reductions are always f32" },
+  { key = "scan", type = "map",
+    doc = "selective scan options",
+    keys = {
+      { key = "mode", type = "enum", default = "auto", values = { "sequential", "chunked", "auto" },
+        doc = "sequential (one pass over time), chunked (parallel over chunks), or auto (sequential when max_seq_len <= 256, else chunked)" },
+      { key = "chunk_size", type = "int", auto = true, default = 64, values = { 16, 32, 64, 128, 256 },
+        doc = "timesteps per chunk of the chunked scan: 16, 32, 64, 128, 256, or auto (autotune cache; 64 until tuned)" },
+    } },
+  { key = "shapes", type = "map", required = true,
+    doc = "batch and sequence bounds; fixing batch or seq_len makes it a compile-time constant",
+    keys = {
+      { key = "max_batch", type = "int", required = true, min = 1, max = 65536,
+        doc = "largest batch a call may pass (sizes workspaces)" },
+      { key = "max_seq_len", type = "int", required = true, min = 1, max = 1048576,
+        doc = "longest sequence a call may pass (sizes workspaces)" },
+      { key = "batch", type = "int", default = 0, min = 0, max = 65536,
+        doc = "fixed batch size (<= max_batch), or 0 = given at run time" },
+      { key = "seq_len", type = "int", default = 0, min = 0, max = 1048576,
+        doc = "fixed sequence length (<= max_seq_len), or 0 = given at run time" },
+    } },
+  { key = "emit", type = "map",
+    doc = "what the generated library contains",
+    keys = {
+      { key = "training", type = "bool", default = true,
+        doc = "backward pass, saved activations and optimizer step" },
+      { key = "inference", type = "bool", default = true,
+        doc = "prefill with state in/out and single-step decode" },
+      { key = "deterministic", type = "bool", default = true,
+        doc = "no atomics in any reduction: bit-identical results run to run" },
+    } },
+  { key = "target", type = "enum", default = "sm_90", values = { "sm_80", "sm_86", "sm_89", "sm_90" },
+    doc = "CUDA architecture the kernels are compiled for" },
+}
+
+-- Cross-key rules. check(spec) returns nil when fine, or (path, message)
+-- where path names the key the error is reported at. Rules only run when
+-- every key they read passed its own checks (see validate.lua).
+M.rules = {
+  { archs = { "mamba1" }, reads = { "model.dt_rank", "model.d_model" },
+    doc = "model.dt_rank (when not auto) is at most d_model",
+    check = function(s)
+      local r = s.model.dt_rank
+      if r ~= "auto" and r > s.model.d_model then
+        return "model.dt_rank", string.format("%d is out of range 1..%d (d_model)", r, s.model.d_model)
+      end
+    end },
+  { archs = { "mamba3_siso" }, reads = { "model.headdim", "model.expand", "model.d_model" },
+    doc = "model.headdim divides d_inner = expand*d_model (nheads is a whole number)",
+    check = function(s)
+      local E = s.model.expand * s.model.d_model
+      if E % s.model.headdim ~= 0 then
+        return "model.headdim", string.format("%d does not divide d_inner = %d (expand*d_model)", s.model.headdim, E)
+      end
+    end },
+  { archs = { "mamba3_siso" }, reads = { "model.ngroups", "model.headdim", "model.expand", "model.d_model" },
+    doc = "model.ngroups divides nheads = expand*d_model/headdim",
+    check = function(s)
+      local E = s.model.expand * s.model.d_model
+      if E % s.model.headdim ~= 0 then return nil end -- reported by the rule above
+      local H = E // s.model.headdim
+      if H % s.model.ngroups ~= 0 then
+        return "model.ngroups", string.format("%d does not divide nheads = %d (expand*d_model/headdim)", s.model.ngroups, H)
+      end
+    end },
+  { archs = { "mamba3_siso" }, reads = { "model.rope_fraction", "model.d_state" },
+    doc = "2*n_angles <= d_state, n_angles = floor(d_state*rope_fraction)/2",
+    check = function(s)
+      local S = math.floor(s.model.d_state * s.model.rope_fraction) // 2
+      if 2 * S > s.model.d_state then
+        return "model.rope_fraction", string.format("gives 2*n_angles = %d > d_state = %d", 2 * S, s.model.d_state)
+      end
+    end },
+  { reads = { "shapes.batch", "shapes.max_batch" },
+    doc = "shapes.batch, when fixed, is at most shapes.max_batch",
+    check = function(s)
+      if s.shapes.batch > s.shapes.max_batch then
+        return "shapes.batch", string.format("%d exceeds shapes.max_batch = %d", s.shapes.batch, s.shapes.max_batch)
+      end
+    end },
+  { reads = { "shapes.seq_len", "shapes.max_seq_len" },
+    doc = "shapes.seq_len, when fixed, is at most shapes.max_seq_len",
+    check = function(s)
+      if s.shapes.seq_len > s.shapes.max_seq_len then
+        return "shapes.seq_len", string.format("%d exceeds shapes.max_seq_len = %d", s.shapes.seq_len, s.shapes.max_seq_len)
+      end
+    end },
+}
+
+-- Helpers over the schema.
+
+-- Does entry `e` apply to `arch` (nil arch: unknown, everything applies)?
+function M.applies(e, arch)
+  if not e.archs or not arch then return true end
+  for _, a in ipairs(e.archs) do if a == arch then return true end end
+  return false
+end
+
+-- The constraint field `f` of entry `e` for `arch` (per-arch override first).
+function M.field(e, f, arch)
+  if arch and e.by_arch and e.by_arch[arch] and e.by_arch[arch][f] ~= nil then
+    return e.by_arch[arch][f]
+  end
+  return e[f]
+end
+
+-- The default of entry `e` for `arch`.
+function M.default(e, arch)
+  if e.default_by_arch then return arch and e.default_by_arch[arch] end
+  return e.default
+end
+
+return M

@@ -1,0 +1,407 @@
+-- tests/test_validate.lua: mg/validate.lua and mg/schema.lua. Specs are
+-- written as YAML text and turned into the host's tree format by a tiny
+-- block-YAML reader below (the subset these tests use: `key: value`, nested
+-- block mappings, `- item` lists, flow lists [a, b], quoted scalars,
+-- comments). Positions follow libyaml: 1-based line and column of the node.
+-- Prints one line per check; raises an error when any check failed.
+
+local validate = require("mg.validate")
+local schema = require("mg.schema")
+
+-- ------------------------------------------------------------ mini YAML
+local function yaml_tree(text)
+  local lines = {}
+  local ln = 0
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    ln = ln + 1
+    local body = line
+    if not body:match("^%s*[\"']") and not body:match(":%s*[\"']") then
+      body = body:gsub("%s+#.*$", "")
+    end
+    body = body:gsub("^%s*#.*$", "")
+    if body:match("%S") then
+      lines[#lines + 1] = { n = ln, text = body, ind = #body:match("^ *") }
+    end
+  end
+  local i = 1
+  local function scalar(s, line, col)
+    local q = s:match('^"(.*)"$') or s:match("^'(.*)'$")
+    if q then return { kind = "scalar", value = q, plain = false, line = line, col = col } end
+    if s:match("^%[.*%]$") then
+      local node = { kind = "seq", items = {}, line = line, col = col }
+      local inner = s:sub(2, -2)
+      local p = 1
+      for item in inner:gmatch("[^,]+") do
+        local lead = #item:match("^%s*")
+        local a = inner:find(item, p, true)
+        node.items[#node.items + 1] = scalar(item:match("^%s*(.-)%s*$"), line, col + a + lead)
+        p = a + #item
+      end
+      return node
+    end
+    return { kind = "scalar", value = s, plain = true, line = line, col = col }
+  end
+  local function block(ind)
+    local first = lines[i]
+    if first.text:sub(ind + 1, ind + 2) == "- " then
+      local node = { kind = "seq", items = {}, line = first.n, col = ind + 1 }
+      while lines[i] and lines[i].ind == ind and lines[i].text:sub(ind + 1, ind + 2) == "- " do
+        node.items[#node.items + 1] = scalar(lines[i].text:sub(ind + 3):match("^(.-)%s*$"), lines[i].n, ind + 3)
+        i = i + 1
+      end
+      return node
+    end
+    if not first.text:find(":") then
+      i = i + 1
+      return scalar(first.text:match("^%s*(.-)%s*$"), first.n, ind + 1)
+    end
+    local node = { kind = "map", keys = {}, values = {}, line = first.n, col = ind + 1 }
+    while lines[i] and lines[i].ind == ind do
+      local L = lines[i]
+      local k, rest = L.text:match("^ *([^:]+):(.*)$")
+      node.keys[#node.keys + 1] = { kind = "scalar", value = k, plain = true, line = L.n, col = ind + 1 }
+      i = i + 1
+      local vs = rest:match("^%s*(.-)%s*$")
+      local val
+      if vs == "" then
+        if lines[i] and (lines[i].ind > ind or (lines[i].ind == ind and lines[i].text:sub(ind + 1, ind + 2) == "- ")) then
+          val = block(lines[i].ind)
+        else
+          val = { kind = "scalar", value = "", plain = true, line = L.n, col = ind + #k + 2 }
+        end
+      else
+        local col = L.text:find(vs, ind + #k + 2, true)
+        val = scalar(vs, L.n, col)
+      end
+      node.values[#node.values + 1] = val
+    end
+    return node
+  end
+  return block(lines[1].ind)
+end
+
+-- ------------------------------------------------------------ harness
+local n, failed = 0, 0
+local function check(cond, desc, detail)
+  n = n + 1
+  if cond then
+    print("  pass " .. n .. ": " .. desc)
+  else
+    failed = failed + 1
+    print("  FAIL " .. n .. ": " .. desc .. (detail and ("\n    " .. detail) or ""))
+  end
+end
+local function is(got, want, desc)
+  check(got == want, desc, string.format("got:  %s\n    want: %s", tostring(got), tostring(want)))
+end
+
+-- validate text -> spec or nil, {"line:col: msg", ...}
+local function run(text)
+  local ok, r, pos = pcall(validate.validate, yaml_tree(text))
+  if ok then return r, pos end
+  if type(r) ~= "table" or not r.spec_errors then error(r, 0) end
+  local out = {}
+  for k, e in ipairs(r.spec_errors) do out[k] = string.format("%d:%d: %s", e.line, e.col, e.msg) end
+  return nil, out
+end
+
+local BASE_M1 = [[
+name: m
+arch: mamba1
+model:
+  d_model: 128
+  n_layers: 4
+shapes:
+  max_batch: 8
+  max_seq_len: 256
+]]
+
+-- Replace/add lines of a base spec: edits = { ["  d_model: 128"] = "  d_model: 100" }
+local function edit(base, from, to)
+  local a, b = base:find(from, 1, true)
+  assert(a, "edit: no " .. from)
+  return base:sub(1, a - 1) .. to .. base:sub(b + 1)
+end
+
+-- Exactly these errors.
+local function errors_are(text, want, desc)
+  local spec, errs = run(text)
+  if spec then check(false, desc, "no error; expected: " .. table.concat(want, " | ")) return end
+  local got = table.concat(errs, " | ")
+  is(got, table.concat(want, " | "), desc)
+end
+
+-- ------------------------------------------------------------ canonical spec
+local spec, pos = run(BASE_M1)
+check(spec ~= nil, "minimal mamba1 spec is valid", spec == nil and table.concat(pos, " | "))
+if spec then
+  is(spec.name, "m", "name")
+  is(spec.precision, "f32", "precision default f32")
+  is(spec.target, "sm_90", "target default sm_90")
+  is(spec.scan.mode, "auto", "scan.mode default auto")
+  is(spec.scan.chunk_size, 64, "scan.chunk_size default 64")
+  is(spec.shapes.batch, 0, "shapes.batch default 0")
+  is(spec.shapes.seq_len, 0, "shapes.seq_len default 0")
+  is(spec.emit.training, true, "emit.training default true")
+  is(spec.emit.inference, true, "emit.inference default true")
+  is(spec.emit.deterministic, true, "emit.deterministic default true")
+  is(spec.model.d_state, 16, "mamba1 d_state default 16")
+  is(spec.model.expand, 2, "expand default 2")
+  is(spec.model.d_conv, 4, "d_conv default 4")
+  is(spec.model.dt_rank, "auto", "dt_rank default auto")
+  is(spec.model.input_dim, 0, "input_dim default 0")
+  is(spec.model.norm_eps, 1e-5, "norm_eps default 1e-5")
+  is(math.type(spec.model.norm_eps), "float", "norm_eps is a float")
+  is(math.type(spec.model.d_model), "integer", "d_model is an integer")
+  is(spec.model.headdim, nil, "mamba3 keys absent for mamba1")
+  is(pos["model.d_model"].line, 4, "position of model.d_model")
+  is(pos["model.d_model"].col, 12, "column of model.d_model")
+  check(pos["model.d_conv"].default, "defaulted keys are marked in pos")
+end
+
+local m3 = run([[
+name: m3
+arch: mamba3_siso
+model:
+  d_model: 128
+  n_layers: 2
+shapes:
+  max_batch: 1
+  max_seq_len: 64
+]])
+check(m3 ~= nil, "minimal mamba3_siso spec is valid")
+if m3 then
+  is(m3.model.d_state, 128, "mamba3 d_state default 128")
+  is(m3.model.headdim, 64, "headdim default 64")
+  is(m3.model.ngroups, 1, "ngroups default 1")
+  is(m3.model.rope_fraction, 0.5, "rope_fraction default 0.5")
+  is(m3.model.a_activation, "heavy_tail", "a_activation default heavy_tail")
+  is(m3.model.a_floor, 1e-4, "a_floor default 1e-4")
+  is(m3.model.outproj_norm, true, "outproj_norm default true")
+  is(m3.model.d_conv, nil, "mamba1 keys absent for mamba3")
+end
+
+-- YAML 1.2 core schema typing
+local full = run([[
+name: _m2
+arch: mamba1
+model:
+  d_model: 0x80
+  n_layers: 0o10
+  d_state: +32
+  expand: 1
+  d_conv: 2
+  dt_rank: 7
+  input_dim: 0
+  norm_eps: 1e-6
+precision: "bf16"
+scan:
+  mode: chunked
+  chunk_size: auto
+shapes:
+  max_batch: 4
+  max_seq_len: 1024
+  batch: 4
+  seq_len: 1000
+emit:
+  training: False
+  inference: TRUE
+  deterministic: false
+target: 'sm_80'
+]])
+check(full ~= nil, "full spec with hex, octal, +int, quoted enums is valid")
+if full then
+  is(full.model.d_model, 128, "0x80 = 128")
+  is(full.model.n_layers, 8, "0o10 = 8")
+  is(full.model.d_state, 32, "+32 = 32")
+  is(full.model.dt_rank, 7, "dt_rank 7")
+  is(full.model.norm_eps, 1e-6, "1e-6 is a float")
+  is(full.precision, "bf16", "quoted enum value accepted")
+  is(full.scan.chunk_size, "auto", "chunk_size auto")
+  is(full.emit.training, false, "False is false")
+  is(full.emit.inference, true, "TRUE is true")
+  is(full.shapes.seq_len, 1000, "fixed seq_len")
+  is(full.target, "sm_80", "target sm_80")
+end
+
+local function cls(s, plain) return validate.classify({ value = s, plain = plain ~= false }) end
+is(cls("~").t, "null", "~ is null")
+is(cls("").t, "null", "empty is null")
+is(cls("Null").t, "null", "Null is null")
+is(cls("1.0e-4").t, "float", "1.0e-4 is a float")
+is(cls(".5").t, "float", ".5 is a float")
+is(cls("5.").t, "float", "5. is a float")
+is(cls("-.inf").t, "float", "-.inf is a float")
+is(cls(".NaN").t, "float", ".NaN is a float")
+is(cls("1e3").t, "float", "1e3 is a float")
+is(cls("0x1F").v, 31, "0x1F: upper-case hex digits are ints")
+is(cls("0x1f").v, 31, "0x1f = 31")
+is(cls("0o17").v, 15, "0o17 = 15")
+is(cls("017").v, 17, "017 = 17 (decimal in YAML 1.2)")
+is(cls("yes").t, "str", "yes is a string in YAML 1.2")
+is(cls("1_000").t, "str", "1_000 is a string in YAML 1.2")
+is(cls("128", false).t, "str", "quoted 128 is a string")
+check(cls("99999999999999999999").big, "huge ints are flagged")
+
+-- Suggestions
+is(validate.suggest("d_sate", { "d_model", "n_layers", "d_state" }), "d_state", "suggest d_state for d_sate")
+is(validate.suggest("zzz", { "d_model", "d_state" }), nil, "no suggestion when far")
+is(validate.suggest("D_MODEL", { "d_model", "d_state" }), "d_model", "case-insensitive suggestion")
+
+-- ------------------------------------------------------------ errors
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  d_sate: 16"),
+  { "6:3: unknown key 'd_sate' in model; did you mean 'd_state'?" }, "unknown key with suggestion")
+errors_are(edit(BASE_M1, "name: m", "name: m\nfrobnicate: 1"),
+  { "2:1: unknown key 'frobnicate' at the top level; valid keys: name, arch, model, precision, scan, shapes, emit, target" },
+  "unknown key without suggestion lists the valid keys")
+errors_are(edit(BASE_M1, "  d_model: 128\n", ""),
+  { "4:3: missing required key 'model.d_model'" }, "missing required key at the parent mapping")
+errors_are(edit(BASE_M1, "name: m\n", ""), { "1:1: missing required key 'name'" }, "missing name")
+errors_are(edit(BASE_M1, "shapes:\n  max_batch: 8\n  max_seq_len: 256\n", ""),
+  { "1:1: missing required key 'shapes'" }, "missing required section")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  expand: 2.5"),
+  { "6:11: model.expand: expected an integer, got 2.5" }, "float where an int is needed")
+errors_are(edit(BASE_M1, "  d_model: 128", '  d_model: "128"'),
+  { '4:12: model.d_model: expected an integer, got the string "128" (quoted values are strings; remove the quotes)' },
+  "quoted int is a type error that says so")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  d_conv: 12"),
+  { "6:11: model.d_conv: 12 is out of range 2..8" }, "out of range")
+errors_are(edit(BASE_M1, "  d_model: 128", "  d_model: 100"),
+  { "4:12: model.d_model: 100 is not a multiple of 8 (rows are read as 16-byte vectors)" }, "d_model multiple of 8")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  d_state: 24"),
+  { "6:12: model.d_state: 24 is not a power of two; expected one of 1, 2, 4, 8, 16, 32, 64, 128, 256" },
+  "mamba1 d_state power of two")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  d_state: 512"),
+  { "6:12: model.d_state: 512 is out of range 1..256" }, "mamba1 d_state range")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  headdim: 32"),
+  { "6:3: model.headdim applies to arch mamba3_siso only" }, "mamba3 key under mamba1")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  dt_rank: 200"),
+  { "6:12: model.dt_rank: 200 is out of range 1..128 (d_model)" }, "dt_rank <= d_model")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  dt_rank: automatic"),
+  { "6:12: model.dt_rank: expected an integer or auto, got 'automatic'" }, "dt_rank bad word")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  norm_eps: 0"),
+  { "6:13: model.norm_eps: 0 is out of range; expected a number > 0 and < 1" }, "norm_eps > 0")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  norm_eps: .inf"),
+  { "6:13: model.norm_eps: expected a finite number, got .inf" }, ".inf rejected")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  norm_eps: .nan"),
+  { "6:13: model.norm_eps: expected a finite number, got .nan" }, ".nan rejected")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  norm_eps: small"),
+  { "6:13: model.norm_eps: expected a number, got 'small'" }, "number expected")
+errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  n_layers: 5"),
+  { "6:3: duplicate key 'model.n_layers' (first at line 5)" }, "duplicate key (defence in depth)")
+errors_are(edit(BASE_M1, "name: m", "name: M1"),
+  { "1:7: name: 'M1' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit" },
+  "upper-case name")
+errors_are(edit(BASE_M1, "name: m", "name: 1m"),
+  { "1:7: name: '1m' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit" },
+  "name starting with a digit")
+errors_are(edit(BASE_M1, "name: m", "name: int"), { "1:7: name: 'int' is a C keyword; choose another name" }, "C keyword name")
+errors_are(edit(BASE_M1, "name: m", "name: mg_model"),
+  { "1:7: name: 'mg_model' would clash with the runtime's mg_ symbols; choose a name that is not mg or mg_*" }, "mg_ prefix")
+errors_are(edit(BASE_M1, "name: m", "name: " .. string.rep("a", 49)),
+  { "1:7: name: '" .. string.rep("a", 49) .. "' is 49 characters long; at most 48 are allowed" }, "name too long")
+errors_are(edit(BASE_M1, "arch: mamba1", "arch: mamba2"),
+  { "2:7: arch: 'mamba2' is not valid; expected one of mamba1, mamba3_siso; did you mean 'mamba1'?" }, "bad arch")
+errors_are(edit(BASE_M1, "name: m", "name: m\nprecision: fp32"),
+  { "2:12: precision: 'fp32' is not valid; expected one of f32, bf16, f16; did you mean 'f32'?" }, "bad precision")
+errors_are(edit(BASE_M1, "name: m", "name: m\ntarget: sm_75"),
+  { "2:9: target: 'sm_75' is not valid; expected one of sm_80, sm_86, sm_89, sm_90" }, "bad target")
+errors_are(edit(BASE_M1, "name: m", "name: m\nemit:\n  training: yes"),
+  { "3:13: emit.training: expected true or false, got 'yes' (YAML 1.2 reads yes/no/on/off as strings; write true or false)" },
+  "yes rejected with a hint")
+errors_are(edit(BASE_M1, "name: m", "name: m\nemit:\n  training: \"true\""),
+  { '3:13: emit.training: expected true or false, got the string "true" (quoted values are strings; remove the quotes)' },
+  "quoted true rejected")
+errors_are(edit(BASE_M1, "name: m", "name: m\nscan:\n  chunk_size: 48"),
+  { "3:15: scan.chunk_size: 48 is not valid; expected one of 16, 32, 64, 128, 256, or auto" }, "chunk_size set")
+errors_are(edit(BASE_M1, "name: m", "name: m\nscan:\n  mode: parallel"),
+  { "3:9: scan.mode: 'parallel' is not valid; expected one of sequential, chunked, auto" }, "scan.mode")
+errors_are(edit(BASE_M1, "  max_seq_len: 256", "  max_seq_len: 256\n  batch: 9"),
+  { "9:10: shapes.batch: 9 exceeds shapes.max_batch = 8" }, "batch <= max_batch")
+errors_are(edit(BASE_M1, "  max_seq_len: 256", "  max_seq_len: 256\n  seq_len: 257"),
+  { "9:12: shapes.seq_len: 257 exceeds shapes.max_seq_len = 256" }, "seq_len <= max_seq_len")
+errors_are(edit(BASE_M1, "  max_batch: 8", "  max_batch: 0"),
+  { "7:14: shapes.max_batch: 0 is out of range 1..65536" }, "max_batch range")
+errors_are(edit(BASE_M1, "  max_batch: 8", "  max_batch: 99999999999999999999"),
+  { "7:14: shapes.max_batch: 99999999999999999999 is out of range 1..65536" }, "huge int")
+errors_are(edit(BASE_M1, "model:\n  d_model: 128\n  n_layers: 4\n", "model: [1, 2]\n"),
+  { "3:8: model: expected a mapping of keys (d_model, n_layers, d_state, expand, d_conv, dt_rank, input_dim, norm_eps), got a sequence" },
+  "sequence where a mapping is needed")
+errors_are(edit(BASE_M1, "model:\n  d_model: 128\n  n_layers: 4\n", "model:\n"),
+  { "3:7: model: expected a mapping of keys (d_model, n_layers, d_state, expand, d_conv, dt_rank, input_dim, norm_eps), got an empty value (null)" },
+  "empty value where a mapping is needed")
+errors_are(edit(BASE_M1, "  d_model: 128", "  d_model: [128]"),
+  { "4:12: model.d_model: expected an integer, got a sequence" }, "sequence where a scalar is needed")
+errors_are(edit(BASE_M1, "  d_model: 128", "  d_model:"),
+  { "4:11: model.d_model: expected an integer, got an empty value (null)" }, "null value")
+errors_are("- a\n- b\n", { "1:1: the spec must be a mapping of keys (name: ..., arch: ..., model: ...), got a sequence" },
+  "root not a mapping")
+errors_are("hello\n", { "1:1: the spec must be a mapping of keys (name: ..., arch: ..., model: ...), got 'hello'" },
+  "root scalar")
+
+-- All errors, in position order
+errors_are([[
+name: Bad
+arch: mamba1
+model:
+  d_model: 100
+  n_layers: 0
+  d_sate: 16
+  headdim: 64
+precision: fp64
+shapes:
+  max_batch: 8
+]], {
+  "1:7: name: 'Bad' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit",
+  "4:12: model.d_model: 100 is not a multiple of 8 (rows are read as 16-byte vectors)",
+  "5:13: model.n_layers: 0 is out of range 1..256",
+  "6:3: unknown key 'd_sate' in model; did you mean 'd_state'?",
+  "7:3: model.headdim applies to arch mamba3_siso only",
+  "8:12: precision: 'fp64' is not valid; expected one of f32, bf16, f16",
+  "10:3: missing required key 'shapes.max_seq_len'",
+}, "every error is reported, sorted by position")
+
+-- Mamba-3 rules
+local BASE_M3 = edit(BASE_M1, "arch: mamba1", "arch: mamba3_siso")
+errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  headdim: 48"),
+  { "6:12: model.headdim: 48 is not valid; expected one of 16, 32, 64, 128" }, "headdim set")
+errors_are(edit(BASE_M3, "  d_model: 128", "  d_model: 8"),
+  { "4:3: model.headdim: 64 does not divide d_inner = 16 (expand*d_model) (the default; set model.headdim explicitly)" },
+  "headdim (default) must divide d_inner")
+errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  headdim: 128\n  expand: 1\n  d_model: 64"),
+  { "8:3: duplicate key 'model.d_model' (first at line 4)" }, "duplicate")
+errors_are(edit(edit(BASE_M3, "  d_model: 128", "  d_model: 204"), "  n_layers: 4", "  n_layers: 4\n  headdim: 16"),
+  { "4:12: model.d_model: 204 is not a multiple of 8 (rows are read as 16-byte vectors)" }, "d_model checked for mamba3")
+errors_are(edit(edit(BASE_M3, "  d_model: 128", "  d_model: 192"), "  n_layers: 4", "  n_layers: 4\n  headdim: 128\n  expand: 1"),
+  { "6:12: model.headdim: 128 does not divide d_inner = 192 (expand*d_model)" }, "headdim must divide d_inner")
+errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  headdim: 32\n  ngroups: 3"),
+  { "7:12: model.ngroups: 3 does not divide nheads = 8 (expand*d_model/headdim)" }, "ngroups divides nheads")
+errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  d_state: 24"),
+  { "6:12: model.d_state: 24 is not valid; expected one of 16, 32, 64, 128, 256" }, "mamba3 d_state set")
+errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  rope_fraction: 0.25"),
+  { "6:18: model.rope_fraction: 0.25 is not valid; expected one of 0.5, 1.0" }, "rope_fraction set")
+errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  a_floor: -1.0e-4"),
+  { "6:12: model.a_floor: -1.0e-4 is out of range; expected a number > 0" }, "a_floor > 0")
+errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  a_activation: relu"),
+  { "6:17: model.a_activation: 'relu' is not valid; expected one of heavy_tail, softplus" }, "a_activation")
+errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  d_conv: 4"),
+  { "6:3: model.d_conv applies to arch mamba1 only" }, "mamba1 key under mamba3")
+local ok3 = run(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  rope_fraction: 1\n  d_state: 16\n  headdim: 16\n  ngroups: 4"))
+check(ok3 ~= nil and ok3.model.rope_fraction == 1.0 and math.type(ok3.model.rope_fraction) == "float",
+  "rope_fraction 1 (an int) accepted as 1.0")
+
+-- Schema sanity: every entry has a doc line and a known type
+local types = { identifier = true, enum = true, int = true, number = true, bool = true, map = true }
+local function walk(entries, prefix)
+  for _, e in ipairs(entries) do
+    check(type(e.doc) == "string" and #e.doc > 10 and not e.doc:find("\n"), "doc line for " .. prefix .. e.key)
+    check(types[e.type], "known type for " .. prefix .. e.key)
+    if e.keys then walk(e.keys, prefix .. e.key .. ".") end
+  end
+end
+walk(schema.keys, "")
+for _, r in ipairs(schema.rules) do check(type(r.doc) == "string", "doc line for rule " .. r.doc) end
+
+print(string.format("test_validate: %d checks, %d failed", n, failed))
+if failed > 0 then error(string.format("test_validate: %d of %d checks failed", failed, n), 0) end
+return true

@@ -1,0 +1,522 @@
+/* test_runtime.c: unit tests of libmgrt's status codes, PRNG, comparison
+ * helpers and CUDA/cuBLAS wrappers. Everything but the GEMMs runs without a
+ * GPU; the GPU part is skipped when mg_device_count() is 0. */
+#include "tap.h"
+#include "mg_runtime.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_GPU_TESTS 16
+
+/* ------------------------------------------------------------ status */
+
+static void *thread_fail(void *arg)
+{
+    (void)arg;
+    static char seen[256];
+    /* A fresh thread starts with an empty message, and its failure does not
+     * touch the main thread's. */
+    snprintf(seen, sizeof seen, "%s", mg_last_error());
+    mg_fail(MG_ERR_IO, "thread message");
+    return seen;
+}
+
+static void test_status(void)
+{
+    static const char *names[] = {
+        "MG_OK", "MG_ERR_INVALID_ARG", "MG_ERR_ALIGNMENT", "MG_ERR_SIZE",
+        "MG_ERR_NO_DEVICE", "MG_ERR_CUDA", "MG_ERR_CUBLAS", "MG_ERR_NVRTC",
+        "MG_ERR_OUT_OF_MEMORY", "MG_ERR_STATE", "MG_ERR_MISMATCH", "MG_ERR_IO",
+    };
+    int names_ok = 1, strs_ok = 1;
+    for (int i = 0; i < 12; i++) {
+        if (strcmp(mg_status_name((mg_status)i), names[i]) != 0) {
+            tap_diag("name of %d: %s", i, mg_status_name((mg_status)i));
+            names_ok = 0;
+        }
+        const char *s = mg_status_str((mg_status)i);
+        if (s == NULL || s[0] == '\0')
+            strs_ok = 0;
+        for (int j = 0; j < i; j++)
+            if (strcmp(s, mg_status_str((mg_status)j)) == 0)
+                strs_ok = 0;
+    }
+    tap_ok(names_ok, "status: a stable name for every code");
+    tap_ok(strs_ok, "status: a distinct description for every code");
+    tap_is_str(mg_status_name((mg_status)99), "MG_ERR_UNKNOWN", "status: unknown code named");
+    tap_ok(mg_status_str((mg_status)-1)[0] != '\0', "status: unknown code described");
+
+    tap_is_str(mg_last_error(), "", "status: no message before a failure");
+    mg_status s = mg_fail(MG_ERR_SIZE, "blob has %zu floats, expected %d (%s)", (size_t)10, 64, "w");
+    tap_is_int(s, MG_ERR_SIZE, "mg_fail returns its code");
+    tap_is_str(mg_last_error(), "blob has 10 floats, expected 64 (w)", "mg_fail formats the message");
+    mg_clear_error();
+    tap_is_str(mg_last_error(), "", "mg_clear_error empties it");
+    mg_fail(MG_ERR_NO_DEVICE, NULL);
+    tap_is_str(mg_last_error(), mg_status_str(MG_ERR_NO_DEVICE), "mg_fail with no format: the description");
+
+    char big[3000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    mg_fail(MG_ERR_IO, "%s", big);
+    size_t n = strlen(mg_last_error());
+    tap_ok(n > 500 && n < sizeof big && strcmp(mg_last_error() + n - 3, "...") == 0,
+           "mg_fail: an overlong message is truncated and marked (%zu chars)", n);
+
+    mg_fail(MG_ERR_STATE, "main message");
+    pthread_t th;
+    void *ret = NULL;
+    if (pthread_create(&th, NULL, thread_fail, NULL) == 0 && pthread_join(th, &ret) == 0) {
+        tap_is_str((const char *)ret, "", "status: a new thread starts with no message");
+        tap_is_str(mg_last_error(), "main message", "status: messages are per thread");
+    } else {
+        tap_skip(2, "could not start a thread");
+    }
+    mg_clear_error();
+}
+
+/* ------------------------------------------------------------ rng */
+
+static void test_rng(void)
+{
+    mg_rng r;
+    /* xoshiro256** from state {1,2,3,4}: first outputs 11520, 0 (reference
+     * implementation by Blackman and Vigna). */
+    r.s[0] = 1; r.s[1] = 2; r.s[2] = 3; r.s[3] = 4;
+    uint64_t a = mg_rng_u64(&r), b = mg_rng_u64(&r);
+    tap_ok(a == 11520 && b == 0, "rng: xoshiro256** reference outputs (%llu, %llu)",
+           (unsigned long long)a, (unsigned long long)b);
+    /* splitmix64 from 0: the reference sequence. */
+    mg_rng_seed(&r, 0);
+    tap_ok(r.s[0] == 0xe220a8397b1dcdafULL && r.s[1] == 0x6e789e6aa1b965f4ULL
+           && r.s[2] == 0x06c45d188009454fULL && r.s[3] == 0xf88bb8a8724c81ecULL,
+           "rng: seeding is splitmix64 (reference values for seed 0)");
+
+    mg_rng r1, r2;
+    mg_rng_seed(&r1, 42);
+    mg_rng_seed(&r2, 42);
+    int same = 1;
+    for (int i = 0; i < 1000; i++)
+        if (mg_rng_u64(&r1) != mg_rng_u64(&r2))
+            same = 0;
+    tap_ok(same, "rng: same seed, same stream");
+    mg_rng_seed(&r2, 43);
+    int diff = 0;
+    for (int i = 0; i < 10; i++)
+        diff += mg_rng_u64(&r1) != mg_rng_u64(&r2);
+    tap_ok(diff == 10, "rng: another seed, another stream");
+
+    const int n = 1000000;
+    double s1 = 0, s2 = 0, lo = 1, hi = 0;
+    mg_rng_seed(&r, 1);
+    for (int i = 0; i < n; i++) {
+        double u = mg_rng_uniform(&r);
+        s1 += u;
+        s2 += u * u;
+        lo = fmin(lo, u);
+        hi = fmax(hi, u);
+    }
+    double mean = s1 / n, var = s2 / n - mean * mean;
+    tap_ok(lo >= 0 && hi < 1, "rng: uniform in [0, 1)");
+    /* standard errors: mean 0.29/sqrt(n) = 2.9e-4, var ~ 0.075/sqrt(n) */
+    tap_near(mean, 0.5, 5 * 2.9e-4, 0, "rng: uniform mean 1/2");
+    tap_near(var, 1.0 / 12, 5 * 7.5e-5, 0, "rng: uniform variance 1/12");
+
+    double m1 = 0, m2 = 0, m3 = 0, m4 = 0;
+    mg_rng_seed(&r, 2);
+    for (int i = 0; i < n; i++) {
+        double z = mg_rng_normal(&r);
+        m1 += z; m2 += z * z; m3 += z * z * z; m4 += z * z * z * z;
+    }
+    m1 /= n; m2 /= n; m3 /= n; m4 /= n;
+    tap_near(m1, 0, 5e-3, 0, "rng: normal mean 0 (%.4f)", m1);
+    tap_near(m2, 1, 7e-3, 0, "rng: normal variance 1 (%.4f)", m2);
+    tap_near(m3, 0, 1.2e-2, 0, "rng: normal skewness 0 (%.4f)", m3);
+    tap_near(m4, 3, 5e-2, 0, "rng: normal kurtosis 3 (%.4f)", m4);
+
+    float *x = malloc(100000 * sizeof *x);
+    mg_rng_seed(&r, 3);
+    mg_rng_fill_uniform(&r, x, 100000, -2.0f, 3.0f);
+    int inr = 1;
+    double sm = 0;
+    for (int i = 0; i < 100000; i++) {
+        if (!(x[i] >= -2.0f && x[i] < 3.0f))
+            inr = 0;
+        sm += x[i];
+    }
+    tap_ok(inr, "rng: fill_uniform in [lo, hi)");
+    tap_near(sm / 100000, 0.5, 5 * 1.44 / sqrt(100000.0), 0, "rng: fill_uniform mean");
+    mg_rng_fill_normal(&r, x, 100000, 1.5f, 0.25f);
+    double q1 = 0, q2 = 0;
+    for (int i = 0; i < 100000; i++) {
+        q1 += x[i];
+        q2 += (double)x[i] * x[i];
+    }
+    q1 /= 100000;
+    tap_near(q1, 1.5, 5 * 0.25 / sqrt(100000.0), 0, "rng: fill_normal mean");
+    tap_near(sqrt(q2 / 100000 - q1 * q1), 0.25, 0.005, 0, "rng: fill_normal std");
+    free(x);
+}
+
+/* ------------------------------------------------------------ compare */
+
+static void test_compare(void)
+{
+    float got[3] = { 1, 2, 3 };
+    double ref[3] = { 1, 2, 4 };
+    mg_err e = mg_compare_f32(got, ref, 3);
+    tap_near(e.max_abs, 1, 0, 0, "compare: max_abs");
+    tap_near(e.rel_l2, 1 / sqrt(21.0), 0, 1e-15, "compare: rel_l2 = 1/sqrt(21)");
+    tap_near(e.ref_norm, sqrt(21.0), 0, 1e-15, "compare: ref_norm");
+    tap_ok(e.n == 3 && e.n_nonfinite == 0, "compare: counts");
+    tap_ok(mg_err_ok(&e, 0.25) && !mg_err_ok(&e, 0.2), "compare: mg_err_ok against tolerances");
+
+    float reff[3] = { 1, 2, 4 };
+    mg_err e2 = mg_compare_f32f32(got, reff, 3);
+    tap_ok(e2.max_abs == e.max_abs && e2.rel_l2 == e.rel_l2, "compare: f32f32 same as f32 vs f64");
+    double gotd[3] = { 1, 2, 3 };
+    mg_err e3 = mg_compare_f64(gotd, ref, 3);
+    tap_ok(e3.max_abs == e.max_abs && e3.rel_l2 == e.rel_l2, "compare: f64 same as f32 vs f64");
+
+    float bad[4] = { 1, NAN, INFINITY, 5 };
+    double r4[4] = { 1, 1, 1, 4 };
+    mg_err e4 = mg_compare_f32(bad, r4, 4);
+    tap_is_int((long long)e4.n_nonfinite, 2, "compare: NaN and Inf counted");
+    tap_ok(e4.max_abs == 1 && isfinite(e4.rel_l2), "compare: finite part still measured");
+    tap_ok(!mg_err_ok(&e4, 1e9), "compare: non-finite never ok");
+
+    double z[2] = { 0, 0 };
+    float fz[2] = { 0, 0 }, fe[2] = { 0, 1e-30f };
+    mg_err e5 = mg_compare_f32(fz, z, 2);
+    tap_ok(e5.rel_l2 == 0 && mg_err_ok(&e5, 0), "compare: zero vs zero is exact");
+    mg_err e6 = mg_compare_f32(fe, z, 2);
+    tap_ok(e6.rel_l2 > 1e200 && !mg_err_ok(&e6, 1), "compare: nonzero vs zero reference fails");
+    mg_err e7 = mg_compare_f32(NULL, NULL, 0);
+    tap_ok(e7.n == 0 && e7.rel_l2 == 0, "compare: empty");
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    mg_err_print(f, "out", &e);
+    mg_err_print(f, "nan", &e4);
+    fclose(f);
+    tap_is_str(buf, "out: max_abs=1.000e+00 rel_l2=2.182e-01 (n=3)\n"
+                    "nan: max_abs=1.000e+00 rel_l2=2.425e-01 (n=4, nonfinite=2)\n",
+               "compare: mg_err_print format");
+    free(buf);
+}
+
+/* ------------------------------------------------------------ cuda: host side */
+
+static void test_cuda_host(int ndev)
+{
+    tap_ok(mg_dtype_size(MG_F32) == 4 && mg_dtype_size(MG_BF16) == 2 && mg_dtype_size(MG_F16) == 2,
+           "dtype sizes");
+    tap_ok(strcmp(mg_dtype_name(MG_F32), "f32") == 0 && strcmp(mg_dtype_name(MG_BF16), "bf16") == 0
+           && strcmp(mg_dtype_name(MG_F16), "f16") == 0, "dtype names");
+    tap_ok(mg_dtype_size((mg_dtype)7) == 0, "dtype: unknown has size 0");
+    char buf[64];
+    tap_ok(mg_aligned(buf + 0, 1) && !mg_aligned(NULL, 16), "mg_aligned: any pointer to 1, NULL never");
+    void *p16 = (void *)(uintptr_t)4096, *p8 = (void *)(uintptr_t)4104;
+    tap_ok(mg_aligned(p16, 256) && mg_aligned(p8, 8) && !mg_aligned(p8, 16), "mg_aligned: offsets");
+
+    tap_ok(ndev >= 0, "mg_device_count: %d (never an error)", ndev);
+    tap_is_int(mg_cuda_check(cudaSuccess, "x"), MG_OK, "mg_cuda_check: success is MG_OK");
+    tap_is_int(mg_cuda_check(cudaErrorMemoryAllocation, "cudaMalloc(big)"), MG_ERR_OUT_OF_MEMORY,
+               "mg_cuda_check: allocation failure is out-of-memory");
+    tap_ok(strstr(mg_last_error(), "cudaMalloc(big)") != NULL, "mg_cuda_check: message names the call (%s)",
+           mg_last_error());
+    tap_is_int(mg_cuda_check(cudaErrorNoDevice, "q"), MG_ERR_NO_DEVICE, "mg_cuda_check: no device");
+    tap_is_int(mg_cuda_check(cudaErrorLaunchFailure, "k"), MG_ERR_CUDA, "mg_cuda_check: other errors");
+
+    /* Argument checks come before any use of the handle: no GPU needed. */
+    float x[4], w[4], y[4];
+    mg_status s = mg_linear(NULL, 2, 2, 2, MG_F32, x, 2, w, 2, MG_F32, y, 2, 1, 0);
+    tap_is_int(s, MG_ERR_INVALID_ARG, "mg_linear: NULL handle");
+    tap_ok(strstr(mg_last_error(), "handle") != NULL, "mg_linear: message (%s)", mg_last_error());
+    s = mg_linear(NULL, 2, 2, 3, MG_F32, x, 2, w, 3, MG_F32, y, 2, 1, 0);
+    tap_is_int(s, MG_ERR_INVALID_ARG, "mg_linear: ldx < K");
+    tap_ok(strstr(mg_last_error(), "X") != NULL, "mg_linear: message names X (%s)", mg_last_error());
+    s = mg_linear(NULL, 2, 3, 2, MG_F32, x, 2, w, 2, MG_F32, y, 2, 1, 0);
+    tap_is_int(s, MG_ERR_INVALID_ARG, "mg_linear: ldy < N");
+    s = mg_linear(NULL, -1, 2, 2, MG_F32, x, 2, w, 2, MG_F32, y, 2, 1, 0);
+    tap_is_int(s, MG_ERR_INVALID_ARG, "mg_linear: negative M");
+    s = mg_linear(NULL, 2, 2, 2, MG_BF16, x, 2, w, 2, MG_F16, y, 2, 1, 0);
+    tap_is_int(s, MG_ERR_INVALID_ARG, "mg_linear: bf16 in, f16 out refused");
+    s = mg_linear(NULL, 2, 2, 2, MG_F32, x, 2, NULL, 2, MG_F32, y, 2, 1, 0);
+    tap_is_int(s, MG_ERR_INVALID_ARG, "mg_linear: NULL W");
+    s = mg_linear_dx(NULL, 2, 3, 2, MG_F32, x, 2, w, 2, MG_F32, y, 2, 0);
+    tap_is_int(s, MG_ERR_INVALID_ARG, "mg_linear_dx: lddy < N");
+    s = mg_linear_dw(NULL, 0, 2, 2, MG_F32, x, 2, w, 2, MG_F32, y, 2, 0);
+    tap_is_int(s, MG_ERR_INVALID_ARG, "mg_linear_dw: M = 0 refused");
+    s = mg_blas_set_stream(NULL, 0);
+    tap_is_int(s, MG_ERR_INVALID_ARG, "mg_blas_set_stream: NULL handle");
+    tap_is_int(mg_blas_create(NULL, 0), MG_ERR_INVALID_ARG, "mg_blas_create: NULL out");
+    mg_blas_destroy(NULL);
+    mg_dev_free(NULL);
+    tap_ok(1, "destroy/free accept NULL");
+    void *p = (void *)1;
+    tap_ok(mg_dev_alloc(&p, 0, "empty") == MG_OK && p == NULL, "mg_dev_alloc: 0 bytes gives NULL");
+
+    if (ndev == 0) {
+        mg_blas *b = (mg_blas *)1;
+        tap_is_int(mg_blas_create(&b, 0), MG_ERR_NO_DEVICE, "no device: mg_blas_create fails cleanly");
+        tap_ok(b == NULL, "no device: handle set to NULL");
+        p = (void *)1;
+        s = mg_dev_alloc(&p, 1024, "buf");
+        tap_ok(s != MG_OK && p == NULL, "no device: mg_dev_alloc fails cleanly (%s: %s)",
+               mg_status_name(s), mg_last_error());
+    } else {
+        tap_skip(3, "a device is present: no-device paths not reachable");
+    }
+}
+
+/* ------------------------------------------------------------ cuda: GEMMs */
+
+static uint16_t to_bf16(float f)   /* exact for the values used here */
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static float from_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t to_f16(float f)    /* normal range, round to nearest even */
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    if ((u & 0x7fffffff) == 0)
+        return (uint16_t)sign;
+    int ex = (int)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t man = u & 0x7fffff;
+    uint32_t r = man + 0xfff + ((man >> 13) & 1);
+    if (r & 0x800000) {
+        r = 0;
+        ex++;
+    }
+    return (uint16_t)(sign | ((uint32_t)ex << 10) | (r >> 13));
+}
+
+static float from_f16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (ex == 0)
+        return (sign ? -1.0f : 1.0f) * ldexpf((float)man, -24);
+    uint32_t u = sign | ((ex - 15 + 127) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Host copies in storage type t. */
+static void *pack(const float *x, size_t n, mg_dtype t)
+{
+    void *p = malloc(n * mg_dtype_size(t));
+    for (size_t i = 0; i < n; i++) {
+        if (t == MG_F32)
+            ((float *)p)[i] = x[i];
+        else if (t == MG_BF16)
+            ((uint16_t *)p)[i] = to_bf16(x[i]);
+        else
+            ((uint16_t *)p)[i] = to_f16(x[i]);
+    }
+    return p;
+}
+
+static float unpack1(const void *p, size_t i, mg_dtype t)
+{
+    if (t == MG_F32)
+        return ((const float *)p)[i];
+    return t == MG_BF16 ? from_bf16(((const uint16_t *)p)[i]) : from_f16(((const uint16_t *)p)[i]);
+}
+
+/* x rounded to type t and back. */
+static float roundt(float x, mg_dtype t)
+{
+    if (t == MG_F32)
+        return x;
+    return t == MG_BF16 ? from_bf16(to_bf16(x)) : from_f16(to_f16(x));
+}
+
+static void *to_dev(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    if (mg_dev_alloc(&d, bytes, "test") != MG_OK)
+        return NULL;
+    cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    return d;
+}
+
+/* Y[M][N] = alpha X W^T + beta Y0 in type `in` -> `out`, with padded strides;
+ * compared with an f64 host product. */
+static mg_err run_linear(mg_blas *b, int M, int N, int K, mg_dtype in, mg_dtype out,
+                         int exact_inputs, float alpha, float beta, mg_rng *r)
+{
+    int ldx = K + 3, ldw = K + 1, ldy = N + 2;
+    float *X = calloc((size_t)M * ldx, 4), *W = calloc((size_t)N * ldw, 4), *Y0 = calloc((size_t)M * ldy, 4);
+    for (int i = 0; i < M * ldx; i++)
+        X[i] = exact_inputs ? (float)((int)(mg_rng_u64(r) % 511) - 255) / 64 : (float)mg_rng_normal(r);
+    for (int i = 0; i < N * ldw; i++)
+        W[i] = exact_inputs ? (float)((int)(mg_rng_u64(r) % 511) - 255) / 64 : (float)mg_rng_normal(r);
+    for (int i = 0; i < M * ldy; i++)
+        Y0[i] = exact_inputs ? (float)((int)(mg_rng_u64(r) % 511) - 255) / 64 : (float)mg_rng_normal(r);
+    void *hX = pack(X, (size_t)M * ldx, in), *hW = pack(W, (size_t)N * ldw, in), *hY = pack(Y0, (size_t)M * ldy, out);
+    void *dX = to_dev(hX, (size_t)M * ldx * mg_dtype_size(in));
+    void *dW = to_dev(hW, (size_t)N * ldw * mg_dtype_size(in));
+    void *dY = to_dev(hY, (size_t)M * ldy * mg_dtype_size(out));
+    mg_status s = mg_linear(b, M, N, K, in, dX, ldx, dW, ldw, out, dY, ldy, alpha, beta);
+    if (s != MG_OK)
+        tap_diag("mg_linear: %s", mg_last_error());
+    cudaMemcpy(hY, dY, (size_t)M * ldy * mg_dtype_size(out), cudaMemcpyDeviceToHost);
+    float *got = malloc((size_t)M * N * 4);
+    double *ref = malloc((size_t)M * N * 8);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++)
+                acc += (double)unpack1(hX, (size_t)i * ldx + k, in) * unpack1(hW, (size_t)j * ldw + k, in);
+            ref[i * N + j] = alpha * acc + beta * (double)roundt(Y0[(size_t)i * ldy + j], out);
+            got[i * N + j] = unpack1(hY, (size_t)i * ldy + j, out);
+        }
+    mg_err e = mg_compare_f32(got, ref, (size_t)M * N);
+    if (s != MG_OK)
+        e.n_nonfinite = 1;
+    /* Padding columns of Y must be untouched. */
+    for (int i = 0; i < M; i++)
+        for (int j = N; j < ldy; j++)
+            if (unpack1(hY, (size_t)i * ldy + j, out) != roundt(Y0[(size_t)i * ldy + j], out))
+                e.n_nonfinite++;
+    mg_dev_free(dX); mg_dev_free(dW); mg_dev_free(dY);
+    free(X); free(W); free(Y0); free(hX); free(hW); free(hY); free(got); free(ref);
+    return e;
+}
+
+static void test_gemm(void)
+{
+    mg_blas *b = NULL;
+    mg_status s = mg_blas_create(&b, 0);
+    tap_is_int(s, MG_OK, "gpu: mg_blas_create (%s)", s ? mg_last_error() : "ok");
+    if (s != MG_OK) {
+        tap_skip(N_GPU_TESTS - 1, "no cuBLAS handle");
+        return;
+    }
+    mg_rng r;
+    mg_rng_seed(&r, 9);
+    /* f32: K = 512 of N(0,1): f32 accumulation gives ~1e-7; TF32 inputs
+     * (10-bit mantissa) would give ~1e-4. */
+    mg_err e = run_linear(b, 37, 29, 512, MG_F32, MG_F32, 0, 1.5f, 0.5f, &r);
+    mg_err_print(stdout, "# f32 linear", &e);
+    tap_ok(mg_err_ok(&e, 2e-6), "gpu: f32 linear, padded strides, alpha/beta; no TF32 (rel %.2e)", e.rel_l2);
+    mg_dtype ts[2] = { MG_BF16, MG_F16 };
+    for (int i = 0; i < 2; i++) {
+        /* Inputs k/64, |k| <= 255: exact in bf16 and f16, products and sums
+         * exact in f32 for K = 64: the f32 output must be exact. */
+        e = run_linear(b, 33, 40, 64, ts[i], MG_F32, 1, 1.0f, 1.0f, &r);
+        tap_ok(e.n_nonfinite == 0 && e.max_abs == 0, "gpu: %s in, f32 out: exact (max_abs %.2e)",
+               mg_dtype_name(ts[i]), e.max_abs);
+        e = run_linear(b, 33, 40, 64, ts[i], ts[i], 1, 1.0f, 0.0f, &r);
+        double tol = ts[i] == MG_BF16 ? 4e-3 : 5e-4;
+        tap_ok(mg_err_ok(&e, tol), "gpu: %s in, %s out: rounding only (rel %.2e)",
+               mg_dtype_name(ts[i]), mg_dtype_name(ts[i]), e.rel_l2);
+    }
+
+    /* dx and dw in f32 with padded strides and beta. */
+    int M = 23, N = 31, K = 300, lddy = N + 1, ldw = K + 2, lddx = K + 5, ldx = K + 4, lddw = K + 3;
+    float *dY = malloc((size_t)M * lddy * 4), *W = malloc((size_t)N * ldw * 4), *X = malloc((size_t)M * ldx * 4);
+    float *dX0 = malloc((size_t)M * lddx * 4), *dW0 = malloc((size_t)N * lddw * 4);
+    float *dXg = malloc((size_t)M * lddx * 4), *dWg = malloc((size_t)N * lddw * 4);
+    mg_rng_fill_normal(&r, dY, (size_t)M * lddy, 0, 1);
+    mg_rng_fill_normal(&r, W, (size_t)N * ldw, 0, 1);
+    mg_rng_fill_normal(&r, X, (size_t)M * ldx, 0, 1);
+    mg_rng_fill_normal(&r, dX0, (size_t)M * lddx, 0, 1);
+    mg_rng_fill_normal(&r, dW0, (size_t)N * lddw, 0, 1);
+    void *d_dY = to_dev(dY, (size_t)M * lddy * 4), *d_W = to_dev(W, (size_t)N * ldw * 4);
+    void *d_X = to_dev(X, (size_t)M * ldx * 4), *d_dX = to_dev(dX0, (size_t)M * lddx * 4);
+    void *d_dW = to_dev(dW0, (size_t)N * lddw * 4);
+    tap_is_int(mg_linear_dx(b, M, N, K, MG_F32, d_dY, lddy, d_W, ldw, MG_F32, d_dX, lddx, 0.5f), MG_OK,
+               "gpu: mg_linear_dx runs");
+    tap_is_int(mg_linear_dw(b, M, N, K, MG_F32, d_dY, lddy, d_X, ldx, MG_F32, d_dW, lddw, 1.0f), MG_OK,
+               "gpu: mg_linear_dw runs");
+    cudaMemcpy(dXg, d_dX, (size_t)M * lddx * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(dWg, d_dW, (size_t)N * lddw * 4, cudaMemcpyDeviceToHost);
+    double *rx = malloc((size_t)M * K * 8), *rw = malloc((size_t)N * K * 8);
+    float *gx = malloc((size_t)M * K * 4), *gw = malloc((size_t)N * K * 4);
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++) {
+            double acc = 0;
+            for (int j = 0; j < N; j++)
+                acc += (double)dY[i * lddy + j] * W[j * ldw + k];
+            rx[i * K + k] = acc + 0.5 * dX0[i * lddx + k];
+            gx[i * K + k] = dXg[i * lddx + k];
+        }
+    for (int j = 0; j < N; j++)
+        for (int k = 0; k < K; k++) {
+            double acc = 0;
+            for (int i = 0; i < M; i++)
+                acc += (double)dY[i * lddy + j] * X[i * ldx + k];
+            rw[j * K + k] = acc + dW0[j * lddw + k];
+            gw[j * K + k] = dWg[j * lddw + k];
+        }
+    e = mg_compare_f32(gx, rx, (size_t)M * K);
+    tap_ok(mg_err_ok(&e, 2e-6), "gpu: dX = dY W + beta dX (rel %.2e)", e.rel_l2);
+    e = mg_compare_f32(gw, rw, (size_t)N * K);
+    tap_ok(mg_err_ok(&e, 2e-6), "gpu: dW = dY^T X + beta dW (rel %.2e)", e.rel_l2);
+    int pad = 1;
+    for (int i = 0; i < M; i++)
+        for (int k = K; k < lddx; k++)
+            pad &= dXg[i * lddx + k] == dX0[i * lddx + k];
+    for (int j = 0; j < N; j++)
+        for (int k = K; k < lddw; k++)
+            pad &= dWg[j * lddw + k] == dW0[j * lddw + k];
+    tap_ok(pad, "gpu: dx/dw leave the row padding alone");
+    mg_dev_free(d_dY); mg_dev_free(d_W); mg_dev_free(d_X); mg_dev_free(d_dX); mg_dev_free(d_dW);
+    free(dY); free(W); free(X); free(dX0); free(dW0); free(dXg); free(dWg);
+    free(rx); free(rw); free(gx); free(gw);
+
+    /* Streams, allocation. */
+    cudaStream_t st;
+    cudaStreamCreate(&st);
+    tap_is_int(mg_blas_set_stream(b, st), MG_OK, "gpu: mg_blas_set_stream");
+    e = run_linear(b, 8, 8, 16, MG_F32, MG_F32, 0, 1.0f, 0.0f, &r);
+    cudaStreamSynchronize(st);
+    tap_ok(mg_err_ok(&e, 2e-6), "gpu: linear on a user stream");
+    cudaStreamDestroy(st);
+    void *p = NULL;
+    s = mg_dev_alloc(&p, 1000, "buf");
+    tap_ok(s == MG_OK && mg_aligned(p, 256), "gpu: mg_dev_alloc gives 256-byte aligned memory");
+    mg_dev_free(p);
+    p = (void *)1;
+    s = mg_dev_alloc(&p, (size_t)1 << 60, "huge");
+    tap_ok(s == MG_ERR_OUT_OF_MEMORY && p == NULL, "gpu: an impossible allocation is out-of-memory (%s)",
+           mg_last_error());
+    tap_is_int(mg_linear(b, 4, 4, 4, MG_F32, (void *)1, 4, (void *)1, 4, MG_BF16, (void *)1, 4, 1, 0),
+               MG_ERR_INVALID_ARG, "gpu: f32 in, bf16 out refused");
+    mg_blas_destroy(b);
+}
+
+int main(void)
+{
+    test_status();
+    test_rng();
+    test_compare();
+    int ndev = mg_device_count();
+    test_cuda_host(ndev);
+    if (ndev > 0)
+        test_gemm();
+    else
+        tap_skip(N_GPU_TESTS, "no CUDA device (mg_device_count() = 0)");
+    return tap_done();
+}
