@@ -9,6 +9,7 @@
  *     chunk lengths, T not a multiple of Q, nonzero initial state, a
  *     sequence split across two calls);
  *  5. continuation: two forward calls with the state carried == one call,
+ *     the f64 entry points == the f32 ones on the same values,
  *     and the backward chained across the two calls == one backward;
  *  6. central finite differences (Richardson-extrapolated) on every
  *     parameter tensor, the input and every initial state, for tiny
@@ -715,6 +716,26 @@ static void test_continuation(void)
                                 gs, gk, gv, ga);
     tap_ok(st == MG_OK && rel_err(outb, out, c.nout) == 0,
            "backward's forward output == forward");
+    /* the f64 entry points on the widened blob and input: the same numbers */
+    {
+        double *wb = dalloc(c.l.total), *ub = dalloc(c.nu), *o64 = dalloc(c.nout),
+               *g64 = dalloc(c.l.total), *du64 = dalloc(c.nu);
+        for (size_t i = 0; i < c.l.total; i++) wb[i] = c.w[i];
+        for (size_t i = 0; i < c.nu; i++) ub[i] = c.u[i];
+        mg_status r1 = mg_ref_mamba3_forward_f64(&c.d, &c.l, wb, c.B, c.T, ub, o64,
+                                                 NULL, NULL, NULL, NULL);
+        double *o32 = dalloc(c.nout);
+        mg_status r2 = mg_ref_mamba3_forward(&c.d, &c.l, c.w, c.B, c.T, c.u, o32,
+                                             NULL, NULL, NULL, NULL);
+        mg_status r3 = mg_ref_mamba3_backward_f64(
+            &c.d, &c.l, wb, c.B, c.T, ub, c.s0, c.k0, c.v0, c.a0, c.dout, c.wS,
+            c.wK, c.wV, c.wA, NULL, g64, du64, NULL, NULL, NULL, NULL);
+        tap_ok(r1 == MG_OK && r2 == MG_OK && r3 == MG_OK &&
+                   rel_err(o64, o32, c.nout) == 0 &&
+                   rel_err(g64, g, c.l.total) == 0 && rel_err(du64, du, c.nu) == 0,
+               "f64 entry points == f32 entry points on the same values");
+        free(wb); free(ub); free(o64); free(g64); free(du64); free(o32);
+    }
     double *g1 = dalloc(c.l.total), *g2 = dalloc(c.l.total);
     double *du1 = dalloc((size_t)c.B * T1 * c.I), *du2 = dalloc((size_t)c.B * T2 * c.I);
     double *ms = dalloc(c.nS), *mk = dalloc(c.nK), *mv = dalloc(c.nV), *ma = dalloc(c.nA);
