@@ -6,4 +6,5 @@
 #include "mg_rng.h"
 #include "mg_compare.h"
 #include "mg_ref_mamba1.h"
+#include "mg_ref_mamba3.h"
 #endif
