@@ -25,7 +25,7 @@ typedef struct {
     const char *templates; /* --templates DIR, or NULL: embedded */
     const char *lua_test;  /* --lua-test FILE */
     const char *spec;
-    int check, print_spec, quiet;
+    int check, print_spec, spec_reference, quiet;
 } cli_opts;
 
 static void cli_usage(FILE *fp)
@@ -42,6 +42,7 @@ static void cli_usage(FILE *fp)
           "      --print-spec     print the canonical spec (defaults and derived values\n"
           "                       filled in) on standard output\n"
           "      --templates DIR  use the templates in DIR instead of the built-in copy\n"
+          "      --spec-reference print the reference of every spec key (Markdown)\n"
           "  -q, --quiet          do not list the written files\n"
           "      --lua-test FILE  (developer) run the Lua file FILE in the generator's\n"
           "                       sandbox; exit 0 if it returns true or nothing\n"
@@ -74,7 +75,7 @@ static int cli_finish_stdout(int status)
 /* Returns -1 to continue, or an exit status. */
 static int cli_parse(int argc, char **argv, cli_opts *o)
 {
-    enum { OPT_CHECK = 256, OPT_PRINT_SPEC, OPT_TEMPLATES, OPT_VERSION, OPT_LUA_TEST };
+    enum { OPT_CHECK = 256, OPT_PRINT_SPEC, OPT_TEMPLATES, OPT_VERSION, OPT_LUA_TEST, OPT_SPEC_REF };
     static const struct option longopts[] = {
         {"output", required_argument, NULL, 'o'},
         {"check", no_argument, NULL, OPT_CHECK},
@@ -82,6 +83,7 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
         {"templates", required_argument, NULL, OPT_TEMPLATES},
         {"quiet", no_argument, NULL, 'q'},
         {"lua-test", required_argument, NULL, OPT_LUA_TEST},
+        {"spec-reference", no_argument, NULL, OPT_SPEC_REF},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
@@ -100,6 +102,7 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
         case OPT_PRINT_SPEC: o->print_spec = 1; break;
         case OPT_TEMPLATES: o->templates = optarg; break;
         case OPT_LUA_TEST: o->lua_test = optarg; break;
+        case OPT_SPEC_REF: o->spec_reference = 1; break;
         case OPT_VERSION: version = 1; break;
         case ':':
             return cli_usage_error("option '%s' requires an argument", argv[optind - 1]);
@@ -124,6 +127,13 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
             return cli_usage_error("--lua-test takes no spec ('%s')", argv[optind]);
         if (o->check || o->print_spec || o->output)
             return cli_usage_error("%s", "--lua-test cannot be combined with --check, --print-spec or -o");
+        return -1;
+    }
+    if (o->spec_reference) {
+        if (optind < argc)
+            return cli_usage_error("--spec-reference takes no spec ('%s')", argv[optind]);
+        if (o->check || o->print_spec || o->output)
+            return cli_usage_error("%s", "--spec-reference cannot be combined with --check, --print-spec or -o");
         return -1;
     }
     if (optind == argc)
@@ -205,6 +215,21 @@ static int cli_run(const cli_opts *o)
             fputs(err, stderr);
             free(err);
         }
+        lh_free(h);
+        return cli_finish_stdout(status);
+    }
+
+    if (o->spec_reference) {
+        lua_pushnil(lh_state(h)); /* no spec tree */
+        lh_args a = {"spec-reference", "", ""};
+        lh_result r;
+        status = lh_run_main(h, &a, &r);
+        if (status != LH_OK)
+            fputs(r.message, stderr);
+        else
+            fwrite(r.text, 1, r.text_size, stdout);
+        status = status == LH_OK ? CLI_OK : CLI_INTERNAL;
+        lh_result_free(&r);
         lh_free(h);
         return cli_finish_stdout(status);
     }

@@ -590,7 +590,7 @@ static int lh_extract(lua_State *L)
     }
     lua_pop(L, 1);
     const char *cmd = c->args->command;
-    if (strcmp(cmd, "print-spec") == 0) {
+    if (strcmp(cmd, "print-spec") == 0 || strcmp(cmd, "spec-reference") == 0) {
         if (lh_rawfield(L, 1, "text") != LUA_TSTRING)
             return luaL_error(L, "result.text is a %s, expected a string (print-spec)", luaL_typename(L, -1));
         r->text = lh_dup_lua_string(L, -1, &r->text_size);

@@ -15,6 +15,7 @@ local E = {}
 E.FILES = {
   mamba1 = {
     { path = "%s.h",          template = "mamba1/model.h.tmpl",    prefix = "//" },
+    { path = "%s_common.cuh", template = "mamba1/common.cuh.tmpl", prefix = "//" },
     { path = "%s_kernels.cu", template = "mamba1/kernels.cu.tmpl", prefix = "//" },
     { path = "%s.c",          template = "mamba1/model.c.tmpl",    prefix = "//" },
     { path = "%s_test.c",     template = "mamba1/test.c.tmpl",     prefix = "//" },

@@ -4,12 +4,16 @@
 --   check       -> {}
 --   print-spec  -> { text = canonical spec + derived values as YAML }
 --   emit        -> { files = { {path=, content=, template=}, ... } }
+--   spec-reference -> { text = the Markdown spec reference } (no spec needed)
 -- Spec errors are raised as error({spec_errors = {...}}, 0) by the modules.
 
 local M = {}
 
 function M.main(args)
   assert(type(args) == "table", "main: args must be a table")
+  if args.command == "spec-reference" then
+    return { text = require("mg.spec_doc").markdown() }
+  end
   local validate = require("mg.validate")
   local derive = require("mg.derive")
   local spec, pos = validate.validate(args.spec)
