@@ -1,6 +1,6 @@
 -- mg/derive.lua: derived values common to every arch, then the per-arch
--- module (mg/derive_mamba1.lua; Mamba-3 SISO lives here until its templates
--- exist). Templates do no arithmetic: every number they print comes from d.
+-- module (mg/derive_mamba1.lua, mg/derive_mamba3.lua). Templates do no
+-- arithmetic: every number they print comes from d.
 --
 -- derive(spec) -> d. Common fields (all archs):
 --   d.name, d.NAME           spec.name and its upper-case form
@@ -104,72 +104,12 @@ function M.add_param(layout, name, shape, key, layer)
   return p
 end
 
--- Mamba-3 SISO (provisional: its templates come later; the names follow
--- math.md's state_dict names). Fields:
---   d.P (headdim), d.H (nheads = E/P), d.G (ngroups), d.heads_per_group (H/G),
---   d.S (n_angles = floor(N*rope_fraction)/2), d.in_proj_out (2E+2GN+3H+S) and
---   the offsets of its splits d.split_{z,x,B,C,dd_dt,dd_A,trap,angles},
---   d.a_floor, d.a_activation, d.outproj_norm, d.params/d.off/d.layer0/
---   d.layer_stride/d.weights_total as for Mamba-1.
-local function derive_mamba3_siso(spec, d)
-  local m = spec.model
-  d.P = m.headdim
-  d.H = d.E // d.P
-  d.G = m.ngroups
-  d.heads_per_group = d.H // d.G
-  d.S = math.floor(d.N * m.rope_fraction) // 2
-  d.in_proj_out = 2 * d.E + 2 * d.G * d.N + 3 * d.H + d.S
-  d.split_z = 0
-  d.split_x = d.E
-  d.split_B = 2 * d.E
-  d.split_C = 2 * d.E + d.G * d.N
-  d.split_dd_dt = 2 * d.E + 2 * d.G * d.N
-  d.split_dd_A = d.split_dd_dt + d.H
-  d.split_trap = d.split_dd_A + d.H
-  d.split_angles = d.split_trap + d.H
-  d.a_floor = m.a_floor
-  d.a_activation = m.a_activation
-  d.outproj_norm = m.outproj_norm
-
-  local lay = { params = {}, next = 0 }
-  d.off = {}
-  if d.input_dim > 0 then
-    d.off.input_proj_w = M.add_param(lay, "input_proj.weight", { d.D, d.input_dim }, "input_proj_w").offset
-    d.off.input_proj_b = M.add_param(lay, "input_proj.bias", { d.D }, "input_proj_b").offset
-  end
-  local starts = {}
-  for l = 0, d.L - 1 do
-    local pre = "layers." .. l .. "."
-    local function add(n, shape, key) return M.add_param(lay, pre .. n, shape, key, l) end
-    starts[l] = add("norm.weight", { d.D }, "norm_w").offset
-    add("mixer.in_proj.weight", { d.in_proj_out, d.D }, "in_proj_w")
-    add("mixer.dt_bias", { d.H }, "dt_bias")
-    add("mixer.B_norm.weight", { d.N }, "B_norm_w")
-    add("mixer.C_norm.weight", { d.N }, "C_norm_w")
-    add("mixer.B_bias", { d.H, 1, d.N }, "B_bias")
-    add("mixer.C_bias", { d.H, 1, d.N }, "C_bias")
-    add("mixer.D", { d.H }, "D")
-    if d.outproj_norm then add("mixer.norm.weight", { d.E }, "norm_gate_w") end
-    add("mixer.out_proj.weight", { d.D, d.E }, "out_proj_w")
-  end
-  local layers_end = M.align(lay.next)
-  d.off.norm_f_w = M.add_param(lay, "norm_f.weight", { d.D }, "norm_f_w").offset
-  d.params = lay.params
-  d.weights_total = M.align(lay.next)
-  d.layer0 = {}
-  for _, p in ipairs(d.params) do
-    if p.layer == 0 then d.layer0[p.key] = p.offset end
-  end
-  d.layer_stride = d.L > 1 and (starts[1] - starts[0]) or (layers_end - starts[0])
-  return d
-end
-
 function M.derive(spec)
   local d = common(spec)
   if spec.arch == "mamba1" then
     return require("mg.derive_mamba1").derive(spec, d)
   elseif spec.arch == "mamba3_siso" then
-    return derive_mamba3_siso(spec, d)
+    return require("mg.derive_mamba3").derive(spec, d)
   end
   error("derive: unknown arch " .. tostring(spec.arch))
 end

@@ -21,6 +21,13 @@ E.FILES = {
     { path = "%s_test.c",     template = "mamba1/test.c.tmpl",     prefix = "//" },
     { path = "Makefile",      template = "mamba1/Makefile.tmpl",   prefix = "#" },
   },
+  mamba3_siso = {
+    { path = "%s.h",          template = "mamba3/model.h.tmpl",    prefix = "//" },
+    { path = "%s_kernels.cu", template = "mamba3/kernels.cu.tmpl", prefix = "//" },
+    { path = "%s.c",          template = "mamba3/model.c.tmpl",    prefix = "//" },
+    { path = "%s_test.c",     template = "mamba3/test.c.tmpl",     prefix = "//" },
+    { path = "Makefile",      template = "mamba3/Makefile.tmpl",   prefix = "#" },
+  },
 }
 
 -- A C float literal for x that reads back to exactly float(x): the shortest

@@ -1,0 +1,186 @@
+-- tests/test_derive_mamba3.lua: mg/derive_mamba3.lua (dims, the weights blob
+-- layout of HACKING.md "Weight blob layout (Mamba-3 SISO)", launch shapes)
+-- and the mamba3 file set of mg/emit.lua rendered with the real templates.
+-- Derived values of the example specs are checked against hand computations.
+-- Prints one line per check; raises an error when any check failed.
+
+local derive = require("mg.derive")
+local emit = require("mg.emit")
+
+local n, failed = 0, 0
+local function check(cond, desc, detail)
+  n = n + 1
+  if cond then
+    print("  pass " .. n .. ": " .. desc)
+  else
+    failed = failed + 1
+    print("  FAIL " .. n .. ": " .. desc .. (detail and ("\n    " .. detail) or ""))
+  end
+end
+local function is(got, want, desc)
+  check(got == want, desc, string.format("got:  %s\n    want: %s", tostring(got), tostring(want)))
+end
+
+-- A canonical Mamba-3 spec (what validate returns), with overrides.
+local function spec3(model, shapes, top, scan)
+  local s = {
+    name = "m3", arch = "mamba3_siso", precision = "f32", target = "sm_90",
+    model = { d_model = 128, n_layers = 4, d_state = 64, expand = 2, headdim = 32, ngroups = 1,
+              rope_fraction = 0.5, a_activation = "heavy_tail", a_floor = 1e-4, outproj_norm = true,
+              input_dim = 64, norm_eps = 1e-5 },
+    scan = { mode = "sequential", chunk_size = 64 },
+    shapes = { max_batch = 64, max_seq_len = 256, batch = 0, seq_len = 0 },
+    emit = { training = true, inference = true, deterministic = true },
+  }
+  for k, v in pairs(model or {}) do s.model[k] = v end
+  for k, v in pairs(shapes or {}) do s.shapes[k] = v end
+  for k, v in pairs(top or {}) do s[k] = v end
+  for k, v in pairs(scan or {}) do s.scan[k] = v end
+  return s
+end
+
+-- ------------------------------------------------------------ specs/mamba3_rl.yaml
+local rl = derive.derive(spec3(nil, nil, { name = "mamba3_rl" }))
+is(rl.D, 128, "rl: D")
+is(rl.E, 256, "rl: E")
+is(rl.N, 64, "rl: N")
+is(rl.P, 32, "rl: P")
+is(rl.H, 8, "rl: H = 256/32")
+is(rl.G, 1, "rl: G")
+is(rl.heads_per_group, 8, "rl: heads per group")
+is(rl.S, 16, "rl: S = floor(64*0.5)/2")
+is(rl.S2, 32, "rl: 2S rotated entries")
+is(rl.in_proj_out, 680, "rl: in_proj outputs 2E+2GN+3H+S = 512+128+24+16")
+is(rl.split_z, 0, "rl: z at 0")
+is(rl.split_x, 256, "rl: x at E")
+is(rl.split_B, 512, "rl: B at 2E")
+is(rl.split_C, 576, "rl: C at 2E+GN")
+is(rl.split_dd_dt, 640, "rl: dd_dt at 2E+2GN")
+is(rl.split_dd_A, 648, "rl: dd_A")
+is(rl.split_trap, 656, "rl: trap")
+is(rl.split_angles, 664, "rl: angles")
+is(rl.split_angles + rl.S, rl.in_proj_out, "rl: angles last")
+is(rl.a_heavy_tail, true, "rl: heavy_tail")
+is(rl.outproj_norm, true, "rl: outproj_norm")
+is(rl.ssm_state_per_seq, 8 * 32 * 64, "rl: ssm state H*P*N")
+is(rl.k_prev_per_seq, 8 * 64, "rl: k_prev H*N")
+is(rl.v_prev_per_seq, 256, "rl: v_prev H*P")
+is(rl.angle_per_seq, 8 * 16, "rl: angle H*S")
+-- blob: input_proj.weight 128*64 = 8192 at 0; bias 128 at 8192; layer 0 at
+-- 8320: norm 128 | in_proj 680*128 = 87040 at 8448 | dt_bias 8 at 95488 |
+-- B_norm 64 at 95552 | C_norm 64 at 95616 | B_bias 512 at 95680 | C_bias 512
+-- at 96192 | D 8 at 96704 | norm (gate) 256 at 96768 | out_proj 32768 at
+-- 97024 -> layer end 129792, stride 121472; norm_f at 8320 + 4*121472.
+is(rl.off.input_proj_w, 0, "rl: input_proj.weight offset")
+is(rl.off.input_proj_b, 8192, "rl: input_proj.bias offset")
+is(rl.layer0.norm_w, 8320, "rl: layer 0 norm")
+is(rl.layer0.in_proj_w, 8448, "rl: in_proj")
+is(rl.layer0.dt_bias, 95488, "rl: dt_bias")
+is(rl.layer0.B_norm_w, 95552, "rl: B_norm")
+is(rl.layer0.C_norm_w, 95616, "rl: C_norm")
+is(rl.layer0.B_bias, 95680, "rl: B_bias")
+is(rl.layer0.C_bias, 96192, "rl: C_bias")
+is(rl.layer0.D, 96704, "rl: D")
+is(rl.layer0.norm_gate_w, 96768, "rl: gate norm")
+is(rl.layer0.out_proj_w, 97024, "rl: out_proj")
+is(rl.layer_stride, 121472, "rl: layer stride")
+is(rl.off.norm_f_w, 8320 + 4 * 121472, "rl: norm_f")
+is(rl.weights_total, 8320 + 4 * 121472 + 128, "rl: weights_total")
+is(#rl.params, 2 + 4 * 10 + 1, "rl: 43 tensors")
+is(rl.params[3].name, "layers.0.norm.weight", "rl: block norm name")
+is(rl.params[11].name, "layers.0.mixer.norm.weight", "rl: gate norm name (state_dict)")
+is(rl.params[8].shape[1] .. "x" .. rl.params[8].shape[2] .. "x" .. rl.params[8].shape[3], "8x1x64", "rl: B_bias shape [H,1,N]")
+is(rl.params[#rl.params].name, "norm_f.weight", "rl: norm_f last")
+-- every layer tensor = layer 0's + l * stride; all 64-aligned
+local uniform, aligned = true, true
+for _, p in ipairs(rl.params) do
+  if p.layer and p.offset ~= rl.layer0[p.key] + p.layer * rl.layer_stride then uniform = false end
+  if p.offset % 64 ~= 0 then aligned = false end
+end
+check(uniform, "rl: uniform layer stride")
+check(aligned, "rl: every tensor 64-aligned")
+-- launch shapes
+is(rl.norm_threads, 32, "rl: norm_threads (D/4 = 32)")
+is(rl.scan_lanes, 4, "rl: scan_lanes (N=64 -> 4 lanes of 16)")
+is(rl.scan_npt, 16, "rl: scan_npt")
+is(rl.scan_rpt, 1, "rl: one row per thread")
+is(rl.scan_threads, 128, "rl: scan block P*lanes = 128")
+is(rl.scan_tchunk, 32, "rl: 32 staged steps (656 B each)")
+is(rl.scan_smem_bytes, 32 * (2 * 64 + 32 + 4) * 4, "rl: scan stage bytes")
+is(rl.angle_blocks, 1, "rl: H*S = 128 angles, one block")
+is(rl.gate_vpl, 1, "rl: gate values per lane")
+is(rl.prep_n_per_lane, 2, "rl: prep N/32")
+is(rl.scan_kernel, "sequential", "rl: sequential scan")
+
+-- ------------------------------------------------------------ specs/mamba3_lm.yaml
+local lm = derive.derive(spec3({ d_model = 1024, n_layers = 2, d_state = 128, headdim = 64, input_dim = 0 },
+  { max_batch = 2, max_seq_len = 2048 }, { name = "mamba3_lm" }, { mode = "chunked" }))
+is(lm.H, 32, "lm: H = 2048/64")
+is(lm.S, 32, "lm: S = 32")
+is(lm.in_proj_out, 4096 + 256 + 96 + 32, "lm: in_proj outputs")
+is(lm.off.input_proj_w, nil, "lm: no input_proj")
+is(lm.layer0.norm_w, 0, "lm: layer 0 at 0")
+is(lm.scan_lanes, 8, "lm: 8 lanes (N=128)")
+is(lm.scan_threads, 512, "lm: scan block 64 rows x 8 lanes")
+is(lm.scan_rpt, 1, "lm: one row per thread")
+is(lm.scan_tchunk, 16, "lm: 16 staged steps (1296 B each)")
+is(lm.chunk_size, 64, "lm: chunk 64")
+is(lm.scan_mode_resolved, "chunked", "lm: scan mode chunked")
+is(lm.norm_threads, 256, "lm: norm_threads")
+is(lm.weights_total % 64, 0, "lm: total aligned")
+
+-- ------------------------------------------------------------ variants
+local g2 = derive.derive(spec3({ ngroups = 2, a_activation = "softplus", outproj_norm = false, rope_fraction = 1.0 }))
+is(g2.heads_per_group, 4, "g2: heads per group")
+is(g2.S, 32, "g2: rope_fraction 1.0 -> S = N/2")
+is(g2.in_proj_out, 512 + 256 + 24 + 32, "g2: in_proj outputs with G = 2")
+is(g2.a_heavy_tail, false, "g2: softplus")
+is(g2.layer0.norm_gate_w, nil, "g2: no gate norm without outproj_norm")
+is(#g2.params, 2 + 4 * 9 + 1, "g2: 9 tensors per layer")
+local big = derive.derive(spec3({ d_model = 512, d_state = 256, headdim = 128 }))
+is(big.scan_lanes, 16, "big: 16 lanes (N=256)")
+is(big.scan_rpt, 4, "big: 4 rows per thread (128*16/4 = 512 threads)")
+is(big.scan_threads, 512, "big: scan block 512")
+is(big.gate_vpl, 4, "big: gate values per lane (P=128)")
+local small = derive.derive(spec3({ d_model = 16, d_state = 16, headdim = 16 }))
+is(small.scan_lanes, 1, "small: one lane (N=16)")
+is(small.scan_threads, 16, "small: scan block 16 (half a warp)")
+
+-- ------------------------------------------------------------ emit with the real templates
+local sp = spec3(nil, nil, { name = "mamba3_rl" })
+local ok, files = pcall(emit.files, sp, derive.derive(sp),
+  { spec_name = "mamba3_rl.yaml", spec_hash = string.rep("b", 64) }, {})
+check(ok, "emit.files renders the mamba3 templates", not ok and tostring(files) or nil)
+if ok then
+  local names = {}
+  for i, f in ipairs(files) do names[i] = f.path .. "<" .. f.template end
+  is(table.concat(names, " "), "mamba3_rl.h<mamba3/model.h.tmpl mamba3_rl_kernels.cu<mamba3/kernels.cu.tmpl " ..
+    "mamba3_rl.c<mamba3/model.c.tmpl mamba3_rl_test.c<mamba3/test.c.tmpl Makefile<mamba3/Makefile.tmpl",
+    "emit: mamba3 file set and order")
+  local h, cu, c = files[1].content, files[2].content, files[3].content
+  check(h:find("^// Code generated by mamba%-gen .- from mamba3_rl%.yaml %(sha256 bbbbbbbbbbbbbbbb%) with template mamba3/model%.h%.tmpl%. DO NOT EDIT%.\n") ~= nil,
+    "emit: provenance line")
+  check(h:find("\n#define MAMBA3_RL_N_HEADS      8 ", 1, true) ~= nil, "emit: header N_HEADS")
+  check(h:find("\n#define MAMBA3_RL_WEIGHTS_FLOATS 494336u", 1, true) ~= nil, "emit: header WEIGHTS_FLOATS")
+  check(h:find("mamba3_rl_prefill(mamba3_rl_model *m, int batch, int seqlen,", 1, true) ~= nil, "emit: prefill prototype")
+  check(cu:find("\nconstexpr int NP = 680;", 1, true) ~= nil, "emit: kernels NP constant")
+  check(cu:find("\nconstexpr int OFF_ANG = 664;", 1, true) ~= nil, "emit: kernels angle split")
+  check(cu:find("\nconstexpr bool A_HEAVY_TAIL = true;", 1, true) ~= nil, "emit: heavy_tail branch")
+  check(cu:find("\nconstexpr int SCAN_THREADS = 128;", 1, true) ~= nil, "emit: scan block")
+  check(c:find('{ "layers.3.mixer.out_proj.weight", ' .. rl.params[#rl.params - 1].offset .. "u, 2, { 128, 256, 0, 0 }, 32768u },", 1, true) ~= nil,
+    "emit: parameter table row")
+  check(c:find("L0_NORM_GATE_W", 1, true) ~= nil, "emit: gate norm offset")
+  check(not cu:find("{{", 1, true) and not c:find("{{", 1, true) and not h:find("{{", 1, true), "emit: no template syntax left")
+  local sp2 = spec3({ outproj_norm = false, input_dim = 0, a_activation = "softplus" }, nil, { name = "m3b", precision = "bf16" })
+  local ok2, f2 = pcall(emit.files, sp2, derive.derive(sp2), { spec_name = "m3b.yaml", spec_hash = string.rep("c", 64) }, {})
+  check(ok2, "emit: variant without gate norm / input_proj, softplus, bf16 renders", not ok2 and tostring(f2) or nil)
+  if ok2 then
+    check(not f2[3].content:find("L0_NORM_GATE_W", 1, true), "emit: no gate norm offset without outproj_norm")
+    check(f2[2].content:find("\ntypedef __nv_bfloat16 act_t;", 1, true) ~= nil, "emit: bf16 storage type")
+    check(f2[2].content:find("\nconstexpr bool A_HEAVY_TAIL = false;", 1, true) ~= nil, "emit: softplus branch")
+  end
+end
+
+print(string.format("test_derive_mamba3: %d checks, %d failed", n, failed))
+if failed > 0 then error(string.format("test_derive_mamba3: %d of %d checks failed", failed, n), 0) end
+return true
