@@ -107,7 +107,12 @@ end
 function M.derive(spec)
   local d = common(spec)
   if spec.arch == "mamba1" then
-    return require("mg.derive_mamba1").derive(spec, d)
+    d = require("mg.derive_mamba1").derive(spec, d)
+    -- the bench program's cost model and shapes (mg/cost.lua)
+    local cost = require("mg.cost")
+    d.cost = cost.mamba1(d)
+    d.bench = cost.bench_shapes(d)
+    return d
   elseif spec.arch == "mamba3_siso" then
     return require("mg.derive_mamba3").derive(spec, d)
   end

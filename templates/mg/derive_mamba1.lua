@@ -114,6 +114,138 @@ function M.derive(spec, d)
   while 2 * tchunk * d.N * 4 > 32768 do tchunk = tchunk // 2 end
   d.scan_tchunk = tchunk
   d.scan_smem_bytes = 2 * tchunk * d.N * 4
+  M.derive_inference(spec, d)
+  if d.training then M.derive_training(d) end
+  return d
+end
+
+-- ===========================================================================
+-- Inference section (mixed precision, chunked scan, burn-in, decode graphs).
+-- Owned by the forward/inference engineer; the training section is separate.
+-- Fields:
+--   d.lowp              true when precision is bf16/f16: the model owns a
+--                       copy of the blob in act_t (same offsets, in elements)
+--                       from which every GEMM weight except input_proj is read
+--   d.weights_act_bytes bytes of that copy (weights_total * act_size; 0 for f32)
+--   d.convert_threads, d.convert_blocks_max   launch shape of the conversion
+--   d.scan_emit_sequential / d.scan_emit_chunked   which scan kernels exist:
+--                       sequential always (decode, short calls); chunked for
+--                       mode chunked, and for auto when max_seq_len exceeds
+--                       the auto threshold
+--   d.scan_mode_id      0 sequential | 1 chunked | 2 auto (host dispatch)
+--   d.scan_auto_min_len auto: calls with seqlen >= this use the chunked scan.
+--                       = max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4*chunk):
+--                       up to 256 steps the single pass costs a few us and
+--                       the chunked path (3 launches, the chunk recurrence
+--                       run twice) cannot win; below 4 chunks the 2x work is
+--                       not repaid by the parallelism over chunks
+--   d.scan_chunk        chunk length Q (= d.chunk_size)
+--   d.scan_max_chunks   ceil(max_seq_len / Q)
+--   d.scan_cstate_floats  workspace of chunk states: max_batch*max_chunks*E*N
+--   d.scan_dsum_floats    workspace of per-chunk sum of delta: max_batch*max_chunks*E
+--   d.scan_combine_threads  block of the cross-chunk combine kernel
+--   d.chunk_vs_seq_tol  rel-L2 bound of chunked vs sequential outputs (f32:
+--                       1e-5; bf16/f16: d.check_tol, since one rounding flip
+--                       of a stored activation already exceeds 1e-5)
+--   d.graph_capture_mode  CUDA stream capture mode used by decode graphs
+-- ===========================================================================
+function M.derive_inference(spec, d)
+  d.lowp = d.dtype ~= "f32"
+  d.weights_act_bytes = d.lowp and d.weights_total * d.act_size or 0
+  d.convert_threads = 256
+  d.convert_blocks_max = 1024
+
+  d.scan_chunk = d.chunk_size
+  d.scan_auto_min_len = math.max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4 * d.scan_chunk)
+  local mode = spec.scan.mode
+  d.scan_emit_sequential = true
+  if mode == "sequential" then
+    d.scan_emit_chunked, d.scan_mode_id = false, 0
+  elseif mode == "chunked" then
+    d.scan_emit_chunked, d.scan_mode_id = true, 1
+  else
+    -- auto: both kernels only when a call can reach the threshold
+    d.scan_emit_chunked = d.max_seq_len >= d.scan_auto_min_len
+    d.scan_mode_id = d.scan_emit_chunked and 2 or 0
+  end
+  d.scan_max_chunks = derive.ceil_div(d.max_seq_len, d.scan_chunk)
+  assert(d.scan_max_chunks <= 65535, "derive_mamba1: too many chunks for grid.z")
+  if d.scan_emit_chunked then
+    d.scan_cstate_floats = d.max_batch * d.scan_max_chunks * d.E * d.N
+    d.scan_dsum_floats = d.max_batch * d.scan_max_chunks * d.E
+  else
+    d.scan_cstate_floats, d.scan_dsum_floats = 0, 0
+  end
+  d.scan_combine_threads = 256
+  d.chunk_vs_seq_tol = d.lowp and d.check_tol or 1e-5
+  d.graph_capture_mode = "cudaStreamCaptureModeRelaxed"
+  return d
+end
+
+-- ===========================================================================
+-- Training section (backward + AdamW), used by mamba1/backward.cu.tmpl,
+-- train.c.tmpl and train_test.c.tmpl (only when spec.emit.training).
+-- Owned by the training engineer. Fields:
+--   d.scan_warps      warps of a scan block (= scan_threads/32)
+--   d.bscan_tchunk    checkpoint stride of the training scan: the forward-for-
+--                     training saves the SSM state every bscan_tchunk steps and
+--                     the backward recomputes the states inside each chunk
+--                     forward from its checkpoint (never dividing by exp(dA)),
+--                     keeping them per thread in a [bscan_tchunk][scan_npt]
+--                     array: bscan_tchunk*scan_npt <= 256 floats (1 KiB of
+--                     local memory per thread, L1-resident at 128 threads).
+--                     It is also the number of B/C timesteps staged in shared
+--                     memory per pass; halved while that staging plus the
+--                     double-buffered per-warp dB/dC reduction buffer
+--                     (2*scan_warps*2N floats) would exceed 40 KiB.
+--   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N + 2*scan_warps*2N)
+--   d.max_ckpts       checkpoints per sequence = ceil(max_seq_len/bscan_tchunk)
+--   d.normb_rows      rows per block of the RMSNorm backward and of the column
+--                     sums: each block writes one partial row of the weight
+--                     gradient; the d.normb_max_blocks = ceil(max_tokens /
+--                     normb_rows) partials are summed in block order
+--   d.red_threads     block size of the elementwise / reduction kernels
+--   d.gnorm_blocks    blocks of the first stage of the global gradient norm and
+--                     of the MSE loss: a fixed count, so the partition of the
+--                     sum (hence its rounding) never depends on the GPU
+--   d.layers_begin, d.layers_end   blob range of the layers (floats)
+--   d.adamw_layer     { {lo, hi, cls, len}, ... } tensor ranges relative to a layer start
+--   d.adamw_global    { {lo, hi, cls, len}, ... } absolute ranges of the other tensors;
+--                     cls 1 = weight matrix (Linear / conv weight: decayed under
+--                     wd_matrices_only), 2 = norms, biases, A_log, D. Everything
+--                     outside the ranges is padding: AdamW never writes it.
+--   d.grad_tol        rel-L2 tolerance of the gradients against the f64
+--                     reference: f32 1e-4; bf16 5e-2, f16 1e-2 (provisional,
+--                     to be measured on the H200)
+-- ===========================================================================
+local MATRIX = { input_proj_w = true, in_proj_w = true, conv_w = true, x_proj_w = true,
+                 dt_proj_w = true, out_proj_w = true }
+function M.derive_training(d)
+  d.scan_warps = d.scan_threads // 32
+  local bt = 16
+  while bt * d.scan_npt > 256 do bt = bt // 2 end
+  while bt > 1 and 4 * (2 * bt * d.N + 2 * d.scan_warps * 2 * d.N) > 40960 do bt = bt // 2 end
+  d.bscan_tchunk = bt
+  d.bscan_smem_bytes = 4 * (2 * bt * d.N + 2 * d.scan_warps * 2 * d.N)
+  d.max_ckpts = derive.ceil_div(d.max_seq_len, bt)
+  d.normb_rows = 16
+  d.normb_max_blocks = derive.ceil_div(d.max_tokens, d.normb_rows)
+  d.red_threads = 256
+  d.gnorm_blocks = 256
+  d.layers_begin = d.layer0.norm_w
+  d.layers_end = d.layer0.norm_w + d.L * d.layer_stride
+  d.adamw_layer, d.adamw_global = {}, {}
+  for _, p in ipairs(d.params) do
+    local cls = MATRIX[p.key] and 1 or 2
+    if p.layer == 0 then
+      local lo = p.offset - d.layers_begin
+      d.adamw_layer[#d.adamw_layer + 1] = { lo, lo + p.numel, cls, p.numel }
+    elseif p.layer == nil then
+      d.adamw_global[#d.adamw_global + 1] = { p.offset, p.offset + p.numel, cls, p.numel }
+    end
+  end
+  local tol = { f32 = 1e-4, bf16 = 5e-2, f16 = 1e-2 }
+  d.grad_tol = tol[d.dtype]
   return d
 end
 

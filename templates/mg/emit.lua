@@ -19,6 +19,12 @@ E.FILES = {
     { path = "%s_kernels.cu", template = "mamba1/kernels.cu.tmpl", prefix = "//" },
     { path = "%s.c",          template = "mamba1/model.c.tmpl",    prefix = "//" },
     { path = "%s_test.c",     template = "mamba1/test.c.tmpl",     prefix = "//" },
+    { path = "%s_bench.c",    template = "mamba1/bench.c.tmpl",    prefix = "//" },
+    -- training half (spec.emit.training only)
+    { path = "%s_train.h",       template = "mamba1/train.h.tmpl",      prefix = "//", when = "training" },
+    { path = "%s_backward.cu",   template = "mamba1/backward.cu.tmpl",  prefix = "//", when = "training" },
+    { path = "%s_train.c",       template = "mamba1/train.c.tmpl",      prefix = "//", when = "training" },
+    { path = "%s_train_test.c",  template = "mamba1/train_test.c.tmpl", prefix = "//", when = "training" },
     { path = "Makefile",      template = "mamba1/Makefile.tmpl",   prefix = "#" },
   },
   mamba3_siso = {
@@ -86,6 +92,8 @@ function E.files(spec, d, args, pos)
   end
   local out = {}
   for _, f in ipairs(set) do
+    -- `when = "training"`: emitted only when spec.emit.training is true
+    if f.when and not spec.emit[f.when] then goto continue end
     local env = E.env(spec, d, args, f.template)
     local content = tmpl.render(f.template, env)
     local first = content:match("^[^\n]*")
@@ -93,6 +101,7 @@ function E.files(spec, d, args, pos)
       error(string.format("template:%s:1: the first line must be {{ provenance(%q) }}", f.template, f.prefix), 0)
     end
     out[#out + 1] = { path = string.format(f.path, spec.name), content = content, template = f.template }
+    ::continue::
   end
   return out
 end
