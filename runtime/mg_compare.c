@@ -16,61 +16,44 @@ static mg_err finish(double max_abs, double d2, double r2, size_t n, size_t nf)
     return e;
 }
 
+/* Running sums of one comparison; NaN/Inf on either side is counted, not summed. */
+typedef struct { double max_abs, d2, r2; size_t nf; } cmp_acc;
+
+static void acc_add(cmp_acc *a, double g, double r)
+{
+    if (!isfinite(g) || !isfinite(r)) {
+        a->nf++;
+        return;
+    }
+    double d = fabs(g - r);
+    if (d > a->max_abs)
+        a->max_abs = d;
+    a->d2 += d * d;
+    a->r2 += r * r;
+}
+
 mg_err mg_compare_f32(const float *got, const double *ref, size_t n)
 {
-    double max_abs = 0, d2 = 0, r2 = 0;
-    size_t nf = 0;
-    for (size_t i = 0; i < n; i++) {
-        double g = got[i], r = ref[i];
-        if (!isfinite(g) || !isfinite(r)) {
-            nf++;
-            continue;
-        }
-        double d = fabs(g - r);
-        if (d > max_abs)
-            max_abs = d;
-        d2 += d * d;
-        r2 += r * r;
-    }
-    return finish(max_abs, d2, r2, n, nf);
+    cmp_acc a = {0, 0, 0, 0};
+    for (size_t i = 0; i < n; i++)
+        acc_add(&a, got[i], ref[i]);
+    return finish(a.max_abs, a.d2, a.r2, n, a.nf);
 }
 
 mg_err mg_compare_f32f32(const float *got, const float *ref, size_t n)
 {
-    double max_abs = 0, d2 = 0, r2 = 0;
-    size_t nf = 0;
-    for (size_t i = 0; i < n; i++) {
-        double g = got[i], r = ref[i];
-        if (!isfinite(g) || !isfinite(r)) {
-            nf++;
-            continue;
-        }
-        double d = fabs(g - r);
-        if (d > max_abs)
-            max_abs = d;
-        d2 += d * d;
-        r2 += r * r;
-    }
-    return finish(max_abs, d2, r2, n, nf);
+    cmp_acc a = {0, 0, 0, 0};
+    for (size_t i = 0; i < n; i++)
+        acc_add(&a, got[i], ref[i]);
+    return finish(a.max_abs, a.d2, a.r2, n, a.nf);
 }
 
 mg_err mg_compare_f64(const double *got, const double *ref, size_t n)
 {
-    double max_abs = 0, d2 = 0, r2 = 0;
-    size_t nf = 0;
-    for (size_t i = 0; i < n; i++) {
-        double g = got[i], r = ref[i];
-        if (!isfinite(g) || !isfinite(r)) {
-            nf++;
-            continue;
-        }
-        double d = fabs(g - r);
-        if (d > max_abs)
-            max_abs = d;
-        d2 += d * d;
-        r2 += r * r;
-    }
-    return finish(max_abs, d2, r2, n, nf);
+    cmp_acc a = {0, 0, 0, 0};
+    for (size_t i = 0; i < n; i++)
+        acc_add(&a, got[i], ref[i]);
+    return finish(a.max_abs, a.d2, a.r2, n, a.nf);
 }
 
 void mg_err_print(FILE *f, const char *name, const mg_err *e)
