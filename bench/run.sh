@@ -3,9 +3,15 @@
 # generate the package, build its bench program against this build tree's
 # runtime, run it; every figure goes to the terminal table and to one CSV
 # (bench-out/results.csv), with the GPU's own ceilings measured in the run.
+# Then, for Mamba-1 specs, the autotuning sweep of the scan (mamba-tune, at
+# $MG_TUNE): every chunk size x block size, verified and timed, into
+# bench-out/tune-NAME.csv (the cache is not touched: --no-cache). `make
+# plots` draws both (bench/plot.sh).
 #
 #   make bench                         # the specs in BENCH_SPECS
 #   make bench BENCH_SPECS="specs/x.yaml specs/y.yaml"
+#   make bench BENCH_TUNE=0            # no sweep
+#   make bench TUNE_ARGS="--seqlen 1024,4096 --batch 1,8"
 #
 # Needs a CUDA device; without one it says so and exits 77 (skipped).
 set -u
@@ -30,6 +36,13 @@ for spec in "$@"; do
   fi
   "$dir/${name}_bench" --csv "$csv" ${BENCH_ARGS:-} || status=1
   echo
+  if [ "${BENCH_TUNE:-1}" != 0 ] && [ -n "${MG_TUNE:-}" ] && [ -x "$MG_TUNE" ] && \
+     grep -q '^arch: *mamba1' "$spec"; then
+    echo "== sweep (mamba-tune) $spec"
+    "$MG_TUNE" --no-cache --csv "$out/tune-$name.csv" ${TUNE_ARGS:-} "$spec" || status=1
+  fi
 done
 echo "CSV: $csv"
+ls "$out"/tune-*.csv 2>/dev/null | sed 's/^/sweep CSV: /'
+echo "plots: make plots (gnuplot)"
 exit $status

@@ -1,18 +1,23 @@
 /* gen/cli.c: main() of mamba-gen: options, the order of the steps (read the
- * spec, build the tree, run the Lua side, write or print the result) and the
- * exit statuses: 0 success, 1 the spec is invalid (or the output cannot be
- * written), 2 usage errors and internal errors (bugs in the generator). */
+ * spec, build the tree, resolve autotuned values, run the Lua side, write or
+ * print the result) and the exit statuses: 0 success, 1 the spec is invalid
+ * (or the output cannot be written), 2 usage errors and internal errors (bugs
+ * in the generator). `mamba-gen tune ...` runs the mamba-tune program. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <lua.h>
 #include <yaml.h>
 
+#include "gpu_query.h"
 #include "lua_host.h"
 #include "outdir.h"
 #include "spec_yaml.h"
+#include "tune_cache.h"
 
 #ifndef MG_VERSION
 #error "MG_VERSION must be defined (the generator version string)"
@@ -24,6 +29,8 @@ typedef struct {
     const char *output;    /* -o DIR, or NULL: ./NAME */
     const char *templates; /* --templates DIR, or NULL: embedded */
     const char *lua_test;  /* --lua-test FILE */
+    const char *gpu;       /* --gpu NAME, or NULL */
+    const char *tune_cache; /* --tune-cache DIR, or NULL */
     const char *spec;
     int check, print_spec, spec_reference, quiet;
 } cli_opts;
@@ -31,7 +38,8 @@ typedef struct {
 static void cli_usage(FILE *fp)
 {
     fputs("Usage: mamba-gen [OPTION]... SPEC.yaml\n"
-          "       mamba-gen tune SPEC.yaml [OPTION]...   (autotuning; not available in this build)\n"
+          "       mamba-gen tune SPEC.yaml [OPTION]...   (autotuning on the GPU: runs mamba-tune;\n"
+          "                                              see mamba-gen tune --help)\n"
           "Generate specialized CUDA kernels and a C host pipeline for the Mamba model\n"
           "described by SPEC.yaml.\n"
           "\n"
@@ -44,6 +52,12 @@ static void cli_usage(FILE *fp)
           "      --templates DIR  use the templates in DIR instead of the built-in copy\n"
           "      --spec-reference print the reference of every spec key (Markdown)\n"
           "  -q, --quiet          do not list the written files\n"
+          "      --gpu NAME       resolve `auto` values (scan.chunk_size) from the autotune\n"
+          "                       cache entries of the GPU named NAME (as mamba-tune\n"
+          "                       prints it), or \"none\"; default: $MG_GPU, else the\n"
+          "                       first CUDA device, if any (else chunk_size 64)\n"
+          "      --tune-cache DIR the autotune cache directory (default: $MG_TUNE_CACHE,\n"
+          "                       else $XDG_CACHE_HOME/mamba-gen, else ~/.cache/mamba-gen)\n"
           "      --lua-test FILE  (developer) run the Lua file FILE in the generator's\n"
           "                       sandbox; exit 0 if it returns true or nothing\n"
           "  -h, --help           print this help and exit\n"
@@ -75,7 +89,8 @@ static int cli_finish_stdout(int status)
 /* Returns -1 to continue, or an exit status. */
 static int cli_parse(int argc, char **argv, cli_opts *o)
 {
-    enum { OPT_CHECK = 256, OPT_PRINT_SPEC, OPT_TEMPLATES, OPT_VERSION, OPT_LUA_TEST, OPT_SPEC_REF };
+    enum { OPT_CHECK = 256, OPT_PRINT_SPEC, OPT_TEMPLATES, OPT_VERSION, OPT_LUA_TEST, OPT_SPEC_REF, OPT_GPU,
+           OPT_TUNE_CACHE };
     static const struct option longopts[] = {
         {"output", required_argument, NULL, 'o'},
         {"check", no_argument, NULL, OPT_CHECK},
@@ -84,6 +99,8 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
         {"quiet", no_argument, NULL, 'q'},
         {"lua-test", required_argument, NULL, OPT_LUA_TEST},
         {"spec-reference", no_argument, NULL, OPT_SPEC_REF},
+        {"gpu", required_argument, NULL, OPT_GPU},
+        {"tune-cache", required_argument, NULL, OPT_TUNE_CACHE},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
@@ -103,6 +120,8 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
         case OPT_TEMPLATES: o->templates = optarg; break;
         case OPT_LUA_TEST: o->lua_test = optarg; break;
         case OPT_SPEC_REF: o->spec_reference = 1; break;
+        case OPT_GPU: o->gpu = optarg; break;
+        case OPT_TUNE_CACHE: o->tune_cache = optarg; break;
         case OPT_VERSION: version = 1; break;
         case ':':
             return cli_usage_error("option '%s' requires an argument", argv[optind - 1]);
@@ -147,6 +166,10 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
         return cli_usage_error("%s", "-o/--output is only used when emitting (not with --check or --print-spec)");
     if (o->output && !*o->output)
         return cli_usage_error("%s", "-o/--output needs a non-empty directory name");
+    if (o->gpu && !*o->gpu)
+        return cli_usage_error("%s", "--gpu needs a device name (or none)");
+    if (o->tune_cache && !*o->tune_cache)
+        return cli_usage_error("%s", "--tune-cache needs a non-empty directory name");
     return -1;
 }
 
@@ -221,7 +244,7 @@ static int cli_run(const cli_opts *o)
 
     if (o->spec_reference) {
         lua_pushnil(lh_state(h)); /* no spec tree */
-        lh_args a = {"spec-reference", "", ""};
+        lh_args a = {"spec-reference", "", "", NULL, NULL};
         lh_result r;
         status = lh_run_main(h, &a, &r);
         if (status != LH_OK)
@@ -250,9 +273,57 @@ static int cli_run(const cli_opts *o)
         return CLI_SPEC_ERROR;
     }
     const char *command = o->check ? "check" : o->print_spec ? "print-spec" : "emit";
-    lh_args a = {command, o->spec, f.hash};
+    /* `auto` values resolved from the autotune cache: only then does the
+     * generator look for a GPU and read the cache (args.tune). */
+    lh_tune_input ti;
+    tc_files cache = {NULL, 0};
+    gq_gpu gpu;
+    char *cache_dir = NULL;
+    int tuning = lh_tree_wants_tune(h, -1);
+    if (tuning) {
+        memset(&ti, 0, sizeof ti);
+        gq_detect(o->gpu, &gpu);
+        ti.gpu = gpu.found ? gpu.name : NULL;
+        ti.cc = gpu.cc[0] ? gpu.cc : NULL;
+        ti.driver = gpu.driver[0] ? gpu.driver : NULL;
+        ti.gpu_source = gpu.source;
+        cache_dir = tc_dir(o->tune_cache, &err);
+        if (!cache_dir) {
+            fprintf(stderr, "mamba-gen: note: %s\n", err);
+            free(err);
+            err = NULL;
+        } else if (gpu.found && tc_read_all(cache_dir, &cache, &err) != 0) {
+            fprintf(stderr, "mamba-gen: note: %s (the cache is not used)\n", err);
+            free(err);
+            err = NULL;
+        }
+        ti.dir = cache_dir;
+        lh_tune_file *tf = calloc(cache.n ? cache.n : 1, sizeof *tf);
+        if (!tf) {
+            fputs("mamba-gen: out of memory\n", stderr);
+            tc_files_free(&cache);
+            free(cache_dir);
+            lh_free(h);
+            return CLI_INTERNAL;
+        }
+        for (size_t i = 0; i < cache.n; i++) {
+            tf[i].path = cache.files[i].path;
+            tf[i].data = cache.files[i].data;
+            tf[i].size = cache.files[i].size;
+        }
+        ti.files = tf;
+        ti.nfiles = cache.n;
+    }
+    lh_args a = {command, o->spec, f.hash, tuning ? &ti : NULL, NULL};
     lh_result r;
     status = lh_run_main(h, &a, &r);
+    if (tuning) {
+        free((void *)ti.files);
+        tc_files_free(&cache);
+        free(cache_dir);
+    }
+    for (size_t i = 0; i < r.nnotes; i++)
+        fprintf(stderr, "mamba-gen: note: %s\n", r.notes[i]);
     if (status != LH_OK) {
         fputs(r.message, stderr);
         status = status == LH_SPEC_ERRORS ? CLI_SPEC_ERROR : CLI_INTERNAL;
@@ -271,13 +342,49 @@ static int cli_run(const cli_opts *o)
     return cli_finish_stdout(status);
 }
 
-int main(int argc, char **argv)
+/* `mamba-gen tune ARGS...` runs `mamba-tune ARGS...`: $MG_TUNE if set, else
+ * mamba-tune next to this executable (the build tree or the bindir), else
+ * the first on PATH. Only returns on failure. */
+static int cli_tune(int argc, char **argv)
 {
-    /* Reserved subcommand: the autotuner arrives with a later change. */
-    if (argc >= 2 && strcmp(argv[1], "tune") == 0) {
-        fputs("mamba-gen tune: not available in this build\n", stderr);
+    char **av = calloc((size_t)argc + 1, sizeof *av);
+    if (!av) {
+        fputs("mamba-gen: out of memory\n", stderr);
+        return CLI_INTERNAL;
+    }
+    av[0] = "mamba-tune";
+    for (int i = 2; i < argc; i++)
+        av[i - 1] = argv[i];
+    const char *env = getenv("MG_TUNE");
+    if (env && *env) {
+        execv(env, av);
+        fprintf(stderr, "mamba-gen tune: cannot run %s (MG_TUNE): %s\n", env, strerror(errno));
+        free(av);
         return CLI_USAGE;
     }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 16);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            strcpy(slash + 1, "mamba-tune");
+            if (access(self, X_OK) == 0)
+                execv(self, av);
+        }
+    }
+    execvp("mamba-tune", av);
+    fprintf(stderr, "mamba-gen tune: cannot run mamba-tune: %s\n"
+                    "(it is installed next to mamba-gen; set MG_TUNE to its path)\n",
+            strerror(errno));
+    free(av);
+    return CLI_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "tune") == 0)
+        return cli_tune(argc, argv);
     cli_opts o;
     memset(&o, 0, sizeof o);
     int status = cli_parse(argc, argv, &o);

@@ -19,6 +19,7 @@
 
 #include "gen/templates_embedded.h"
 #include "sha256.h"
+#include "spec_yaml.h"
 
 #ifndef MG_VERSION
 #error "MG_VERSION must be defined (the generator version string)"
@@ -491,6 +492,96 @@ static void lh_tree_name(lua_State *L, lh_call *c)
     lua_settop(L, 1);
 }
 
+static void lh_setfield_str(lua_State *L, const char *k, const char *v)
+{
+    if (!v)
+        return;
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* Sets args.tune (the table on top of the stack gets the field): the GPU
+ * strings, the directory, and each cache file parsed into a tree
+ * (entries = {{path=, tree=}}); files that do not parse go to bad. */
+static void lh_push_tune(lua_State *L, const lh_tune_input *t)
+{
+    lua_createtable(L, 0, 8);
+    lh_setfield_str(L, "gpu", t->gpu);
+    lh_setfield_str(L, "cc", t->cc);
+    lh_setfield_str(L, "driver", t->driver);
+    lh_setfield_str(L, "gpu_source", t->gpu_source);
+    lh_setfield_str(L, "dir", t->dir);
+    lua_newtable(L); /* entries */
+    lua_newtable(L); /* bad */
+    lua_Integer ne = 0, nb = 0;
+    for (size_t i = 0; i < t->nfiles; i++) {
+        char *err = NULL;
+        if (sy_parse(L, t->files[i].path, t->files[i].data, t->files[i].size, &err) != 0) {
+            lua_pushstring(L, err ? err : t->files[i].path);
+            free(err);
+            lua_rawseti(L, -2, ++nb);
+            continue;
+        }
+        lua_createtable(L, 0, 2);
+        lua_insert(L, -2);
+        lua_setfield(L, -2, "tree");
+        lua_pushstring(L, t->files[i].path);
+        lua_setfield(L, -2, "path");
+        lua_rawseti(L, -3, ++ne);
+    }
+    lua_setfield(L, -3, "bad");
+    lua_setfield(L, -2, "entries");
+    lua_setfield(L, -2, "tune");
+}
+
+/* The value node of KEY in the map node at index T (pushed), or nil. */
+static int lh_map_get(lua_State *L, int t, const char *key)
+{
+    t = lua_absindex(L, t);
+    if (!lua_istable(L, t)) {
+        lua_pushnil(L);
+        return LUA_TNIL;
+    }
+    if (lh_rawfield(L, t, "keys") != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_pushnil(L);
+        return LUA_TNIL;
+    }
+    int keys = lua_gettop(L);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, keys);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, keys, i);
+        int ok = lua_istable(L, -1) && lh_rawfield(L, -1, "value") == LUA_TSTRING &&
+                 strcmp(lua_tostring(L, -1), key) == 0;
+        lua_settop(L, keys);
+        if (ok) {
+            lh_rawfield(L, t, "values");
+            int type = lua_istable(L, -1) ? lua_rawgeti(L, -1, i) : (lua_pushnil(L), LUA_TNIL);
+            lua_replace(L, keys);
+            lua_settop(L, keys);
+            return type;
+        }
+    }
+    lua_pop(L, 1);
+    lua_pushnil(L);
+    return LUA_TNIL;
+}
+
+int lh_tree_wants_tune(lh_host *h, int index)
+{
+    lua_State *L = h->L;
+    int top = lua_gettop(L);
+    index = lua_absindex(L, index);
+    int wants = 0;
+    if (lh_map_get(L, index, "scan") == LUA_TTABLE && lh_map_get(L, -1, "chunk_size") == LUA_TTABLE &&
+        lh_rawfield(L, -1, "value") == LUA_TSTRING && strcmp(lua_tostring(L, -1), "auto") == 0) {
+        lua_pop(L, 1);
+        wants = lh_rawfield(L, -1, "plain") == LUA_TBOOLEAN && lua_toboolean(L, -1);
+    }
+    lua_settop(L, top);
+    return wants;
+}
+
 /* require("mg.init").main(args); index 1: the spec tree. */
 static int lh_call_main(lua_State *L)
 {
@@ -518,7 +609,13 @@ static int lh_call_main(lua_State *L)
     lua_pushvalue(L, 1);
     lua_setfield(L, -2, "spec");
     lua_newtable(L);
+    for (const char *const *o = a->options; o && o[0] && o[1]; o += 2) {
+        lua_pushstring(L, o[1]);
+        lua_setfield(L, -2, o[0]);
+    }
     lua_setfield(L, -2, "options");
+    if (a->tune)
+        lh_push_tune(L, a->tune);
     lua_call(L, 1, 1);
     return 1;
 }
@@ -589,13 +686,31 @@ static int lh_extract(lua_State *L)
         return luaL_error(L, "result.name is a %s, expected a string", lua_typename(L, t));
     }
     lua_pop(L, 1);
+    t = lh_rawfield(L, 1, "notes");
+    if (t == LUA_TTABLE) {
+        size_t n = (size_t)lua_rawlen(L, -1);
+        r->notes = calloc(n ? n : 1, sizeof *r->notes);
+        if (!r->notes)
+            return luaL_error(L, "out of memory");
+        for (size_t i = 0; i < n; i++) {
+            if (lua_rawgeti(L, -1, (lua_Integer)i + 1) != LUA_TSTRING)
+                return luaL_error(L, "result.notes[%d] is a %s, expected a string", (int)i + 1,
+                                  luaL_typename(L, -1));
+            r->notes[i] = lh_dup_lua_string(L, -1, NULL);
+            r->nnotes = i + 1;
+            lua_pop(L, 1);
+        }
+    } else if (t != LUA_TNIL) {
+        return luaL_error(L, "result.notes is a %s, expected a list of strings", lua_typename(L, t));
+    }
+    lua_pop(L, 1);
     const char *cmd = c->args->command;
     if (strcmp(cmd, "print-spec") == 0 || strcmp(cmd, "spec-reference") == 0) {
         if (lh_rawfield(L, 1, "text") != LUA_TSTRING)
             return luaL_error(L, "result.text is a %s, expected a string (print-spec)", luaL_typename(L, -1));
         r->text = lh_dup_lua_string(L, -1, &r->text_size);
         lua_pop(L, 1);
-    } else if (strcmp(cmd, "emit") == 0) {
+    } else if (strcmp(cmd, "emit") == 0 || strcmp(cmd, "tune-sources") == 0) {
         if (lh_rawfield(L, 1, "files") != LUA_TTABLE)
             return luaL_error(L, "result.files is a %s, expected a list of {path=, content=, template=}",
                               luaL_typename(L, -1));
@@ -696,6 +811,9 @@ void lh_result_free(lh_result *r)
         free(r->files[i].template_name);
     }
     free(r->files);
+    for (size_t i = 0; i < r->nnotes; i++)
+        free(r->notes[i]);
+    free(r->notes);
     int status = r->status;
     memset(r, 0, sizeof *r);
     r->status = status;
@@ -727,7 +845,7 @@ int lh_run_file(lh_host *h, const char *path, char **message)
             /* a spec error escaped the test: show it like the CLI would */
             lh_result r;
             memset(&r, 0, sizeof r);
-            lh_args a = {"lua-test", path, ""};
+            lh_args a = {"lua-test", path, "", NULL, NULL};
             lh_call c = {&a, &r, 1, "<spec>", NULL};
             lh_finish(h, &c);
             *message = lh_strdup_printf("%s: uncaught spec error:\n%s", path, r.message ? r.message : "");

@@ -31,11 +31,34 @@ int lh_relpath_ok(const char *relpath, size_t len);
  * buffer. 0, or -1 with *ERR set (free it). */
 int lh_read_template(lh_host *h, const char *relpath, char **data, size_t *size, char **err);
 
+/* One file of the autotune cache, as read by the host (gen/tune_cache.h). */
+typedef struct {
+    const char *path;
+    const char *data;
+    size_t size;
+} lh_tune_file;
+
+/* What the host knows for resolving `auto` values from the autotune cache
+ * (args.tune, doc/tuning.md): the current GPU and the cache's files. Each
+ * file is parsed as YAML (JSON is a subset of it) into a spec-style tree;
+ * files that do not parse are listed in args.tune.bad with the reason. */
+typedef struct {
+    const char *gpu;        /* device name, or NULL: no GPU known */
+    const char *cc;         /* "9.0", or NULL */
+    const char *driver;     /* "13.0", or NULL */
+    const char *gpu_source; /* how the GPU was found, or why there is none */
+    const char *dir;        /* the cache directory */
+    const lh_tune_file *files;
+    size_t nfiles;
+} lh_tune_input;
+
 /* What the host passes to main (the spec tree comes from the Lua stack). */
 typedef struct {
-    const char *command;   /* "emit" | "check" | "print-spec" */
+    const char *command;   /* "emit" | "check" | "print-spec" | "tune-sources" */
     const char *spec_path; /* as given on the command line */
     const char *spec_hash; /* sha256 hex of the file bytes */
+    const lh_tune_input *tune;   /* args.tune, or NULL: absent */
+    const char *const *options;  /* args.options: NULL, or {key, value, ..., NULL} */
 } lh_args;
 
 typedef struct {
@@ -53,8 +76,10 @@ typedef struct {
     char *name;        /* spec name from the result, or NULL */
     char *text;        /* print-spec */
     size_t text_size;
-    lh_file *files;    /* emit, in the order Lua gave them */
+    lh_file *files;    /* emit and tune-sources, in the order Lua gave them */
     size_t nfiles;
+    char **notes;      /* result.notes: messages for stderr (no newline) */
+    size_t nnotes;
 } lh_result;
 
 /* Pops the spec tree from the top of lh_state(H), calls
@@ -64,6 +89,11 @@ typedef struct {
  * becomes LH_INTERNAL with the traceback. Returns R->status. */
 int lh_run_main(lh_host *h, const lh_args *args, lh_result *r);
 void lh_result_free(lh_result *r);
+
+/* 1 if the spec tree at INDEX of lh_state(H) sets a value that the
+ * autotune cache resolves (scan.chunk_size: auto, a plain scalar). The host
+ * only looks for a GPU and reads the cache then. */
+int lh_tree_wants_tune(lh_host *h, int index);
 
 /* --lua-test: runs the Lua file PATH (from disk) in the sandbox. Returns 0
  * if it returns nothing, nil or true; 1 with *MESSAGE set (free it) if it

@@ -46,6 +46,52 @@ function M.mamba1(d)
   }
 end
 
+-- Mamba-3 SISO forward per token (d from derive_mamba3: dims, d.ck_chunk).
+-- The SSM core is prep (BCNorm, biases, dt/A/lambda) + angles (rotary) +
+-- the scan + the gate, i.e. the layer without its GEMMs and norms; its
+-- flops are those of the chunked form at the kernel's chunk Q per head and
+-- token: N*Q (q'.k' over the causal half, 2 flops each) + P*Q (W.V, causal
+-- half) + 2*N*P (inter-chunk Q'.Hs^T) + 2*N*P (state update), plus the
+-- elementwise maps. (The sequential scan does ~8*N*P per head and token.)
+function M.mamba3(d)
+  local a = d.act_size
+  local D, E, N, P, H, G, S, L = d.D, d.E, d.N, d.P, d.H, d.G, d.S, d.L
+  local NP = d.in_proj_out
+  local Q = d.ck_chunk
+  local gemm = 2 * NP * D + 2 * D * E
+  local ssm_chunked = H * (N * Q + P * Q + 4 * N * P)
+  local ssm_seq = H * 8 * N * P
+  local elementwise = H * (8 * N + 12 * S + 20) + 10 * E + 8 * D
+  local core_bytes =
+      (2 * G * N + 3 * H + S) * a + 3 * H * 4 + 2 * H * N * 4   -- prep: B, C, scalars in; dt, adt, lam, k, q out
+    + S * a + H * 4 + 2 * 2 * 2 * S * H * 4                    -- angles: angles, dt in; rotated pairs of k, q in and out
+    + 2 * H * N * 4 + E * a + 3 * H * 4 + E * 4                -- scan: k', q', v, scalars in; y out
+    + E * 4 + E * a + E * a                                    -- gate: y, z in; g out
+  local layer_bytes =
+      D * 4 + D * a            -- rmsnorm: read h (f32), write hn
+    + D * a + NP * a           -- in_proj: read hn, write proj
+    + core_bytes
+    + E * a + 2 * D * 4        -- out_proj: read g, read+write h
+  local io_bytes = d.in_dim * 4 + D * 4 + 2 * D * 4
+  local in_gemm = d.input_dim > 0 and 2 * d.input_dim * D or 0
+  local gemm_w = L * (NP * D + D * E)
+  local in_w = d.input_dim > 0 and d.input_dim * D or 0
+  local small_w = d.weights_total - gemm_w - in_w
+  local ssm = d.scan_emit_chunked and ssm_chunked or ssm_seq
+  return {
+    gemm_flops_per_token = L * gemm + in_gemm,
+    other_flops_per_token = L * (ssm + elementwise),
+    bytes_per_token = L * layer_bytes + io_bytes,
+    weight_bytes = gemm_w * a + (in_w + small_w) * 4,
+    -- the SSM core alone (one layer), per token, and the small weights it reads
+    core_flops_per_token = ssm + elementwise - 8 * D,
+    core_seq_flops_per_token = ssm_seq + elementwise - 8 * D,
+    core_bytes_per_token = core_bytes,
+    -- one decode step per stream: the four states read and written once
+    state_bytes_per_seq = L * (H * P * N + H * N + H * P + H * S) * 4 * 2,
+  }
+end
+
 -- The shapes a model's bench program measures: prefill at the largest batch
 -- for a short window (32 tokens, the RL replay case) and the longest sequence,
 -- and one stream at the longest sequence; decode at batch 1 and the largest.

@@ -22,7 +22,13 @@
 --   d.scan_mode_resolved     "sequential" | "chunked" (auto: sequential when
 --                            max_seq_len <= 256 — one pass is cheap and has no
 --                            chunk overhead at such lengths — else chunked)
---   d.chunk_size             chunk length (auto: 64 until the autotune cache exists)
+--   d.chunk_size             chunk length; auto: the tuned value of the autotune
+--                            cache for the current GPU (opts.tuned, from
+--                            mg/tune.lua resolve), else DEFAULT_CHUNK
+--   d.chunk_size_source      "spec" | "tuned" | "default"
+--   d.tuned                  opts.tuned or nil: { chunk_size, scan_threads
+--                            (the tuned scan block size, may be nil), source,
+--                            note }
 --   d.training, d.inference, d.deterministic  spec.emit.* booleans
 -- plus the per-arch fields documented in each arch's section.
 
@@ -36,8 +42,9 @@ local DTYPES = {
 
 -- Sequences up to this length use the sequential scan under `scan.mode: auto`.
 M.AUTO_SEQUENTIAL_MAX_LEN = 256
--- Chunk length used for `chunk_size: auto` until `mamba-gen tune` has filled
--- the autotune cache (the Mamba-3 reference kernels use 64 as well).
+-- Chunk length used for `chunk_size: auto` when the autotune cache has no
+-- entry for the spec on the current GPU, or no GPU is known (the Mamba-3
+-- reference kernels use 64 as well). mg/tune.lua names it in its message.
 M.DEFAULT_CHUNK = 64
 -- Every tensor of the weights blob starts at a multiple of this many floats
 -- (256 bytes: aligned for any vector load and for cuBLAS).
@@ -56,7 +63,7 @@ end
 
 function M.ceil_div(a, b) return (a + b - 1) // b end
 
-local function common(spec)
+local function common(spec, opts)
   local d = {}
   local m = spec.model
   d.name = spec.name
@@ -85,7 +92,15 @@ local function common(spec)
   else
     d.scan_mode_resolved = spec.scan.mode
   end
-  d.chunk_size = spec.scan.chunk_size == "auto" and M.DEFAULT_CHUNK or spec.scan.chunk_size
+  if spec.scan.chunk_size == "auto" then
+    local t = opts.tuned
+    d.tuned = t
+    d.chunk_size = (t and t.chunk_size) or M.DEFAULT_CHUNK
+    d.chunk_size_source = (t and t.source == "tuned") and "tuned" or "default"
+  else
+    d.chunk_size = spec.scan.chunk_size
+    d.chunk_size_source = "spec"
+  end
   d.training = spec.emit.training
   d.inference = spec.emit.inference
   d.deterministic = spec.emit.deterministic
@@ -104,8 +119,9 @@ function M.add_param(layout, name, shape, key, layer)
   return p
 end
 
-function M.derive(spec)
-  local d = common(spec)
+-- opts (optional): { tuned = mg/tune.lua resolve's result }.
+function M.derive(spec, opts)
+  local d = common(spec, opts or {})
   if spec.arch == "mamba1" then
     d = require("mg.derive_mamba1").derive(spec, d)
     -- the bench program's cost model and shapes (mg/cost.lua)
@@ -114,7 +130,12 @@ function M.derive(spec)
     d.bench = cost.bench_shapes(d)
     return d
   elseif spec.arch == "mamba3_siso" then
-    return require("mg.derive_mamba3").derive(spec, d)
+    d = require("mg.derive_mamba3").derive(spec, d)
+    -- the bench program's cost model and shapes (mg/cost.lua)
+    local cost = require("mg.cost")
+    d.cost = cost.mamba3(d)
+    d.bench = cost.bench_shapes(d)
+    return d
   end
   error("derive: unknown arch " .. tostring(spec.arch))
 end

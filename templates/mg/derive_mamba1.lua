@@ -148,6 +148,8 @@ end
 --                       1e-5; bf16/f16: d.check_tol, since one rounding flip
 --                       of a stored activation already exceeds 1e-5)
 --   d.graph_capture_mode  CUDA stream capture mode used by decode graphs
+--   d.decode_part_floats  workspace of the fused decode's x_proj partials:
+--                       max_batch * conv_blocks * XP floats
 -- ===========================================================================
 function M.derive_inference(spec, d)
   d.lowp = d.dtype ~= "f32"
@@ -177,6 +179,8 @@ function M.derive_inference(spec, d)
     d.scan_cstate_floats, d.scan_dsum_floats = 0, 0
   end
   d.scan_combine_threads = 256
+  -- fused single-token decode: x_proj partial sums [max_batch][conv_blocks][XP]
+  d.decode_part_floats = d.max_batch * d.conv_blocks * d.XP
   d.chunk_vs_seq_tol = d.lowp and d.check_tol or 1e-5
   d.graph_capture_mode = "cudaStreamCaptureModeRelaxed"
   return d
@@ -200,6 +204,9 @@ end
 --                     (2*scan_warps*2N floats) would exceed 40 KiB.
 --   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N + 2*scan_warps*2N)
 --   d.max_ckpts       checkpoints per sequence = ceil(max_seq_len/bscan_tchunk)
+--                     (the training scan is sequential in time whatever
+--                     scan.mode says: mamba1_long, N = 64, 4096 steps -> stride
+--                     16, 256 checkpoints; see NAME_train.h "Long sequences")
 --   d.normb_rows      rows per block of the RMSNorm backward and of the column
 --                     sums: each block writes one partial row of the weight
 --                     gradient; the d.normb_max_blocks = ceil(max_tokens /

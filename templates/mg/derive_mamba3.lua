@@ -22,7 +22,7 @@
 --            d.scan_lanes, d.scan_npt, d.scan_rpt, d.scan_rowgroups,
 --            d.scan_threads, d.scan_tchunk, d.scan_smem_bytes,
 --            d.gate_threads, d.gate_warps, d.gate_vpl,
---            d.scan_kernel ("sequential" | "chunked": the kernel emitted)
+--            d.scan_kernel and the chunked scan (inference section below)
 --   tests    d.ref_macs_per_token (multiply-adds of the f64 reference per
 --            token, to size the test cases)
 
@@ -176,15 +176,130 @@ function M.derive(spec, d)
   d.gate_warps = d.gate_threads // 32
   d.gate_vpl = derive.ceil_div(d.P, 32)
 
-  -- The SSM kernel emitted. The chunked form (math.md) is not emitted yet:
-  -- scan.mode chunked runs the sequential kernel, which computes the same
-  -- recurrence (results agree with the f64 reference either way).
-  d.scan_kernel = "sequential"
+  -- The SSM kernels emitted and the chunked scan's shapes: the inference
+  -- section below (M.derive_inference).
+  M.derive_inference(spec, d)
 
   -- Multiply-adds of the f64 reference per token (GEMMs, the SSM step
   -- 4*H*P*N, the per-head k/q maps), to size the test cases.
   d.ref_macs_per_token = d.L * (d.in_proj_out * d.D + d.D * d.E + 4 * d.H * d.P * d.N
     + 4 * d.H * d.N + 2 * d.D) + d.input_dim * d.D + d.D
+  return d
+end
+
+-- ===========================================================================
+-- Inference section (forward performance: low-precision GEMM weights, the
+-- chunked scan). Owned by the forward engineer; keep other sections apart.
+-- Fields:
+--   d.lowp              true for bf16/f16 storage: the model owns a copy of
+--                       the blob in act_t (same offsets, in elements) from
+--                       which every layer GEMM reads its weights
+--   d.convert_threads, d.convert_blocks_max   launch shape of that conversion
+--   d.scan_emit_chunked the chunked scan kernel exists: scan.mode chunked, or
+--                       auto when max_seq_len reaches d.scan_auto_min_len
+--   d.scan_mode_id      0 sequential | 1 chunked | 2 auto (host dispatch)
+--   d.scan_auto_min_len auto: prefills with seqlen >= this use the chunked
+--                       scan = max(AUTO_SEQUENTIAL_MAX_LEN + 1, 4*chunk). The
+--                       sequential kernel runs one block per (batch, head) for
+--                       T dependent steps of ~4 flops per state entry and
+--                       nothing to amortise; the chunked kernel spends ~2.5x
+--                       the flops (the Q x Q intra-chunk products) but on
+--                       tensor cores / register tiles, and stages whole chunks.
+--                       Below 4 chunks its per-chunk fixed cost (4 block
+--                       barriers, the prefix sum) is not repaid, and up to 256
+--                       steps the single pass costs a few microseconds.
+--   d.scan_kernel       "sequential" | "chunked" (the prefill kernel of the
+--                       spec's mode; decode steps always run the sequential one)
+--   d.chunk_vs_seq_tol  rel-L2 bound of chunked vs sequential (f32 1e-5;
+--                       bf16/f16 d.check_tol: the chunked kernel's tensor-core
+--                       operands are rounded to the storage dtype)
+--   chunked kernel (one block per (batch, head), chunks in order, state in
+--   registers; kernels.cu.tmpl "chunked scan" has the design):
+--   d.ck_engine         "fma" (f32: plain f32 FMA on 16x8x16 tiles, no TF32)
+--                       | "mma_bf16" | "mma_f16" (mma.sync m16n8k16, f32 acc)
+--   d.ck_op_t           C type of the staged operands (float | act_t)
+--   d.ck_chunk          chunk length Q of the kernel: the spec's chunk, halved
+--                       while the shared memory would exceed M.CK_SMEM_MAX (the
+--                       chunked form is exact for any Q; only f32 with large
+--                       N*P shrinks it)
+--   d.ck_warps, d.ck_threads   block: warps such that the state tile per
+--                       thread P*N/(32*warps) stays <= 64 registers (8 warps,
+--                       more for P*N > 16384, fewer when P*N/128 < 8)
+--   d.ck_nw             state columns (n) per warp: the P x N state is split
+--                       in (P/16) x (N/ck_nw) tiles, one per warp
+--   d.ck_pw             output columns (p) per output work item; items are
+--                       (Q/16 row tiles) x (P/ck_pw), d.ck_ny of them, looped
+--                       over by the warps
+--   d.ck_pad            padding (elements) of every staged row: 16 bytes, so
+--                       fragment loads of 8 rows x 4 words hit 32 banks
+--   d.ck_ldn, d.ck_ldq, d.ck_ldw   row strides: N+pad, Q+pad, 16+pad
+--   d.ck_smem_bytes     dynamic shared memory of a block
+--   d.ck_min_blocks     blocks per SM of __launch_bounds__ (1 or 2)
+-- ===========================================================================
+-- Largest dynamic shared memory the chunked kernel may ask for, per target
+-- (the opt-in limit per block, less 2 KiB of slack): sm_90 227 KiB, sm_80
+-- 163 KiB, sm_86 / sm_89 99 KiB.
+M.CK_SMEM_MAX = { [90] = 225 * 1024, [80] = 161 * 1024, [86] = 97 * 1024, [89] = 97 * 1024 }
+
+function M.derive_inference(spec, d)
+  d.lowp = d.dtype ~= "f32"
+  d.convert_threads = 256
+  d.convert_blocks_max = 1024
+  d.scan_auto_min_len = math.max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4 * d.chunk_size)
+  local mode = spec.scan.mode
+  if mode == "sequential" then
+    d.scan_emit_chunked, d.scan_mode_id = false, 0
+  elseif mode == "chunked" then
+    d.scan_emit_chunked, d.scan_mode_id = true, 1
+  else
+    d.scan_emit_chunked = d.max_seq_len >= d.scan_auto_min_len
+    d.scan_mode_id = d.scan_emit_chunked and 2 or 0
+  end
+  d.scan_kernel = d.scan_mode_id == 1 and "chunked" or (d.scan_mode_id == 2 and "auto" or "sequential")
+  d.chunk_vs_seq_tol = d.lowp and d.check_tol or 1e-5
+
+  if d.dtype == "f32" then
+    d.ck_engine, d.ck_op_t, d.ck_es = "fma", "float", 4
+  elseif d.dtype == "bf16" then
+    d.ck_engine, d.ck_op_t, d.ck_es = "mma_bf16", "__nv_bfloat16", 2
+  else
+    d.ck_engine, d.ck_op_t, d.ck_es = "mma_f16", "__half", 2
+  end
+  local PN = d.P * d.N
+  local warps = math.max(8, PN // 2048)
+  warps = math.min(warps, 16, PN // 128)
+  d.ck_warps = warps
+  d.ck_threads = 32 * warps
+  d.ck_nw = PN // (16 * warps)
+  assert(d.ck_nw % 8 == 0 and d.N % d.ck_nw == 0 and (d.P // 16) * (d.N // d.ck_nw) == warps,
+    "derive_mamba3: chunked state split")
+  d.ck_pad = 16 // d.ck_es
+  d.ck_ldn = d.N + d.ck_pad
+  d.ck_ldw = 16 + d.ck_pad
+  local function smem(q)
+    local ldq = q + d.ck_pad
+    local elems = 2 * q * d.ck_ldn + d.N * ldq + d.P * ldq + d.P * d.ck_ldn + warps * 16 * d.ck_ldw
+    return elems * d.ck_es + (7 * q + 4) * 4
+  end
+  local q = d.chunk_size
+  local smax = M.CK_SMEM_MAX[d.sm] or M.CK_SMEM_MAX[80]
+  while q > 16 and smem(q) > smax do q = q // 2 end
+  d.ck_chunk = q
+  d.ck_ldq = q + d.ck_pad
+  d.ck_smem_bytes = smem(q)
+  -- output items: the widest p-split (<= 64 columns, a multiple of 8
+  -- dividing P) that still gives every warp an item
+  local pw = math.min(d.P, 64)
+  while pw > 8 and (q // 16) * (d.P // pw) < warps do pw = pw // 2 end
+  d.ck_pw = pw
+  d.ck_ny = (q // 16) * (d.P // pw)
+  -- blocks per SM the kernel is compiled for (__launch_bounds__ minimum):
+  -- 2 for the tensor-core engines when two blocks' shared memory fits in the SM's 228 KiB (1 KiB each
+  -- reserved) and the block is <= 256 threads (128 registers per thread),
+  -- else 1 (up to 255 registers: no spills of the state tile)
+  d.ck_min_blocks = (d.ck_engine ~= "fma" and d.ck_threads <= 256 and
+    2 * (d.ck_smem_bytes + 1024) <= 228 * 1024) and 2 or 1
+  d.ck_max_chunks = derive.ceil_div(d.max_seq_len, q)
   return d
 end
 

@@ -29,9 +29,11 @@ E.FILES = {
   },
   mamba3_siso = {
     { path = "%s.h",          template = "mamba3/model.h.tmpl",    prefix = "//" },
+    { path = "%s_common.cuh", template = "mamba3/common.cuh.tmpl", prefix = "//" },
     { path = "%s_kernels.cu", template = "mamba3/kernels.cu.tmpl", prefix = "//" },
     { path = "%s.c",          template = "mamba3/model.c.tmpl",    prefix = "//" },
     { path = "%s_test.c",     template = "mamba3/test.c.tmpl",     prefix = "//" },
+    { path = "%s_bench.c",    template = "mamba3/bench.c.tmpl",    prefix = "//" },
     { path = "Makefile",      template = "mamba3/Makefile.tmpl",   prefix = "#" },
   },
 }

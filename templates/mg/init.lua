@@ -5,6 +5,11 @@
 --   print-spec  -> { text = canonical spec + derived values as YAML }
 --   emit        -> { files = { {path=, content=, template=}, ... } }
 --   spec-reference -> { text = the Markdown spec reference } (no spec needed)
+--   tune-sources -> { files = manifest.txt + one CUDA file per autotuning
+--                  candidate } (mamba-tune; mg/tune.lua)
+-- Every command that reads a spec resolves `auto` values that come from the
+-- autotune cache first (mg/tune.lua resolve, from args.tune given by the
+-- host) and returns the resulting messages as `notes` (printed on stderr).
 -- Spec errors are raised as error({spec_errors = {...}}, 0) by the modules.
 
 local M = {}
@@ -17,14 +22,20 @@ function M.main(args)
   local validate = require("mg.validate")
   local derive = require("mg.derive")
   local spec, pos = validate.validate(args.spec)
-  local d = derive.derive(spec)
+  local tune = require("mg.tune")
+  local tuned = tune.resolve(spec, args)
+  local d = derive.derive(spec, { tuned = tuned })
+  local notes = (tuned and tuned.note) and { tuned.note } or nil
   local cmd = args.command
   if cmd == "check" then
-    return {}
+    return { notes = notes }
   elseif cmd == "print-spec" then
-    return { text = require("mg.yaml_out").render(spec, d) }
+    return { text = require("mg.yaml_out").render(spec, d), notes = notes }
   elseif cmd == "emit" then
-    return { files = require("mg.emit").files(spec, d, args, pos) }
+    return { files = require("mg.emit").files(spec, d, args, pos), notes = notes }
+  elseif cmd == "tune-sources" then
+    args.pos = pos
+    return { files = tune.sources(spec, d, args) }
   end
   error("main: unknown command " .. tostring(cmd))
 end

@@ -1,0 +1,38 @@
+# bench/plot.gp: the benchmark plots, as SVG (gnuplot, Debian package
+# gnuplot-nox). Called by bench/plot.sh, which turns the CSVs into the data
+# files read here:
+#   gnuplot -e "kind='sweep'; data='F'; out='X.svg'; ttl='...'; nblocks=N" bench/plot.gp
+#     F: one block per (batch, seqlen) (blocks separated by two blank lines),
+#        a header line "batch x seqlen", then "chunk median_ms" rows (the
+#        fastest scan block size per chunk); the block's sequential-scan time
+#        is in the third column of every row (a dashed line).
+#   gnuplot -e "kind='roofline'; data='F'; out='X.svg'; ttl='...'; bw=GBPS; peak=TFLOPS; peak2=TFLOPS" bench/plot.gp
+#     F: "label intensity tflops" rows (intensity in flop/byte).
+set terminal svg size 900,600 dynamic enhanced font "sans,12" background "white"
+set output out
+set title ttl noenhanced
+set grid
+set key outside right top noenhanced
+
+if (kind eq 'sweep') {
+  set logscale x 2
+  set logscale y
+  set xlabel "chunk size (timesteps)"
+  set ylabel "scan time (ms, median, L2 flushed)"
+  set xrange [12:340]
+  set xtics (16, 32, 64, 128, 256)
+  plot for [i=0:nblocks-1] data index i using 1:2 with linespoints lw 2 pt 7 lc i+1 title columnheader(1), \
+       for [i=0:nblocks-1] data index i using 1:3 with lines dt 2 lc i+1 notitle
+} else {
+  set logscale xy
+  set xlabel "arithmetic intensity (flop/byte moved)"
+  set ylabel "achieved TFLOP/s"
+  roof(x) = (bw * x / 1000.0 < peak) ? bw * x / 1000.0 : peak
+  roof2(x) = (bw * x / 1000.0 < peak2) ? bw * x / 1000.0 : peak2
+  set samples 400
+  set xrange [0.01:10000]
+  plot roof(x) with lines lw 2 lc rgb "#444444" title sprintf("roof: copy %.0f GB/s, GEMM %.0f TFLOP/s", bw, peak), \
+       roof2(x) with lines lw 1 dt 2 lc rgb "#888888" title sprintf("roof: GEMM %.1f TFLOP/s", peak2), \
+       data using 2:3 with points pt 7 ps 1.2 lc rgb "#c03030" title "measured", \
+       data using 2:3:1 with labels offset 1,0.6 left font ",9" notitle
+}

@@ -1,0 +1,541 @@
+/* gen/tune_gpu.c: the GPU half of mamba-tune (see tune_gpu.h). The kernels
+ * come from a cubin loaded through the runtime API's library functions, so
+ * the program links cudart and NVRTC only. Inputs are drawn in f32, rounded
+ * to the storage dtype on the host, and the reference runs on the rounded
+ * values: the only error left is the kernel's own arithmetic and the
+ * rounding of the stored output. */
+#include "tune_gpu.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "mg_bench.h"
+#include "mg_compare.h"
+#include "mg_cuda.h"
+#include "mg_ref_mamba1.h"
+#include "mg_rng.h"
+
+static char *tg_printf(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+static char *tg_printf(const char *fmt, ...)
+{
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s)
+        vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+static int tg_cuda_fail(cudaError_t e, const char *what, char **err)
+{
+    *err = tg_printf("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return -1;
+}
+
+int tg_open(int device, tg_device *info, char **err)
+{
+    memset(info, 0, sizeof *info);
+    *err = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+        return tg_cuda_fail(e, "no CUDA device: cudaGetDeviceCount", err);
+    if (device < 0 || device >= n) {
+        *err = tg_printf("device %d does not exist (%d device%s)", device, n, n == 1 ? "" : "s");
+        return -1;
+    }
+    if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaFree(0)) != cudaSuccess)
+        return tg_cuda_fail(e, "cannot use the CUDA device", err);
+    struct cudaDeviceProp p;
+    if ((e = cudaGetDeviceProperties(&p, device)) != cudaSuccess)
+        return tg_cuda_fail(e, "cudaGetDeviceProperties", err);
+    snprintf(info->name, sizeof info->name, "%s", p.name);
+    snprintf(info->cc, sizeof info->cc, "%d.%d", p.major, p.minor);
+    snprintf(info->arch, sizeof info->arch, "sm_%d%d", p.major, p.minor);
+    int v = 0;
+    if (cudaDriverGetVersion(&v) == cudaSuccess && v > 0)
+        snprintf(info->driver, sizeof info->driver, "%d.%d", v / 1000, (v % 1000) / 10);
+    if (cudaRuntimeGetVersion(&v) == cudaSuccess && v > 0)
+        snprintf(info->runtime, sizeof info->runtime, "%d.%d", v / 1000, (v % 1000) / 10);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ dtype */
+
+static uint16_t tg_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float tg_from_bf16(uint16_t v)
+{
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* f32 -> f16, round to nearest even; inputs here are small normal values
+ * or tiny ones (flushed to signed zero below the f16 normal range). */
+static uint16_t tg_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int ex = (int)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t mant = u & 0x7fffffu;
+    if (ex <= 0)
+        return (uint16_t)sign;
+    if (ex >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    uint32_t m = mant + 0xfffu + ((mant >> 13) & 1u);
+    if (m & 0x800000u) {
+        m = 0;
+        ex++;
+    }
+    return (uint16_t)(sign | ((uint32_t)ex << 10) | (m >> 13));
+}
+
+static float tg_from_f16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, ex = (h >> 10) & 0x1f, m = h & 0x3ffu, u;
+    if (ex == 0) {
+        float f = ldexpf((float)m, -24);
+        return sign ? -f : f;
+    }
+    if (ex == 31)
+        u = sign | 0x7f800000u | (m << 13);
+    else
+        u = sign | ((ex - 15 + 127) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Rounds X[0..n) to the storage dtype in place and writes the stored bytes
+ * into OUT (n * act_size bytes). */
+static void tg_round(const tg_dims *d, float *x, size_t n, void *out)
+{
+    if (d->act_size == 4) {
+        memcpy(out, x, n * 4);
+        return;
+    }
+    uint16_t *o = out;
+    for (size_t i = 0; i < n; i++) {
+        o[i] = d->bf16 ? tg_to_bf16(x[i]) : tg_to_f16(x[i]);
+        x[i] = d->bf16 ? tg_from_bf16(o[i]) : tg_from_f16(o[i]);
+    }
+}
+
+static void tg_unround(const tg_dims *d, const void *in, float *x, size_t n)
+{
+    if (d->act_size == 4) {
+        memcpy(x, in, n * 4);
+        return;
+    }
+    const uint16_t *h = in;
+    for (size_t i = 0; i < n; i++)
+        x[i] = d->bf16 ? tg_from_bf16(h[i]) : tg_from_f16(h[i]);
+}
+
+/* ------------------------------------------------------------------ data */
+
+struct tg_data {
+    tg_dims d;
+    int max_batch, max_seqlen, vbatch, vseqlen;
+    size_t cstate_floats, dsum_floats;
+    /* device */
+    void *xc, *dt, *dbl, *xz, *g;        /* act_t */
+    float *dt_bias, *A_log, *Dskip, *state_in, *state_out, *cstate, *dsum;
+    /* the reference of the verification shape */
+    double *g_ref, *s_ref;
+};
+
+void tg_data_free(tg_data *t)
+{
+    if (!t)
+        return;
+    void *bufs[] = {t->xc, t->dt, t->dbl, t->xz, t->g, t->dt_bias, t->A_log, t->Dskip, t->state_in, t->state_out,
+                    t->cstate, t->dsum};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i])
+            cudaFree(bufs[i]);
+    free(t->g_ref);
+    free(t->s_ref);
+    free(t);
+}
+
+static int tg_upload(void **dst, const void *src, size_t bytes, const char *what, char **err)
+{
+    cudaError_t e = cudaMalloc(dst, bytes ? bytes : 4);
+    if (e != cudaSuccess) {
+        *dst = NULL;
+        *err = tg_printf("cannot allocate %zu bytes on the GPU for %s: %s", bytes, what, cudaGetErrorString(e));
+        return -1;
+    }
+    if (src && (e = cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice)) != cudaSuccess)
+        return tg_cuda_fail(e, what, err);
+    return 0;
+}
+
+static double tg_silu(double x)
+{
+    return x / (1.0 + exp(-x));
+}
+
+/* The f64 reference of the verification shape from the rounded host inputs. */
+static int tg_reference(tg_data *t, const float *xc, const float *dt, const float *dbl, const float *xz,
+                        const float *dt_bias, const float *A_log, const float *Dskip, const float *state_in,
+                        char **err)
+{
+    const tg_dims *d = &t->d;
+    const int E = d->E, N = d->N, XP = d->XP, T = t->vseqlen;
+    size_t te = (size_t)T * E;
+    double *x64 = malloc(sizeof(double) * te), *delta = malloc(sizeof(double) * te),
+           *bc = malloc(sizeof(double) * (size_t)T * XP), *A = malloc(sizeof(double) * (size_t)E * N),
+           *Dp = malloc(sizeof(double) * (size_t)E), *y = malloc(sizeof(double) * te);
+    t->g_ref = malloc(sizeof(double) * te * (size_t)t->vbatch);
+    t->s_ref = malloc(sizeof(double) * (size_t)t->vbatch * E * N);
+    int rc = 0;
+    if (!x64 || !delta || !bc || !A || !Dp || !y || !t->g_ref || !t->s_ref) {
+        *err = tg_printf("out of host memory for the reference");
+        rc = -1;
+        goto out;
+    }
+    for (size_t i = 0; i < (size_t)E * N; i++)
+        A[i] = -exp((double)A_log[i]);
+    for (int e = 0; e < E; e++)
+        Dp[e] = Dskip[e];
+    for (int b = 0; b < t->vbatch; b++) {
+        size_t r0 = (size_t)b * T;
+        for (size_t i = 0; i < (size_t)T; i++) {
+            for (int e = 0; e < E; e++) {
+                x64[i * E + e] = xc[(r0 + i) * E + e];
+                delta[i * E + e] = mg_ref_softplus((double)dt[(r0 + i) * E + e] + (double)dt_bias[e]);
+            }
+            for (int k = 0; k < XP; k++)
+                bc[i * XP + k] = dbl[(r0 + i) * XP + k];
+        }
+        double *s = t->s_ref + (size_t)b * E * N;
+        for (size_t i = 0; i < (size_t)E * N; i++)
+            s[i] = state_in[(size_t)b * E * N + i];
+        mg_ref_m1_scan(T, E, N, x64, delta, A, bc + d->R, bc + d->R + N, XP, Dp, s, y, NULL);
+        for (size_t i = 0; i < (size_t)T; i++)
+            for (int e = 0; e < E; e++)
+                t->g_ref[(r0 + i) * E + e] = y[i * E + e] * tg_silu((double)xz[(r0 + i) * 2 * E + E + e]);
+    }
+out:
+    free(x64);
+    free(delta);
+    free(bc);
+    free(A);
+    free(Dp);
+    free(y);
+    return rc;
+}
+
+tg_data *tg_data_new(const tg_dims *d, int max_batch, int max_seqlen, int min_chunk, int vbatch, int vseqlen,
+                     unsigned long long seed, char **err)
+{
+    *err = NULL;
+    tg_data *t = calloc(1, sizeof *t);
+    if (!t) {
+        *err = tg_printf("out of host memory");
+        return NULL;
+    }
+    t->d = *d;
+    t->max_batch = max_batch;
+    t->max_seqlen = max_seqlen;
+    t->vbatch = vbatch;
+    t->vseqlen = vseqlen;
+    const size_t E = (size_t)d->E, N = (size_t)d->N, XP = (size_t)d->XP, as = (size_t)d->act_size;
+    const size_t rows = (size_t)max_batch * (size_t)max_seqlen;
+    const size_t max_nc = ((size_t)max_seqlen + (size_t)min_chunk - 1) / (size_t)min_chunk;
+    t->cstate_floats = (size_t)max_batch * max_nc * E * N;
+    t->dsum_floats = (size_t)max_batch * max_nc * E;
+
+    float *xc = malloc(sizeof(float) * rows * E), *dt = malloc(sizeof(float) * rows * E),
+          *dbl = malloc(sizeof(float) * rows * XP), *xz = malloc(sizeof(float) * rows * 2 * E),
+          *dt_bias = malloc(sizeof(float) * E), *A_log = malloc(sizeof(float) * E * N),
+          *Dskip = malloc(sizeof(float) * E), *state = malloc(sizeof(float) * (size_t)max_batch * E * N);
+    void *stage = malloc(as * rows * 2 * E > 4 * rows * XP ? as * rows * 2 * E : 4 * rows * XP);
+    int ok = xc && dt && dbl && xz && dt_bias && A_log && Dskip && state && stage;
+    if (!ok)
+        *err = tg_printf("out of host memory for %zu tokens of inputs", rows);
+    if (ok) {
+        /* dt_proj.bias: softplus^-1 of a step in [1e-3, 1e-1] (Mamba's init);
+         * A_log = log(1..N); D near 1; states and activations uniform. */
+        mg_rng r;
+        mg_rng_seed(&r, seed);
+        mg_rng_fill_uniform(&r, xc, rows * E, -1.0f, 1.0f);
+        mg_rng_fill_uniform(&r, dt, rows * E, -1.0f, 1.0f);
+        mg_rng_fill_uniform(&r, dbl, rows * XP, -1.0f, 1.0f);
+        mg_rng_fill_uniform(&r, xz, rows * 2 * E, -2.0f, 2.0f);
+        for (size_t e = 0; e < E; e++) {
+            double step = exp(log(1e-3) + mg_rng_uniform(&r) * (log(1e-1) - log(1e-3)));
+            dt_bias[e] = (float)log(expm1(step));
+            Dskip[e] = (float)(0.5 + mg_rng_uniform(&r));
+            for (size_t n = 0; n < N; n++)
+                A_log[e * N + n] = (float)log((double)(n + 1));
+        }
+        mg_rng_fill_uniform(&r, state, (size_t)max_batch * E * N, -0.5f, 0.5f);
+        /* round the act_t inputs and upload each */
+        struct { float *h; size_t n; void **dst; const char *what; } acts[] = {
+            {xc, rows * E, &t->xc, "xc"}, {dt, rows * E, &t->dt, "dt"},
+            {dbl, rows * XP, &t->dbl, "x_proj output"}, {xz, rows * 2 * E, &t->xz, "xz"},
+        };
+        for (size_t i = 0; ok && i < sizeof acts / sizeof *acts; i++) {
+            tg_round(d, acts[i].h, acts[i].n, stage);
+            ok = tg_upload(acts[i].dst, stage, acts[i].n * as, acts[i].what, err) == 0;
+        }
+        ok = ok && tg_upload((void **)&t->dt_bias, dt_bias, sizeof(float) * E, "dt_bias", err) == 0;
+        ok = ok && tg_upload((void **)&t->A_log, A_log, sizeof(float) * E * N, "A_log", err) == 0;
+        ok = ok && tg_upload((void **)&t->Dskip, Dskip, sizeof(float) * E, "D", err) == 0;
+        ok = ok && tg_upload((void **)&t->state_in, state, sizeof(float) * (size_t)max_batch * E * N, "state", err) == 0;
+        ok = ok && tg_upload((void **)&t->state_out, NULL, sizeof(float) * (size_t)max_batch * E * N, "state", err) == 0;
+        ok = ok && tg_upload(&t->g, NULL, as * rows * E, "g", err) == 0;
+        ok = ok && tg_upload((void **)&t->cstate, NULL, sizeof(float) * t->cstate_floats, "chunk states", err) == 0;
+        ok = ok && tg_upload((void **)&t->dsum, NULL, sizeof(float) * t->dsum_floats, "chunk sums", err) == 0;
+        ok = ok && tg_reference(t, xc, dt, dbl, xz, dt_bias, A_log, Dskip, state, err) == 0;
+    }
+    free(xc);
+    free(dt);
+    free(dbl);
+    free(xz);
+    free(dt_bias);
+    free(A_log);
+    free(Dskip);
+    free(state);
+    free(stage);
+    if (!ok) {
+        tg_data_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* ------------------------------------------------------------------ kernels */
+
+struct tg_kernels {
+    cudaLibrary_t lib;
+    cudaKernel_t seq, state, combine, output;
+};
+
+tg_kernels *tg_load(const void *cubin, const tg_cand *c, char **err)
+{
+    *err = NULL;
+    tg_kernels *k = calloc(1, sizeof *k);
+    if (!k) {
+        *err = tg_printf("out of host memory");
+        return NULL;
+    }
+    cudaError_t e = cudaLibraryLoadData(&k->lib, cubin, NULL, NULL, 0, NULL, NULL, 0);
+    if (e != cudaSuccess) {
+        tg_cuda_fail(e, "cudaLibraryLoadData", err);
+        free(k);
+        return NULL;
+    }
+    struct { cudaKernel_t *k; const char *name; int need; } ks[] = {
+        {&k->seq, "tune_scan_seq", !c->chunked},
+        {&k->state, "tune_chunk_state", c->chunked},
+        {&k->combine, "tune_chunk_combine", c->chunked},
+        {&k->output, "tune_chunk_output", c->chunked},
+    };
+    for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
+        if (!ks[i].need)
+            continue;
+        if ((e = cudaLibraryGetKernel(ks[i].k, k->lib, ks[i].name)) != cudaSuccess) {
+            *err = tg_printf("cudaLibraryGetKernel(%s): %s", ks[i].name, cudaGetErrorString(e));
+            tg_unload(k);
+            return NULL;
+        }
+    }
+    return k;
+}
+
+void tg_unload(tg_kernels *k)
+{
+    if (!k)
+        return;
+    if (k->lib)
+        cudaLibraryUnload(k->lib);
+    free(k);
+}
+
+static dim3 dim3_make(unsigned x, unsigned y, unsigned z)
+{
+    dim3 d;
+    d.x = x;
+    d.y = y;
+    d.z = z;
+    return d;
+}
+
+/* Enqueues one scan of BATCH x SEQLEN on STREAM. */
+static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int batch, int seqlen,
+                             cudaStream_t stream, const char **what)
+{
+    const tg_dims *d = &t->d;
+    if (!c->chunked) {
+        *what = "tune_scan_seq";
+        void *args[] = {&seqlen, &t->xc, &t->dt, &t->dbl, &t->xz, &t->dt_bias, &t->A_log, &t->Dskip,
+                        &t->state_in, &t->state_out, &t->g};
+        return cudaLaunchKernel((const void *)k->seq, dim3_make((unsigned)batch, (unsigned)c->blocks, 1), dim3_make((unsigned)c->threads, 1, 1),
+                                args, 0, stream);
+    }
+    int nc = (seqlen + c->chunk - 1) / c->chunk;
+    cudaError_t e;
+    if (nc > 1) {
+        *what = "tune_chunk_state";
+        void *a1[] = {&seqlen, &nc, &t->xc, &t->dt, &t->dbl, &t->dt_bias, &t->A_log, &t->cstate, &t->dsum};
+        e = cudaLaunchKernel((const void *)k->state, dim3_make((unsigned)batch, (unsigned)c->blocks, (unsigned)(nc - 1)),
+                             dim3_make((unsigned)c->threads, 1, 1), a1, 0, stream);
+        if (e != cudaSuccess)
+            return e;
+    }
+    *what = "tune_chunk_combine";
+    size_t n = (size_t)batch * d->E * d->N;
+    void *a2[] = {&batch, &nc, &t->A_log, &t->state_in, &t->cstate, &t->dsum};
+    e = cudaLaunchKernel((const void *)k->combine,
+                         dim3_make((unsigned)((n + (size_t)d->combine_threads - 1) / (size_t)d->combine_threads), 1, 1),
+                         dim3_make((unsigned)d->combine_threads, 1, 1), a2, 0, stream);
+    if (e != cudaSuccess)
+        return e;
+    *what = "tune_chunk_output";
+    void *a3[] = {&seqlen, &nc, &t->xc, &t->dt, &t->dbl, &t->xz, &t->dt_bias, &t->A_log, &t->Dskip,
+                  &t->cstate, &t->state_out, &t->g};
+    return cudaLaunchKernel((const void *)k->output, dim3_make((unsigned)batch, (unsigned)c->blocks, (unsigned)nc), dim3_make((unsigned)c->threads, 1, 1),
+                            a3, 0, stream);
+}
+
+/* Shape checks that would otherwise be launch errors or overruns. */
+static int tg_shape_ok(tg_data *t, const tg_cand *c, int batch, int seqlen, char **err)
+{
+    if (batch < 1 || seqlen < 1 || batch > t->max_batch || seqlen > t->max_seqlen) {
+        *err = tg_printf("shape %dx%d outside the allocated %dx%d", batch, seqlen, t->max_batch, t->max_seqlen);
+        return 0;
+    }
+    if (c->chunked) {
+        size_t nc = ((size_t)seqlen + (size_t)c->chunk - 1) / (size_t)c->chunk;
+        if (nc > 65535) {
+            *err = tg_printf("%zu chunks exceed the grid limit 65535", nc);
+            return 0;
+        }
+        if ((size_t)batch * nc * (size_t)t->d.E * (size_t)t->d.N > t->cstate_floats) {
+            *err = tg_printf("chunk %d below the smallest chunk the buffers were sized for", c->chunk);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int tg_context_ok(void)
+{
+    cudaError_t e = cudaDeviceSynchronize();
+    (void)cudaGetLastError();
+    return e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+}
+
+int tg_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double *err_s, char **err)
+{
+    *err = NULL;
+    *err_g = *err_s = INFINITY;
+    const int B = t->vbatch, T = t->vseqlen, E = t->d.E, N = t->d.N;
+    if (!tg_shape_ok(t, c, B, T, err))
+        return 1;
+    const size_t ng = (size_t)B * T * E, ns = (size_t)B * E * N, as = (size_t)t->d.act_size;
+    /* poison the outputs so a kernel that writes nothing cannot pass */
+    cudaError_t e = cudaMemset(t->g, 0xff, ng * as);
+    if (e == cudaSuccess)
+        e = cudaMemset(t->state_out, 0xff, ns * sizeof(float));
+    if (e != cudaSuccess)
+        return tg_cuda_fail(e, "cudaMemset", err);
+    const char *what = "";
+    e = tg_launch(t, k, c, B, T, 0, &what);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    if (e != cudaSuccess)
+        return tg_cuda_fail(e, what, err);
+    void *hg = malloc(ng * as);
+    float *g = malloc(ng * sizeof(float)), *s = malloc(ns * sizeof(float));
+    if (!hg || !g || !s) {
+        free(hg);
+        free(g);
+        free(s);
+        *err = tg_printf("out of host memory");
+        return -1;
+    }
+    e = cudaMemcpy(hg, t->g, ng * as, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(s, t->state_out, ns * sizeof(float), cudaMemcpyDeviceToHost);
+    int rc = 0;
+    if (e != cudaSuccess) {
+        rc = tg_cuda_fail(e, "cudaMemcpy", err);
+    } else {
+        tg_unround(&t->d, hg, g, ng);
+        mg_err eg = mg_compare_f32(g, t->g_ref, ng), es = mg_compare_f32(s, t->s_ref, ns);
+        *err_g = eg.n_nonfinite ? INFINITY : eg.rel_l2;
+        *err_s = es.n_nonfinite ? INFINITY : es.rel_l2;
+        if (!mg_err_ok(&eg, t->d.tol) || !mg_err_ok(&es, t->d.tol)) {
+            *err = tg_printf("wrong result at %dx%d: rel-L2 g %.3g, final state %.3g (tolerance %.3g)%s", B, T,
+                             *err_g, *err_s, t->d.tol,
+                             eg.n_nonfinite || es.n_nonfinite ? ", non-finite values" : "");
+            rc = 1;
+        }
+    }
+    free(hg);
+    free(g);
+    free(s);
+    return rc;
+}
+
+typedef struct {
+    tg_data *t;
+    tg_kernels *k;
+    const tg_cand *c;
+    int batch, seqlen;
+} tg_run_ctx;
+
+static mg_status tg_run_fn(void *p, cudaStream_t stream)
+{
+    tg_run_ctx *r = p;
+    const char *what = "";
+    cudaError_t e = tg_launch(r->t, r->k, r->c, r->batch, r->seqlen, stream, &what);
+    return mg_cuda_check(e, what);
+}
+
+int tg_time(tg_data *t, tg_kernels *k, const tg_cand *c, int batch, int seqlen, int warmup, int iters,
+            double *median_ms, double *min_ms, char **err)
+{
+    *err = NULL;
+    if (!tg_shape_ok(t, c, batch, seqlen, err))
+        return -1;
+    tg_run_ctx r = {t, k, c, batch, seqlen};
+    mg_bench_opts o = {warmup, iters, 1};
+    mg_bench_stats st;
+    mg_status s = mg_bench_time(0, tg_run_fn, &r, &o, &st);
+    if (s != MG_OK) {
+        *err = tg_printf("%s", mg_last_error());
+        return -1;
+    }
+    *median_ms = st.median_ms;
+    *min_ms = st.min_ms;
+    return 0;
+}

@@ -1,0 +1,291 @@
+-- mg/tune.lua: the Lua half of autotuning (doc/tuning.md). Pure functions of
+-- the spec, the templates and what the host passes in; no io.
+--
+--   M.key(spec)              the parts of the tune cache key that Lua knows:
+--                            { spec = sha256 of the canonical key text,
+--                              spec_name, generator = mg.version,
+--                              templates = sha256 of the template set }
+--   M.key_text(spec)         the canonical spec text hashed into key.spec:
+--                            every key in schema order, defaults filled, the
+--                            tuned keys (scan.chunk_size) written as `auto`,
+--                            so tuning with chunk_size 64 or auto gives one key
+--   M.candidates(spec, d, opts)  the variants a sweep compiles and times
+--   M.sources(spec, d, args) the files of command "tune-sources": one CUDA
+--                            translation unit per candidate + manifest.txt
+--   M.resolve(spec, args)    chunk_size auto: the best cached entry for the
+--                            current GPU, or the default, with a note
+--
+-- args.tune (given by the host when the spec has an auto value):
+--   { gpu = "NVIDIA H200" | nil, cc = "9.0" | nil, driver = "13.0" | nil,
+--     gpu_source = "how the GPU was found (or why not)",
+--     dir = "cache directory",
+--     entries = { { path = "file", tree = <spec-tree-style node> }, ... },
+--     bad = { "file: why it was ignored", ... } }
+
+local schema = require("mg.schema")
+local yaml_out = require("mg.yaml_out")
+
+local M = {}
+
+M.FORMAT = "mamba-gen-tune 1"
+-- Chunk sizes and scan block sizes a sweep tries by default.
+M.CHUNKS = { 16, 32, 64, 128, 256 }
+M.THREADS = { 64, 128, 256, 512 }
+-- The chunk length used for `chunk_size: auto` without a cache entry
+-- (mg/derive.lua's DEFAULT_CHUNK; repeated here for the messages).
+M.DEFAULT_CHUNK = require("mg.derive").DEFAULT_CHUNK
+-- Archs with a tune template.
+M.TEMPLATE = { mamba1 = "mamba1/tune_scan.cu.tmpl" }
+-- The files whose text decides what a tuned variant computes and how fast:
+-- their combined hash is the key's `templates` part (any change in them
+-- invalidates earlier tuning results).
+M.TEMPLATE_SET = {
+  "mamba1/common.cuh.tmpl", "mamba1/kernels.cu.tmpl", "mamba1/tune_scan.cu.tmpl",
+  "mg/derive.lua", "mg/derive_mamba1.lua", "mg/tune.lua",
+}
+
+local function scalar_text(v)
+  if math.type(v) == "float" then return yaml_out.float_text(v) end
+  if type(v) == "boolean" then return v and "true" or "false" end
+  return tostring(v)
+end
+
+local function key_lines(out, entries, tbl, prefix, arch)
+  for _, e in ipairs(entries) do
+    local v = tbl[e.key]
+    if schema.applies(e, arch) and v ~= nil then
+      if e.type == "map" then
+        key_lines(out, e.keys, v, prefix .. e.key .. ".", arch)
+      else
+        local path = prefix .. e.key
+        if path == "scan.chunk_size" then v = "auto" end
+        out[#out + 1] = path .. "=" .. scalar_text(v)
+      end
+    end
+  end
+end
+
+function M.key_text(spec)
+  local out = { M.FORMAT }
+  key_lines(out, schema.keys, spec, "", spec.arch)
+  return table.concat(out, "\n") .. "\n"
+end
+
+function M.templates_hash()
+  local parts = {}
+  for _, f in ipairs(M.TEMPLATE_SET) do
+    local text, msg = mg.read(f)
+    if not text then error("tune: cannot read template " .. f .. ": " .. tostring(msg), 0) end
+    parts[#parts + 1] = f .. "\n" .. mg.sha256(text) .. "\n"
+  end
+  return mg.sha256(table.concat(parts))
+end
+
+function M.key(spec)
+  return {
+    spec = mg.sha256(M.key_text(spec)),
+    spec_name = spec.name,
+    generator = mg.version,
+    templates = M.templates_hash(),
+  }
+end
+
+-- ---------------------------------------------------------------- candidates
+
+-- One candidate: the scan kernels with chunk length `chunk` (0: the
+-- sequential scan) and block size `threads`. Derived launch values are
+-- computed here so the template does no arithmetic.
+local function candidate(d, mode, chunk, threads)
+  local channels = threads // d.scan_lanes
+  local c = {
+    mode = mode, chunk = chunk, threads = threads, channels = channels,
+    blocks = (d.E + channels - 1) // channels,
+  }
+  c.id = mode == "sequential" and string.format("seq_t%d", threads)
+                               or string.format("c%d_t%d", chunk, threads)
+  c.desc = mode == "sequential" and string.format("sequential, %d threads per block", threads)
+                                 or string.format("chunked, chunk %d, %d threads per block", chunk, threads)
+  return c
+end
+
+local function list_or(v, default)
+  if v == nil or #v == 0 then return default end
+  return v
+end
+
+-- opts.chunks, opts.threads: lists overriding the defaults (validated by
+-- the caller); opts.sequential = false leaves out the sequential baseline.
+function M.candidates(spec, d, opts)
+  opts = opts or {}
+  local chunks = list_or(opts.chunks, M.CHUNKS)
+  local threads = list_or(opts.threads, M.THREADS)
+  local out = {}
+  for _, t in ipairs(threads) do
+    if t % 32 == 0 and t >= 32 and t <= 1024 and t >= d.scan_lanes then
+      if opts.sequential ~= false then out[#out + 1] = candidate(d, "sequential", 0, t) end
+      for _, c in ipairs(chunks) do out[#out + 1] = candidate(d, "chunked", c, t) end
+    end
+  end
+  return out
+end
+
+-- Default sweep shapes: sequence lengths max/16, max/4 and max (those >= 16,
+-- at least max itself), batch 1 and max_batch.
+function M.default_shapes(d)
+  local T, seen, seqlens = d.max_seq_len, {}, {}
+  for _, t in ipairs({ T // 16, T // 4, T }) do
+    if t >= 16 and not seen[t] then seen[t] = true; seqlens[#seqlens + 1] = t end
+  end
+  if #seqlens == 0 then seqlens[1] = T end
+  local batches = { 1 }
+  if d.max_batch > 1 then batches[2] = d.max_batch end
+  return seqlens, batches
+end
+
+-- ---------------------------------------------------------------- sources
+
+-- Parses "16,32,64" (host option text) into a list of integers, or nil.
+local function int_list(s)
+  if s == nil or s == "" then return nil end
+  local out = {}
+  for w in (s .. ","):gmatch("([^,]*),") do
+    local v = math.tointeger(tonumber(w))
+    if not v then error("tune: bad integer list '" .. s .. "'", 0) end
+    out[#out + 1] = v
+  end
+  return out
+end
+
+-- The manifest (read by mamba-tune, gen/tune_main.c): `key value` lines,
+-- then one `candidate` line per variant:
+--   candidate ID MODE CHUNK THREADS CHANNELS BLOCKS FILE
+function M.sources(spec, d, args)
+  local tmpl = require("mg.tmpl")
+  local emit = require("mg.emit")
+  local validate = require("mg.validate")
+  local template = M.TEMPLATE[spec.arch]
+  if not template then
+    validate.spec_error(args.pos, "arch", "arch " .. spec.arch ..
+      ": autotuning is available for mamba1 only (chunk_size auto uses the default "
+      .. M.DEFAULT_CHUNK .. ")")
+  end
+  local o = args.options or {}
+  local cands = M.candidates(spec, d, { chunks = int_list(o.chunks), threads = int_list(o.threads),
+                                        sequential = o.sequential ~= "0" })
+  local key = M.key(spec)
+  local seqlens, batches = M.default_shapes(d)
+  local files = {}
+  local man = {
+    "format " .. M.FORMAT,
+    "spec_name " .. spec.name,
+    "arch " .. spec.arch,
+    "precision " .. spec.precision,
+    "target " .. spec.target,
+    "key_spec " .. key.spec,
+    "key_templates " .. key.templates,
+    "generator " .. key.generator,
+    "dims " .. string.format("E=%d N=%d R=%d XP=%d lanes=%d", d.E, d.N, d.R, d.XP, d.scan_lanes),
+    "E " .. d.E, "N " .. d.N, "R " .. d.R, "XP " .. d.XP,
+    "act_size " .. d.act_size,
+    "tolerance " .. yaml_out.float_text(d.check_tol),
+    "combine_threads " .. d.scan_combine_threads,
+    "max_batch " .. d.max_batch,
+    "max_seq_len " .. d.max_seq_len,
+    "default_chunk " .. M.DEFAULT_CHUNK,
+    "default_seqlens " .. table.concat(seqlens, ","),
+    "default_batches " .. table.concat(batches, ","),
+  }
+  for _, c in ipairs(cands) do
+    local td = setmetatable({
+      scan_threads = c.threads, scan_channels = c.channels, scan_blocks = c.blocks,
+      scan_chunk = c.chunk > 0 and c.chunk or M.DEFAULT_CHUNK,
+    }, { __index = d })
+    local env = emit.env(spec, td, args, template)
+    env.cand = c
+    local path = "tune_" .. c.id .. ".cu"
+    files[#files + 1] = { path = path, content = tmpl.render(template, env), template = template }
+    man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s", c.id, c.mode, c.chunk, c.threads,
+      c.channels, c.blocks, path)
+  end
+  table.insert(files, 1, { path = "manifest.txt", content = table.concat(man, "\n") .. "\n" })
+  return files
+end
+
+-- ---------------------------------------------------------------- lookup
+
+-- A spec-tree node (kind/value/keys/values/items) as plain Lua data:
+-- scalars stay strings.
+local function plain(node)
+  if type(node) ~= "table" then return nil end
+  if node.kind == "scalar" then return node.value end
+  if node.kind == "seq" then
+    local t = {}
+    for i, it in ipairs(node.items or {}) do t[i] = plain(it) end
+    return t
+  end
+  if node.kind == "map" then
+    local t = {}
+    for i, k in ipairs(node.keys or {}) do
+      if k.kind == "scalar" then t[k.value] = plain(node.values[i]) end
+    end
+    return t
+  end
+  return nil
+end
+M.plain = plain
+
+local function valid_chunk(v)
+  v = math.tointeger(tonumber(v))
+  for _, c in ipairs(M.CHUNKS) do if c == v then return v end end
+  return nil
+end
+
+-- -> tuned = { chunk_size =, scan_threads = (or nil), source = "tuned" |
+-- "default", note = "message for stderr" }, or nil when nothing is auto.
+function M.resolve(spec, args)
+  if spec.scan.chunk_size ~= "auto" then return nil end
+  local t = args.tune or {}
+  local function default(why)
+    return { chunk_size = M.DEFAULT_CHUNK, source = "default",
+             note = string.format("scan.chunk_size: auto -> %d (the default: %s)", M.DEFAULT_CHUNK, why) }
+  end
+  if not M.TEMPLATE[spec.arch] then
+    return default("autotuning is available for mamba1 only")
+  end
+  if not t.gpu then
+    return default((t.gpu_source or "no GPU known") ..
+      "; pass --gpu NAME or set MG_GPU to use the tune cache of that GPU")
+  end
+  local key = M.key(spec)
+  local best, best_path
+  for _, e in ipairs(t.entries or {}) do
+    local v = plain(e.tree)
+    local kp = type(v) == "table" and v.key_parts
+    if type(kp) == "table" and v.format == M.FORMAT and kp.spec == key.spec
+       and kp.generator == key.generator and kp.templates == key.templates and kp.gpu == t.gpu
+       and (t.cc == nil or kp.cc == t.cc) and type(v.best) == "table" and valid_chunk(v.best.chunk_size) then
+      -- prefer the entry made with this driver, then the newest
+      local rank = { (t.driver and kp.driver == t.driver) and 1 or 0, tostring(v.created or "") }
+      if not best or rank[1] > best.rank[1] or (rank[1] == best.rank[1] and rank[2] > best.rank[2]) then
+        best, best_path = { v = v, rank = rank }, e.path
+      end
+    end
+  end
+  if not best then
+    local why = string.format("no tune cache entry for this spec on %s%s in %s; run `mamba-gen tune %s`",
+      t.gpu, t.cc and (" (cc " .. t.cc .. ")") or "", t.dir or "the cache directory",
+      args.spec_path or "SPEC.yaml")
+    if t.bad and #t.bad > 0 then why = why .. "; ignored: " .. table.concat(t.bad, "; ") end
+    return default(why)
+  end
+  local v = best.v
+  local chunk = valid_chunk(v.best.chunk_size)
+  local threads = math.tointeger(tonumber(v.best.scan_threads))
+  return {
+    chunk_size = chunk, scan_threads = threads, source = "tuned", file = best_path,
+    note = string.format("scan.chunk_size: auto -> %d (tuned on %s, %s, %s)", chunk, t.gpu,
+      tostring(v.created or "?"), best_path),
+  }
+end
+
+return M
