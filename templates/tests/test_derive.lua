@@ -7,19 +7,8 @@ local derive = require("mg.derive")
 local yaml_out = require("mg.yaml_out")
 local init = require("mg.init")
 
-local n, failed = 0, 0
-local function check(cond, desc, detail)
-  n = n + 1
-  if cond then
-    print("  pass " .. n .. ": " .. desc)
-  else
-    failed = failed + 1
-    print("  FAIL " .. n .. ": " .. desc .. (detail and ("\n    " .. detail) or ""))
-  end
-end
-local function is(got, want, desc)
-  check(got == want, desc, string.format("got:  %s\n    want: %s", tostring(got), tostring(want)))
-end
+local T = require("tests.harness").new("test_derive")
+local check, is = T.check, T.is
 
 -- A canonical Mamba-1 spec (what validate returns), with overrides.
 local function spec1(model, shapes, top)
@@ -321,6 +310,4 @@ end
 args.command = "bogus"
 check(not pcall(init.main, args), "unknown command is an error")
 
-print(string.format("test_derive: %d checks, %d failed", n, failed))
-if failed > 0 then error(string.format("test_derive: %d of %d checks failed", failed, n), 0) end
-return true
+return T.done()

@@ -81,19 +81,8 @@ local function yaml_tree(text)
 end
 
 -- ------------------------------------------------------------ harness
-local n, failed = 0, 0
-local function check(cond, desc, detail)
-  n = n + 1
-  if cond then
-    print("  pass " .. n .. ": " .. desc)
-  else
-    failed = failed + 1
-    print("  FAIL " .. n .. ": " .. desc .. (detail and ("\n    " .. detail) or ""))
-  end
-end
-local function is(got, want, desc)
-  check(got == want, desc, string.format("got:  %s\n    want: %s", tostring(got), tostring(want)))
-end
+local T = require("tests.harness").new("test_validate")
+local check, is = T.check, T.is
 
 -- validate text -> spec or nil, {"line:col: msg", ...}
 local function run(text)
@@ -402,6 +391,4 @@ end
 walk(schema.keys, "")
 for _, r in ipairs(schema.rules) do check(type(r.doc) == "string", "doc line for rule " .. r.doc) end
 
-print(string.format("test_validate: %d checks, %d failed", n, failed))
-if failed > 0 then error(string.format("test_validate: %d of %d checks failed", failed, n), 0) end
-return true
+return T.done()
