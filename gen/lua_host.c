@@ -3,6 +3,7 @@
  * io/os/package/debug, cannot load binary chunks, and reads files only from
  * the template root. Every call into Lua is protected, so a Lua error or an
  * allocation failure is reported, never a crash. */
+#include "xstr.h"
 #include "lua_host.h"
 
 #include <errno.h>
@@ -36,14 +37,9 @@ struct lh_host {
 
 static char *lh_strdup_printf(const char *fmt, ...)
 {
-    va_list ap, ap2;
+    va_list ap;
     va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (s)
-        vsnprintf(s, (size_t)n + 1, fmt, ap);
+    char *s = xstr_vprintf(fmt, ap);
     va_end(ap);
     return s ? s : strdup("mamba-gen: out of memory\n");
 }

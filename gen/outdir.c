@@ -7,6 +7,7 @@
  *  - existing DIR: each changed file is written to a temporary file next to
  *    its target and synced; only when all are written are they renamed into
  *    place. Unchanged files are left alone (their mtimes matter to make). */
+#include "xstr.h"
 #include "outdir.h"
 
 #include <dirent.h>
@@ -21,14 +22,9 @@
 
 static char *od_printf(const char *fmt, ...)
 {
-    va_list ap, ap2;
+    va_list ap;
     va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (s)
-        vsnprintf(s, (size_t)n + 1, fmt, ap);
+    char *s = xstr_vprintf(fmt, ap);
     va_end(ap);
     return s ? s : strdup("out of memory");
 }

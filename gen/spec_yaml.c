@@ -4,6 +4,7 @@
  * tags, duplicate keys and extra documents are all visible as events and
  * rejected here with the position of the offending token. Typing of plain
  * scalars is left to Lua (validate.lua). */
+#include "xstr.h"
 #include "spec_yaml.h"
 
 #include <errno.h>
@@ -26,23 +27,12 @@
 static char *sy_format(const char *path, unsigned long line, unsigned long col, const char *fmt,
                        va_list ap)
 {
-    char head[64];
-    if (line > 0)
-        snprintf(head, sizeof head, ":%lu:%lu: ", line, col);
-    else
-        snprintf(head, sizeof head, ": ");
-    va_list ap2;
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
-    if (n < 0)
-        n = 0;
-    size_t len = strlen(path) + strlen(head) + (size_t)n + 1;
-    char *s = malloc(len);
-    if (!s)
+    char *msg = xstr_vprintf(fmt, ap);
+    if (!msg)
         return NULL;
-    int off = snprintf(s, len, "%s%s", path, head);
-    vsnprintf(s + off, len - (size_t)off, fmt, ap);
+    char *s = line > 0 ? xstr_printf("%s:%lu:%lu: %s", path, line, col, msg)
+                       : xstr_printf("%s: %s", path, msg);
+    free(msg);
     return s;
 }
 

@@ -1,4 +1,5 @@
 /* gen/tune_cache.c: the autotune cache on disk (see tune_cache.h). */
+#include "xstr.h"
 #include "tune_cache.h"
 
 #include <dirent.h>
@@ -11,26 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char *tc_printf(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-
-static char *tc_printf(const char *fmt, ...)
-{
-    va_list ap, ap2;
-    va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (s)
-        vsnprintf(s, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    return s;
-}
-
 char *tc_dir(const char *explicit_dir, char **err)
 {
     *err = NULL;
@@ -41,9 +22,9 @@ char *tc_dir(const char *explicit_dir, char **err)
     else if ((v = getenv("MG_TUNE_CACHE")) && *v)
         d = strdup(v);
     else if ((v = getenv("XDG_CACHE_HOME")) && v[0] == '/')
-        d = tc_printf("%s/mamba-gen", v);
+        d = xstr_printf("%s/mamba-gen", v);
     else if ((v = getenv("HOME")) && *v)
-        d = tc_printf("%s/.cache/mamba-gen", v);
+        d = xstr_printf("%s/.cache/mamba-gen", v);
     else {
         *err = strdup("no autotune cache directory: set MG_TUNE_CACHE, XDG_CACHE_HOME or HOME");
         return NULL;
@@ -78,7 +59,7 @@ char *tc_file_name(const tc_key_parts *k)
     char hex[SHA256_HEX_SIZE];
     tc_key(k, hex);
     const char *n = k->spec_name && *k->spec_name ? k->spec_name : "spec";
-    char *s = tc_printf("%.64s-%.16s.json", n, hex);
+    char *s = xstr_printf("%.64s-%.16s.json", n, hex);
     if (!s)
         return NULL;
     for (char *p = s; *p && p < s + strlen(s) - 22; p++) {
@@ -138,7 +119,7 @@ int tc_read_all(const char *dir, tc_files *out, char **err)
     if (!dp) {
         if (errno == ENOENT)
             return 0;
-        *err = tc_printf("autotune cache %s: %s", dir, strerror(errno));
+        *err = xstr_printf("autotune cache %s: %s", dir, strerror(errno));
         return -1;
     }
     size_t cap = 0;
@@ -147,7 +128,7 @@ int tc_read_all(const char *dir, tc_files *out, char **err)
         size_t len = strlen(de->d_name);
         if (de->d_name[0] == '.' || len < 6 || strcmp(de->d_name + len - 5, ".json") != 0)
             continue;
-        char *path = tc_printf("%s/%s", dir, de->d_name);
+        char *path = xstr_printf("%s/%s", dir, de->d_name);
         char *data = NULL;
         size_t size = 0;
         if (!path || tc_read_one(path, &data, &size) != 0) {
@@ -233,15 +214,15 @@ int tc_write_atomic(const char *dir, const char *name, const char *data, size_t 
 {
     *err = NULL;
     if (!name || !*name || strchr(name, '/') || name[0] == '.') {
-        *err = tc_printf("autotune cache: invalid entry name '%s'", name ? name : "");
+        *err = xstr_printf("autotune cache: invalid entry name '%s'", name ? name : "");
         return -1;
     }
     if (tc_mkdirs(dir) != 0) {
-        *err = tc_printf("autotune cache %s: cannot create the directory: %s", dir, strerror(errno));
+        *err = xstr_printf("autotune cache %s: cannot create the directory: %s", dir, strerror(errno));
         return -1;
     }
-    char *tmp = tc_printf("%s/.%s.tmp-XXXXXX", dir, name);
-    char *dst = tc_printf("%s/%s", dir, name);
+    char *tmp = xstr_printf("%s/.%s.tmp-XXXXXX", dir, name);
+    char *dst = xstr_printf("%s/%s", dir, name);
     if (!tmp || !dst) {
         free(tmp);
         free(dst);
@@ -250,7 +231,7 @@ int tc_write_atomic(const char *dir, const char *name, const char *data, size_t 
     }
     int fd = mkstemp(tmp);
     if (fd < 0) {
-        *err = tc_printf("autotune cache %s: cannot create a file: %s", dir, strerror(errno));
+        *err = xstr_printf("autotune cache %s: cannot create a file: %s", dir, strerror(errno));
         free(tmp);
         free(dst);
         return -1;
@@ -282,7 +263,7 @@ int tc_write_atomic(const char *dir, const char *name, const char *data, size_t 
     }
     if (what) {
         unlink(tmp);
-        *err = tc_printf("autotune cache %s: %s failed: %s", dst, what, strerror(e));
+        *err = xstr_printf("autotune cache %s: %s failed: %s", dst, what, strerror(e));
         free(tmp);
         free(dst);
         return -1;

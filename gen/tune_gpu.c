@@ -4,6 +4,7 @@
  * to the storage dtype on the host, and the reference runs on the rounded
  * values: the only error left is the kernel's own arithmetic and the
  * rounding of the stored output. */
+#include "xstr.h"
 #include "tune_gpu.h"
 
 #include <math.h>
@@ -21,29 +22,9 @@
 #include "mg_ref_mamba1.h"
 #include "mg_rng.h"
 
-static char *tg_printf(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-
-static char *tg_printf(const char *fmt, ...)
-{
-    va_list ap, ap2;
-    va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (s)
-        vsnprintf(s, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    return s;
-}
-
 static int tg_cuda_fail(cudaError_t e, const char *what, char **err)
 {
-    *err = tg_printf("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    *err = xstr_printf("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
     return -1;
 }
 
@@ -56,7 +37,7 @@ int tg_open(int device, tg_device *info, char **err)
     if (e != cudaSuccess)
         return tg_cuda_fail(e, "no CUDA device: cudaGetDeviceCount", err);
     if (device < 0 || device >= n) {
-        *err = tg_printf("device %d does not exist (%d device%s)", device, n, n == 1 ? "" : "s");
+        *err = xstr_printf("device %d does not exist (%d device%s)", device, n, n == 1 ? "" : "s");
         return -1;
     }
     if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaFree(0)) != cudaSuccess)
@@ -187,7 +168,7 @@ static int tg_upload(void **dst, const void *src, size_t bytes, const char *what
     cudaError_t e = cudaMalloc(dst, bytes ? bytes : 4);
     if (e != cudaSuccess) {
         *dst = NULL;
-        *err = tg_printf("cannot allocate %zu bytes on the GPU for %s: %s", bytes, what, cudaGetErrorString(e));
+        *err = xstr_printf("cannot allocate %zu bytes on the GPU for %s: %s", bytes, what, cudaGetErrorString(e));
         return -1;
     }
     if (src && (e = cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice)) != cudaSuccess)
@@ -215,7 +196,7 @@ static int tg_reference(tg_data *t, const float *xc, const float *dt, const floa
     t->s_ref = malloc(sizeof(double) * (size_t)t->vbatch * E * N);
     int rc = 0;
     if (!x64 || !delta || !bc || !A || !Dp || !y || !t->g_ref || !t->s_ref) {
-        *err = tg_printf("out of host memory for the reference");
+        *err = xstr_printf("out of host memory for the reference");
         rc = -1;
         goto out;
     }
@@ -257,7 +238,7 @@ tg_data *tg_data_new(const tg_dims *d, int max_batch, int max_seqlen, int min_ch
     *err = NULL;
     tg_data *t = calloc(1, sizeof *t);
     if (!t) {
-        *err = tg_printf("out of host memory");
+        *err = xstr_printf("out of host memory");
         return NULL;
     }
     t->d = *d;
@@ -278,7 +259,7 @@ tg_data *tg_data_new(const tg_dims *d, int max_batch, int max_seqlen, int min_ch
     void *stage = malloc(as * rows * 2 * E > 4 * rows * XP ? as * rows * 2 * E : 4 * rows * XP);
     int ok = xc && dt && dbl && xz && dt_bias && A_log && Dskip && state && stage;
     if (!ok)
-        *err = tg_printf("out of host memory for %zu tokens of inputs", rows);
+        *err = xstr_printf("out of host memory for %zu tokens of inputs", rows);
     if (ok) {
         /* dt_proj.bias: softplus^-1 of a step in [1e-3, 1e-1] (Mamba's init);
          * A_log = log(1..N); D near 1; states and activations uniform. */
@@ -343,7 +324,7 @@ tg_kernels *tg_load(const void *cubin, const tg_cand *c, char **err)
     *err = NULL;
     tg_kernels *k = calloc(1, sizeof *k);
     if (!k) {
-        *err = tg_printf("out of host memory");
+        *err = xstr_printf("out of host memory");
         return NULL;
     }
     cudaError_t e = cudaLibraryLoadData(&k->lib, cubin, NULL, NULL, 0, NULL, NULL, 0);
@@ -362,7 +343,7 @@ tg_kernels *tg_load(const void *cubin, const tg_cand *c, char **err)
         if (!ks[i].need)
             continue;
         if ((e = cudaLibraryGetKernel(ks[i].k, k->lib, ks[i].name)) != cudaSuccess) {
-            *err = tg_printf("cudaLibraryGetKernel(%s): %s", ks[i].name, cudaGetErrorString(e));
+            *err = xstr_printf("cudaLibraryGetKernel(%s): %s", ks[i].name, cudaGetErrorString(e));
             tg_unload(k);
             return NULL;
         }
@@ -429,17 +410,17 @@ static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int ba
 static int tg_shape_ok(tg_data *t, const tg_cand *c, int batch, int seqlen, char **err)
 {
     if (batch < 1 || seqlen < 1 || batch > t->max_batch || seqlen > t->max_seqlen) {
-        *err = tg_printf("shape %dx%d outside the allocated %dx%d", batch, seqlen, t->max_batch, t->max_seqlen);
+        *err = xstr_printf("shape %dx%d outside the allocated %dx%d", batch, seqlen, t->max_batch, t->max_seqlen);
         return 0;
     }
     if (c->chunked) {
         size_t nc = ((size_t)seqlen + (size_t)c->chunk - 1) / (size_t)c->chunk;
         if (nc > 65535) {
-            *err = tg_printf("%zu chunks exceed the grid limit 65535", nc);
+            *err = xstr_printf("%zu chunks exceed the grid limit 65535", nc);
             return 0;
         }
         if ((size_t)batch * nc * (size_t)t->d.E * (size_t)t->d.N > t->cstate_floats) {
-            *err = tg_printf("chunk %d below the smallest chunk the buffers were sized for", c->chunk);
+            *err = xstr_printf("chunk %d below the smallest chunk the buffers were sized for", c->chunk);
             return 0;
         }
     }
@@ -479,7 +460,7 @@ int tg_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double
         free(hg);
         free(g);
         free(s);
-        *err = tg_printf("out of host memory");
+        *err = xstr_printf("out of host memory");
         return -1;
     }
     e = cudaMemcpy(hg, t->g, ng * as, cudaMemcpyDeviceToHost);
@@ -494,7 +475,7 @@ int tg_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double
         *err_g = eg.n_nonfinite ? INFINITY : eg.rel_l2;
         *err_s = es.n_nonfinite ? INFINITY : es.rel_l2;
         if (!mg_err_ok(&eg, t->d.tol) || !mg_err_ok(&es, t->d.tol)) {
-            *err = tg_printf("wrong result at %dx%d: rel-L2 g %.3g, final state %.3g (tolerance %.3g)%s", B, T,
+            *err = xstr_printf("wrong result at %dx%d: rel-L2 g %.3g, final state %.3g (tolerance %.3g)%s", B, T,
                              *err_g, *err_s, t->d.tol,
                              eg.n_nonfinite || es.n_nonfinite ? ", non-finite values" : "");
             rc = 1;
@@ -532,7 +513,7 @@ int tg_time(tg_data *t, tg_kernels *k, const tg_cand *c, int batch, int seqlen, 
     mg_bench_stats st;
     mg_status s = mg_bench_time(0, tg_run_fn, &r, &o, &st);
     if (s != MG_OK) {
-        *err = tg_printf("%s", mg_last_error());
+        *err = xstr_printf("%s", mg_last_error());
         return -1;
     }
     *median_ms = st.median_ms;

@@ -1,5 +1,6 @@
 /* gen/tune_nvrtc.c: NVRTC compile of a candidate to a cubin (see
  * tune_nvrtc.h). */
+#include "xstr.h"
 #include "tune_nvrtc.h"
 
 #include <stdarg.h>
@@ -8,26 +9,6 @@
 #include <string.h>
 
 #include <nvrtc.h>
-
-static char *tn_printf(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-
-static char *tn_printf(const char *fmt, ...)
-{
-    va_list ap, ap2;
-    va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (s)
-        vsnprintf(s, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    return s;
-}
 
 void tn_version(char *buf, size_t n)
 {
@@ -67,7 +48,7 @@ int tn_compile(const char *src, const char *name, const char *arch, const char *
     nvrtcProgram prog;
     nvrtcResult rc = nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL);
     if (rc != NVRTC_SUCCESS) {
-        *err = tn_printf("%s: nvrtcCreateProgram: %s", name, nvrtcGetErrorString(rc));
+        *err = xstr_printf("%s: nvrtcCreateProgram: %s", name, nvrtcGetErrorString(rc));
         return -1;
     }
     char archopt[64], incopt[4096 + 8];
@@ -91,21 +72,21 @@ int tn_compile(const char *src, const char *name, const char *arch, const char *
             out->log[0] = '\0';
     }
     if (rc != NVRTC_SUCCESS) {
-        *err = tn_printf("%s: compile failed (%s)", name, nvrtcGetErrorString(rc));
+        *err = xstr_printf("%s: compile failed (%s)", name, nvrtcGetErrorString(rc));
         nvrtcDestroyProgram(&prog);
         return -1;
     }
     size_t size = 0;
     rc = nvrtcGetCUBINSize(prog, &size);
     if (rc != NVRTC_SUCCESS || size == 0) {
-        *err = tn_printf("%s: no cubin (%s; is %s a real architecture?)", name,
+        *err = xstr_printf("%s: no cubin (%s; is %s a real architecture?)", name,
                          rc != NVRTC_SUCCESS ? nvrtcGetErrorString(rc) : "empty", arch);
         nvrtcDestroyProgram(&prog);
         return -1;
     }
     out->cubin = malloc(size);
     if (!out->cubin || nvrtcGetCUBIN(prog, out->cubin) != NVRTC_SUCCESS) {
-        *err = tn_printf("%s: cannot read the cubin", name);
+        *err = xstr_printf("%s: cannot read the cubin", name);
         nvrtcDestroyProgram(&prog);
         tn_result_free(out);
         return -1;
