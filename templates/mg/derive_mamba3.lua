@@ -184,6 +184,7 @@ function M.derive(spec, d)
   -- 4*H*P*N, the per-head k/q maps), to size the test cases.
   d.ref_macs_per_token = d.L * (d.in_proj_out * d.D + d.D * d.E + 4 * d.H * d.P * d.N
     + 4 * d.H * d.N + 2 * d.D) + d.input_dim * d.D + d.D
+  if d.training then M.derive_training(d) end
   return d
 end
 
@@ -300,6 +301,92 @@ function M.derive_inference(spec, d)
   d.ck_min_blocks = (d.ck_engine ~= "fma" and d.ck_threads <= 256 and
     2 * (d.ck_smem_bytes + 1024) <= 228 * 1024) and 2 or 1
   d.ck_max_chunks = derive.ceil_div(d.max_seq_len, q)
+  return d
+end
+
+-- ===========================================================================
+-- Training section (backward + AdamW), used by mamba3/backward.cu.tmpl,
+-- train.c.tmpl, train.h.tmpl and train_test.c.tmpl (spec.emit.training only).
+-- Owned by the training engineer; the fields above are not changed here.
+--   d.bscan_lanes, d.bscan_npt   lanes sharing a row of Hs and states per
+--                     lane in the training scans (forward-for-training and
+--                     backward): the forward scan's (N/lanes <= 16)
+--   d.bscan_rpt       rows of Hs per thread: the smallest power of two
+--                     keeping the block at <= 256 threads (the backward
+--                     holds the state, its gradient and three column sums
+--                     per thread)
+--   d.bscan_rowgroups = P / bscan_rpt; d.bscan_threads = rowgroups * lanes;
+--   d.bscan_warps     = ceil(bscan_threads / 32)
+--   d.bscan_nw        = ceil(N / bscan_threads): column entries n per thread
+--                       in the per-step column sums (dq', dk')
+--   d.bscan_tchunk    checkpoint stride: the forward-for-training saves Hs
+--                     every bscan_tchunk steps; the backward recomputes the
+--                     chunk's states forward from the checkpoint (never by
+--                     dividing by alpha) into a per-thread
+--                     [bscan_tchunk+1][rpt][npt] array: 16, halved while
+--                     bscan_tchunk*rpt*npt > 256 floats or the shared memory
+--                     of the backward scan exceeds 46 KiB
+--   d.bscan_smem_bytes shared memory of the backward scan: staged k' and v
+--                     (bscan_tchunk+1 steps: the token before the chunk), q',
+--                     dy (bscan_tchunk steps), 8 scalars per step, and the
+--                     per-warp column sums [bscan_warps][3N+4]
+--   d.max_ckpts       checkpoints per sequence = ceil(max_seq_len/bscan_tchunk)
+--   d.normb_rows      tokens per block of every per-token two-stage reduction
+--                     (RMSNorm weights, gate norm, biases, BCNorm weights);
+--                     d.normb_max_blocks = ceil(max_tokens / normb_rows)
+--   d.part_width      widest partial row: max(D, E, H*N, in_dim)
+--   d.red_threads     block of the elementwise / reduction kernels
+--   d.gnorm_blocks    first-stage blocks of the gradient norm and MSE sums
+--   d.gate_hpw        heads per warp of the gate backward = ceil(H/gate_warps)
+--   d.layers_begin, d.layers_end   blob range of the layers (floats)
+--   d.adamw_layer, d.adamw_global  tensor ranges {lo, hi, cls, len} (layer-
+--                     relative / absolute); cls 1 = weight matrix
+--                     (input_proj, in_proj, out_proj .weight), 2 = the rest
+--   d.grad_tol        rel-L2 of every gradient vs the f64 reference:
+--                     f32 1e-4, bf16 5e-2, f16 1e-2
+-- ===========================================================================
+local MATRIX = { input_proj_w = true, in_proj_w = true, out_proj_w = true }
+function M.derive_training(d)
+  d.bscan_lanes = d.scan_lanes
+  d.bscan_npt = d.scan_npt
+  local rpt = 1
+  while d.P * d.bscan_lanes // rpt > 256 do rpt = rpt * 2 end
+  d.bscan_rpt = rpt
+  d.bscan_rowgroups = d.P // rpt
+  d.bscan_threads = d.bscan_rowgroups * d.bscan_lanes
+  d.bscan_warps = derive.ceil_div(d.bscan_threads, 32)
+  d.bscan_nw = derive.ceil_div(d.N, d.bscan_threads)
+  local function smem(bt)
+    return 4 * ((bt + 1) * d.N + bt * d.N + (bt + 1) * d.P + bt * d.P + 8 * bt
+      + d.bscan_warps * (3 * d.N + 4))
+  end
+  local bt = 16
+  while bt > 1 and bt * rpt * d.bscan_npt > 256 do bt = bt // 2 end
+  while bt > 1 and smem(bt) > 46 * 1024 do bt = bt // 2 end
+  assert(smem(bt) <= 48 * 1024, "derive_mamba3: backward scan shared memory")
+  d.bscan_tchunk = bt
+  d.bscan_smem_bytes = smem(bt)
+  d.max_ckpts = derive.ceil_div(d.max_seq_len, bt)
+  d.normb_rows = 16
+  d.normb_max_blocks = derive.ceil_div(d.max_tokens, d.normb_rows)
+  d.part_width = math.max(d.D, d.E, d.HN, d.in_dim)
+  d.red_threads = 256
+  d.gnorm_blocks = 256
+  d.gate_hpw = derive.ceil_div(d.H, d.gate_warps)
+  d.layers_begin = d.layer0.norm_w
+  d.layers_end = d.layer0.norm_w + d.L * d.layer_stride
+  d.adamw_layer, d.adamw_global = {}, {}
+  for _, p in ipairs(d.params) do
+    local cls = MATRIX[p.key] and 1 or 2
+    if p.layer == 0 then
+      local lo = p.offset - d.layers_begin
+      d.adamw_layer[#d.adamw_layer + 1] = { lo, lo + p.numel, cls, p.numel }
+    elseif p.layer == nil then
+      d.adamw_global[#d.adamw_global + 1] = { p.offset, p.offset + p.numel, cls, p.numel }
+    end
+  end
+  local tol = { f32 = 1e-4, bf16 = 5e-2, f16 = 1e-2 }
+  d.grad_tol = tol[d.dtype]
   return d
 end
 

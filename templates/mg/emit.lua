@@ -34,6 +34,11 @@ E.FILES = {
     { path = "%s.c",          template = "mamba3/model.c.tmpl",    prefix = "//" },
     { path = "%s_test.c",     template = "mamba3/test.c.tmpl",     prefix = "//" },
     { path = "%s_bench.c",    template = "mamba3/bench.c.tmpl",    prefix = "//" },
+    -- training half (spec.emit.training only)
+    { path = "%s_train.h",       template = "mamba3/train.h.tmpl",      prefix = "//", when = "training" },
+    { path = "%s_backward.cu",   template = "mamba3/backward.cu.tmpl",  prefix = "//", when = "training" },
+    { path = "%s_train.c",       template = "mamba3/train.c.tmpl",      prefix = "//", when = "training" },
+    { path = "%s_train_test.c",  template = "mamba3/train_test.c.tmpl", prefix = "//", when = "training" },
     { path = "Makefile",      template = "mamba3/Makefile.tmpl",   prefix = "#" },
   },
 }

@@ -112,6 +112,23 @@ is(rl.gate_vpl, 1, "rl: gate values per lane")
 is(rl.prep_n_per_lane, 2, "rl: prep N/32")
 is(rl.scan_kernel, "sequential", "rl: sequential scan")
 
+-- training section (derive_training)
+is(rl.bscan_lanes, 4, "rl: training scan lanes = scan lanes")
+is(rl.bscan_rpt, 1, "rl: training scan one row per thread (128 threads)")
+is(rl.bscan_threads, 128, "rl: training scan block")
+is(rl.bscan_warps, 4, "rl: training scan warps")
+is(rl.bscan_nw, 1, "rl: one column per thread")
+is(rl.bscan_tchunk, 16, "rl: checkpoint every 16 steps (16*1*16 = 256 floats per thread)")
+is(rl.bscan_smem_bytes, 4 * (17 * 64 + 16 * 64 + 17 * 32 + 16 * 32 + 8 * 16 + 4 * (3 * 64 + 4)), "rl: backward scan shared memory")
+is(rl.max_ckpts, 16, "rl: 256/16 checkpoints")
+is(rl.part_width, 512, "rl: widest partial row H*N")
+is(rl.gate_hpw, 2, "rl: 8 heads over 4 gate warps")
+is(rl.grad_tol, 1e-4, "rl: f32 gradient tolerance")
+is(#rl.adamw_layer, 10, "rl: 10 tensor ranges per layer")
+is(#rl.adamw_global, 3, "rl: input_proj weight, bias, norm_f")
+is(rl.adamw_layer[2][3], 1, "rl: in_proj is a matrix")
+is(rl.adamw_layer[3][3], 2, "rl: dt_bias is not")
+
 -- ------------------------------------------------------------ specs/mamba3_lm.yaml
 local lm = derive.derive(spec3({ d_model = 1024, n_layers = 2, d_state = 128, headdim = 64, input_dim = 0 },
   { max_batch = 2, max_seq_len = 2048 }, { name = "mamba3_lm" }, { mode = "chunked" }))
@@ -128,6 +145,10 @@ is(lm.chunk_size, 64, "lm: chunk 64")
 is(lm.scan_mode_resolved, "chunked", "lm: scan mode chunked")
 is(lm.norm_threads, 256, "lm: norm_threads")
 is(lm.weights_total % 64, 0, "lm: total aligned")
+is(lm.bscan_rpt, 2, "lm: training scan 2 rows per thread (256 threads)")
+is(lm.bscan_threads, 256, "lm: training scan block")
+is(lm.bscan_tchunk, 8, "lm: checkpoint every 8 steps (8*2*16 = 256 floats per thread)")
+is(lm.max_ckpts, 256, "lm: 2048/8 checkpoints")
 
 -- ------------------------------------------------------------ variants
 local g2 = derive.derive(spec3({ ngroups = 2, a_activation = "softplus", outproj_norm = false, rope_fraction = 1.0 }))
@@ -198,7 +219,10 @@ if ok then
   for i, f in ipairs(files) do names[i] = f.path .. "<" .. f.template end
   local want = { "mamba3_rl.h<mamba3/model.h.tmpl", "mamba3_rl_common.cuh<mamba3/common.cuh.tmpl",
     "mamba3_rl_kernels.cu<mamba3/kernels.cu.tmpl", "mamba3_rl.c<mamba3/model.c.tmpl",
-    "mamba3_rl_test.c<mamba3/test.c.tmpl", "mamba3_rl_bench.c<mamba3/bench.c.tmpl", "Makefile<mamba3/Makefile.tmpl" }
+    "mamba3_rl_test.c<mamba3/test.c.tmpl", "mamba3_rl_bench.c<mamba3/bench.c.tmpl", "Makefile<mamba3/Makefile.tmpl",
+    -- the training half (emit.training)
+    "mamba3_rl_train.h<mamba3/train.h.tmpl", "mamba3_rl_backward.cu<mamba3/backward.cu.tmpl",
+    "mamba3_rl_train.c<mamba3/train.c.tmpl", "mamba3_rl_train_test.c<mamba3/train_test.c.tmpl" }
   local have = {}
   for _, nm in ipairs(names) do have[nm] = true end
   for _, nm in ipairs(want) do check(have[nm], "emit: mamba3 file " .. nm) end
@@ -219,6 +243,25 @@ if ok then
     "emit: parameter table row")
   check(c:find("L0_NORM_GATE_W", 1, true) ~= nil, "emit: gate norm offset")
   check(not cu:find("{{", 1, true) and not c:find("{{", 1, true) and not h:find("{{", 1, true), "emit: no template syntax left")
+  -- training half
+  is(names[#names], "Makefile<mamba3/Makefile.tmpl", "emit: Makefile last")
+  check(h:find('\n#include "mamba3_rl_train.h"\n', 1, true) ~= nil, "emit: header includes the training API")
+  check(byname["Makefile"]:find("./$(NAME)_train_test", 1, true) ~= nil, "emit: make check runs the training test")
+  check(byname["mamba3_rl_backward.cu"]:find("\nconstexpr int BCK = 16;", 1, true) ~= nil, "emit: backward checkpoint stride")
+  check(byname["mamba3_rl_train.h"]:find("mamba3_rl_backward(mamba3_rl_trainer *t,", 1, true) ~= nil, "emit: backward prototype")
+  local tr = byname["mamba3_rl_train.h"] .. byname["mamba3_rl_backward.cu"] .. byname["mamba3_rl_train.c"] .. byname["mamba3_rl_train_test.c"]
+  check(not tr:find("{{", 1, true) and not tr:find("{%", 1, true), "emit: no template syntax left in the training files")
+  local spn = spec3(nil, nil, { name = "m3n", emit = { training = false, inference = true, deterministic = true } })
+  local okn, fn = pcall(emit.files, spn, derive.derive(spn), { spec_name = "m3n.yaml", spec_hash = string.rep("d", 64) }, {})
+  check(okn, "emit: renders without emit.training", not okn and tostring(fn) or nil)
+  if okn then
+    local bn = {}
+    for _, f in ipairs(fn) do bn[f.path] = f.content end
+    check(bn["m3n_train.h"] == nil and bn["m3n_backward.cu"] == nil and bn["m3n_train.c"] == nil and
+      bn["m3n_train_test.c"] == nil, "emit: no training files without emit.training")
+    check(not bn["m3n.h"]:find("_train.h", 1, true), "emit: no training include without emit.training")
+    check(not bn["Makefile"]:find("./$(NAME)_train_test", 1, true), "emit: make check without the training test")
+  end
   local sp2 = spec3({ outproj_norm = false, input_dim = 0, a_activation = "softplus" }, nil, { name = "m3b", precision = "bf16" })
   local ok2, f2 = pcall(emit.files, sp2, derive.derive(sp2), { spec_name = "m3b.yaml", spec_hash = string.rep("c", 64) }, {})
   check(ok2, "emit: variant without gate norm / input_proj, softplus, bf16 renders", not ok2 and tostring(f2) or nil)
