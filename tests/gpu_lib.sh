@@ -1,0 +1,93 @@
+# tests/gpu_lib.sh: what the GPU suites (gpu_mamba1.test, gpu_mamba3.test)
+# share: building the generated packages in parallel and running a generated
+# TAP program with its tests passed through. Source it after tests/tap.sh
+# and tap_tmpdir.
+
+# build_models MODEL...: generate and build each package (spec
+# $top_srcdir/specs/NAME.yaml, else $tap_tmp/NAME.yaml) into $tap_tmp/NAME, in
+# parallel (nvcc dominates the time); each outcome lands in $tap_tmp/NAME.rc
+# (gen | build | ok). The GPU runs that follow are sequential, so timings and
+# memory don't mix.
+build_models() {
+  jobs=${MG_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}
+  running=0
+  for name in "$@"; do
+    dir=$tap_tmp/$name
+    spec=$top_srcdir/specs/$name.yaml
+    [ -f "$spec" ] || spec=$tap_tmp/$name.yaml
+    (
+      if ! "$MG" -q "$spec" -o "$dir" > "$tap_tmp/$name.gen" 2>&1; then echo gen > "$tap_tmp/$name.rc"; exit; fi
+      if ! make -C "$dir" -j2 NVCC="$NVCC" ${CUDA_HOME:+CUDA_HOME="$CUDA_HOME"} \
+           MG_RUNTIME_CFLAGS="${MG_RUNTIME_CFLAGS:-}" MG_RUNTIME_LIBS="${MG_RUNTIME_LIBS:-}" all \
+           > "$tap_tmp/$name.build" 2>&1; then echo build > "$tap_tmp/$name.rc"; exit; fi
+      echo ok > "$tap_tmp/$name.rc"
+    ) &
+    running=$((running + 1))
+    if [ "$running" -ge $(( (jobs + 1) / 2 )) ]; then wait; running=0; fi
+  done
+  wait
+}
+
+# built NAME: report the generate and build steps of NAME; true if it built.
+built() {
+  case $(cat "$tap_tmp/$1.rc" 2>/dev/null) in
+    gen) not_ok "$1: generate" "$(cat "$tap_tmp/$1.gen")"; return 1 ;;
+    build) ok "$1: generate"; not_ok "$1: build (make)" "$(tail -40 "$tap_tmp/$1.build")"; return 1 ;;
+    ok) ok "$1: generate"; ok "$1: build (make)"; return 0 ;;
+    *) not_ok "$1: generate and build" "no result"; return 1 ;;
+  esac
+}
+
+# run_all MODEL...: for each built model, its NAME_test and, when the spec
+# emits training, NAME_train_test.
+run_all() {
+  for name in "$@"; do
+    built "$name" || continue
+    run_program "$tap_tmp/$name" "${name}_test" "$name"
+    if [ -x "$tap_tmp/$name/${name}_train_test" ]; then
+      run_program "$tap_tmp/$name" "${name}_train_test" "${name}_train_test"
+    fi
+  done
+}
+
+# run_program DIR PROG LABEL: run a generated TAP program, pass its tests
+# through re-numbered and prefixed with LABEL, keep its diagnostics; a crash,
+# a bail-out, a non-zero exit or a wrong count is a failure.
+run_program() {
+  dir=$1 prog=$2 label=$3
+  (cd "$dir" && "./$prog") > "$dir/$prog.tap" 2>&1
+  rc=$?
+  plan= seen=0 failed=0 bailed=
+  while IFS= read -r line; do
+    case "$line" in
+      "ok "*|"not ok "*)
+        seen=$((seen + 1))
+        # strip "ok N - " / "not ok N - " (the " - " is optional in TAP)
+        desc=$(printf '%s\n' "$line" | sed -E 's/^(not )?ok [0-9]+( - )?//')
+        case "$line" in
+          "not ok "*) failed=$((failed + 1)); not_ok "$label: $desc" ;;
+          *) ok "$label: $desc" ;;
+        esac ;;
+      1..*) plan=${line#1..} ;;
+      "Bail out!"*) bailed=$line; tap_diag "$label: $line" ;;
+      "#"*) printf '%s\n' "$line" ;;
+      "") ;;
+      *) tap_diag "$label: $line" ;;
+    esac
+  done < "$dir/$prog.tap"
+
+  case "$plan" in
+    "0 # SKIP"*|"0 #SKIP"*) skip "$label: test program" "${plan#0 # SKIP }"; return ;;
+  esac
+  if [ -n "$bailed" ]; then
+    not_ok "$label: test program ran to the end" "$bailed"
+  elif [ -z "$plan" ]; then
+    not_ok "$label: test program ran to the end" "no plan line (crashed?), exit status $rc"
+  elif [ "${plan%% *}" != "$seen" ]; then
+    not_ok "$label: test program ran to the end" "plan 1..$plan, saw $seen tests"
+  elif [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    not_ok "$label: test program ran to the end" "exit status $rc with no failed test"
+  else
+    ok "$label: test program ran to the end ($seen tests, exit status $rc)"
+  fi
+}
