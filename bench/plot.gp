@@ -8,7 +8,9 @@
 #        is in the third column of every row (a dashed line).
 #   gnuplot -e "kind='roofline'; data='F'; out='X.svg'; ttl='...'; bw=GBPS; peak=TFLOPS; peak2=TFLOPS" bench/plot.gp
 #     F: "label intensity tflops" rows (intensity in flop/byte).
-set terminal svg size 900,600 dynamic enhanced font "sans,12" background "white"
+# noenhanced: model names contain underscores, which enhanced text would
+# turn into subscripts.
+set terminal svg size 900,600 dynamic noenhanced font "sans,12" background "white"
 set output out
 set title ttl noenhanced
 set grid
