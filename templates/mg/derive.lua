@@ -119,6 +119,39 @@ function M.add_param(layout, name, shape, key, layer)
   return p
 end
 
+-- The blob layout every arch shares (doc/HACKING.md): optional input_proj
+-- weight and bias, then n_layers copies of the arch's layer tensors
+-- (`tensors`: list of {key, name suffix, shape}), then norm_f.weight; each
+-- tensor 64-aligned. `prefix` is the state_dict prefix ("backbone." for the
+-- Hugging Face Mamba-1 names, "" for Mamba-3's). Returns params, the offsets
+-- of the non-layer tensors, layer 0's offsets by key, the layer stride and
+-- the total, in floats.
+function M.blob_layout(d, tensors, prefix)
+  local lay = { params = {}, next = 0 }
+  local off = {}
+  if d.input_dim > 0 then
+    off.input_proj_w = M.add_param(lay, prefix .. "input_proj.weight", { d.D, d.input_dim }, "input_proj_w").offset
+    off.input_proj_b = M.add_param(lay, prefix .. "input_proj.bias", { d.D }, "input_proj_b").offset
+  end
+  local starts, layer0 = {}, {}
+  for l = 0, d.L - 1 do
+    for i, t in ipairs(tensors) do
+      local p = M.add_param(lay, prefix .. "layers." .. l .. "." .. t[2], t[3], t[1], l)
+      if i == 1 then starts[l] = p.offset end
+      if l == 0 then layer0[t[1]] = p.offset end
+    end
+  end
+  -- Every tensor starts 64-aligned, so each layer starts 64-aligned and all
+  -- layers have the same size: the stride is the aligned size of one layer.
+  local layer_end = M.align(lay.next)
+  local stride = d.L > 1 and (starts[1] - starts[0]) or (layer_end - starts[0])
+  for l = 1, d.L - 1 do
+    assert(starts[l] - starts[l - 1] == stride, "derive: non-uniform layer stride")
+  end
+  off.norm_f_w = M.add_param(lay, prefix .. "norm_f.weight", { d.D }, "norm_f_w").offset
+  return lay.params, off, layer0, stride, M.align(lay.next)
+end
+
 -- opts (optional): { tuned = mg/tune.lua resolve's result }.
 function M.derive(spec, opts)
   local d = common(spec, opts or {})

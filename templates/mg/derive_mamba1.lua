@@ -36,30 +36,7 @@ end
 M.layer_tensors = layer_tensors
 
 function M.layout(d)
-  local lay = { params = {}, next = 0 }
-  local off = {}
-  if d.input_dim > 0 then
-    off.input_proj_w = derive.add_param(lay, "backbone.input_proj.weight", { d.D, d.input_dim }, "input_proj_w").offset
-    off.input_proj_b = derive.add_param(lay, "backbone.input_proj.bias", { d.D }, "input_proj_b").offset
-  end
-  local starts = {}
-  local layer0 = {}
-  for l = 0, d.L - 1 do
-    for i, t in ipairs(layer_tensors(d)) do
-      local p = derive.add_param(lay, "backbone.layers." .. l .. "." .. t[2], t[3], t[1], l)
-      if i == 1 then starts[l] = p.offset end
-      if l == 0 then layer0[t[1]] = p.offset end
-    end
-  end
-  -- Every tensor starts 64-aligned, so each layer starts 64-aligned and all
-  -- layers have the same size: the stride is the aligned size of one layer.
-  local layer_end = derive.align(lay.next)
-  local stride = d.L > 1 and (starts[1] - starts[0]) or (layer_end - starts[0])
-  for l = 1, d.L - 1 do
-    assert(starts[l] - starts[l - 1] == stride, "derive_mamba1: non-uniform layer stride")
-  end
-  off.norm_f_w = derive.add_param(lay, "backbone.norm_f.weight", { d.D }, "norm_f_w").offset
-  return lay.params, off, layer0, stride, derive.align(lay.next)
+  return derive.blob_layout(d, layer_tensors(d), "backbone.")
 end
 
 function M.derive(spec, d)
