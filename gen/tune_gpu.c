@@ -3,7 +3,9 @@
  * the program links cudart and NVRTC only. Inputs are drawn in f32, rounded
  * to the storage dtype on the host, and the reference runs on the rounded
  * values: the only error left is the kernel's own arithmetic and the
- * rounding of the stored output. */
+ * rounding of the stored output. Mamba-1 (the scan's kernels) first, then
+ * the Mamba-3 SISO section (the chunked SSM kernel, tg_m3_*); the public
+ * functions dispatch on tg_dims.m3. */
 #include "xstr.h"
 #include "tune_gpu.h"
 
@@ -20,6 +22,7 @@
 #include "mg_compare.h"
 #include "mg_cuda.h"
 #include "mg_ref_mamba1.h"
+#include "mg_ref_mamba3.h"
 #include "mg_rng.h"
 
 static int tg_cuda_fail(cudaError_t e, const char *what, char **err)
@@ -147,6 +150,10 @@ struct tg_data {
     float *dt_bias, *A_log, *Dskip, *state_in, *state_out, *cstate, *dsum;
     /* the reference of the verification shape */
     double *g_ref, *s_ref;
+    /* Mamba-3 (d.m3): inputs, state in/out, output y (g, g_ref: unused) */
+    void *proj;                                       /* act_t [rows][NP] */
+    float *k, *q, *mdt, *adt, *lam, *mD, *kp_in, *vp_in, *kp_out, *vp_out, *y;
+    size_t ny_ref, ns_ref;                            /* y_ref: g_ref; state: s_ref */
 };
 
 void tg_data_free(tg_data *t)
@@ -154,7 +161,8 @@ void tg_data_free(tg_data *t)
     if (!t)
         return;
     void *bufs[] = {t->xc, t->dt, t->dbl, t->xz, t->g, t->dt_bias, t->A_log, t->Dskip, t->state_in, t->state_out,
-                    t->cstate, t->dsum};
+                    t->cstate, t->dsum, t->proj, t->k, t->q, t->mdt, t->adt, t->lam, t->mD, t->kp_in, t->vp_in,
+                    t->kp_out, t->vp_out, t->y};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i])
             cudaFree(bufs[i]);
@@ -232,10 +240,15 @@ out:
     return rc;
 }
 
+static tg_data *tg_m3_data_new(const tg_dims *d, int max_batch, int max_seqlen, int vbatch, int vseqlen,
+                               unsigned long long seed, char **err);
+
 tg_data *tg_data_new(const tg_dims *d, int max_batch, int max_seqlen, int min_chunk, int vbatch, int vseqlen,
                      unsigned long long seed, char **err)
 {
     *err = NULL;
+    if (d->m3)
+        return tg_m3_data_new(d, max_batch, max_seqlen, vbatch, vseqlen, seed, err);
     tg_data *t = calloc(1, sizeof *t);
     if (!t) {
         *err = xstr_printf("out of host memory");
@@ -317,6 +330,7 @@ tg_data *tg_data_new(const tg_dims *d, int max_batch, int max_seqlen, int min_ch
 struct tg_kernels {
     cudaLibrary_t lib;
     cudaKernel_t seq, state, combine, output;
+    cudaKernel_t m3;   /* Mamba-3: tune_m3_chunked */
 };
 
 tg_kernels *tg_load(const void *cubin, const tg_cand *c, char **err)
@@ -333,11 +347,13 @@ tg_kernels *tg_load(const void *cubin, const tg_cand *c, char **err)
         free(k);
         return NULL;
     }
+    const int m3 = c->smem > 0;
     struct { cudaKernel_t *k; const char *name; int need; } ks[] = {
-        {&k->seq, "tune_scan_seq", !c->chunked},
-        {&k->state, "tune_chunk_state", c->chunked},
-        {&k->combine, "tune_chunk_combine", c->chunked},
-        {&k->output, "tune_chunk_output", c->chunked},
+        {&k->seq, "tune_scan_seq", !m3 && !c->chunked},
+        {&k->state, "tune_chunk_state", !m3 && c->chunked},
+        {&k->combine, "tune_chunk_combine", !m3 && c->chunked},
+        {&k->output, "tune_chunk_output", !m3 && c->chunked},
+        {&k->m3, "tune_m3_chunked", m3},
     };
     for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
         if (!ks[i].need)
@@ -347,6 +363,15 @@ tg_kernels *tg_load(const void *cubin, const tg_cand *c, char **err)
             tg_unload(k);
             return NULL;
         }
+    }
+    /* Mamba-3: the chunked kernel's dynamic shared memory is over the 48 KiB
+     * default; cudaFuncSetAttribute takes a cudaKernel_t as is. */
+    if (m3 && (e = cudaFuncSetAttribute((const void *)k->m3, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        c->smem)) != cudaSuccess) {
+        *err = xstr_printf("cudaFuncSetAttribute(tune_m3_chunked, %d bytes of dynamic shared memory): %s", c->smem,
+                           cudaGetErrorString(e));
+        tg_unload(k);
+        return NULL;
     }
     return k;
 }
@@ -374,6 +399,14 @@ static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int ba
                              cudaStream_t stream, const char **what)
 {
     const tg_dims *d = &t->d;
+    if (d->m3) {
+        /* scan_chunked_kernel's launch: grid (H, batch), CK_THREADS, CK_SMEM_BYTES */
+        *what = "tune_m3_chunked";
+        void *args[] = {&seqlen, &t->proj, &t->k, &t->q, &t->mdt, &t->adt, &t->lam, &t->mD, &t->state_in,
+                        &t->kp_in, &t->vp_in, &t->state_out, &t->kp_out, &t->vp_out, &t->y};
+        return cudaLaunchKernel((const void *)k->m3, dim3_make((unsigned)d->H, (unsigned)batch, 1),
+                                dim3_make((unsigned)c->threads, 1, 1), args, (size_t)c->smem, stream);
+    }
     if (!c->chunked) {
         *what = "tune_scan_seq";
         void *args[] = {&seqlen, &t->xc, &t->dt, &t->dbl, &t->xz, &t->dt_bias, &t->A_log, &t->Dskip,
@@ -413,7 +446,7 @@ static int tg_shape_ok(tg_data *t, const tg_cand *c, int batch, int seqlen, char
         *err = xstr_printf("shape %dx%d outside the allocated %dx%d", batch, seqlen, t->max_batch, t->max_seqlen);
         return 0;
     }
-    if (c->chunked) {
+    if (c->chunked && !t->d.m3) {
         size_t nc = ((size_t)seqlen + (size_t)c->chunk - 1) / (size_t)c->chunk;
         if (nc > 65535) {
             *err = xstr_printf("%zu chunks exceed the grid limit 65535", nc);
@@ -434,10 +467,14 @@ int tg_context_ok(void)
     return e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
 }
 
+static int tg_m3_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double *err_s, char **err);
+
 int tg_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double *err_s, char **err)
 {
     *err = NULL;
     *err_g = *err_s = INFINITY;
+    if (t->d.m3)
+        return tg_m3_verify(t, k, c, err_g, err_s, err);
     const int B = t->vbatch, T = t->vseqlen, E = t->d.E, N = t->d.N;
     if (!tg_shape_ok(t, c, B, T, err))
         return 1;
@@ -519,4 +556,217 @@ int tg_time(tg_data *t, tg_kernels *k, const tg_cand *c, int batch, int seqlen, 
     *median_ms = st.median_ms;
     *min_ms = st.min_ms;
     return 0;
+}
+
+/* ================================================================== Mamba-3
+ * The chunked SSM kernel (templates/mamba3/tune_scan.cu.tmpl): per-token
+ * inputs as the model's prep and angle kernels leave them (q', k' f32
+ * [B][T][H][N]; A*dt, dt, lambda f32 [B][T][H]), v = the x columns of the
+ * act_t in_proj output [B][T][NP] (the other columns are zeros: the kernel
+ * reads only x, with the model's row stride), a nonzero initial state. The
+ * reference is mg_ref_mamba3_ssm_step (f64 step recurrence) on the same
+ * values (v rounded to the storage dtype first). Ranges: q', k', v, k_prev,
+ * v_prev U(-1, 1) (q' and k' are BCNorm'd, biased and rotated in the model:
+ * entries of order 1); dt log-uniform in [1e-3, 1e-1] (softplus of the
+ * Mamba dt init); A = -exp(U(log 0.1, log 2)) (A = -max(act(dd_A), floor));
+ * lambda U(0.05, 0.95) (a sigmoid); D U(0.5, 1.5); ssm U(-0.5, 0.5). */
+
+/* The f64 reference of the verification shape: y into g_ref, and the final
+ * ssm | k_prev | v_prev into s_ref. */
+static int tg_m3_reference(tg_data *t, const float *q, const float *k, const float *v, const float *adt,
+                           const float *dt, const float *lam, const float *D, const float *ssm0, const float *kp0,
+                           const float *vp0, char **err)
+{
+    const tg_dims *d = &t->d;
+    const size_t B = (size_t)t->vbatch, T = (size_t)t->vseqlen, H = (size_t)d->H, P = (size_t)d->P,
+                 N = (size_t)d->N;
+    const size_t nkq = B * T * H * N, nv = B * T * H * P, nh = B * T * H;
+    const size_t nss = B * H * P * N, nkp = B * H * N, nvp = B * H * P;
+    double *q64 = malloc(sizeof(double) * nkq), *k64 = malloc(sizeof(double) * nkq),
+           *v64 = malloc(sizeof(double) * nv), *a64 = malloc(sizeof(double) * nh),
+           *dt64 = malloc(sizeof(double) * nh), *l64 = malloc(sizeof(double) * nh), *D64 = malloc(sizeof(double) * H);
+    t->ny_ref = nv;
+    t->ns_ref = nss + nkp + nvp;
+    t->g_ref = malloc(sizeof(double) * nv);
+    t->s_ref = malloc(sizeof(double) * t->ns_ref);
+    int rc = 0;
+    if (!q64 || !k64 || !v64 || !a64 || !dt64 || !l64 || !D64 || !t->g_ref || !t->s_ref) {
+        *err = xstr_printf("out of host memory for the reference");
+        rc = -1;
+        goto out;
+    }
+    /* the kernel at VBATCH x VSEQLEN reads rows b * VSEQLEN + i (and states
+     * b * H + h): the first B*T rows (B states) of the inputs, which is what
+     * the reference reads as [B][T] too */
+    for (size_t i = 0; i < nkq; i++) {
+        q64[i] = q[i];
+        k64[i] = k[i];
+    }
+    for (size_t r = 0; r < B * T; r++)
+        for (size_t e = 0; e < H * P; e++)
+            v64[r * H * P + e] = v[r * (size_t)d->NP + (size_t)d->off_x + e];
+    for (size_t i = 0; i < nh; i++) {
+        a64[i] = adt[i];
+        dt64[i] = dt[i];
+        l64[i] = lam[i];
+    }
+    for (size_t h = 0; h < H; h++)
+        D64[h] = D[h];
+    double *ssm = t->s_ref, *kp = t->s_ref + nss, *vp = t->s_ref + nss + nkp;
+    for (size_t i = 0; i < nss; i++)
+        ssm[i] = ssm0[i];
+    for (size_t i = 0; i < nkp; i++)
+        kp[i] = kp0[i];
+    for (size_t i = 0; i < nvp; i++)
+        vp[i] = vp0[i];
+    mg_m3_ssm_args a = {(int)B, (int)T, (int)H, (int)P, (int)N, q64, k64, v64, a64, dt64, l64, D64,
+                        t->g_ref, ssm, kp, vp};
+    if (mg_ref_mamba3_ssm_step(&a) != MG_OK) {
+        *err = xstr_printf("the f64 reference failed: %s", mg_last_error());
+        rc = -1;
+    }
+out:
+    free(q64);
+    free(k64);
+    free(v64);
+    free(a64);
+    free(dt64);
+    free(l64);
+    free(D64);
+    return rc;
+}
+
+static tg_data *tg_m3_data_new(const tg_dims *d, int max_batch, int max_seqlen, int vbatch, int vseqlen,
+                               unsigned long long seed, char **err)
+{
+    tg_data *t = calloc(1, sizeof *t);
+    if (!t) {
+        *err = xstr_printf("out of host memory");
+        return NULL;
+    }
+    t->d = *d;
+    t->max_batch = max_batch;
+    t->max_seqlen = max_seqlen;
+    t->vbatch = vbatch;
+    t->vseqlen = vseqlen;
+    const size_t H = (size_t)d->H, P = (size_t)d->P, N = (size_t)d->N, NP = (size_t)d->NP, as = (size_t)d->act_size;
+    const size_t rows = (size_t)max_batch * (size_t)max_seqlen;
+    const size_t nkq = rows * H * N, nh = rows * H, nss = (size_t)max_batch * H * P * N,
+                 nkp = (size_t)max_batch * H * N, nvp = (size_t)max_batch * H * P;
+    float *q = malloc(sizeof(float) * nkq), *k = malloc(sizeof(float) * nkq), *proj = calloc(rows * NP, sizeof(float)),
+          *vtmp = malloc(sizeof(float) * rows * H * P), *adt = malloc(sizeof(float) * nh),
+          *dt = malloc(sizeof(float) * nh), *lam = malloc(sizeof(float) * nh), *D = malloc(sizeof(float) * H),
+          *ssm = malloc(sizeof(float) * nss), *kp = malloc(sizeof(float) * nkp), *vp = malloc(sizeof(float) * nvp);
+    void *stage = malloc(as * rows * NP);
+    int ok = q && k && proj && vtmp && adt && dt && lam && D && ssm && kp && vp && stage;
+    if (!ok)
+        *err = xstr_printf("out of host memory for %zu tokens of inputs", rows);
+    if (ok) {
+        mg_rng r;
+        mg_rng_seed(&r, seed);
+        mg_rng_fill_uniform(&r, q, nkq, -1.0f, 1.0f);
+        mg_rng_fill_uniform(&r, k, nkq, -1.0f, 1.0f);
+        mg_rng_fill_uniform(&r, vtmp, rows * H * P, -1.0f, 1.0f);
+        for (size_t i = 0; i < rows; i++)
+            memcpy(proj + i * NP + (size_t)d->off_x, vtmp + i * H * P, sizeof(float) * H * P);
+        for (size_t i = 0; i < nh; i++) {
+            double step = exp(log(1e-3) + mg_rng_uniform(&r) * (log(1e-1) - log(1e-3)));
+            double A = -exp(log(0.1) + mg_rng_uniform(&r) * (log(2.0) - log(0.1)));
+            dt[i] = (float)step;
+            adt[i] = (float)(A * (double)dt[i]);
+            lam[i] = (float)(0.05 + 0.9 * mg_rng_uniform(&r));
+        }
+        for (size_t h = 0; h < H; h++)
+            D[h] = (float)(0.5 + mg_rng_uniform(&r));
+        mg_rng_fill_uniform(&r, ssm, nss, -0.5f, 0.5f);
+        mg_rng_fill_uniform(&r, kp, nkp, -1.0f, 1.0f);
+        mg_rng_fill_uniform(&r, vp, nvp, -1.0f, 1.0f);
+        tg_round(d, proj, rows * NP, stage);   /* v in the storage dtype; the reference reads it back */
+        ok = tg_upload(&t->proj, stage, as * rows * NP, "in_proj output (v)", err) == 0;
+        struct { float **dst; const float *h; size_t n; const char *what; } fs[] = {
+            {&t->q, q, nkq, "q'"}, {&t->k, k, nkq, "k'"}, {&t->adt, adt, nh, "A*dt"}, {&t->mdt, dt, nh, "dt"},
+            {&t->lam, lam, nh, "lambda"}, {&t->mD, D, H, "D"}, {&t->state_in, ssm, nss, "ssm state"},
+            {&t->kp_in, kp, nkp, "k_prev"}, {&t->vp_in, vp, nvp, "v_prev"},
+            {&t->state_out, NULL, nss, "ssm state out"}, {&t->kp_out, NULL, nkp, "k_prev out"},
+            {&t->vp_out, NULL, nvp, "v_prev out"}, {&t->y, NULL, rows * H * P, "y"},
+        };
+        for (size_t i = 0; ok && i < sizeof fs / sizeof *fs; i++)
+            ok = tg_upload((void **)fs[i].dst, fs[i].h, sizeof(float) * fs[i].n, fs[i].what, err) == 0;
+        /* the verification shape's rows are the first vbatch * vseqlen rows
+         * of every [rows][...] input (the kernel indexes b * seqlen + t) */
+        ok = ok && tg_m3_reference(t, q, k, proj, adt, dt, lam, D, ssm, kp, vp, err) == 0;
+    }
+    free(q);
+    free(k);
+    free(proj);
+    free(vtmp);
+    free(adt);
+    free(dt);
+    free(lam);
+    free(D);
+    free(ssm);
+    free(kp);
+    free(vp);
+    free(stage);
+    if (!ok) {
+        tg_data_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static int tg_m3_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double *err_s, char **err)
+{
+    const int B = t->vbatch, T = t->vseqlen;
+    if (!tg_shape_ok(t, c, B, T, err))
+        return 1;
+    const size_t H = (size_t)t->d.H, P = (size_t)t->d.P, N = (size_t)t->d.N;
+    const size_t ny = t->ny_ref, nss = (size_t)B * H * P * N, nkp = (size_t)B * H * N, nvp = (size_t)B * H * P;
+    /* poison every output (NaN) so a kernel that writes nothing cannot pass */
+    cudaError_t e = cudaMemset(t->y, 0xff, ny * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMemset(t->state_out, 0xff, nss * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMemset(t->kp_out, 0xff, nkp * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMemset(t->vp_out, 0xff, nvp * sizeof(float));
+    if (e != cudaSuccess)
+        return tg_cuda_fail(e, "cudaMemset", err);
+    const char *what = "";
+    e = tg_launch(t, k, c, B, T, 0, &what);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    if (e != cudaSuccess)
+        return tg_cuda_fail(e, what, err);
+    float *y = malloc(ny * sizeof(float)), *s = malloc(t->ns_ref * sizeof(float));
+    if (!y || !s) {
+        free(y);
+        free(s);
+        *err = xstr_printf("out of host memory");
+        return -1;
+    }
+    e = cudaMemcpy(y, t->y, ny * sizeof(float), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(s, t->state_out, nss * sizeof(float), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(s + nss, t->kp_out, nkp * sizeof(float), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(s + nss + nkp, t->vp_out, nvp * sizeof(float), cudaMemcpyDeviceToHost);
+    int rc = 0;
+    if (e != cudaSuccess) {
+        rc = tg_cuda_fail(e, "cudaMemcpy", err);
+    } else {
+        mg_err ey = mg_compare_f32(y, t->g_ref, ny), es = mg_compare_f32(s, t->s_ref, t->ns_ref);
+        *err_g = ey.n_nonfinite ? INFINITY : ey.rel_l2;
+        *err_s = es.n_nonfinite ? INFINITY : es.rel_l2;
+        if (!mg_err_ok(&ey, t->d.tol) || !mg_err_ok(&es, t->d.tol)) {
+            *err = xstr_printf("wrong result at %dx%d: rel-L2 y %.3g, final state %.3g (tolerance %.3g)%s", B, T,
+                               *err_g, *err_s, t->d.tol,
+                               ey.n_nonfinite || es.n_nonfinite ? ", non-finite values (an output not written?)" : "");
+            rc = 1;
+        }
+    }
+    free(y);
+    free(s);
+    return rc;
 }

@@ -2,7 +2,8 @@
  * inputs, loading a candidate's cubin with the runtime API
  * (cudaLibraryLoadData / cudaLibraryGetKernel / cudaLaunchKernel: cudart
  * only, never libcuda), running it, checking it against the f64 reference
- * scan (mg_ref_m1_scan) and timing it (mg_bench_time: CUDA events after
+ * (Mamba-1: the scan mg_ref_m1_scan; Mamba-3 SISO: the SSM step recurrence
+ * mg_ref_mamba3_ssm_step) and timing it (mg_bench_time: CUDA events after
  * warm-up, L2 flushed before every run). */
 #ifndef MG_TUNE_GPU_H
 #define MG_TUNE_GPU_H
@@ -28,6 +29,9 @@ typedef struct {
     int bf16;            /* 1: act is bf16, 0 with act_size 2: f16 */
     int combine_threads;
     double tol;          /* rel-L2 bound vs the f64 reference */
+    /* Mamba-3 SISO (m3 = 1; R, XP, combine_threads unused): heads, headdim,
+     * in_proj outputs per token and the column of x (v) in them */
+    int m3, H, P, NP, off_x;
 } tg_dims;
 
 /* A candidate as the kernels need it. */
@@ -35,7 +39,8 @@ typedef struct {
     int chunked;   /* 0: tune_scan_seq; 1: tune_chunk_state/combine/output */
     int chunk;     /* timesteps per chunk (chunked) */
     int threads;   /* block size of the scan kernels */
-    int blocks;    /* scan blocks per sequence (grid.y) */
+    int blocks;    /* scan blocks per sequence (grid.y); Mamba-3: H (grid.x) */
+    int smem;      /* Mamba-3: dynamic shared memory per block (bytes) */
 } tg_cand;
 
 typedef struct tg_data tg_data;
@@ -43,7 +48,10 @@ typedef struct tg_data tg_data;
 /* Device buffers for up to MAX_BATCH x MAX_SEQLEN tokens (cstate for chunks
  * of MIN_CHUNK), random inputs from SEED rounded to the storage dtype, and
  * the f64 reference output of the verification shape VBATCH x VSEQLEN
- * (<= the maxima). NULL with *ERR set on failure. */
+ * (<= the maxima). NULL with *ERR set on failure.
+ * Mamba-3 (d->m3): q', k' [B][T][H][N], v (the x columns of an act_t
+ * [B][T][NP] in_proj output), A*dt, dt, lambda [B][T][H] (f32), D [H], a
+ * nonzero initial state (ssm, k_prev, v_prev); MIN_CHUNK is unused. */
 tg_data *tg_data_new(const tg_dims *d, int max_batch, int max_seqlen, int min_chunk, int vbatch, int vseqlen,
                      unsigned long long seed, char **err);
 void tg_data_free(tg_data *t);
@@ -55,7 +63,9 @@ tg_kernels *tg_load(const void *cubin, const tg_cand *c, char **err);
 void tg_unload(tg_kernels *k);
 
 /* Runs the candidate on the verification shape and compares the gated
- * output g and the final state with the reference. 0 and the errors
+ * output g (Mamba-3: the SSM output y) and the final state (Mamba-3: ssm,
+ * k_prev and v_prev) with the reference; the outputs are NaN-poisoned
+ * first, so one not written fails. 0 and the errors
  * (relative L2) when both are finite and within the tolerance; 1 when the
  * results are wrong (message in *ERR); -1 when a CUDA call failed. */
 int tg_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double *err_s, char **err);

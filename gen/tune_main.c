@@ -1,8 +1,10 @@
 /* gen/tune_main.c: main() of mamba-tune, the autotuner (`mamba-gen tune`
  * runs it; doc/tuning.md). Steps: the Lua side emits one scan translation
- * unit per candidate (chunk size x block size) and a manifest; NVRTC
+ * unit per candidate (chunk size x block size: the Mamba-1 scan kernels,
+ * or the Mamba-3 SISO chunked SSM kernel) and a manifest; NVRTC
  * compiles them to cubins for the GPU's architecture (in parallel); each
- * cubin is loaded, checked against the f64 reference scan and, only if
+ * cubin is loaded, checked against the f64 reference (Mamba-1: the scan;
+ * Mamba-3: the SSM step recurrence) and, only if
  * right, timed at every requested shape; the best chunked variant goes to
  * the autotune cache (written atomically), every measurement to a CSV.
  * A candidate that fails to compile, load, launch or verify is recorded and
@@ -47,6 +49,7 @@ typedef struct {
 typedef struct {
     char id[48], file[96];
     int chunked, chunk, threads, channels, blocks;
+    int smem;          /* Mamba-3: dynamic shared memory per block; 0 for Mamba-1 */
     const char *src;   /* the source text (owned by the Lua result) */
     tn_result cub;
     char *status;      /* NULL: fine so far; else why it was skipped */
@@ -59,6 +62,8 @@ typedef struct {
 typedef struct {
     char spec_name[128], arch[32], precision[16], target[16], key_spec[80], key_templates[80], generator[64];
     int E, N, R, XP, act_size, combine_threads, max_batch, max_seq_len;
+    char model_arch[32];   /* "mamba1" | "mamba3_siso" */
+    int m3, H, P, NP, off_x;   /* Mamba-3 SISO dims (m3 = 1) */
     double tol;
     char default_seqlens[256], default_batches[256];
     tm_cand *cands;
@@ -71,18 +76,19 @@ static int tm_quiet;
 static void tm_usage(FILE *fp)
 {
     fputs("Usage: mamba-tune [OPTION]... SPEC.yaml   (also: mamba-gen tune SPEC.yaml [OPTION]...)\n"
-          "Autotune the selective scan of the model in SPEC.yaml on this machine's GPU:\n"
-          "compile every candidate (chunk size x scan block size) with NVRTC, check it\n"
-          "against the f64 reference scan, time it, and store the best in the autotune\n"
-          "cache that `scan.chunk_size: auto` reads at generation time.\n"
+          "Autotune the selective scan of the model in SPEC.yaml on this machine's GPU\n"
+          "(mamba1: the scan kernels; mamba3_siso: the chunked SSM kernel): compile every\n"
+          "candidate (chunk size x block size) with NVRTC, check it against the f64\n"
+          "reference, time it, and store the best in the autotune cache that\n"
+          "`scan.chunk_size: auto` reads at generation time.\n"
           "\n"
           "  --seqlen LIST        sequence lengths to time, comma-separated (default: the\n"
           "                       spec's max_seq_len, /4 and /16, those >= 16)\n"
           "  --batch LIST         batch sizes to time (default: 1 and max_batch)\n"
           "  --chunks LIST        chunk sizes to try (default 16,32,64,128,256)\n"
           "  --threads LIST       scan block sizes to try, multiples of 32 (default\n"
-          "                       64,128,256,512)\n"
-          "  --no-sequential      do not time the sequential scan as a baseline\n"
+          "                       64,128,256,512; mamba3_siso: 128,256,512)\n"
+          "  --no-sequential      do not time the sequential scan as a baseline (mamba1)\n"
           "  --iters N            timed runs per point, median reported (default 20)\n"
           "  --warmup N           untimed runs first (default 3)\n"
           "  --device N           CUDA device (default 0)\n"
@@ -288,8 +294,9 @@ static int tm_read_manifest(const lh_result *r, tm_manifest *m, char **err)
         if (strcmp(k, "candidate") == 0) {
             tm_cand *c = &m->cands[m->ncands];
             char mode[16];
-            if (sscanf(v, "%47s %15s %d %d %d %d %95s", c->id, mode, &c->chunk, &c->threads, &c->channels,
-                       &c->blocks, c->file) != 7) {
+            c->smem = 0;
+            if (sscanf(v, "%47s %15s %d %d %d %d %95s %d", c->id, mode, &c->chunk, &c->threads, &c->channels,
+                       &c->blocks, c->file, &c->smem) < 7) {
                 free(text);
                 *err = strdup("internal error: bad candidate line in the manifest");
                 return -1;
@@ -305,7 +312,16 @@ static int tm_read_manifest(const lh_result *r, tm_manifest *m, char **err)
             }
             m->ncands++;
         }
+        else if (strcmp(k, "skipped") == 0) {
+            if (!tm_quiet)
+                fprintf(stderr, "mamba-tune: left out %s\n", v);
+        }
         TM_STR("spec_name", spec_name);
+        TM_STR("arch", model_arch);
+        TM_INT("H", H);
+        TM_INT("P", P);
+        TM_INT("NP", NP);
+        TM_INT("off_x", off_x);
         TM_STR("precision", precision);
         TM_STR("target", target);
         TM_STR("key_spec", key_spec);
@@ -326,6 +342,11 @@ static int tm_read_manifest(const lh_result *r, tm_manifest *m, char **err)
 #undef TM_INT
     }
     free(text);
+    m->m3 = strcmp(m->model_arch, "mamba3_siso") == 0;
+    if (m->m3 && (m->H <= 0 || m->P <= 0 || m->NP <= 0)) {
+        *err = strdup("internal error: incomplete manifest (no Mamba-3 dimensions)");
+        return -1;
+    }
     if (m->ncands == 0 || m->E <= 0 || m->N <= 0 || m->tol <= 0) {
         *err = strdup("internal error: incomplete manifest (no candidates or dimensions)");
         return -1;
@@ -695,7 +716,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < m.ncands; i++)
         if (m.cands[i].chunked && m.cands[i].chunk < minchunk)
             minchunk = m.cands[i].chunk;
-    tg_dims dims = {m.E, m.N, m.R, m.XP, m.act_size, strcmp(m.precision, "bf16") == 0, m.combine_threads, m.tol};
+    tg_dims dims = {m.E, m.N, m.R, m.XP, m.act_size, strcmp(m.precision, "bf16") == 0, m.combine_threads, m.tol,
+                    m.m3, m.H, m.P, m.NP, m.off_x};
     tm_progress("preparing inputs and the f64 reference (%dx%d)", vb, vt);
     tg_data *data = tg_data_new(&dims, maxb, maxt, minchunk, vb, vt, 20240601ULL, &err);
     tm_progress_end();
@@ -715,7 +737,7 @@ int main(int argc, char **argv)
             tm_set_status(c, strdup("not run: the CUDA context was lost by an earlier candidate"));
             continue;
         }
-        tg_cand tc = {c->chunked, c->chunk, c->threads, c->blocks};
+        tg_cand tc = {c->chunked, c->chunk, c->threads, c->blocks, c->smem};
         tm_progress("[%zu/%zu] %s: load and verify", i + 1, m.ncands, c->id);
         tg_kernels *k = tg_load(c->cub.cubin, &tc, &err);
         if (!k) {

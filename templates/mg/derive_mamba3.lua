@@ -379,4 +379,51 @@ function M.derive_training(d)
   return d
 end
 
+-- ===========================================================================
+-- Autotuning section (mg/tune.lua, doc/tuning.md). Owned by the tuner; the
+-- fields above are not changed here.
+--   M.ck_variant(d, q, warps)  the chunked kernel's shape for chunk length q
+--                     and `warps` warps per block, with the arithmetic of
+--                     derive_inference (state split, padding, shared memory,
+--                     output items, blocks per SM): a table of the ck_*
+--                     fields, or nil and why when that shape cannot exist
+--                     (state tile not a multiple of 8 columns, more than 64
+--                     state registers per thread, shared memory over
+--                     M.CK_SMEM_MAX, a block over 1024 threads). q is not
+--                     shrunk: a chunk that does not fit is left out. For
+--                     d.ck_warps and d.ck_chunk it gives exactly the fields
+--                     derive_inference chose (mg/tune.lua checks that).
+-- ===========================================================================
+function M.ck_variant(d, q, warps)
+  local PN = d.P * d.N
+  if warps < 1 or 32 * warps > 1024 then return nil, "block over 1024 threads" end
+  if q < 16 or q % 16 ~= 0 then return nil, "chunk not a multiple of 16" end
+  if PN % (16 * warps) ~= 0 then return nil, "state does not split into 16-row tiles" end
+  local nw = PN // (16 * warps)
+  if nw % 8 ~= 0 or d.N % nw ~= 0 or (d.P // 16) * (d.N // nw) ~= warps then
+    return nil, string.format("state tile of %d columns", nw)
+  end
+  if PN // (32 * warps) > 64 then
+    return nil, string.format("%d state registers per thread (> 64)", PN // (32 * warps))
+  end
+  local v = { ck_warps = warps, ck_threads = 32 * warps, ck_nw = nw, ck_pad = 16 // d.ck_es }
+  v.ck_ldn = d.N + v.ck_pad
+  v.ck_ldw = 16 + v.ck_pad
+  v.ck_ldq = q + v.ck_pad
+  v.ck_chunk = q
+  v.ck_smem_bytes = (2 * q * v.ck_ldn + d.N * v.ck_ldq + d.P * v.ck_ldq + d.P * v.ck_ldn
+    + warps * 16 * v.ck_ldw) * d.ck_es + (7 * q + 4) * 4
+  local smax = M.CK_SMEM_MAX[d.sm] or M.CK_SMEM_MAX[80]
+  if v.ck_smem_bytes > smax then
+    return nil, string.format("%d bytes of shared memory (> %d)", v.ck_smem_bytes, smax)
+  end
+  local pw = math.min(d.P, 64)
+  while pw > 8 and (q // 16) * (d.P // pw) < warps do pw = pw // 2 end
+  v.ck_pw = pw
+  v.ck_ny = (q // 16) * (d.P // pw)
+  v.ck_min_blocks = (d.ck_engine ~= "fma" and v.ck_threads <= 256 and
+    2 * (v.ck_smem_bytes + 1024) <= 228 * 1024) and 2 or 1
+  return v
+end
+
 return M

@@ -10,6 +10,10 @@
 --                            tuned keys (scan.chunk_size) written as `auto`,
 --                            so tuning with chunk_size 64 or auto gives one key
 --   M.candidates(spec, d, opts)  the variants a sweep compiles and times
+--                            (mamba1: chunk x scan block size + sequential;
+--                            mamba3_siso: chunk x block size of the chunked
+--                            SSM kernel, shapes from mg/derive_mamba3.lua
+--                            ck_variant, chunks that do not fit left out)
 --   M.sources(spec, d, args) the files of command "tune-sources": one CUDA
 --                            translation unit per candidate + manifest.txt
 --   M.resolve(spec, args)    chunk_size auto: the best cached entry for the
@@ -34,15 +38,26 @@ M.THREADS = { 64, 128, 256, 512 }
 -- The chunk length used for `chunk_size: auto` without a cache entry
 -- (mg/derive.lua's DEFAULT_CHUNK; repeated here for the messages).
 M.DEFAULT_CHUNK = require("mg.derive").DEFAULT_CHUNK
+-- Block sizes of the Mamba-3 chunked SSM kernel a sweep tries by default
+-- (4, 8, 16 warps; those the state split allows, mg/derive_mamba3.lua).
+M.THREADS_M3 = { 128, 256, 512 }
 -- Archs with a tune template.
-M.TEMPLATE = { mamba1 = "mamba1/tune_scan.cu.tmpl" }
--- The files whose text decides what a tuned variant computes and how fast:
--- their combined hash is the key's `templates` part (any change in them
--- invalidates earlier tuning results).
-M.TEMPLATE_SET = {
-  "mamba1/common.cuh.tmpl", "mamba1/kernels.cu.tmpl", "mamba1/tune_scan.cu.tmpl",
-  "mg/derive.lua", "mg/derive_mamba1.lua", "mg/tune.lua",
+M.TEMPLATE = { mamba1 = "mamba1/tune_scan.cu.tmpl", mamba3_siso = "mamba3/tune_scan.cu.tmpl" }
+-- The files whose text decides what a tuned variant computes and how fast,
+-- per arch: their combined hash is the key's `templates` part (any change in
+-- them invalidates earlier tuning results). The tune templates copy the
+-- device code of kernels.cu.tmpl, so that file is part of the set.
+M.TEMPLATE_SETS = {
+  mamba1 = {
+    "mamba1/common.cuh.tmpl", "mamba1/kernels.cu.tmpl", "mamba1/tune_scan.cu.tmpl",
+    "mg/derive.lua", "mg/derive_mamba1.lua", "mg/tune.lua",
+  },
+  mamba3_siso = {
+    "mamba3/common.cuh.tmpl", "mamba3/kernels.cu.tmpl", "mamba3/tune_scan.cu.tmpl",
+    "mg/derive.lua", "mg/derive_mamba3.lua", "mg/tune.lua",
+  },
 }
+M.TEMPLATE_SET = M.TEMPLATE_SETS.mamba1
 
 local function scalar_text(v)
   if math.type(v) == "float" then return yaml_out.float_text(v) end
@@ -71,9 +86,9 @@ function M.key_text(spec)
   return table.concat(out, "\n") .. "\n"
 end
 
-function M.templates_hash()
+function M.templates_hash(arch)
   local parts = {}
-  for _, f in ipairs(M.TEMPLATE_SET) do
+  for _, f in ipairs(M.TEMPLATE_SETS[arch or "mamba1"] or M.TEMPLATE_SET) do
     local text, msg = mg.read(f)
     if not text then error("tune: cannot read template " .. f .. ": " .. tostring(msg), 0) end
     parts[#parts + 1] = f .. "\n" .. mg.sha256(text) .. "\n"
@@ -86,7 +101,7 @@ function M.key(spec)
     spec = mg.sha256(M.key_text(spec)),
     spec_name = spec.name,
     generator = mg.version,
-    templates = M.templates_hash(),
+    templates = M.templates_hash(spec.arch),
   }
 end
 
@@ -113,10 +128,53 @@ local function list_or(v, default)
   return v
 end
 
+-- Mamba-3 SISO: the chunked SSM kernel (one block per (batch, head)) with
+-- chunk length `chunk` and `threads` threads per block; v carries the
+-- ck_* fields of mg/derive_mamba3.lua ck_variant. blocks = H (grid x).
+local function candidate_m3(d, chunk, threads, v)
+  return {
+    mode = "chunked", chunk = chunk, threads = threads, channels = threads // 32, blocks = d.H,
+    smem = v.ck_smem_bytes, ck = v,
+    id = string.format("c%d_t%d", chunk, threads),
+    desc = string.format("chunked SSM, chunk %d, %d warps per block, %d bytes of shared memory",
+      chunk, threads // 32, v.ck_smem_bytes),
+  }
+end
+
+-- The Mamba-3 candidates: every chunk x block size whose shape exists
+-- (ck_variant), in option order; `skipped` gets "ID: why" for the others.
+local function candidates_m3(d, opts, skipped)
+  local d3 = require("mg.derive_mamba3")
+  -- the variant of the spec's own shape must be exactly what derive chose
+  local own = d3.ck_variant(d, d.ck_chunk, d.ck_warps)
+  for k, v in pairs(own or {}) do
+    if d[k] ~= v then
+      error(string.format("tune: mg/derive_mamba3.lua ck_variant disagrees with derive_inference on %s (%s vs %s)",
+        k, tostring(v), tostring(d[k])), 0)
+    end
+  end
+  local out = {}
+  for _, t in ipairs(list_or(opts.threads, M.THREADS_M3)) do
+    for _, c in ipairs(list_or(opts.chunks, M.CHUNKS)) do
+      local v, why = nil, "block size not a multiple of 32"
+      if t % 32 == 0 then v, why = d3.ck_variant(d, c, t // 32) end
+      if v then
+        out[#out + 1] = candidate_m3(d, c, t, v)
+      elseif skipped then
+        skipped[#skipped + 1] = string.format("c%d_t%d: %s", c, t, why)
+      end
+    end
+  end
+  return out
+end
+
 -- opts.chunks, opts.threads: lists overriding the defaults (validated by
--- the caller); opts.sequential = false leaves out the sequential baseline.
+-- the caller); opts.sequential = false leaves out the sequential baseline
+-- (mamba1 only: the Mamba-3 sweep has no sequential candidate).
+-- opts.skipped (a list) collects the Mamba-3 shapes left out, with why.
 function M.candidates(spec, d, opts)
   opts = opts or {}
+  if spec.arch == "mamba3_siso" then return candidates_m3(d, opts, opts.skipped) end
   local chunks = list_or(opts.chunks, M.CHUNKS)
   local threads = list_or(opts.threads, M.THREADS)
   local out = {}
@@ -158,7 +216,11 @@ end
 
 -- The manifest (read by mamba-tune, gen/tune_main.c): `key value` lines,
 -- then one `candidate` line per variant:
---   candidate ID MODE CHUNK THREADS CHANNELS BLOCKS FILE
+--   candidate ID MODE CHUNK THREADS CHANNELS BLOCKS FILE SMEM
+-- (mamba1: CHANNELS per scan block, BLOCKS scan blocks per sequence, SMEM 0;
+-- mamba3_siso: CHANNELS = warps per block, BLOCKS = H, SMEM the dynamic
+-- shared memory of a block), and a `skipped ID: why` line per Mamba-3 shape
+-- left out.
 function M.sources(spec, d, args)
   local tmpl = require("mg.tmpl")
   local emit = require("mg.emit")
@@ -166,12 +228,14 @@ function M.sources(spec, d, args)
   local template = M.TEMPLATE[spec.arch]
   if not template then
     validate.spec_error(args.pos, "arch", "arch " .. spec.arch ..
-      ": autotuning is available for mamba1 only (chunk_size auto uses the default "
+      ": autotuning is available for mamba1 and mamba3_siso only (chunk_size auto uses the default "
       .. M.DEFAULT_CHUNK .. ")")
   end
   local o = args.options or {}
+  local skipped = {}
   local cands = M.candidates(spec, d, { chunks = int_list(o.chunks), threads = int_list(o.threads),
-                                        sequential = o.sequential ~= "0" })
+                                        sequential = o.sequential ~= "0", skipped = skipped })
+  if spec.arch == "mamba3_siso" then return M.sources_m3(spec, d, args, template, cands, skipped) end
   local key = M.key(spec)
   local seqlens, batches = M.default_shapes(d)
   local files = {}
@@ -204,8 +268,55 @@ function M.sources(spec, d, args)
     env.cand = c
     local path = "tune_" .. c.id .. ".cu"
     files[#files + 1] = { path = path, content = tmpl.render(template, env), template = template }
-    man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s", c.id, c.mode, c.chunk, c.threads,
+    man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s 0", c.id, c.mode, c.chunk, c.threads,
       c.channels, c.blocks, path)
+  end
+  table.insert(files, 1, { path = "manifest.txt", content = table.concat(man, "\n") .. "\n" })
+  return files
+end
+
+-- The Mamba-3 SISO sources and manifest (see M.sources): one chunked SSM
+-- kernel per candidate, from mamba3/tune_scan.cu.tmpl with the candidate's
+-- ck_* fields over d.
+function M.sources_m3(spec, d, args, template, cands, skipped)
+  local tmpl = require("mg.tmpl")
+  local emit = require("mg.emit")
+  local key = M.key(spec)
+  local seqlens, batches = M.default_shapes(d)
+  local files = {}
+  local man = {
+    "format " .. M.FORMAT,
+    "spec_name " .. spec.name,
+    "arch " .. spec.arch,
+    "precision " .. spec.precision,
+    "target " .. spec.target,
+    "key_spec " .. key.spec,
+    "key_templates " .. key.templates,
+    "generator " .. key.generator,
+    "dims " .. string.format("H=%d P=%d N=%d E=%d NP=%d", d.H, d.P, d.N, d.E, d.in_proj_out),
+    "E " .. d.E, "N " .. d.N, "H " .. d.H, "P " .. d.P,
+    "NP " .. d.in_proj_out, "off_x " .. d.split_x,
+    "act_size " .. d.act_size,
+    "tolerance " .. yaml_out.float_text(d.check_tol),
+    "max_batch " .. d.max_batch,
+    "max_seq_len " .. d.max_seq_len,
+    "default_chunk " .. M.DEFAULT_CHUNK,
+    "default_seqlens " .. table.concat(seqlens, ","),
+    "default_batches " .. table.concat(batches, ","),
+  }
+  for _, sk in ipairs(skipped) do man[#man + 1] = "skipped " .. sk end
+  for _, c in ipairs(cands) do
+    local td = setmetatable({}, { __index = function(_, k)
+      local v = c.ck[k]
+      if v ~= nil then return v end
+      return d[k]
+    end })
+    local env = emit.env(spec, td, args, template)
+    env.cand = c
+    local path = "tune_" .. c.id .. ".cu"
+    files[#files + 1] = { path = path, content = tmpl.render(template, env), template = template }
+    man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s %d", c.id, c.mode, c.chunk, c.threads,
+      c.channels, c.blocks, path, c.smem)
   end
   table.insert(files, 1, { path = "manifest.txt", content = table.concat(man, "\n") .. "\n" })
   return files
@@ -250,7 +361,7 @@ function M.resolve(spec, args)
              note = string.format("scan.chunk_size: auto -> %d (the default: %s)", M.DEFAULT_CHUNK, why) }
   end
   if not M.TEMPLATE[spec.arch] then
-    return default("autotuning is available for mamba1 only")
+    return default("autotuning is available for mamba1 and mamba3_siso only")
   end
   if not t.gpu then
     return default((t.gpu_source or "no GPU known") ..
