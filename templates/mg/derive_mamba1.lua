@@ -98,7 +98,7 @@ end
 
 -- ===========================================================================
 -- Inference section (mixed precision, chunked scan, burn-in, decode graphs).
--- Owned by the forward/inference engineer; the training section is separate.
+-- The training section below is separate.
 -- Fields:
 --   d.lowp              true when precision is bf16/f16: the model owns a
 --                       copy of the blob in act_t (same offsets, in elements)
@@ -166,7 +166,7 @@ end
 -- ===========================================================================
 -- Training section (backward + AdamW), used by mamba1/backward.cu.tmpl,
 -- train.c.tmpl and train_test.c.tmpl (only when spec.emit.training).
--- Owned by the training engineer. Fields:
+-- Fields:
 --   d.scan_warps      warps of a scan block (= scan_threads/32)
 --   d.bscan_tchunk    checkpoint stride of the training scan: the forward-for-
 --                     training saves the SSM state every bscan_tchunk steps and

@@ -179,7 +179,7 @@ end
 
 -- ===========================================================================
 -- Inference section (forward performance: low-precision GEMM weights, the
--- chunked scan). Owned by the forward engineer; keep other sections apart.
+-- chunked scan), kept apart from the other sections.
 -- Fields:
 --   d.lowp              true for bf16/f16 storage: the model owns a copy of
 --                       the blob in act_t (same offsets, in elements) from
@@ -296,7 +296,7 @@ end
 -- ===========================================================================
 -- Training section (backward + AdamW), used by mamba3/backward.cu.tmpl,
 -- train.c.tmpl, train.h.tmpl and train_test.c.tmpl (spec.emit.training only).
--- Owned by the training engineer; the fields above are not changed here.
+-- The fields above are not changed here.
 --   d.bscan_lanes, d.bscan_npt   lanes sharing a row of Hs and states per
 --                     lane in the training scans (forward-for-training and
 --                     backward): the forward scan's (N/lanes <= 16)
@@ -380,7 +380,7 @@ function M.derive_training(d)
 end
 
 -- ===========================================================================
--- Autotuning section (mg/tune.lua, doc/tuning.md). Owned by the tuner; the
+-- Autotuning section (mg/tune.lua, doc/tuning.md). Used by the tuner; the
 -- fields above are not changed here.
 --   M.ck_variant(d, q, warps)  the chunked kernel's shape for chunk length q
 --                     and `warps` warps per block, with the arithmetic of
