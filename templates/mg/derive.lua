@@ -152,6 +152,28 @@ function M.blob_layout(d, tensors, prefix)
   return lay.params, off, layer0, stride, M.align(lay.next)
 end
 
+-- What the training templates of every arch share: the AdamW segments (the
+-- blob split into layer-0 tensors, repeated every layer_stride floats, and
+-- the non-layer tensors; class 1 = a weight matrix in `matrix_keys`, which
+-- wd_matrices_only decays, 2 = the rest), the span of the layers, and the
+-- gradient tolerance of the storage dtype (GPU vs the f64 reference).
+function M.training_common(d, matrix_keys)
+  d.layers_begin = d.layer0.norm_w
+  d.layers_end = d.layer0.norm_w + d.L * d.layer_stride
+  d.adamw_layer, d.adamw_global = {}, {}
+  for _, p in ipairs(d.params) do
+    local cls = matrix_keys[p.key] and 1 or 2
+    if p.layer == 0 then
+      local lo = p.offset - d.layers_begin
+      d.adamw_layer[#d.adamw_layer + 1] = { lo, lo + p.numel, cls, p.numel }
+    elseif p.layer == nil then
+      d.adamw_global[#d.adamw_global + 1] = { p.offset, p.offset + p.numel, cls, p.numel }
+    end
+  end
+  local tol = { f32 = 1e-4, bf16 = 5e-2, f16 = 1e-2 }
+  d.grad_tol = tol[d.dtype]
+end
+
 -- opts (optional): { tuned = mg/tune.lua resolve's result }.
 function M.derive(spec, opts)
   local d = common(spec, opts or {})

@@ -362,20 +362,7 @@ function M.derive_training(d)
   d.red_threads = 256
   d.gnorm_blocks = 256
   d.gate_hpw = derive.ceil_div(d.H, d.gate_warps)
-  d.layers_begin = d.layer0.norm_w
-  d.layers_end = d.layer0.norm_w + d.L * d.layer_stride
-  d.adamw_layer, d.adamw_global = {}, {}
-  for _, p in ipairs(d.params) do
-    local cls = MATRIX[p.key] and 1 or 2
-    if p.layer == 0 then
-      local lo = p.offset - d.layers_begin
-      d.adamw_layer[#d.adamw_layer + 1] = { lo, lo + p.numel, cls, p.numel }
-    elseif p.layer == nil then
-      d.adamw_global[#d.adamw_global + 1] = { p.offset, p.offset + p.numel, cls, p.numel }
-    end
-  end
-  local tol = { f32 = 1e-4, bf16 = 5e-2, f16 = 1e-2 }
-  d.grad_tol = tol[d.dtype]
+  derive.training_common(d, MATRIX)
   return d
 end
 
