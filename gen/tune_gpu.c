@@ -240,15 +240,11 @@ out:
     return rc;
 }
 
-static tg_data *tg_m3_data_new(const tg_dims *d, int max_batch, int max_seqlen, int vbatch, int vseqlen,
-                               unsigned long long seed, char **err);
-
-tg_data *tg_data_new(const tg_dims *d, int max_batch, int max_seqlen, int min_chunk, int vbatch, int vseqlen,
-                     unsigned long long seed, char **err)
+/* A tg_data with its sizes set and nothing allocated yet; NULL (and *err)
+ * when out of host memory. Both archs' constructors start from it. */
+static tg_data *tg_data_alloc(const tg_dims *d, int max_batch, int max_seqlen, int vbatch, int vseqlen,
+                              char **err)
 {
-    *err = NULL;
-    if (d->m3)
-        return tg_m3_data_new(d, max_batch, max_seqlen, vbatch, vseqlen, seed, err);
     tg_data *t = calloc(1, sizeof *t);
     if (!t) {
         *err = xstr_printf("out of host memory");
@@ -259,6 +255,21 @@ tg_data *tg_data_new(const tg_dims *d, int max_batch, int max_seqlen, int min_ch
     t->max_seqlen = max_seqlen;
     t->vbatch = vbatch;
     t->vseqlen = vseqlen;
+    return t;
+}
+
+static tg_data *tg_m3_data_new(const tg_dims *d, int max_batch, int max_seqlen, int vbatch, int vseqlen,
+                               unsigned long long seed, char **err);
+
+tg_data *tg_data_new(const tg_dims *d, int max_batch, int max_seqlen, int min_chunk, int vbatch, int vseqlen,
+                     unsigned long long seed, char **err)
+{
+    *err = NULL;
+    if (d->m3)
+        return tg_m3_data_new(d, max_batch, max_seqlen, vbatch, vseqlen, seed, err);
+    tg_data *t = tg_data_alloc(d, max_batch, max_seqlen, vbatch, vseqlen, err);
+    if (!t)
+        return NULL;
     const size_t E = (size_t)d->E, N = (size_t)d->N, XP = (size_t)d->XP, as = (size_t)d->act_size;
     const size_t rows = (size_t)max_batch * (size_t)max_seqlen;
     const size_t max_nc = ((size_t)max_seqlen + (size_t)min_chunk - 1) / (size_t)min_chunk;
@@ -639,16 +650,9 @@ out:
 static tg_data *tg_m3_data_new(const tg_dims *d, int max_batch, int max_seqlen, int vbatch, int vseqlen,
                                unsigned long long seed, char **err)
 {
-    tg_data *t = calloc(1, sizeof *t);
-    if (!t) {
-        *err = xstr_printf("out of host memory");
+    tg_data *t = tg_data_alloc(d, max_batch, max_seqlen, vbatch, vseqlen, err);
+    if (!t)
         return NULL;
-    }
-    t->d = *d;
-    t->max_batch = max_batch;
-    t->max_seqlen = max_seqlen;
-    t->vbatch = vbatch;
-    t->vseqlen = vseqlen;
     const size_t H = (size_t)d->H, P = (size_t)d->P, N = (size_t)d->N, NP = (size_t)d->NP, as = (size_t)d->act_size;
     const size_t rows = (size_t)max_batch * (size_t)max_seqlen;
     const size_t nkq = rows * H * N, nh = rows * H, nss = (size_t)max_batch * H * P * N,
