@@ -214,6 +214,21 @@ local function int_list(s)
   return out
 end
 
+-- The manifest lines every arch's candidate set starts with (format, spec,
+-- cache key parts).
+local function manifest_head(spec, key)
+  return {
+    "format " .. M.FORMAT,
+    "spec_name " .. spec.name,
+    "arch " .. spec.arch,
+    "precision " .. spec.precision,
+    "target " .. spec.target,
+    "key_spec " .. key.spec,
+    "key_templates " .. key.templates,
+    "generator " .. key.generator,
+  }
+end
+
 -- The manifest (read by mamba-tune, gen/tune_main.c): `key value` lines,
 -- then one `candidate` line per variant:
 --   candidate ID MODE CHUNK THREADS CHANNELS BLOCKS FILE SMEM
@@ -239,15 +254,8 @@ function M.sources(spec, d, args)
   local key = M.key(spec)
   local seqlens, batches = M.default_shapes(d)
   local files = {}
-  local man = {
-    "format " .. M.FORMAT,
-    "spec_name " .. spec.name,
-    "arch " .. spec.arch,
-    "precision " .. spec.precision,
-    "target " .. spec.target,
-    "key_spec " .. key.spec,
-    "key_templates " .. key.templates,
-    "generator " .. key.generator,
+  local man = manifest_head(spec, key)
+  for _, line in ipairs({
     "dims " .. string.format("E=%d N=%d R=%d XP=%d lanes=%d", d.E, d.N, d.R, d.XP, d.scan_lanes),
     "E " .. d.E, "N " .. d.N, "R " .. d.R, "XP " .. d.XP,
     "act_size " .. d.act_size,
@@ -258,7 +266,7 @@ function M.sources(spec, d, args)
     "default_chunk " .. M.DEFAULT_CHUNK,
     "default_seqlens " .. table.concat(seqlens, ","),
     "default_batches " .. table.concat(batches, ","),
-  }
+  }) do man[#man + 1] = line end
   for _, c in ipairs(cands) do
     local td = setmetatable({
       scan_threads = c.threads, scan_channels = c.channels, scan_blocks = c.blocks,
@@ -284,15 +292,8 @@ function M.sources_m3(spec, d, args, template, cands, skipped)
   local key = M.key(spec)
   local seqlens, batches = M.default_shapes(d)
   local files = {}
-  local man = {
-    "format " .. M.FORMAT,
-    "spec_name " .. spec.name,
-    "arch " .. spec.arch,
-    "precision " .. spec.precision,
-    "target " .. spec.target,
-    "key_spec " .. key.spec,
-    "key_templates " .. key.templates,
-    "generator " .. key.generator,
+  local man = manifest_head(spec, key)
+  for _, line in ipairs({
     "dims " .. string.format("H=%d P=%d N=%d E=%d NP=%d", d.H, d.P, d.N, d.E, d.in_proj_out),
     "E " .. d.E, "N " .. d.N, "H " .. d.H, "P " .. d.P,
     "NP " .. d.in_proj_out, "off_x " .. d.split_x,
@@ -303,7 +304,7 @@ function M.sources_m3(spec, d, args, template, cands, skipped)
     "default_chunk " .. M.DEFAULT_CHUNK,
     "default_seqlens " .. table.concat(seqlens, ","),
     "default_batches " .. table.concat(batches, ","),
-  }
+  }) do man[#man + 1] = line end
   for _, sk in ipairs(skipped) do man[#man + 1] = "skipped " .. sk end
   for _, c in ipairs(cands) do
     local td = setmetatable({}, { __index = function(_, k)
