@@ -10,7 +10,8 @@
 --            d.conv_state_per_seq (= E*(K-1) floats), d.ssm_state_per_seq (= E*N)
 --   weights  d.params, d.off, d.layer0, d.layer_stride, d.weights_total
 --   launch   d.norm_threads, d.norm_vecs, d.norm_iters, d.conv_threads,
---            d.conv_blocks, d.scan_lanes, d.scan_npt, d.scan_threads,
+--            d.conv_blocks, d.scan_lanes, d.scan_npt, d.scan_threads (+ d.scan_threads_source
+--            "default" | "tuned"),
 --            d.scan_channels, d.scan_blocks, d.scan_tchunk, d.scan_smem_bytes
 
 local derive = require("mg.derive")
@@ -79,7 +80,16 @@ function M.derive(spec, d)
   d.scan_lanes = lanes
   d.scan_npt = d.N // lanes
   -- 128 threads per block: 4 warps, enough blocks for E >= 128 at batch 1.
+  -- With `chunk_size: auto` and a tune-cache entry, the block size mamba-tune
+  -- measured best together with that chunk (it swept 64..512 and verified
+  -- each), when it is whole warps of whole channels.
   d.scan_threads = 128
+  d.scan_threads_source = "default"
+  local tt = d.tuned and d.tuned.source == "tuned" and d.tuned.scan_threads
+  if tt and tt >= 32 and tt <= 1024 and tt % 32 == 0 and tt % lanes == 0 then
+    d.scan_threads = tt
+    d.scan_threads_source = "tuned"
+  end
   d.scan_channels = d.scan_threads // d.scan_lanes
   d.scan_blocks = derive.ceil_div(d.E, d.scan_channels)
   -- B_t and C_t (N floats each) of scan_tchunk timesteps are staged in
