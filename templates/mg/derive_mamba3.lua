@@ -212,6 +212,7 @@ end
 --                       while the shared memory would exceed M.CK_SMEM_MAX (the
 --                       chunked form is exact for any Q; only f32 with large
 --                       N*P shrinks it)
+--   d.ck_threads_source "default" | "tuned" (the tune cache's block size)
 --   d.ck_warps, d.ck_threads   block: warps such that the state tile per
 --                       thread P*N/(32*warps) stays <= 64 registers (8 warps,
 --                       more for P*N > 16384, fewer when P*N/128 < 8)
@@ -286,6 +287,19 @@ function M.derive_inference(spec, d)
   local PN = d.P * d.N
   local warps = math.max(8, PN // 2048)
   warps = math.min(warps, 16, PN // 128)
+  -- `chunk_size: auto` with a tune-cache entry: the block size mamba-tune
+  -- measured best with that chunk, when it splits the state tile evenly
+  -- (whole 8-column groups of N per warp).
+  d.ck_threads_source = "default"
+  local tt = d.tuned and d.tuned.source == "tuned" and d.tuned.scan_threads
+  if tt and tt % 32 == 0 then
+    local tw = tt // 32
+    local nw = PN % (16 * tw) == 0 and PN // (16 * tw) or 0
+    if tw >= 1 and tw <= 32 and nw > 0 and nw % 8 == 0 and d.N % nw == 0 then
+      warps = tw
+      d.ck_threads_source = "tuned"
+    end
+  end
   d.ck_warps = warps
   d.ck_threads = 32 * warps
   d.ck_nw = PN // (16 * warps)

@@ -198,6 +198,18 @@ is(perf.ck_smem_bytes, 2 * (2 * 64 * 136 + 128 * 72 + 64 * 72 + 64 * 136 + 8 * 1
   "perf: chunked shared memory (2 blocks per SM)")
 is(perf.ck_min_blocks, 2, "perf: compiled for 2 blocks per SM")
 check(perf.cost.core_flops_per_token > 0 and perf.cost.core_bytes_per_token > 0, "perf: cost model of the SSM core")
+is(perf.ck_threads_source, "default", "perf: derived block size without a tune entry")
+local function perf_tuned(threads)
+  return derive.derive(spec3({ d_model = 1024, n_layers = 1, d_state = 128, headdim = 64, input_dim = 0 },
+    { max_batch = 8, max_seq_len = 4096 }, { name = "mamba3_perf", precision = "bf16" },
+    { mode = "chunked", chunk_size = "auto" }), { tuned = { chunk_size = 128, scan_threads = threads, source = "tuned" } })
+end
+local pt = perf_tuned(512)
+is(pt.ck_chunk, 128, "perf tuned: the tuned chunk 128")
+is(pt.ck_warps, 16, "perf tuned: 512 threads -> 16 warps")
+is(pt.ck_threads_source, "tuned", "... from the tune cache")
+is(pt.ck_nw, 32, "perf tuned: state tile 16 x 32 per warp")
+is(perf_tuned(96).ck_warps, 8, "perf tuned: 3 warps would not split the state evenly -> derived 8")
 local autol = derive.derive(spec3(nil, { max_seq_len = 1024 }, nil, { mode = "auto", chunk_size = 128 }))
 is(autol.scan_auto_min_len, 512, "auto: threshold 4 chunks of 128")
 is(autol.scan_mode_id, 2, "auto: both kernels when max_seq_len reaches it")
