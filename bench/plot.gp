@@ -5,7 +5,9 @@
 #     F: one block per (batch, seqlen) (blocks separated by two blank lines),
 #        a header line "batch x seqlen", then "chunk median_ms" rows (the
 #        fastest scan block size per chunk); the block's sequential-scan time
-#        is in the third column of every row (a dashed line).
+#        is in the third column of every row (a dashed line), the generic
+#        variant's time (model dims as kernel arguments) in the fourth (a
+#        dotted line); NaN where there is none.
 #   gnuplot -e "kind='roofline'; data='F'; out='X.svg'; ttl='...'; bw=GBPS; peak=TFLOPS; peak2=TFLOPS" bench/plot.gp
 #     F: "label intensity tflops" rows (intensity in flop/byte).
 # noenhanced: model names contain underscores, which enhanced text would
@@ -21,10 +23,12 @@ if (kind eq 'sweep') {
   set logscale y
   set xlabel "chunk size (timesteps)"
   set ylabel "scan time (ms, median, L2 flushed)"
+  set label 1 "dashed: sequential scan; dotted: generic (dims as kernel arguments)" at screen 0.01, screen 0.02 font ",9"
   set xrange [12:340]
   set xtics (16, 32, 64, 128, 256)
   plot for [i=0:nblocks-1] data index i using 1:2 with linespoints lw 2 pt 7 lc i+1 title columnheader(1), \
-       for [i=0:nblocks-1] data index i using 1:3 with lines dt 2 lc i+1 notitle
+       for [i=0:nblocks-1] data index i using 1:3 with lines dt 2 lc i+1 notitle, \
+       for [i=0:nblocks-1] data index i using 1:4 with lines dt 3 lc i+1 notitle
 } else {
   set logscale xy
   set xlabel "arithmetic intensity (flop/byte moved)"

@@ -9,7 +9,10 @@
 #                                 --csv; make bench writes them): scan time
 #                                 against chunk size, one line per batch x
 #                                 seqlen (the fastest block size per chunk),
-#                                 the sequential scan dashed
+#                                 the sequential scan dashed, the generic
+#                                 variant (model dims as kernel arguments)
+#                                 dotted; and on stdout one line per shape:
+#                                 "specialized best vs generic: X.XXx"
 #
 #   bench/plot.sh [DIR]            (default bench-out)
 # Needs gnuplot (Debian: apt-get install gnuplot-nox). Exit 77 without it.
@@ -24,7 +27,9 @@ mkdir -p "$dir/plots"
 status=0 made=0
 
 # ---- sweeps: tune-*.csv columns
-# model,precision,gpu,mode,chunk,threads,channels,batch,seqlen,median_ms,min_ms,verified,status
+# model,precision,gpu,mode,chunk,threads,channels,batch,seqlen,median_ms,min_ms,verified,status[,speedup_vs_generic]
+# (mode chunked | sequential | generic; column 14 on the generic's rows: the
+# specialized best vs generic ratio of the shape)
 for csv in "$dir"/tune-*.csv; do
   [ -f "$csv" ] || continue
   model=$(basename "$csv" .csv); model=${model#tune-}
@@ -33,6 +38,7 @@ for csv in "$dir"/tune-*.csv; do
       k = $8 "x" $9
       if (!(k in seen)) { seen[k] = 1; order[++n] = k; bat[k] = $8; sl[k] = $9 }
       if ($4 == "chunked") { c = k SUBSEP $5; if (!(c in best) || $10 < best[c]) best[c] = $10; ch[$5] = 1 }
+      else if ($4 == "generic") gen[k] = $10
       else if (!(k in seq) || $10 < seq[k]) seq[k] = $10
       gpu = $3; name = $1 " (" $2 ")"
     }
@@ -42,11 +48,14 @@ for csv in "$dir"/tune-*.csv; do
         if (i > 1) printf "\n\n"
         printf "\"batch %s x seqlen %s\"\n", bat[k], sl[k]
         for (c = 16; c <= 256; c *= 2)
-          if ((k SUBSEP c) in best) printf "%d %s %s\n", c, best[k SUBSEP c], (k in seq) ? seq[k] : "NaN"
+          if ((k SUBSEP c) in best)
+            printf "%d %s %s %s\n", c, best[k SUBSEP c], (k in seq) ? seq[k] : "NaN", (k in gen) ? gen[k] : "NaN"
       }
       print n > "/dev/stderr"
     }' "$csv" > "$data" 2> "$data.n"
   n=$(cat "$data.n"); rm -f "$data.n"
+  awk -F, -v m="$model" 'NR > 1 && $4 == "generic" && $14 != "" {
+      printf "plots: %s %sx%s: specialized best vs generic: %.2fx\n", m, $8, $9, $14 }' "$csv"
   gpu=$(awk -F, 'NR == 2 { print $3; exit }' "$csv")
   if [ "${n:-0}" -gt 0 ] && gnuplot -e "kind='sweep'; data='$data'; out='$dir/plots/sweep-$model.svg'; \
         ttl='$model: selective scan vs chunk size ($gpu)'; nblocks=$n" "$here/plot.gp"; then

@@ -3,10 +3,12 @@
 # generate the package, build its bench program against this build tree's
 # runtime, run it; every figure goes to the terminal table and to one CSV
 # (bench-out/results.csv), with the GPU's own ceilings measured in the run.
-# Then, for Mamba-1 specs, the autotuning sweep of the scan (mamba-tune, at
-# $MG_TUNE): every chunk size x block size, verified and timed, into
-# bench-out/tune-NAME.csv (the cache is not touched: --no-cache). `make
-# plots` draws both (bench/plot.sh).
+# Then, for Mamba-1 and Mamba-3 SISO specs, the autotuning sweep of the scan
+# (mamba-tune, at $MG_TUNE): every chunk size x block size, and the generic
+# variant (the same kernel with the model dims as kernel arguments), verified
+# and timed, into bench-out/tune-NAME.csv (the cache is not touched:
+# --no-cache); its "specialized best vs generic: X.XXx" lines are repeated in
+# a summary at the end. `make plots` draws both (bench/plot.sh).
 #
 #   make bench                         # the specs in BENCH_SPECS
 #   make bench BENCH_SPECS="specs/x.yaml specs/y.yaml"
@@ -19,6 +21,7 @@ set -u
 out=${BENCH_OUT:-bench-out}
 mkdir -p "$out"
 csv=$out/results.csv
+rm -f "$out/speedup.txt"
 echo "model,precision,what,batch,seqlen,median_ms,min_ms,tokens_per_s,gbps,frac_copy,tflops,frac_gemm" > "$csv"
 if ! "${MG_DEVINFO:-mg-devinfo}" -q; then
   echo "bench: no CUDA device; nothing measured"
@@ -37,11 +40,17 @@ for spec in "$@"; do
   "$dir/${name}_bench" --csv "$csv" ${BENCH_ARGS:-} || status=1
   echo
   if [ "${BENCH_TUNE:-1}" != 0 ] && [ -n "${MG_TUNE:-}" ] && [ -x "$MG_TUNE" ] && \
-     grep -q '^arch: *mamba1' "$spec"; then
+     grep -Eq '^arch: *(mamba1|mamba3_siso)( |#|$)' "$spec"; then
     echo "== sweep (mamba-tune) $spec"
-    "$MG_TUNE" --no-cache --csv "$out/tune-$name.csv" ${TUNE_ARGS:-} "$spec" || status=1
+    "$MG_TUNE" --no-cache --csv "$out/tune-$name.csv" ${TUNE_ARGS:-} "$spec" > "$out/tune-$name.txt" || status=1
+    cat "$out/tune-$name.txt"
+    grep '^specialized best vs generic: ' "$out/tune-$name.txt" | sed "s/^/$name: /" >> "$out/speedup.txt"
   fi
 done
+if [ -s "$out/speedup.txt" ]; then
+  echo "== speedup of the specialized kernels over the generic variant (same templates, dims as runtime arguments)"
+  cat "$out/speedup.txt"
+fi
 echo "CSV: $csv"
 ls "$out"/tune-*.csv 2>/dev/null | sed 's/^/sweep CSV: /'
 echo "plots: make plots (gnuplot)"

@@ -358,7 +358,7 @@ tg_kernels *tg_load(const void *cubin, const tg_cand *c, char **err)
         free(k);
         return NULL;
     }
-    const int m3 = c->smem > 0;
+    const int m3 = c->m3;
     struct { cudaKernel_t *k; const char *name; int need; } ks[] = {
         {&k->seq, "tune_scan_seq", !m3 && !c->chunked},
         {&k->state, "tune_chunk_state", !m3 && c->chunked},
@@ -410,18 +410,22 @@ static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int ba
                              cudaStream_t stream, const char **what)
 {
     const tg_dims *d = &t->d;
+    /* the generic variant's last kernel argument (see tg_cand) */
+    void *gargs = (void *)c->args;
     if (d->m3) {
         /* scan_chunked_kernel's launch: grid (H, batch), CK_THREADS, CK_SMEM_BYTES */
         *what = "tune_m3_chunked";
+        /* (the last entry: the generic's struct tune_dims; a specialized
+         * kernel has one parameter less and never reads it) */
         void *args[] = {&seqlen, &t->proj, &t->k, &t->q, &t->mdt, &t->adt, &t->lam, &t->mD, &t->state_in,
-                        &t->kp_in, &t->vp_in, &t->state_out, &t->kp_out, &t->vp_out, &t->y};
+                        &t->kp_in, &t->vp_in, &t->state_out, &t->kp_out, &t->vp_out, &t->y, gargs};
         return cudaLaunchKernel((const void *)k->m3, dim3_make((unsigned)d->H, (unsigned)batch, 1),
                                 dim3_make((unsigned)c->threads, 1, 1), args, (size_t)c->smem, stream);
     }
     if (!c->chunked) {
         *what = "tune_scan_seq";
         void *args[] = {&seqlen, &t->xc, &t->dt, &t->dbl, &t->xz, &t->dt_bias, &t->A_log, &t->Dskip,
-                        &t->state_in, &t->state_out, &t->g};
+                        &t->state_in, &t->state_out, &t->g, gargs};
         return cudaLaunchKernel((const void *)k->seq, dim3_make((unsigned)batch, (unsigned)c->blocks, 1), dim3_make((unsigned)c->threads, 1, 1),
                                 args, 0, stream);
     }
@@ -429,15 +433,15 @@ static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int ba
     cudaError_t e;
     if (nc > 1) {
         *what = "tune_chunk_state";
-        void *a1[] = {&seqlen, &nc, &t->xc, &t->dt, &t->dbl, &t->dt_bias, &t->A_log, &t->cstate, &t->dsum};
+        void *a1[] = {&seqlen, &nc, &t->xc, &t->dt, &t->dbl, &t->dt_bias, &t->A_log, &t->cstate, &t->dsum, gargs};
         e = cudaLaunchKernel((const void *)k->state, dim3_make((unsigned)batch, (unsigned)c->blocks, (unsigned)(nc - 1)),
-                             dim3_make((unsigned)c->threads, 1, 1), a1, 0, stream);
+                             dim3_make((unsigned)c->threads, 1, 1), a1, (size_t)c->smem, stream);
         if (e != cudaSuccess)
             return e;
     }
     *what = "tune_chunk_combine";
     size_t n = (size_t)batch * d->E * d->N;
-    void *a2[] = {&batch, &nc, &t->A_log, &t->state_in, &t->cstate, &t->dsum};
+    void *a2[] = {&batch, &nc, &t->A_log, &t->state_in, &t->cstate, &t->dsum, gargs};
     e = cudaLaunchKernel((const void *)k->combine,
                          dim3_make((unsigned)((n + (size_t)d->combine_threads - 1) / (size_t)d->combine_threads), 1, 1),
                          dim3_make((unsigned)d->combine_threads, 1, 1), a2, 0, stream);
@@ -445,9 +449,9 @@ static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int ba
         return e;
     *what = "tune_chunk_output";
     void *a3[] = {&seqlen, &nc, &t->xc, &t->dt, &t->dbl, &t->xz, &t->dt_bias, &t->A_log, &t->Dskip,
-                  &t->cstate, &t->state_out, &t->g};
+                  &t->cstate, &t->state_out, &t->g, gargs};
     return cudaLaunchKernel((const void *)k->output, dim3_make((unsigned)batch, (unsigned)c->blocks, (unsigned)nc), dim3_make((unsigned)c->threads, 1, 1),
-                            a3, 0, stream);
+                            a3, (size_t)c->smem, stream);
 }
 
 /* Shape checks that would otherwise be launch errors or overruns. */

@@ -40,7 +40,14 @@ typedef struct {
     int chunk;     /* timesteps per chunk (chunked) */
     int threads;   /* block size of the scan kernels */
     int blocks;    /* scan blocks per sequence (grid.y); Mamba-3: H (grid.x) */
-    int smem;      /* Mamba-3: dynamic shared memory per block (bytes) */
+    int smem;      /* dynamic shared memory per block (bytes): Mamba-3, and the
+                    * Mamba-1 generic's B/C stage (its scan kernels); else 0 */
+    int m3;        /* 1: the Mamba-3 chunked SSM kernel (tune_m3_chunked) */
+    /* The generic variant (args != NULL): its kernels take one more, last,
+     * argument, struct tune_dims of NARGS ints (the model dims), passed
+     * from ARGS as they are (a struct of ints has the layout of int[]). */
+    const int *args;
+    int nargs;
 } tg_cand;
 
 typedef struct tg_data tg_data;

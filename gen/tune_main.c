@@ -8,7 +8,11 @@
  * right, timed at every requested shape; the best chunked variant goes to
  * the autotune cache (written atomically), every measurement to a CSV.
  * A candidate that fails to compile, load, launch or verify is recorded and
- * skipped. Exit status: 0 when a best variant was found (with
+ * skipped. The `generic` candidate (the same kernel with the model dims as
+ * kernel arguments, in the launch shape of one specialized candidate) is
+ * verified and timed like the others but never chosen: per shape, the
+ * fastest specialized chunked time against it is printed as
+ * `specialized best vs generic: X.XXx` and written to the CSV. Exit status: 0 when a best variant was found (with
  * --compile-only: when at least one candidate compiled), 1 when none, or on
  * a spec, device or cache error; 2 usage errors. */
 #include <errno.h>
@@ -38,18 +42,21 @@
 
 enum { TM_OK = 0, TM_FAIL = 1, TM_USAGE = 2 };
 #define TM_MAX_LIST 32
+#define TM_MAX_GARGS 32   /* ints in the generic candidate's struct tune_dims */
 
 typedef struct {
     const char *spec, *templates, *cache_dir, *csv, *emit_dir, *arch, *cuda_include;
     const char *chunks, *threads; /* lists as given (checked), passed to Lua */
     int seqlens[TM_MAX_LIST], nseqlens, batches[TM_MAX_LIST], nbatches;
-    int iters, warmup, device, jobs, quiet, compile_only, no_cache, print_key, no_sequential;
+    int iters, warmup, device, jobs, quiet, compile_only, no_cache, print_key, no_sequential, no_generic;
 } tm_opts;
 
 typedef struct {
     char id[48], file[96];
     int chunked, chunk, threads, channels, blocks;
-    int smem;          /* Mamba-3: dynamic shared memory per block; 0 for Mamba-1 */
+    int generic;       /* the generic baseline (mode "generic"; chunked too): never chosen */
+    int smem;          /* dynamic shared memory per block: Mamba-3, and the
+                        * Mamba-1 generic's B/C stage; else 0 */
     const char *src;   /* the source text (owned by the Lua result) */
     tn_result cub;
     char *status;      /* NULL: fine so far; else why it was skipped */
@@ -66,6 +73,8 @@ typedef struct {
     int m3, H, P, NP, off_x;   /* Mamba-3 SISO dims (m3 = 1) */
     double tol;
     char default_seqlens[256], default_batches[256];
+    int gargs[TM_MAX_GARGS], ngargs;   /* the generic candidate's struct tune_dims */
+    char generic_same_as[48];          /* the specialized candidate of its launch shape */
     tm_cand *cands;
     size_t ncands;
 } tm_manifest;
@@ -89,6 +98,8 @@ static void tm_usage(FILE *fp)
           "  --threads LIST       scan block sizes to try, multiples of 32 (default\n"
           "                       64,128,256,512; mamba3_siso: 128,256,512)\n"
           "  --no-sequential      do not time the sequential scan as a baseline (mamba1)\n"
+          "  --no-generic         do not time the generic variant (model dims as kernel\n"
+          "                       arguments) that the specialized kernels are compared with\n"
           "  --iters N            timed runs per point, median reported (default 20)\n"
           "  --warmup N           untimed runs first (default 3)\n"
           "  --device N           CUDA device (default 0)\n"
@@ -164,12 +175,13 @@ static int tm_parse_int(const char *opt, const char *s, int lo, int hi, int *out
 
 static int tm_parse(int argc, char **argv, tm_opts *o)
 {
-    enum { O_SEQ = 256, O_BATCH, O_CHUNKS, O_THREADS, O_NOSEQ, O_ITERS, O_WARMUP, O_DEVICE, O_JOBS, O_CACHE,
+    enum { O_SEQ = 256, O_BATCH, O_CHUNKS, O_THREADS, O_NOSEQ, O_NOGEN, O_ITERS, O_WARMUP, O_DEVICE, O_JOBS, O_CACHE,
            O_NOCACHE, O_CSV, O_COMPILE, O_ARCH, O_EMIT, O_KEY, O_TEMPLATES, O_INC, O_VERSION };
     static const struct option lo[] = {
         {"seqlen", required_argument, NULL, O_SEQ},      {"batch", required_argument, NULL, O_BATCH},
         {"chunks", required_argument, NULL, O_CHUNKS},   {"threads", required_argument, NULL, O_THREADS},
-        {"no-sequential", no_argument, NULL, O_NOSEQ},   {"iters", required_argument, NULL, O_ITERS},
+        {"no-sequential", no_argument, NULL, O_NOSEQ},   {"no-generic", no_argument, NULL, O_NOGEN},
+        {"iters", required_argument, NULL, O_ITERS},
         {"warmup", required_argument, NULL, O_WARMUP},   {"device", required_argument, NULL, O_DEVICE},
         {"jobs", required_argument, NULL, O_JOBS},       {"cache-dir", required_argument, NULL, O_CACHE},
         {"no-cache", no_argument, NULL, O_NOCACHE},      {"csv", required_argument, NULL, O_CSV},
@@ -211,6 +223,7 @@ static int tm_parse(int argc, char **argv, tm_opts *o)
             o->threads = optarg;
             break;
         case O_NOSEQ: o->no_sequential = 1; break;
+        case O_NOGEN: o->no_generic = 1; break;
         case O_ITERS:
             if (tm_parse_int("--iters", optarg, 1, 100000, &o->iters) != 0)
                 return TM_USAGE;
@@ -301,7 +314,8 @@ static int tm_read_manifest(const lh_result *r, tm_manifest *m, char **err)
                 *err = strdup("internal error: bad candidate line in the manifest");
                 return -1;
             }
-            c->chunked = strcmp(mode, "chunked") == 0;
+            c->generic = strcmp(mode, "generic") == 0;   /* a chunked scan (both archs) */
+            c->chunked = c->generic || strcmp(mode, "chunked") == 0;
             for (size_t i = 1; i < r->nfiles; i++)
                 if (strcmp(r->files[i].path, c->file) == 0)
                     c->src = r->files[i].content;
@@ -312,6 +326,24 @@ static int tm_read_manifest(const lh_result *r, tm_manifest *m, char **err)
             }
             m->ncands++;
         }
+        else if (strcmp(k, "generic_args") == 0) {
+            /* NAME=VALUE ... : the ints of struct tune_dims, in order */
+            const char *p = v;
+            while (*p) {
+                char name[32];
+                int val, used = 0;
+                if (sscanf(p, " %31[^= ]=%d%n", name, &val, &used) != 2 || m->ngargs == TM_MAX_GARGS) {
+                    free(text);
+                    *err = strdup("internal error: bad generic_args line in the manifest");
+                    return -1;
+                }
+                m->gargs[m->ngargs++] = val;
+                p += used;
+                while (*p == ' ')
+                    p++;
+            }
+        }
+        TM_STR("generic_same_as", generic_same_as);
         else if (strcmp(k, "skipped") == 0) {
             if (!tm_quiet)
                 fprintf(stderr, "mamba-tune: left out %s\n", v);
@@ -347,6 +379,11 @@ static int tm_read_manifest(const lh_result *r, tm_manifest *m, char **err)
         *err = strdup("internal error: incomplete manifest (no Mamba-3 dimensions)");
         return -1;
     }
+    for (size_t i = 0; i < m->ncands; i++)
+        if (m->cands[i].generic && m->ngargs == 0) {
+            *err = strdup("internal error: the generic candidate has no generic_args");
+            return -1;
+        }
     if (m->ncands == 0 || m->E <= 0 || m->N <= 0 || m->tol <= 0) {
         *err = strdup("internal error: incomplete manifest (no candidates or dimensions)");
         return -1;
@@ -446,6 +483,29 @@ static void tm_compile_all(tm_manifest *m, const char *arch, const char *include
 
 /* ------------------------------------------------------------------ output */
 
+static const char *tm_mode(const tm_cand *c)
+{
+    return c->generic ? "generic" : c->chunked ? "chunked" : "sequential";
+}
+
+/* Per shape S: the fastest verified specialized chunked candidate (NULL if
+ * none was timed there) and the generic's time against it, *ratio =
+ * generic ms / specialized ms (NAN when either is missing). */
+static const tm_cand *tm_spec_best_at(const tm_manifest *m, int s, const tm_cand **generic, double *ratio)
+{
+    const tm_cand *best = NULL;
+    *generic = NULL;
+    for (size_t i = 0; i < m->ncands; i++) {
+        const tm_cand *c = &m->cands[i];
+        if (c->generic)
+            *generic = c;
+        else if (c->chunked && c->verified && c->timed[s] && (!best || c->ms[s] < best->ms[s]))
+            best = c;
+    }
+    *ratio = (best && *generic && (*generic)->timed[s] && best->ms[s] > 0) ? (*generic)->ms[s] / best->ms[s] : NAN;
+    return best;
+}
+
 static void tm_iso_time(char *buf, size_t n)
 {
     time_t t = time(NULL);
@@ -470,23 +530,36 @@ static int tm_write_csv(const char *path, const tm_manifest *m, const tg_device 
         fprintf(stderr, "mamba-tune: %s: %s\n", path, strerror(errno));
         return -1;
     }
-    fprintf(f, "model,precision,gpu,mode,chunk,threads,channels,batch,seqlen,median_ms,min_ms,verified,status\n");
+    fprintf(f, "model,precision,gpu,mode,chunk,threads,channels,batch,seqlen,median_ms,min_ms,verified,status,"
+               "speedup_vs_generic\n");
     for (size_t i = 0; i < m->ncands; i++) {
         const tm_cand *c = &m->cands[i];
         for (int s = 0; s < o->nseqlens * o->nbatches; s++) {
+            /* speedup_vs_generic: generic ms / this row's ms; on the generic's
+             * own rows, the specialized best vs generic of the shape */
+            const tm_cand *g;
+            double best_ratio, sp = NAN;
+            tm_spec_best_at(m, s, &g, &best_ratio);
+            if (c->generic)
+                sp = best_ratio;
+            else if (g && g->timed[s] && c->timed[s] && c->ms[s] > 0)
+                sp = g->ms[s] / c->ms[s];
             int b = o->batches[s % o->nbatches], t = o->seqlens[s / o->nbatches];
             char st[200];
             snprintf(st, sizeof st, "%s", c->timed[s] ? "ok" : c->status ? c->status : "not run");
             for (char *p = st; *p; p++)
                 if (*p == ',' || *p == '"')
                     *p = ';';
-            fprintf(f, "%s,%s,%s,%s,%d,%d,%d,%d,%d,", m->spec_name, m->precision, dev->name,
-                    c->chunked ? "chunked" : "sequential", c->chunk, c->threads, c->channels, b, t);
+            fprintf(f, "%s,%s,%s,%s,%d,%d,%d,%d,%d,", m->spec_name, m->precision, dev->name, tm_mode(c), c->chunk,
+                    c->threads, c->channels, b, t);
             if (c->timed[s])
                 fprintf(f, "%.6f,%.6f,", c->ms[s], c->min_ms[s]);
             else
                 fprintf(f, ",,");
-            fprintf(f, "%d,%s\n", c->verified, st);
+            fprintf(f, "%d,%s,", c->verified, st);
+            if (isfinite(sp))
+                fprintf(f, "%.4f", sp);
+            fputc('\n', f);
         }
     }
     if (fclose(f) != 0) {
@@ -525,12 +598,28 @@ static char *tm_entry_json(const tm_manifest *m, const tm_opts *o, const tg_devi
                   best->threads, tm_num(n1, sizeof n1, score));
     if (best_seq)
         tc_buf_printf(&b, "  \"best_sequential\": {\"scan_threads\": %d},\n", best_seq->threads);
+    for (size_t i = 0; i < m->ncands; i++) {
+        const tm_cand *g = &m->cands[i];
+        if (!g->generic)
+            continue;
+        /* specialized best vs generic per shape (null: not measured) */
+        tc_buf_printf(&b, "  \"generic\": {\"same_as\": ");
+        tc_buf_json_str(&b, m->generic_same_as);
+        tc_buf_printf(&b, ", \"chunk_size\": %d, \"scan_threads\": %d, \"speedup\": [", g->chunk, g->threads);
+        for (int s = 0; s < o->nseqlens * o->nbatches; s++) {
+            const tm_cand *gg;
+            double r;
+            tm_spec_best_at(m, s, &gg, &r);
+            tc_buf_printf(&b, "%s%s", s ? ", " : "", tm_num(n1, sizeof n1, r));
+        }
+        tc_buf_printf(&b, "]},\n");
+    }
     tc_buf_printf(&b, "  \"results\": [\n");
     for (size_t i = 0; i < m->ncands; i++) {
         const tm_cand *c = &m->cands[i];
         tc_buf_printf(&b, "    {\"id\": \"%s\", \"mode\": \"%s\", \"chunk_size\": %d, \"scan_threads\": %d, "
                           "\"verified\": %s, \"err_g\": %s, \"err_state\": %s, \"status\": ",
-                      c->id, c->chunked ? "chunked" : "sequential", c->chunk, c->threads,
+                      c->id, tm_mode(c), c->chunk, c->threads,
                       c->verified ? "true" : "false", tm_num(n1, sizeof n1, c->err_g),
                       tm_num(n2, sizeof n2, c->err_s));
         tc_buf_json_str(&b, c->status ? c->status : "ok");
@@ -578,7 +667,7 @@ static int tm_sources(const tm_opts *o, lh_host **hp, lh_result *r)
         free(err);
         return TM_FAIL;
     }
-    const char *opts[8];
+    const char *opts[10];
     int n = 0;
     if (o->chunks) {
         opts[n++] = "chunks";
@@ -590,6 +679,10 @@ static int tm_sources(const tm_opts *o, lh_host **hp, lh_result *r)
     }
     if (o->no_sequential) {
         opts[n++] = "sequential";
+        opts[n++] = "0";
+    }
+    if (o->no_generic) {
+        opts[n++] = "generic";
         opts[n++] = "0";
     }
     opts[n] = NULL;
@@ -700,7 +793,7 @@ int main(int argc, char **argv)
         printf("compiled %zu of %zu candidates for %s\n", ncompiled, m.ncands, arch);
         for (size_t i = 0; i < m.ncands; i++)
             printf("%-12s %-10s chunk %3d threads %4d: %s (%zu bytes)\n", m.cands[i].id,
-                   m.cands[i].chunked ? "chunked" : "sequential", m.cands[i].chunk, m.cands[i].threads,
+                   tm_mode(&m.cands[i]), m.cands[i].chunk, m.cands[i].threads,
                    m.cands[i].compiled ? "compiled" : "FAILED", m.cands[i].cub.size);
         status = ncompiled > 0 ? TM_OK : TM_FAIL;
         goto done;
@@ -737,7 +830,8 @@ int main(int argc, char **argv)
             tm_set_status(c, strdup("not run: the CUDA context was lost by an earlier candidate"));
             continue;
         }
-        tg_cand tc = {c->chunked, c->chunk, c->threads, c->blocks, c->smem};
+        tg_cand tc = {c->chunked, c->chunk, c->threads, c->blocks, c->smem, m.m3,
+                      c->generic ? m.gargs : NULL, c->generic ? m.ngargs : 0};
         tm_progress("[%zu/%zu] %s: load and verify", i + 1, m.ncands, c->id);
         tg_kernels *k = tg_load(c->cub.cubin, &tc, &err);
         if (!k) {
@@ -792,14 +886,14 @@ int main(int argc, char **argv)
     for (int s = 0; s < nshapes; s++) {
         best_at[s] = INFINITY;
         for (size_t i = 0; i < m.ncands; i++)
-            if (m.cands[i].chunked && m.cands[i].timed[s] && m.cands[i].ms[s] < best_at[s])
+            if (m.cands[i].chunked && !m.cands[i].generic && m.cands[i].timed[s] && m.cands[i].ms[s] < best_at[s])
                 best_at[s] = m.cands[i].ms[s];
     }
     const tm_cand *best = NULL, *best_seq = NULL;
     double best_score = INFINITY, best_seq_score = INFINITY;
     for (size_t i = 0; i < m.ncands; i++) {
         const tm_cand *c = &m.cands[i];
-        int all = c->verified;
+        int all = c->verified && !c->generic;   /* the generic baseline is never a result */
         double lsum = 0;
         for (int s = 0; s < nshapes && all; s++) {
             all = c->timed[s] && c->ms[s] > 0;
@@ -834,6 +928,34 @@ int main(int argc, char **argv)
             for (int s = 0; s < nshapes; s++)
                 c->timed[s] ? printf(" %11.4f", c->ms[s]) : printf(" %11s", "-");
             printf("  %s%s\n", c->status ? c->status : "ok", c == best ? "  <- best" : "");
+        }
+    }
+    /* the speedup of specialization: per shape, the fastest specialized
+     * chunked candidate against the generic one (printed also with -q) */
+    for (size_t i = 0; i < m.ncands; i++) {
+        const tm_cand *g = &m.cands[i];
+        if (!g->generic)
+            continue;
+        const tm_cand *same = NULL;
+        for (size_t j = 0; j < m.ncands; j++)
+            if (strcmp(m.cands[j].id, m.generic_same_as) == 0)
+                same = &m.cands[j];
+        for (int s = 0; s < nshapes; s++) {
+            const tm_cand *gg;
+            double ratio;
+            const tm_cand *sb = tm_spec_best_at(&m, s, &gg, &ratio);
+            char shape[32];
+            snprintf(shape, sizeof shape, "%dx%d", o.batches[s % o.nbatches], o.seqlens[s / o.nbatches]);
+            if (isfinite(ratio)) {
+                printf("specialized best vs generic: %.2fx at %s (%s %.4f ms, generic %.4f ms", ratio, shape, sb->id,
+                       sb->ms[s], g->ms[s]);
+                if (same && same->verified && same->timed[s] && same->ms[s] > 0)
+                    printf("; same launch shape %s: %.2fx", same->id, g->ms[s] / same->ms[s]);
+                printf(")\n");
+            } else {
+                printf("specialized best vs generic: n/a at %s (%s)\n", shape,
+                       !g->timed[s] ? (g->status ? g->status : "generic not run") : "no specialized chunked time");
+            }
         }
     }
     if (o.csv && tm_write_csv(o.csv, &m, &dev, &o) != 0)

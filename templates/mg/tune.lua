@@ -13,7 +13,13 @@
 --                            (mamba1: chunk x scan block size + sequential;
 --                            mamba3_siso: chunk x block size of the chunked
 --                            SSM kernel, shapes from mg/derive_mamba3.lua
---                            ck_variant, chunks that do not fit left out)
+--                            ck_variant, chunks that do not fit left out;
+--                            both: + the `generic` baseline, last)
+--   M.generic(spec, d, cands) the generic candidate: the chunked kernel of
+--                            the same template with the model dims as
+--                            kernel arguments, in the launch shape of the
+--                            spec's own chunked candidate (else the first
+--                            chunked one); nil when there is none
 --   M.sources(spec, d, args) the files of command "tune-sources": one CUDA
 --                            translation unit per candidate + manifest.txt
 --   M.resolve(spec, args)    chunk_size auto: the best cached entry for the
@@ -58,6 +64,14 @@ M.TEMPLATE_SETS = {
   },
 }
 M.TEMPLATE_SET = M.TEMPLATE_SETS.mamba1
+-- The generic candidate's register-array bounds (the template's bounds, for
+-- any spec the schema allows): Mamba-1 states per scan thread (derive_mamba1
+-- picks scan_lanes so that N / lanes <= 16); Mamba-3 state columns per warp
+-- (ck_variant: at most 64 state registers per thread = CK_NW / 2) and output
+-- columns per item (derive_mamba3: ck_pw <= 64).
+M.GENERIC_M1_NPT_MAX = 16
+M.GENERIC_M3_NW_MAX = 128
+M.GENERIC_M3_PW_MAX = 64
 
 local function scalar_text(v)
   if math.type(v) == "float" then return yaml_out.float_text(v) end
@@ -168,22 +182,88 @@ local function candidates_m3(d, opts, skipped)
   return out
 end
 
+-- The generic candidate (see M.generic): a copy of the launch shape of
+-- `base` (a chunked candidate) with mode "generic", id "generic",
+-- `same_as` = base.id, and `args`: the kernel's runtime dimensions in the
+-- order of its struct tune_dims, { name =, value =, doc = } each.
+local function arg(name, value, doc) return { name = name, value = value, doc = doc } end
+
+function M.generic(spec, d, cands)
+  local own_chunk = spec.arch == "mamba3_siso" and d.ck_chunk or d.scan_chunk
+  local own_threads = spec.arch == "mamba3_siso" and d.ck_threads or d.scan_threads
+  local base
+  for _, c in ipairs(cands) do
+    if c.mode == "chunked" and c.chunk == own_chunk and c.threads == own_threads then base = c; break end
+  end
+  if not base then
+    for _, c in ipairs(cands) do
+      if c.mode == "chunked" then base = c; break end
+    end
+  end
+  if not base then return nil end
+  local g = {
+    mode = "generic", generic = true, id = "generic", same_as = base.id,
+    chunk = base.chunk, threads = base.threads, channels = base.channels, blocks = base.blocks,
+  }
+  if spec.arch == "mamba3_siso" then
+    local v = base.ck
+    assert(v.ck_nw <= M.GENERIC_M3_NW_MAX and v.ck_pw <= M.GENERIC_M3_PW_MAX, "tune: generic bounds")
+    g.ck, g.smem = v, v.ck_smem_bytes
+    g.nw_max, g.pw_max = M.GENERIC_M3_NW_MAX, M.GENERIC_M3_PW_MAX
+    g.args = {
+      arg("N", d.N, "d_state"),
+      arg("P", d.P, "headdim"),
+      arg("H", d.H, "nheads"),
+      arg("E", d.E, "d_inner = H * P (row stride of y)"),
+      arg("NP", d.in_proj_out, "in_proj outputs (row stride of proj)"),
+      arg("OFF_X", d.split_x, "column of x (v) in the in_proj output"),
+      arg("nw", v.ck_nw, "state columns per warp (<= CK_NW_MAX)"),
+      arg("pw", v.ck_pw, "output columns per item (<= CK_PW_MAX)"),
+      arg("ny", v.ck_ny, "output items per chunk"),
+      arg("ldn", v.ck_ldn, "row stride of the staged N-wide tiles = N + CK_PAD"),
+    }
+  else
+    assert(d.scan_npt <= M.GENERIC_M1_NPT_MAX, "tune: generic bound")
+    g.smem = d.scan_smem_bytes   -- the B/C stage, now dynamic shared memory
+    g.npt_max = M.GENERIC_M1_NPT_MAX
+    g.args = {
+      arg("E", d.E, "d_inner"),
+      arg("E2", d.E2, "in_proj outputs x | z (row stride of xz)"),
+      arg("N", d.N, "d_state"),
+      arg("R", d.R, "dt_rank"),
+      arg("XP", d.XP, "x_proj outputs R + 2N (row stride of dbl)"),
+      arg("lanes", d.scan_lanes, "threads sharing one channel's state (a power of two dividing 32)"),
+      arg("npt", d.scan_npt, "states per thread = N / lanes (<= SCAN_NPT_MAX)"),
+      arg("channels", base.channels, "channels per block = SCAN_THREADS / lanes"),
+      arg("tchunk", d.scan_tchunk, "timesteps of B/C staged in shared memory"),
+    }
+  end
+  g.desc = string.format("generic: %s with the model dimensions as kernel arguments", base.desc)
+  return g
+end
+
 -- opts.chunks, opts.threads: lists overriding the defaults (validated by
 -- the caller); opts.sequential = false leaves out the sequential baseline
--- (mamba1 only: the Mamba-3 sweep has no sequential candidate).
+-- (mamba1 only: the Mamba-3 sweep has no sequential candidate);
+-- opts.generic = false leaves out the generic candidate.
 -- opts.skipped (a list) collects the Mamba-3 shapes left out, with why.
 function M.candidates(spec, d, opts)
   opts = opts or {}
-  if spec.arch == "mamba3_siso" then return candidates_m3(d, opts, opts.skipped) end
-  local chunks = list_or(opts.chunks, M.CHUNKS)
-  local threads = list_or(opts.threads, M.THREADS)
-  local out = {}
-  for _, t in ipairs(threads) do
-    if t % 32 == 0 and t >= 32 and t <= 1024 and t >= d.scan_lanes then
-      if opts.sequential ~= false then out[#out + 1] = candidate(d, "sequential", 0, t) end
-      for _, c in ipairs(chunks) do out[#out + 1] = candidate(d, "chunked", c, t) end
+  local out
+  if spec.arch == "mamba3_siso" then
+    out = candidates_m3(d, opts, opts.skipped)
+  else
+    local chunks = list_or(opts.chunks, M.CHUNKS)
+    local threads = list_or(opts.threads, M.THREADS)
+    out = {}
+    for _, t in ipairs(threads) do
+      if t % 32 == 0 and t >= 32 and t <= 1024 and t >= d.scan_lanes then
+        if opts.sequential ~= false then out[#out + 1] = candidate(d, "sequential", 0, t) end
+        for _, c in ipairs(chunks) do out[#out + 1] = candidate(d, "chunked", c, t) end
+      end
     end
   end
+  if opts.generic ~= false then out[#out + 1] = M.generic(spec, d, out) end
   return out
 end
 
@@ -229,13 +309,25 @@ local function manifest_head(spec, key)
   }
 end
 
+-- The generic candidate's manifest lines (after its `candidate` line).
+function M.generic_manifest(man, c)
+  local a = {}
+  for i, x in ipairs(c.args) do a[i] = x.name .. "=" .. x.value end
+  man[#man + 1] = "generic_same_as " .. c.same_as
+  man[#man + 1] = "generic_args " .. table.concat(a, " ")
+end
+
 -- The manifest (read by mamba-tune, gen/tune_main.c): `key value` lines,
 -- then one `candidate` line per variant:
 --   candidate ID MODE CHUNK THREADS CHANNELS BLOCKS FILE SMEM
 -- (mamba1: CHANNELS per scan block, BLOCKS scan blocks per sequence, SMEM 0;
 -- mamba3_siso: CHANNELS = warps per block, BLOCKS = H, SMEM the dynamic
 -- shared memory of a block), and a `skipped ID: why` line per Mamba-3 shape
--- left out.
+-- left out. The generic candidate is `candidate generic generic ...` (its
+-- SMEM the dynamic shared memory of its blocks, for mamba1 the B/C stage),
+-- followed by `generic_same_as ID` (the specialized candidate of the same
+-- launch shape) and `generic_args NAME=VALUE ...`: the int fields of its
+-- kernels' last argument (struct tune_dims), in order.
 function M.sources(spec, d, args)
   local tmpl = require("mg.tmpl")
   local emit = require("mg.emit")
@@ -249,7 +341,8 @@ function M.sources(spec, d, args)
   local o = args.options or {}
   local skipped = {}
   local cands = M.candidates(spec, d, { chunks = int_list(o.chunks), threads = int_list(o.threads),
-                                        sequential = o.sequential ~= "0", skipped = skipped })
+                                        sequential = o.sequential ~= "0", generic = o.generic ~= "0",
+                                        skipped = skipped })
   if spec.arch == "mamba3_siso" then return M.sources_m3(spec, d, args, template, cands, skipped) end
   local key = M.key(spec)
   local seqlens, batches = M.default_shapes(d)
@@ -276,8 +369,9 @@ function M.sources(spec, d, args)
     env.cand = c
     local path = "tune_" .. c.id .. ".cu"
     files[#files + 1] = { path = path, content = tmpl.render(template, env), template = template }
-    man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s 0", c.id, c.mode, c.chunk, c.threads,
-      c.channels, c.blocks, path)
+    man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s %d", c.id, c.mode, c.chunk, c.threads,
+      c.channels, c.blocks, path, c.smem or 0)
+    if c.generic then M.generic_manifest(man, c) end
   end
   table.insert(files, 1, { path = "manifest.txt", content = table.concat(man, "\n") .. "\n" })
   return files
@@ -318,6 +412,7 @@ function M.sources_m3(spec, d, args, template, cands, skipped)
     files[#files + 1] = { path = path, content = tmpl.render(template, env), template = template }
     man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s %d", c.id, c.mode, c.chunk, c.threads,
       c.channels, c.blocks, path, c.smem)
+    if c.generic then M.generic_manifest(man, c) end
   end
   table.insert(files, 1, { path = "manifest.txt", content = table.concat(man, "\n") .. "\n" })
   return files

@@ -1,0 +1,158 @@
+-- tests/test_tune.lua: mg/tune.lua's candidate sets and sources, in
+-- particular the `generic` baseline (doc/tuning.md "Specialized vs
+-- generic"): one per sweep, last, in the launch shape of the spec's own
+-- chunked candidate (else the first chunked one), never for --no-generic;
+-- its manifest lines; its source rendered from the same template with the
+-- model dims as kernel arguments (struct tune_dims in the order of
+-- generic_args), deterministic; the specialized sources carry no trace of it.
+-- Run by tests/tune_compile.test (`mamba-gen --lua-test`).
+
+local T = require("tests.harness").new("test_tune")
+local check, is = T.check, T.is
+local derive = require("mg.derive")
+local tune = require("mg.tune")
+
+local function spec1(model, top, scan)
+  local s = {
+    name = "t1", arch = "mamba1", precision = "f32", target = "sm_90",
+    model = { d_model = 256, n_layers = 2, d_state = 64, expand = 2, d_conv = 4,
+              dt_rank = "auto", input_dim = 0, norm_eps = 1e-5 },
+    scan = { mode = "chunked", chunk_size = 64 },
+    shapes = { max_batch = 8, max_seq_len = 4096, batch = 0, seq_len = 0 },
+    emit = { training = false, inference = true, deterministic = true },
+  }
+  for k, v in pairs(model or {}) do s.model[k] = v end
+  for k, v in pairs(top or {}) do s[k] = v end
+  for k, v in pairs(scan or {}) do s.scan[k] = v end
+  return s
+end
+
+local function spec3(model, top)
+  local s = {
+    name = "t3", arch = "mamba3_siso", precision = "f32", target = "sm_90",
+    model = { d_model = 128, n_layers = 4, d_state = 64, expand = 2, headdim = 32, ngroups = 1,
+              rope_fraction = 0.5, a_activation = "heavy_tail", a_floor = 1e-4, outproj_norm = true,
+              input_dim = 64, norm_eps = 1e-5 },
+    scan = { mode = "chunked", chunk_size = 64 },
+    shapes = { max_batch = 64, max_seq_len = 1024, batch = 0, seq_len = 0 },
+    emit = { training = false, inference = true, deterministic = true },
+  }
+  for k, v in pairs(model or {}) do s.model[k] = v end
+  for k, v in pairs(top or {}) do s[k] = v end
+  return s
+end
+
+local function find(list, id)
+  for _, c in ipairs(list) do if c.id == id then return c end end
+  return nil
+end
+
+local function count(list, pred)
+  local n = 0
+  for _, c in ipairs(list) do if pred(c) then n = n + 1 end end
+  return n
+end
+
+local function files_by_path(files)
+  local t = {}
+  for _, f in ipairs(files) do t[f.path] = f.content end
+  return t
+end
+
+local function args(spec, options)
+  return { spec_name = spec.name .. ".yaml", spec_hash = string.rep("ab", 32), options = options or {} }
+end
+
+-- ------------------------------------------------------------ Mamba-1
+local s1 = spec1()
+local d1 = derive.derive(s1)
+local c1 = tune.candidates(s1, d1, {})
+is(#c1, 25, "mamba1: 4 block sizes x (5 chunks + sequential) + generic")
+is(count(c1, function(c) return c.generic end), 1, "mamba1: one generic candidate")
+local g1 = c1[#c1]
+is(g1.id, "generic", "mamba1: the generic candidate is last, id generic")
+is(g1.mode, "generic", "mamba1: mode generic")
+is(g1.same_as, "c64_t128", "mamba1: launch shape of the spec's own chunked candidate (chunk 64, 128 threads)")
+is(g1.chunk .. "/" .. g1.threads .. "/" .. g1.channels .. "/" .. g1.blocks, "64/128/32/16",
+  "mamba1: chunk, threads, channels, blocks of c64_t128")
+is(g1.smem, d1.scan_smem_bytes, "mamba1: dynamic shared memory = the specialized B/C stage")
+local names = {}
+for i, a in ipairs(g1.args) do names[i] = a.name .. "=" .. a.value end
+is(table.concat(names, " "), "E=512 E2=1024 N=64 R=16 XP=144 lanes=4 npt=16 channels=32 tchunk=32",
+  "mamba1: the kernel's runtime dims, in struct order")
+is(#tune.candidates(s1, d1, { generic = false }), 24, "mamba1: generic = false leaves it out")
+
+-- the spec's shape not in the sweep: the first chunked candidate's
+local c1b = tune.candidates(s1, d1, { chunks = { 32, 256 }, threads = { 256 } })
+is(c1b[#c1b].same_as, "c32_t256", "mamba1: own shape not swept -> the first chunked candidate")
+local c1c = tune.candidates(s1, d1, { chunks = { 128 }, threads = { 64, 128 } })
+is(c1c[#c1c].same_as, "c128_t64", "mamba1: chunk 128 only -> c128_t64")
+
+-- sources: manifest lines, the generic file, determinism
+local f1 = tune.sources(s1, d1, args(s1, { chunks = "64", threads = "128" }))
+local by1 = files_by_path(f1)
+check(by1["tune_generic.cu"] ~= nil, "mamba1 sources: tune_generic.cu")
+local man1 = by1["manifest.txt"]
+check(man1:find("\ncandidate generic generic 64 128 32 16 tune_generic.cu " .. d1.scan_smem_bytes .. "\n", 1, true) ~= nil,
+  "mamba1 manifest: candidate generic line (SMEM = the stage)", man1)
+check(man1:find("\ngeneric_same_as c64_t128\n", 1, true) ~= nil, "mamba1 manifest: generic_same_as")
+check(man1:find("\ngeneric_args E=512 E2=1024 N=64 R=16 XP=144 lanes=4 npt=16 channels=32 tchunk=32\n", 1, true) ~= nil,
+  "mamba1 manifest: generic_args")
+check(man1:find("\ncandidate c64_t128 chunked 64 128 32 16 tune_c64_t128.cu 0\n", 1, true) ~= nil,
+  "mamba1 manifest: specialized candidates keep SMEM 0")
+local gsrc = by1["tune_generic.cu"]
+check(gsrc:find("GENERIC VARIANT", 1, true) ~= nil, "generic source: says what it is")
+check(gsrc:find("struct tune_dims {\n    int E;", 1, true) ~= nil, "generic source: struct tune_dims")
+check(gsrc:find("constexpr int E =", 1, true) == nil and gsrc:find("constexpr int N =", 1, true) == nil,
+  "generic source: no model dimension is a constant")
+check(gsrc:find("constexpr int SCAN_CHUNK = 64;", 1, true) ~= nil and gsrc:find("constexpr int SCAN_THREADS = 128;", 1, true) ~= nil,
+  "generic source: the launch shape is")
+check(gsrc:find("for (int j = 0; j < SCAN_NPT_MAX; ++j) if (j < SCAN_NPT)", 1, true) ~= nil,
+  "generic source: state loops to the bound with a runtime guard")
+check(gsrc:find("tune_scan_seq", 1, true) == nil, "generic source: the chunked kernels only")
+local ssrc = by1["tune_c64_t128.cu"]
+check(ssrc:find("tune_dims", 1, true) == nil and ssrc:find("GENERIC", 1, true) == nil,
+  "specialized source: no trace of the generic variant")
+check(ssrc:find("constexpr int N = 64;", 1, true) ~= nil, "specialized source: N is a constant")
+local f1b = tune.sources(s1, d1, args(s1, { chunks = "64", threads = "128" }))
+local same = #f1 == #f1b
+for i = 1, math.min(#f1, #f1b) do same = same and f1[i].path == f1b[i].path and f1[i].content == f1b[i].content end
+check(same, "mamba1 sources: deterministic")
+local f1n = files_by_path(tune.sources(s1, d1, args(s1, { chunks = "64", threads = "128", generic = "0" })))
+check(f1n["tune_generic.cu"] == nil and not f1n["manifest.txt"]:find("generic", 1, true),
+  "mamba1 sources: options.generic = 0 leaves it out")
+
+-- bf16, d_state 256 (16 lanes): npt stays within the bound
+local sb = spec1({ d_state = 256 }, { precision = "bf16" })
+local db = derive.derive(sb)
+local cb = tune.candidates(sb, db, {})
+is(cb[#cb].args[7].name .. "=" .. cb[#cb].args[7].value, "npt=16", "bf16 N 256: npt 16 (<= SCAN_NPT_MAX)")
+
+-- ------------------------------------------------------------ Mamba-3 SISO
+local s3 = spec3()
+local d3 = derive.derive(s3)
+local c3 = tune.candidates(s3, d3, {})
+is(#c3, 13, "mamba3: 4 chunks x 3 block sizes + generic")
+local g3 = c3[#c3]
+is(g3.id .. " " .. g3.mode, "generic generic", "mamba3: generic last")
+is(g3.same_as, string.format("c%d_t%d", d3.ck_chunk, d3.ck_threads), "mamba3: the spec's own chunked shape")
+is(g3.smem, find(c3, g3.same_as).smem, "mamba3: the same dynamic shared memory")
+names = {}
+for i, a in ipairs(g3.args) do names[i] = a.name .. "=" .. a.value end
+is(table.concat(names, " "), string.format("N=64 P=32 H=8 E=256 NP=%d OFF_X=%d nw=%d pw=%d ny=%d ldn=%d",
+  d3.in_proj_out, d3.split_x, d3.ck_nw, d3.ck_pw, d3.ck_ny, d3.ck_ldn), "mamba3: the kernel's runtime dims")
+local f3 = files_by_path(tune.sources(s3, d3, args(s3, {})))
+local m3src = f3["tune_generic.cu"]
+check(m3src ~= nil and m3src:find("GENERIC VARIANT", 1, true) ~= nil, "mamba3 sources: tune_generic.cu, commented")
+check(m3src:find("constexpr int N =", 1, true) == nil and m3src:find("const int N = dm.N", 1, true) ~= nil,
+  "mamba3 generic: N is a kernel argument")
+check(m3src:find("float hs[CK_NW_MAX / 8][4];", 1, true) ~= nil, "mamba3 generic: the state tile has the bound")
+check(m3src:find("tile_mma<", 1, true) == nil, "mamba3 generic: tile_mma strides are arguments")
+check(f3["tune_c64_t256.cu"]:find("tune_dims", 1, true) == nil, "mamba3 specialized: no trace of the generic")
+check(f3["manifest.txt"]:find("\ngeneric_same_as " .. g3.same_as .. "\ngeneric_args N=64 ", 1, true) ~= nil,
+  "mamba3 manifest: generic lines")
+-- own shape left out of the sweep (chunk 32 only)
+local c3b = tune.candidates(s3, d3, { chunks = { 32 } })
+is(c3b[#c3b].same_as, c3b[1].id, "mamba3: own shape not swept -> the first candidate's shape")
+
+return T.done()
