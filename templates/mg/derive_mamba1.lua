@@ -102,7 +102,7 @@ function M.derive(spec, d)
   d.scan_tchunk = tchunk
   d.scan_smem_bytes = 2 * tchunk * d.N * 4
   M.derive_inference(spec, d)
-  if d.training then M.derive_training(d) end
+  if d.training then M.derive_training(spec, d) end
   return d
 end
 
@@ -137,6 +137,40 @@ end
 --   d.graph_capture_mode  CUDA stream capture mode used by decode graphs
 --   d.decode_part_floats  workspace of the fused decode's x_proj partials:
 --                       max_batch * conv_blocks * XP floats
+--   d.decode_persistent true when the single-launch decode kernel is emitted
+--                       (decode_persistent_kernel: the whole backbone of one
+--                       decode step in one launch, a thread-block cluster per
+--                       stream); false keeps the fused path only. Needs sm_90
+--                       (clusters), the GEMV weights of all layers (storage
+--                       dtype, + input_proj f32) <= 16 MiB (they stay L2-resident
+--                       and one cluster of decode_cluster SMs streams them per
+--                       step: beyond that the whole-GPU GEMMs of the fused
+--                       path win), the block's channels x lanes within one
+--                       block and its shared memory <= 48 KiB
+--   d.decode_persistent_why  why not (a sentence; "" when persistent)
+--   d.decode_cluster    blocks per cluster = per stream: 8 (the portable
+--                       maximum), halved while a block would own fewer than 8
+--                       channels (E < 64)
+--   d.decode_ec         channels owned by each block of the cluster (= E / decode_cluster)
+--   d.decode_threads    block size: 256 up to 64 channels per block, 512 up to
+--                       256, else 1024; raised to hold decode_ec * N/16
+--                       threads (at most 16 states per thread), capped at 1024
+--   d.decode_min_blocks  __launch_bounds__ minimum blocks per SM: 1 when
+--                       max_batch * decode_cluster blocks fit one per SM of a
+--                       132-SM sm_90 part (H100/H200 SXM), else 2 (caps the
+--                       kernel at 128 registers: two blocks per SM halve the
+--                       waves at large batch for a few spilled registers;
+--                       1 for blocks above 256 threads)
+--   d.decode_lanes      threads sharing one channel in the conv/dt/scan phase:
+--                       the largest power of two <= min(32, N) with
+--                       decode_ec * lanes <= decode_threads, at least N/16
+--   d.decode_npt        states per thread (= N / decode_lanes)
+--   d.decode_rpl        dt_proj columns per lane (= ceil(R / decode_lanes))
+--   d.decode_vw         vector width (elements) of the x_proj / out_proj weight
+--                       loads over a block's channel slice: 4, 2 or 1 (decode_ec % vw == 0)
+--   d.decode_in_vw      likewise for input_proj rows (input_dim % vw == 0; 1 when 0)
+--   d.decode_weight_bytes  GEMV weight bytes read per step and stream
+--   d.decode_smem_bytes static shared memory of the kernel
 -- ===========================================================================
 function M.derive_inference(spec, d)
   d.lowp = d.dtype ~= "f32"
@@ -170,6 +204,47 @@ function M.derive_inference(spec, d)
   d.decode_part_floats = d.max_batch * d.conv_blocks * d.XP
   d.chunk_vs_seq_tol = d.lowp and d.check_tol or 1e-5
   d.graph_capture_mode = "cudaStreamCaptureModeRelaxed"
+
+  -- Single-launch decode (see the field comments above).
+  local cs = 8
+  while cs > 1 and d.E // cs < 8 do cs = cs // 2 end
+  d.decode_cluster = cs
+  d.decode_ec = d.E // cs
+  local ec = d.decode_ec
+  local min_lanes = math.max(1, d.N // 16)
+  d.decode_threads = math.min(1024, math.max((ec <= 64) and 256 or ((ec <= 256) and 512 or 1024),
+                                             derive.next_pow2(ec * min_lanes)))
+  d.decode_min_blocks = (d.max_batch * cs <= 132 or d.decode_threads > 256) and 1 or 2
+  local lanes = 1
+  while lanes * 2 <= math.min(32, d.N) and ec * lanes * 2 <= d.decode_threads do lanes = lanes * 2 end
+  if lanes < min_lanes then lanes = min_lanes end
+  d.decode_lanes = lanes
+  d.decode_npt = d.N // lanes
+  d.decode_rpl = derive.ceil_div(d.R, lanes)
+  local function vw(n)
+    if n > 0 and n % 4 == 0 then return 4 elseif n > 0 and n % 2 == 0 then return 2 end
+    return 1
+  end
+  d.decode_vw = vw(ec)
+  d.decode_in_vw = vw(d.input_dim)
+  d.decode_weight_bytes = d.L * (2 * d.E * d.D + d.XP * d.E + d.E * d.R + d.D * d.E) * d.act_size
+    + d.input_dim * d.D * 4
+  -- s_h, s_hn, s_pout [D]; s_u [input_dim]; s_xz [2ec], s_xc, s_g [ec];
+  -- s_xpart, s_dbl [XP]; s_red [threads/32]
+  d.decode_smem_bytes = 4 * (3 * d.D + d.input_dim + 4 * ec + 2 * d.XP + d.decode_threads // 32)
+  local why = ""
+  if spec.target ~= "sm_90" then
+    why = "target " .. spec.target .. " has no thread-block clusters (sm_90 and later)"
+  elseif d.decode_weight_bytes > 16 * 1024 * 1024 then
+    why = string.format("the GEMV weights (%d bytes per step) exceed 16 MiB: one cluster per stream "
+      .. "cannot stream them faster than the whole-GPU GEMMs", d.decode_weight_bytes)
+  elseif ec * lanes > d.decode_threads then
+    why = string.format("%d channels x %d lanes per block exceed %d threads", ec, lanes, d.decode_threads)
+  elseif d.decode_smem_bytes > 48 * 1024 then
+    why = string.format("shared memory %d bytes exceeds 48 KiB", d.decode_smem_bytes)
+  end
+  d.decode_persistent = why == ""
+  d.decode_persistent_why = why
   return d
 end
 
@@ -191,9 +266,29 @@ end
 --                     (2*scan_warps*2N floats) would exceed 40 KiB.
 --   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N + 2*scan_warps*2N)
 --   d.max_ckpts       checkpoints per sequence = ceil(max_seq_len/bscan_tchunk)
---                     (the training scan is sequential in time whatever
---                     scan.mode says: mamba1_long, N = 64, 4096 steps -> stride
---                     16, 256 checkpoints; see NAME_train.h "Long sequences")
+--                     (mamba1_long, N = 64, 4096 steps -> stride 16, 256
+--                     checkpoints; see NAME_train.h "Long sequences")
+--   d.bscan_span      steps per span of the chunk-parallel scan backward: the
+--                     spec's chunk length rounded up to a whole number of
+--                     checkpoint chunks (a span starts at a checkpoint)
+--   d.bscan_span_ck   checkpoint chunks per span (= bscan_span / bscan_tchunk)
+--   d.bscan_emit_chunked  the chunk-parallel backward kernels exist: scan.mode
+--                     chunked, or auto when max_seq_len reaches
+--                     bscan_auto_min_len (the sequential backward kernel is
+--                     always emitted: sequential mode and short calls)
+--   d.bscan_mode_id   0 sequential | 1 chunked | 2 auto (host dispatch of the
+--                     backward; chunked: calls longer than one span)
+--   d.bscan_auto_min_len  auto: calls with seqlen >= this use the chunked
+--                     backward = max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1,
+--                     4*bscan_span), the forward's rule with the span
+--   d.bscan_max_spans ceil(max_seq_len / bscan_span)
+--   d.bscan_parts     per-sequence partitions of the scan's parameter-gradient
+--                     partials (part_A, part_D, part_dtb): bscan_max_spans
+--                     with the chunked backward, else 1
+--   d.bscan_span_floats  workspace of each of the span products and the span
+--                     adjoints: max_batch*bscan_max_spans*E*N (0 without the
+--                     chunked backward)
+--   d.bscan_combine_threads  block of the cross-span combine kernel
 --   d.normb_rows      rows per block of the RMSNorm backward and of the column
 --                     sums: each block writes one partial row of the weight
 --                     gradient; the d.normb_max_blocks = ceil(max_tokens /
@@ -214,7 +309,7 @@ end
 -- ===========================================================================
 local MATRIX = { input_proj_w = true, in_proj_w = true, conv_w = true, x_proj_w = true,
                  dt_proj_w = true, out_proj_w = true }
-function M.derive_training(d)
+function M.derive_training(spec, d)
   d.scan_warps = d.scan_threads // 32
   local bt = 16
   while bt * d.scan_npt > 256 do bt = bt // 2 end
@@ -222,6 +317,29 @@ function M.derive_training(d)
   d.bscan_tchunk = bt
   d.bscan_smem_bytes = 4 * (2 * bt * d.N + 2 * d.scan_warps * 2 * d.N)
   d.max_ckpts = derive.ceil_div(d.max_seq_len, bt)
+  -- Chunk-parallel scan backward. A span must be a whole number of
+  -- checkpoint chunks, so that it starts at a saved state and its chunks are
+  -- the sequential backward's chunks: round the chunk length up to a
+  -- multiple of bt (chunk 64, stride 16 -> 64 = 4 chunks; chunk 16, stride
+  -- 16 -> 16 = 1 chunk; stride 8 -> the chunk as it is). Its threshold
+  -- under auto follows the forward's rule (d.scan_auto_min_len) with the span.
+  d.bscan_span = derive.ceil_div(d.scan_chunk, bt) * bt
+  d.bscan_span_ck = d.bscan_span // bt
+  d.bscan_auto_min_len = math.max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4 * d.bscan_span)
+  local mode = spec.scan.mode
+  if mode == "sequential" then
+    d.bscan_emit_chunked, d.bscan_mode_id = false, 0
+  elseif mode == "chunked" then
+    d.bscan_emit_chunked, d.bscan_mode_id = true, 1
+  else
+    d.bscan_emit_chunked = d.max_seq_len >= d.bscan_auto_min_len
+    d.bscan_mode_id = d.bscan_emit_chunked and 2 or 0
+  end
+  d.bscan_max_spans = derive.ceil_div(d.max_seq_len, d.bscan_span)
+  assert(d.bscan_max_spans <= 65535, "derive_mamba1: too many backward spans for grid.z")
+  d.bscan_parts = d.bscan_emit_chunked and d.bscan_max_spans or 1
+  d.bscan_span_floats = d.bscan_emit_chunked and d.max_batch * d.bscan_max_spans * d.E * d.N or 0
+  d.bscan_combine_threads = 256
   d.normb_rows = 16
   d.normb_max_blocks = derive.ceil_div(d.max_tokens, d.normb_rows)
   d.red_threads = 256
