@@ -14,9 +14,9 @@ not_ok() {  # not_ok DESCRIPTION [DIAG...]
   shift; [ $# -gt 0 ] && tap_diag "$@"; return 0; }
 skip() {  # skip DESCRIPTION REASON
   tap_n=$((tap_n + 1)); echo "ok $tap_n - $1 # SKIP $2"; }
-check() {  # check DESCRIPTION COMMAND... : passes if the command exits 0
+check() {  # check DESCRIPTION COMMAND... : passes if the command exits 0 (output kept in chk_out, so a caller's $out survives)
   d=$1; shift
-  if out=$("$@" 2>&1); then ok "$d"; else not_ok "$d" "command: $*" "$out"; fi; }
+  if chk_out=$("$@" 2>&1); then ok "$d"; else not_ok "$d" "command: $*" "$chk_out"; fi; }
 is() {  # is GOT EXPECTED DESCRIPTION
   if [ "$1" = "$2" ]; then ok "$3"; else not_ok "$3" "got:      $1" "expected: $2"; fi; }
 like() {  # like GOT GREP-E-PATTERN DESCRIPTION

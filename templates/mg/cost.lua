@@ -67,12 +67,6 @@ function M.mamba3(d)
     + S * a + H * 4 + 2 * 2 * 2 * S * H * 4                    -- angles: angles, dt in; rotated pairs of k, q in and out
     + 2 * H * N * 4 + E * a + 3 * H * 4 + E * 4                -- scan: k', q', v, scalars in; y out
     + E * 4 + E * a + E * a                                    -- gate: y, z in; g out
-  -- the chunked path: prep, then one kernel running angles, scan and gate
-  -- (kernels.cu: it reads prep's unrotated k, q and writes g; y stays on chip)
-  local core_fused_bytes =
-      (2 * G * N + 3 * H + S) * a + 3 * H * 4 + 2 * H * N * 4   -- prep, as above
-    + 2 * H * N * 4 + E * a + 3 * H * 4 + S * a                -- fused: k, q, v, scalars, angles in
-    + E * a + E * a                                            -- z in, g out
   local layer_bytes =
       D * 4 + D * a            -- rmsnorm: read h (f32), write hn
     + D * a + NP * a           -- in_proj: read hn, write proj
@@ -93,7 +87,6 @@ function M.mamba3(d)
     core_flops_per_token = ssm + elementwise - 8 * D,
     core_seq_flops_per_token = ssm_seq + elementwise - 8 * D,
     core_bytes_per_token = core_bytes,
-    core_fused_bytes_per_token = d.scan_emit_chunked and core_fused_bytes or core_bytes,
     -- a training step (forward_train + loss + backward + AdamW): about 3x
     -- the forward's GEMM and elementwise work and traffic, and the AdamW
     -- pass over the f32 blob (weights, grads, m, v read; weights, m, v written)

@@ -225,35 +225,7 @@ end
 --                       fragment loads of 8 rows x 4 words hit 32 banks
 --   d.ck_ldn, d.ck_ldq, d.ck_ldw   row strides: N+pad, Q+pad, 16+pad
 --   d.ck_smem_bytes     dynamic shared memory of a block
---   d.ck_min_blocks     blocks per SM of __launch_bounds__ (1 or 2) of the
---                       scan core alone (the tuner's candidates, ck_variant)
---   fused epilogue (the kernel of the library also gates its output, math.md
---   step 11, so the chunked path writes g directly; kernels.cu.tmpl):
---   d.ck_ldy            row stride (floats) of the staged f32 y rows of a
---                       chunk: P + 8 (float2 stores of a half-warp's fragment
---                       rows g = 0..3 land in distinct banks)
---   d.ck_ys_bytes       their shared memory: ck_chunk * ck_ldy * 4
---   d.ck_gr             rows per warp whose z loads are issued together in
---                       the gate pass: min(4, ceil(ck_chunk / ck_warps))
---   fused angles (the kernel also runs the rotary angle recurrence, math.md
---   steps 6-7, chunk by chunk, and rotates q and k while staging them):
---   d.cka_sl            time slices per chunk of the angle recurrence: the
---                       largest power of two with S*cka_sl <= ck_threads and
---                       cka_sl <= ck_chunk (thread (a, slice))
---   d.cka_s2r           rotated columns rounded up to a float4: 4*ceil(S2/4)
---   d.ck_cs_bytes       the per-chunk cos/sin table [ck_chunk][S] float2: it
---                       occupies Kw and runs on into the y rows' region (they
---                       live in different phases of a chunk)
---   d.ck_u_bytes        the region after Kw: max(ck_ys_bytes, ck_cs_bytes -
---                       Kw's bytes N*ck_ldq*ck_es); rope_fraction 1 at N 128,
---                       P 64 keeps two blocks per SM this way
---   d.cka_bytes         the carried angles (f64, two buffers) and the slice
---                       sums (f64): 8 * (2*S + cka_sl*S)
---   d.ckf_smem_bytes    dynamic shared memory of the library's kernel
---                       = ck_smem_bytes + ck_u_bytes + cka_bytes; ck_chunk is
---                       halved while this exceeds M.CK_SMEM_MAX
---   d.ckf_min_blocks    its __launch_bounds__ blocks per SM (the rule of
---                       ck_min_blocks on ckf_smem_bytes)
+--   d.ck_min_blocks     blocks per SM of __launch_bounds__ (1 or 2)
 -- ===========================================================================
 -- Largest dynamic shared memory the chunked kernel may ask for, per target
 -- (the opt-in limit per block, less 2 KiB of slack): sm_90 227 KiB, sm_80
@@ -313,37 +285,12 @@ function M.derive_inference(spec, d)
     local elems = 2 * q * d.ck_ldn + d.N * ldq + d.P * ldq + d.P * d.ck_ldn + warps * 16 * d.ck_ldw
     return elems * d.ck_es + (7 * q + 4) * 4
   end
-  -- the fused epilogue stages the chunk's y rows (f32) for the gate; the
-  -- fused angles need a cos/sin table per chunk (same region) and f64
-  -- carried angles and slice sums
-  d.ck_ldy = d.P + 8
-  local function slices(q)
-    local sl = 1
-    while d.S * sl * 2 <= 32 * warps and sl * 2 <= q do sl = sl * 2 end
-    return sl
-  end
-  -- the cos/sin table starts at Kw (free in phases A1-A2: it is written in
-  -- C) and runs on into the region of the y rows
-  local function uregion(q)
-    return math.max(q * d.ck_ldy * 4, q * d.S * 8 - d.N * (q + d.ck_pad) * d.ck_es)
-  end
-  local function extra(q)
-    return uregion(q) + 8 * (2 * d.S + slices(q) * d.S)
-  end
   local q = d.chunk_size
   local smax = M.CK_SMEM_MAX[d.sm] or M.CK_SMEM_MAX[80]
-  while q > 16 and smem(q) + extra(q) > smax do q = q // 2 end
+  while q > 16 and smem(q) > smax do q = q // 2 end
   d.ck_chunk = q
   d.ck_ldq = q + d.ck_pad
   d.ck_smem_bytes = smem(q)
-  d.ck_ys_bytes = q * d.ck_ldy * 4
-  d.ck_gr = math.min(4, derive.ceil_div(q, warps))
-  d.cka_sl = slices(q)
-  d.cka_s2r = 4 * derive.ceil_div(d.S2, 4)
-  d.ck_cs_bytes = q * d.S * 8
-  d.ck_u_bytes = uregion(q)
-  d.cka_bytes = 8 * (2 * d.S + d.cka_sl * d.S)
-  d.ckf_smem_bytes = d.ck_smem_bytes + d.ck_u_bytes + d.cka_bytes
   -- output items: the widest p-split (<= 64 columns, a multiple of 8
   -- dividing P) that still gives every warp an item
   local pw = math.min(d.P, 64)
@@ -356,8 +303,6 @@ function M.derive_inference(spec, d)
   -- else 1 (up to 255 registers: no spills of the state tile)
   d.ck_min_blocks = (d.ck_engine ~= "fma" and d.ck_threads <= 256 and
     2 * (d.ck_smem_bytes + 1024) <= 228 * 1024) and 2 or 1
-  d.ckf_min_blocks = (d.ck_engine ~= "fma" and d.ck_threads <= 256 and
-    2 * (d.ckf_smem_bytes + 1024) <= 228 * 1024) and 2 or 1
   d.ck_max_chunks = derive.ceil_div(d.max_seq_len, q)
   return d
 end
