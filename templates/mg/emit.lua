@@ -78,7 +78,16 @@ end
 
 function E.env(spec, d, args, template)
   local version = (mg and mg.version) or "?"
-  return {
+  local env
+  env = {
+    -- include(path[, vars]): the fragment template `path` rendered with this
+    -- environment (plus `vars`), its final newline dropped, so that
+    -- `{{ include(...) }}` on a line of its own adds the fragment's lines.
+    -- Fragments hold code that more than one arch emits word for word.
+    include = function(path, vars)
+      local fenv = setmetatable(vars or {}, { __index = env })
+      return (tmpl.render(path, fenv):gsub("\n$", ""))
+    end,
     spec = spec,
     d = d,
     name = spec.name,
@@ -89,6 +98,7 @@ function E.env(spec, d, args, template)
     f32 = E.f32,
     int = E.int,
   }
+  return env
 end
 
 function E.files(spec, d, args, pos)

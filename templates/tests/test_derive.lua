@@ -363,6 +363,25 @@ local ok_n, files_nt = pcall(emit.files, spec1(nil, nil, { name = "rl", emit = {
 mg.read = real_read
 require("mg.tmpl").clear_cache()
 check(ok_e, "emit.files with stand-in templates", not ok_e and tostring(files))
+
+-- include(): a fragment rendered with the template's environment plus its
+-- vars, the final newline dropped; the shared training fragments' unknown
+-- part is an error naming the fragment.
+local frags = {
+  ["frag.tmpl"] = "{{ name }}:{{ part }}:{{ d.N }}\n",
+  ["main.tmpl"] = "a\n{{ include(\"frag.tmpl\", { part = \"x\" }) }}\nb\n",
+}
+mg.read = function(rel) return frags[rel] or real_read(rel) end
+local tmpl = require("mg.tmpl")
+local env = emit.env(spec1(nil, nil, { name = "rl" }), derive.derive(spec1(nil, nil, { name = "rl" })), {}, "main.tmpl")
+local ok_i, txt = pcall(tmpl.render, "main.tmpl", env)
+is(ok_i and txt, "a\nrl:x:16\nb\n", "include: the fragment's lines in place, with its vars and the environment")
+check(env.part == nil, "include: the vars do not leak into the including template's environment")
+local ok_u, err_u = pcall(env.include, "common/train_optim.cu.tmpl", { part = "nope" })
+check(not ok_u and tostring(err_u):find("train_optim.cu.tmpl: unknown part nope", 1, true) ~= nil,
+  "include: an unknown part of a shared fragment is an error naming it", tostring(err_u))
+mg.read = real_read
+tmpl.clear_cache()
 check(ok_n, "emit.files without training", not ok_n and tostring(files_nt))
 if ok_n then
   local names = {}
