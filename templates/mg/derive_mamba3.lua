@@ -18,8 +18,8 @@
 --   weights  d.params, d.off, d.layer0, d.layer_stride, d.weights_total
 --   launch   d.norm_threads, d.norm_vecs, d.norm_iters (RMSNorm, as Mamba-1),
 --            d.prep_threads, d.prep_warps, d.prep_n_per_lane,
---            d.angle_slices, d.angle_threads, d.angle_blocks (parallel angles),
---            d.angle_seq_threads, d.angle_seq_blocks (training's sequential angles),
+--            d.angle_slices, d.angle_threads, d.angle_blocks (parallel angles,
+--            forward and backward, inference and training),
 --            d.scan_lanes, d.scan_npt, d.scan_rpt, d.scan_rowgroups,
 --            d.scan_threads, d.scan_tchunk, d.scan_smem_bytes,
 --            d.gate_threads, d.gate_warps, d.gate_vpl,
@@ -120,10 +120,10 @@ function M.derive(spec, d)
   d.angle_slices = math.min(64, 1024 // d.S)
   d.angle_threads = d.S * d.angle_slices
   d.angle_blocks = d.H
-  -- The training forward and backward (backward.cu) keep the sequential
-  -- form: one thread per (batch, head, angle), 128 per block.
-  d.angle_seq_threads = 128
-  d.angle_seq_blocks = derive.ceil_div(d.HS, d.angle_seq_threads)
+  -- The training forward runs the same kernel (angles.cuh.tmpl), and the
+  -- backward the same grid: the local terms and a fixed-order suffix over
+  -- slices. (Training first kept the sequential form: the angles forward
+  -- and backward took most of the SSM core's fwd+bwd time.)
 
   -- Sequential scan: one block per (batch, head); the state Hs[P][N] lives
   -- in registers. scan_lanes threads share one row p of Hs, each owning
@@ -430,7 +430,8 @@ function M.derive_bck(d)
     -- the staged state and adjoint alone exceed the shared memory (f32
     -- with P*N >= 128*256): the training SSM stays sequential
     d.bck_emit, d.bck_chunk = false, 0
-    d.bck_why = string.format("needs %d bytes of shared memory (> %d)", smem(q), smax)
+    d.bck_why = string.format("it needs %d bytes of shared memory per block even in %d-step chunks, over the %d of sm_%d",
+                              smem(q), q, smax, d.sm)
     return d
   end
   assert(q % d.bscan_tchunk == 0, "derive_mamba3: backward chunk is not a whole number of checkpoints")
