@@ -413,10 +413,11 @@ function M.derive_bck(d)
   d.bck_nw = PN // (16 * warps)
   assert(d.bck_nw % 8 == 0 and d.N % d.bck_nw == 0, "derive_mamba3: chunked backward adjoint split")
   d.bck_cw = math.min(32, d.P, d.N)
+  d.bck_yvp = math.max(1, d.P // 32)   -- partials of dy_t . v_t per token (one per warp-wide slice of a row)
   local pad = 16 // d.ck_es
   d.bck_ldn, d.bck_ldp = d.N + pad, d.P + pad
   local function floats(q)
-    return q * (16 + 3 * (q // 16) + 2 * (d.N // d.bck_cw)) + warps + d.P + 16
+    return q * (15 + d.bck_yvp + 3 * (q // 16) + 2 * (d.N // d.bck_cw)) + warps + d.P + 16
   end
   local function smem(q)
     local ldq = q + pad
