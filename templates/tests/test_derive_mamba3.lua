@@ -223,6 +223,31 @@ local tiny = derive.derive(spec3({ d_model = 16, d_state = 16, headdim = 16 }, n
 is(tiny.ck_warps, 2, "tiny chunked: 2 warps (P*N/128)")
 is(tiny.ck_nw, 8, "tiny chunked: state tile 16 x 8")
 
+-- ------------------------------------------------------------ training: the chunked SSM backward
+is(rl.bck_emit, false, "rl: no chunked backward (mode sequential)")
+is(rl.bck_chunk, 0, "rl: backward chunk 0")
+is(perf.bck_emit, true, "perf: chunked backward")
+is(perf.bck_chunk, 64, "perf: backward chunk = the spec's 64 (bf16 fits)")
+is(perf.bck_warps, 8, "perf: backward 8 warps")
+is(perf.bck_nw, 64, "perf: adjoint tile 16 x 64 per warp")
+is(perf.bck_cw, 32, "perf: dq/dk/dv items 16 x 32")
+is(perf.bck_yvp, 2, "perf: two dy.v partials per token (P = 64)")
+is(perf.bck_floats, 64 * (15 + 2 + 3 * 4 + 2 * (128 // 32)) + 8 + 64 + 16, "perf: backward f32 scratch")
+is(perf.bck_smem_bytes, 2 * (2 * 64 * 136 + 3 * 64 * 72 + 2 * 64 * 136 + 2 * 64 * 72) + 4 * perf.bck_floats,
+  "perf: backward shared memory")
+check(perf.bck_smem_bytes <= 225 * 1024, "perf: backward shared memory within sm_90's 225 KiB")
+is(perf.bck_chunk % perf.bscan_tchunk, 0, "perf: a backward chunk is whole checkpoint slots")
+is(lm.bck_emit, true, "lm: chunked backward")
+is(lm.bck_chunk, 32, "lm: f32 backward chunk halved to 32 (64 needs 232032 bytes)")
+is(tiny.bck_yvp, 1, "tiny: one dy.v partial per token (P = 16)")
+is(tiny.bck_warps, 2, "tiny: backward 2 warps (P*N/128)")
+local n256a = derive.derive(spec3({ d_state = 256, headdim = 128 }, { max_seq_len = 1024, max_batch = 4 }, nil,
+  { mode = "auto" }))
+is(n256a.scan_emit_chunked, true, "n256 auto f32: chunked forward emitted")
+is(n256a.bck_emit, false, "n256 auto f32: no chunked backward (shared memory)")
+check(type(n256a.bck_why) == "string" and n256a.bck_why:find("shared memory", 1, true) ~= nil,
+  "n256 auto f32: the reason names shared memory", tostring(n256a.bck_why))
+
 -- ------------------------------------------------------------ emit with the real templates
 local sp = spec3(nil, nil, { name = "mamba3_rl" })
 local ok, files = pcall(emit.files, sp, derive.derive(sp),
