@@ -71,3 +71,11 @@ int mg_err_ok(const mg_err *e, double tol)
     return e->n_nonfinite == 0 && isfinite(e->rel_l2) && isfinite(e->max_abs)
            && e->rel_l2 <= tol;
 }
+
+void mg_angle_on_circle(float *w, const float *got, const double *ref, const float *ref32, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        const double r = ref ? ref[j] : (double)ref32[j];
+        w[j] = (float)(r + remainder((double)got[j] - r, 6.283185307179586));
+    }
+}

@@ -198,6 +198,22 @@ static void test_compare(void)
     mg_err e7 = mg_compare_f32(NULL, NULL, 0);
     tap_ok(e7.n == 0 && e7.rel_l2 == 0, "compare: empty");
 
+    /* angles on the circle: a wrap a step apart is no error, a real one stays */
+    const double aref[4] = { 0.01, 6.27, 3.0, 1.0 };
+    const float agot[4] = { 6.2931853f, 0.0116f, 3.0f, 1.5f };   /* 2π + 0.01, 0.0116, ... */
+    float aw[4];
+    mg_angle_on_circle(aw, agot, aref, NULL, 4);
+    tap_near(aw[0], 0.01, 1e-6, 0, "angle on circle: 2π + 0.01 -> 0.01 (ref 0.01)");
+    tap_near(aw[1], 6.2947853, 1e-6, 0, "angle on circle: 0.0116 -> 2π + 0.0116 (ref 6.27)");
+    tap_ok(aw[2] == 3.0f && aw[3] == 1.5f, "angle on circle: values near their reference unchanged");
+    const float aref32[2] = { 0.01f, 6.27f };
+    float agot2[2] = { 6.2931853f, 0.0116f };
+    mg_angle_on_circle(agot2, agot2, NULL, aref32, 2);
+    tap_ok(fabs(agot2[0] - 0.01) < 1e-6 && fabs(agot2[1] - 6.2947853) < 1e-6,
+           "angle on circle: against an f32 result, in place");
+    mg_err ea = mg_compare_f32(aw, aref, 4);
+    tap_near(ea.max_abs, 0.5, 0, 1e-6, "angle on circle: the real error (0.5) is what remains");
+
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
