@@ -11,7 +11,10 @@ local validate = require("mg.validate")
 local E = {}
 
 -- The file set per arch: output path pattern (NAME = spec.name), template,
--- comment prefix of the provenance line.
+-- comment prefix of the provenance line. An entry with `copy` instead of
+-- `template` names a plain source file under the template root (kernel
+-- bodies in templates/kernels/, host programs in templates/host/): it is
+-- emitted as it is, under the provenance line, with no substitution.
 E.FILES = {
   mamba1 = {
     { path = "%s.h",          template = "mamba1/model.h.tmpl",    prefix = "//" },
@@ -88,6 +91,10 @@ function E.env(spec, d, args, template)
       local fenv = setmetatable(vars or {}, { __index = env })
       return (tmpl.render(path, fenv):gsub("\n$", ""))
     end,
+    -- inline(path): the plain source file `path` (no substitution), its
+    -- final newline dropped: for sources that must be one translation unit
+    -- (the tune candidates NVRTC compiles).
+    inline = function(path) return (E.plain(path):gsub("\n$", "")) end,
     spec = spec,
     d = d,
     name = spec.name,
@@ -101,6 +108,14 @@ function E.env(spec, d, args, template)
   return env
 end
 
+-- The text of a plain source file of the template root (an error names it
+-- when it is missing).
+function E.plain(path)
+  local text, err = mg.read(path)
+  if not text then error("plain source " .. path .. ": " .. tostring(err), 0) end
+  return text
+end
+
 function E.files(spec, d, args, pos)
   local set = E.FILES[spec.arch]
   if not set then
@@ -111,13 +126,19 @@ function E.files(spec, d, args, pos)
   for _, f in ipairs(set) do
     -- `when = "training"`: emitted only when spec.emit.training is true
     if f.when and not spec.emit[f.when] then goto continue end
-    local env = E.env(spec, d, args, f.template)
-    local content = tmpl.render(f.template, env)
-    local first = content:match("^[^\n]*")
-    if first ~= env.provenance(f.prefix) then
-      error(string.format("template:%s:1: the first line must be {{ provenance(%q) }}", f.template, f.prefix), 0)
+    local src = f.template or f.copy
+    local env = E.env(spec, d, args, src)
+    local content
+    if f.copy then
+      content = env.provenance(f.prefix) .. "\n" .. E.plain(f.copy)
+    else
+      content = tmpl.render(f.template, env)
+      local first = content:match("^[^\n]*")
+      if first ~= env.provenance(f.prefix) then
+        error(string.format("template:%s:1: the first line must be {{ provenance(%q) }}", f.template, f.prefix), 0)
+      end
     end
-    out[#out + 1] = { path = string.format(f.path, spec.name), content = content, template = f.template }
+    out[#out + 1] = { path = string.format(f.path, spec.name), content = content, template = src }
     ::continue::
   end
   return out

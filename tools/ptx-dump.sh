@@ -1,0 +1,64 @@
+#!/bin/sh
+# tools/ptx-dump.sh: the device code of every kernel a spec's package
+# compiles to, as normalized PTX, for proving that a refactor of the
+# templates or kernel headers changed no device code (ptxas is
+# deterministic: the same PTX gives the same machine code).
+#
+#   tools/ptx-dump.sh MAMBA_GEN OUTDIR SPEC.yaml...
+#
+# For each spec: generate the package with MAMBA_GEN into OUTDIR/NAME/pkg,
+# compile each of its .cu files to PTX with the emitted Makefile's flags
+# (-std=c++17 -O3, the spec's target) and write OUTDIR/NAME/FILE.ptx with
+# comments dropped, the per-file hash of anonymous-namespace names replaced
+# by ANON, and the functions sorted by name (so moving a kernel within or
+# across files of the package shows no difference). Then
+#   diff -r -x pkg BEFORE AFTER
+# says whether two trees emit the same device code for these specs.
+# Env: MG_RUNTIME_CFLAGS (-I of the runtime headers), NVCC (default nvcc),
+# JOBS (default nproc).
+set -eu
+[ $# -ge 3 ] || { echo "usage: $0 MAMBA_GEN OUTDIR SPEC.yaml..." >&2; exit 2; }
+mg=$1 out=$2; shift 2
+NVCC=${NVCC:-nvcc}
+jobs=${JOBS:-$(nproc)}
+mkdir -p "$out"
+norm() {  # normalize PTX on stdin
+  python3 -c '
+import re, sys
+t = sys.stdin.read()
+t = re.sub(r"_GLOBAL__N__[0-9a-f]+_[0-9]+_[A-Za-z0-9_]+?_cu_[0-9a-f]+", "ANON", t)
+t = re.sub(r"//[^\n]*", "", t)
+lines = [l.rstrip() for l in t.split("\n") if l.strip()]
+head, funcs, cur = [], [], None
+for l in lines:
+    if re.match(r"^(\.visible |\.weak |\.extern )*\.(entry|func)\b", l):
+        cur = [l]; funcs.append(cur)
+    elif cur is not None:
+        cur.append(l)
+    else:
+        head.append(l)
+print("\n".join(head))
+for f in sorted(funcs, key=lambda f: f[0]):
+    print("\n".join(f))
+'
+}
+one() {
+  spec=$1 name=$(basename "$1" .yaml)
+  dir=$out/$name
+  rm -rf "$dir" && mkdir -p "$dir"
+  "$mg" -q --gpu none "$spec" -o "$dir/pkg"
+  arch=$(sed -n 's/^ARCH ?= *//p' "$dir/pkg/Makefile")
+  for cu in "$dir"/pkg/*.cu; do
+    base=$(basename "$cu" .cu)
+    (cd "$dir/pkg" && "$NVCC" -std=c++17 -arch="$arch" -O3 -I. ${MG_RUNTIME_CFLAGS:-} -ptx "$base.cu" -o "$base.ptx")
+    # one file per kind of code, whatever the .cu is called
+    norm < "$dir/pkg/$base.ptx" > "$dir/${base#"$name"_}.ptx"
+  done
+}
+n=0
+for spec in "$@"; do
+  one "$spec" &
+  n=$((n + 1))
+  if [ "$n" -ge "$jobs" ]; then wait; n=0; fi
+done
+wait
