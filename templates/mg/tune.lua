@@ -318,7 +318,7 @@ function M.generic_manifest(man, c)
   man[#man + 1] = "generic_args " .. table.concat(a, " ")
 end
 
--- The manifest (read by mamba-tune, gen/tune_main.c): `key value` lines,
+-- The manifest (read by mamba-tune, tune/tune_main.c): `key value` lines,
 -- then one `candidate` line per variant:
 --   candidate ID MODE CHUNK THREADS CHANNELS BLOCKS FILE SMEM
 -- (mamba1: CHANNELS per scan block, BLOCKS scan blocks per sequence, SMEM 0;

@@ -1,6 +1,6 @@
-/* gen/tune_nvrtc.c: NVRTC compile of a candidate to a cubin (see
+/* tune/tune_nvrtc.c: NVRTC compile of a candidate to a cubin (see
  * tune_nvrtc.h). */
-#include "xstr.h"
+#include "gen/xstr.h"
 #include "tune_nvrtc.h"
 
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* gen/tune_gpu.c: the GPU half of mamba-tune (see tune_gpu.h). The kernels
+/* tune/tune_gpu.c: the GPU half of mamba-tune (see tune_gpu.h). The kernels
  * come from a cubin loaded through the runtime API's library functions, so
  * the program links cudart and NVRTC only. Inputs are drawn in f32, rounded
  * to the storage dtype on the host, and the reference runs on the rounded
@@ -6,7 +6,7 @@
  * rounding of the stored output. Mamba-1 (the scan's kernels) first, then
  * the Mamba-3 SISO section (the chunked SSM kernel, tg_m3_*); the public
  * functions dispatch on tg_dims.m3. */
-#include "xstr.h"
+#include "gen/xstr.h"
 #include "tune_gpu.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* gen/tune_main.c: main() of mamba-tune, the autotuner (`mamba-gen tune`
+/* tune/tune_main.c: main() of mamba-tune, the autotuner (`mamba-gen tune`
  * runs it; doc/tuning.md). Steps: the Lua side emits one scan translation
  * unit per candidate (chunk size x block size: the Mamba-1 scan kernels,
  * or the Mamba-3 SISO chunked SSM kernel) and a manifest; NVRTC
@@ -26,10 +26,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "lua_host.h"
-#include "outdir.h"
-#include "spec_yaml.h"
-#include "tune_cache.h"
+#include "gen/lua_host.h"
+#include "gen/outdir.h"
+#include "gen/spec_yaml.h"
+#include "gen/tune_cache.h"
 #include "tune_gpu.h"
 #include "tune_nvrtc.h"
 

@@ -1,4 +1,4 @@
-/* gen/tune_gpu.h: the GPU half of mamba-tune: the device, the scan's random
+/* tune/tune_gpu.h: the GPU half of mamba-tune: the device, the scan's random
  * inputs, loading a candidate's cubin with the runtime API
  * (cudaLibraryLoadData / cudaLibraryGetKernel / cudaLaunchKernel: cudart
  * only, never libcuda), running it, checking it against the f64 reference

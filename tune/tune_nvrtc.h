@@ -1,4 +1,4 @@
-/* gen/tune_nvrtc.h: compiling one autotuning candidate (a CUDA source
+/* tune/tune_nvrtc.h: compiling one autotuning candidate (a CUDA source
  * text) to a cubin with NVRTC, in-process. Needs libnvrtc only: no driver,
  * no GPU, no nvcc; safe to call from several threads at once. */
 #ifndef MG_TUNE_NVRTC_H
