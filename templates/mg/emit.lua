@@ -20,6 +20,13 @@ E.FILES = {
     { path = "%s.h",          template = "mamba1/model.h.tmpl",    prefix = "//" },
     { path = "%s_common.cuh", template = "mamba1/common.cuh.tmpl", prefix = "//" },
     { path = "%s_kernels.cu", template = "mamba1/kernels.cu.tmpl", prefix = "//" },
+    -- the kernel bodies (plain CUDA, one header per phase)
+    { path = "mg_m1_util.cuh",     copy = "kernels/mamba1/util.cuh",     prefix = "//" },
+    { path = "mg_m1_norm.cuh",     copy = "kernels/mamba1/norm.cuh",     prefix = "//" },
+    { path = "mg_m1_conv.cuh",     copy = "kernels/mamba1/conv.cuh",     prefix = "//" },
+    { path = "mg_m1_scan_fwd.cuh", copy = "kernels/mamba1/scan_fwd.cuh", prefix = "//" },
+    { path = "mg_m1_decode.cuh",   copy = "kernels/mamba1/decode.cuh",   prefix = "//" },
+    { path = "mg_m1_launch.cuh",   copy = "kernels/mamba1/launch.cuh",   prefix = "//" },
     { path = "%s.c",          template = "mamba1/model.c.tmpl",    prefix = "//" },
     { path = "%s_test.c",     template = "mamba1/test.c.tmpl",     prefix = "//" },
     { path = "%s_bench.c",    template = "mamba1/bench.c.tmpl",    prefix = "//" },

@@ -1,0 +1,443 @@
+// decode.cuh: the single-token decode of the Mamba-1 forward
+// (NAME_kernels.cu): the fused two-kernel mixer step, and the single-launch
+// step of the whole backbone (MG_M1_DECODE_PERSISTENT: thread-block
+// clusters, cooperative_groups included by NAME_kernels.cu).
+// Written against the constants of NAME_common.cuh (dims, CONV_*, SCAN_*,
+// DEC_*, the weight offsets DOFF_* / DL0_*, act_t); #included by
+// NAME_kernels.cu inside its anonymous namespace, so it includes nothing
+// itself.
+
+// ---------------------------------------------------------------------------
+// The fused single-token decode (seqlen 1): two kernels replace conv, the
+// x_proj and dt_proj GEMMs and the scan of one layer.
+//   1. decode_conv_xproj_kernel, grid (batch, CONV_BLOCKS), one thread per
+//      channel: the conv step of conv_silu_kernel (same expression order)
+//      with the conv state updated in place, xc written (storage dtype, as
+//      the unfused path stores it), and this block's partial x_proj
+//      products: part[b][blk][j] = sum over the block's channels e (lanes
+//      strided, then a shuffle butterfly) of xc[e] * x_proj.weight[j][e].
+//   2. decode_scan_kernel, grid (batch, SCAN_BLOCKS): every block sums the
+//      CONV_BLOCKS partials of its sequence in block order (dbl = dt_low |
+//      B | C, rounded to the storage dtype as the GEMM output is), computes
+//      its channels' dt = dt_low . dt_proj.weight[e] (rounded likewise), and
+//      runs one step of the scan_span<true> arithmetic: state in place,
+//      g = (C.s + D x) silu(z).
+// No atomics, fixed summation order: deterministic. The x_proj / dt_proj
+// products are summed in a different order than cuBLAS's, so the fused
+// step agrees with the unfused one (and with prefill) to rounding, not to
+// the bit. NULL states: zeros in, nothing written (graph warm-up).
+// ---------------------------------------------------------------------------
+__global__ void __launch_bounds__(CONV_THREADS)
+decode_conv_xproj_kernel(const act_t *__restrict__ xz, const float *__restrict__ cw,
+                         const float *__restrict__ cb, float *state, const act_t *__restrict__ xw,
+                         act_t *__restrict__ xc, float *__restrict__ part)
+{
+    __shared__ float sx[CONV_THREADS];
+    const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
+    const size_t b = blockIdx.x;
+    float xv = 0.0f;
+    if (e < E) {
+        float w[K], win[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) w[k] = cw[e * K + k];
+        const float bias = cb[e];
+        const size_t st = (b * E + e) * (K - 1);
+#pragma unroll
+        for (int k = 0; k < K - 1; ++k) win[k] = state ? state[st + k] : 0.0f;
+        win[K - 1] = to_f32(xz[b * E2 + e]);
+        float acc = bias;
+#pragma unroll
+        for (int k = 0; k < K; ++k) acc += w[k] * win[k];
+        const act_t xs = from_f32<act_t>(silu(acc));
+        xc[b * E + e] = xs;
+        xv = to_f32(xs);
+        if (state) {
+#pragma unroll
+            for (int k = 0; k < K - 1; ++k) state[st + k] = win[k + 1];
+        }
+    }
+    sx[threadIdx.x] = xv;
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, ln = threadIdx.x & 31;
+    const int e0 = blockIdx.y * CONV_THREADS;
+    const int ne = min(CONV_THREADS, E - e0);
+    for (int j = warp; j < XP; j += CONV_THREADS / 32) {
+        const act_t *wr = xw + (size_t)j * E + e0;
+        float acc = 0.0f;
+        for (int i = ln; i < ne; i += 32) acc += sx[i] * to_f32(wr[i]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+        if (ln == 0) part[(b * CONV_BLOCKS + blockIdx.y) * XP + j] = acc;
+    }
+}
+
+__global__ void __launch_bounds__(SCAN_THREADS)
+decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
+                   const act_t *__restrict__ xz, const act_t *__restrict__ dtw,
+                   const float *__restrict__ dt_bias, const float *__restrict__ A_log,
+                   const float *__restrict__ Dskip, float *state, act_t *__restrict__ g)
+{
+    __shared__ float sdbl[XP];
+    const size_t b = blockIdx.x;
+    for (int j = threadIdx.x; j < XP; j += SCAN_THREADS) {
+        float acc = 0.0f;
+        for (int p = 0; p < CONV_BLOCKS; ++p) acc += part[(b * CONV_BLOCKS + p) * XP + j];
+        sdbl[j] = to_f32(from_f32<act_t>(acc));
+    }
+    __syncthreads();
+    const int lane = threadIdx.x % SCAN_LANES;
+    const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
+    const bool valid = e < E;
+    const int ec = valid ? e : E - 1;
+    float dtv = 0.0f;
+    const act_t *wr = dtw + (size_t)ec * R;
+#pragma unroll 8
+    for (int r = 0; r < R; ++r) dtv += sdbl[r] * to_f32(wr[r]);
+    dtv = to_f32(from_f32<act_t>(dtv));
+    const float x = to_f32(xc[b * E + ec]);
+    const float delta = softplus(dtv + dt_bias[ec]);
+    const float dx = delta * x;
+    const float z = to_f32(xz[b * E2 + E + ec]);
+    const size_t sb = (b * E + ec) * N + lane * SCAN_NPT;
+    float y = 0.0f;
+#pragma unroll
+    for (int j = 0; j < SCAN_NPT; ++j) {
+        const int n = lane * SCAN_NPT + j;
+        const float A = -expf(A_log[(size_t)ec * N + n]);
+        float s = state ? state[sb + j] : 0.0f;
+        s = expf(delta * A) * s + dx * sdbl[R + n];
+        y += s * sdbl[R + N + n];
+        if (state && valid) state[sb + j] = s;
+    }
+#pragma unroll
+    for (int o = SCAN_LANES / 2; o > 0; o >>= 1) y += __shfl_xor_sync(FULL_MASK, y, o);
+    y += Dskip[ec] * x;
+    if (valid && lane == 0) g[b * E + e] = from_f32<act_t>(y * silu(z));
+}
+#if MG_M1_DECODE_PERSISTENT
+
+// ---------------------------------------------------------------------------
+// decode_persistent_kernel: one decode step of the whole backbone in ONE
+// launch (input_proj, every layer, norm_f). A thread-block cluster of
+// DEC_CLUSTER blocks per stream (grid = batch * DEC_CLUSTER, cluster rank r
+// = blockIdx.x % DEC_CLUSTER, stream b = blockIdx.x / DEC_CLUSTER); streams
+// are independent, so no grid-wide synchronisation. Block r owns the
+// channels [r*DEC_EC, (r+1)*DEC_EC) of every layer: their in_proj rows (x and
+// z), conv step and conv state, dt_proj rows, scan step and ssm state, gate.
+// Every block keeps its own copy of the residual stream h [D] in shared
+// memory; the copies stay bit-identical because every block computes them
+// with the same code from the same values. Per layer:
+//   1. RMSNorm of h (each block, redundantly), hn rounded to act_t;
+//   2. in_proj rows of the block's channels (x | z, rounded);
+//   3. conv step (conv state in place), xc rounded;
+//   4. x_proj partial over the block's channels -> s_xpart [XP];
+//      cluster.sync; dbl = sum of the DEC_CLUSTER partials in rank order,
+//      read through distributed shared memory (rounded to act_t);
+//   5. dt = dt_low . dt_proj[e] (rounded), softplus, scan step (ssm state in
+//      place), g = (C.s + D x) silu(z) (rounded);
+//   6. out_proj partial over the block's channels -> s_pout [D];
+//      cluster.sync; h += sum of the partials in rank order.
+// 2 cluster barriers per layer plus one before exit (no block may leave
+// while another still reads its shared memory). The buffers a remote block
+// reads (s_xpart, s_pout) are rewritten only after the next barrier that
+// every reader reaches after its reads, so one buffer each suffices.
+// Rounding to the storage dtype at the points where the unfused path stores
+// activations (hn, xz, xc, dbl, dt, g); every sum is f32 in a fixed order
+// (lane-strided, then shuffle butterflies, then ranks in order): no atomics,
+// deterministic. The per-channel parameters of a layer and the states are
+// loaded into registers at the start of the layer, and the GEMV weights too
+// when they fit the register budget (DecGemv::ONE_PASS), so their latency
+// overlaps the norm. NULL states: zeros in, nothing written (graph warm-up).
+// ---------------------------------------------------------------------------
+namespace cg = cooperative_groups;
+
+constexpr int DEC_WARPS = DEC_THREADS / 32;
+constexpr int DEC_DPT = (D + DEC_THREADS - 1) / DEC_THREADS;   // residual values per thread (norms)
+// Weight vectors a thread keeps in registers per GEMV pass (the register
+// file per thread shrinks with the block size).
+constexpr int DEC_PREFETCH_VECS = 8 * 256 / DEC_THREADS > 0 ? 8 * 256 / DEC_THREADS : 1;
+// input_proj columns; a placeholder width when there is no input_proj (the
+// code that uses it is then discarded, but must still be well-formed).
+constexpr int DEC_IN_COLS = DEC_IN_DIM > 0 ? DEC_IN_DIM : DEC_IN_VW;
+
+constexpr int dec_min(int a, int b) { return a < b ? a : b; }
+constexpr int dec_max(int a, int b) { return a > b ? a : b; }
+constexpr int dec_pow2ceil(int x) { return x <= 1 ? 1 : 2 * dec_pow2ceil((x + 1) / 2); }
+
+// VW consecutive storage elements, aligned for one vector load.
+template <int VW, typename T> struct alignas(VW * sizeof(T)) dvec { T v[VW]; };
+
+// DecGemv: y[r] = W[r] . x for rows r in [0, NR) of NC columns, x in shared
+// memory (f32). Row r is at b0 + r*LD for r < SPLIT, else b1 + (r-SPLIT)*LD
+// (in_proj: the x rows, then the z rows of the block's channels). Groups of
+// GL lanes (a power of two <= 32) share a row, each lane taking every GL-th
+// vector of VW elements; rows are dealt to the DEC_THREADS/GL groups; each
+// pass loads U rows per group (U*VPL vectors per thread in registers) before
+// any product, so their latencies overlap. Sum per lane in column order,
+// then a shuffle butterfly over the group: fixed order. Every thread of the
+// block must call compute()/run() (shuffles).
+template <int NR, int NC, int VW, int LD, int SPLIT, typename WT>
+struct DecGemv {
+    static constexpr int NV = NC / VW;
+    static constexpr int GL = dec_min(32, dec_pow2ceil(NV));
+    static constexpr int NG = DEC_THREADS / GL;
+    static constexpr int VPL = (NV + GL - 1) / GL;
+    static constexpr int RPG = (NR + NG - 1) / NG;
+    static constexpr int U = dec_max(1, dec_min(RPG, DEC_PREFETCH_VECS / VPL));
+    static constexpr int PASSES = (RPG + U - 1) / U;
+    static constexpr bool ONE_PASS = PASSES == 1;
+    static_assert(NC % VW == 0, "rows are whole vectors");
+    const WT *b0, *b1;
+    dvec<VW, WT> w[U][VPL];
+
+    __device__ __forceinline__ DecGemv(const WT *r0, const WT *r1) : b0(r0), b1(r1) {}
+    __device__ __forceinline__ const WT *row(int r) const
+    {
+        return r < SPLIT ? b0 + (size_t)r * LD : b1 + (size_t)(r - SPLIT) * LD;
+    }
+    __device__ __forceinline__ void load(int p)
+    {
+        const int grp = threadIdx.x / GL, gl = threadIdx.x % GL;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int r = grp + (p * U + u) * NG;
+#pragma unroll
+            for (int v = 0; v < VPL; ++v) {
+                const int vi = gl + v * GL;
+                if (r < NR && vi < NV) w[u][v] = *reinterpret_cast<const dvec<VW, WT> *>(row(r) + vi * VW);
+            }
+        }
+    }
+    template <typename OutF>
+    __device__ __forceinline__ void compute(int p, const float *x, OutF out)
+    {
+        const int grp = threadIdx.x / GL, gl = threadIdx.x % GL;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int r = grp + (p * U + u) * NG;
+            float acc = 0.0f;
+#pragma unroll
+            for (int v = 0; v < VPL; ++v) {
+                const int vi = gl + v * GL;
+                if (r < NR && vi < NV) {
+#pragma unroll
+                    for (int q = 0; q < VW; ++q) acc += to_f32(w[u][v].v[q]) * x[vi * VW + q];
+                }
+            }
+#pragma unroll
+            for (int o = GL / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+            if (gl == 0 && r < NR) out(r, acc);
+        }
+    }
+    // Pass 0's weights ahead of time, when it is the only pass.
+    __device__ __forceinline__ void prefetch()
+    {
+        if constexpr (ONE_PASS) load(0);
+    }
+    // Every pass (pass 0 from registers after prefetch(): prefetched = true).
+    template <typename OutF>
+    __device__ __forceinline__ void run(const float *x, OutF out, bool prefetched)
+    {
+        const int first = (ONE_PASS && prefetched) ? 1 : 0;
+        if (first == 1) compute(0, x, out);
+#pragma unroll 1
+        for (int p = first; p < PASSES; ++p) {
+            load(p);
+            compute(p, x, out);
+        }
+    }
+};
+
+__device__ __forceinline__ float round_act(float x) { return to_f32(from_f32<act_t>(x)); }
+
+// Sum of v over the block (every thread gets it): warp butterflies, then the
+// warps in index order. s_red: DEC_WARPS floats; a __syncthreads before the
+// next use of s_red is the caller's (the layers have several in between).
+__device__ __forceinline__ float dec_block_sum(float v, float *s_red)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DEC_WARPS; ++i) t += s_red[i];
+    return t;
+}
+
+__global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
+decode_persistent_kernel(int batch, const float *__restrict__ u, float *__restrict__ out,
+                         const float *__restrict__ w, const act_t *__restrict__ wg,
+                         float *conv_state, float *ssm_state)
+{
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = (int)cluster.block_rank();
+    const size_t b = blockIdx.x / DEC_CLUSTER;
+    const int e0 = rank * DEC_EC;                    // first channel of this block
+    __shared__ __align__(16) float s_h[D];           // residual stream (identical in every block)
+    __shared__ __align__(16) float s_hn[D];          // rmsnorm(h) * norm.weight, rounded
+    __shared__ __align__(16) float s_pout[D];        // this block's out_proj partial
+    __shared__ __align__(16) float s_xz[2 * DEC_EC]; // x | z of the block's channels, rounded
+    __shared__ __align__(16) float s_xc[DEC_EC];     // conv + SiLU, rounded
+    __shared__ __align__(16) float s_g[DEC_EC];      // gated scan output, rounded
+    __shared__ __align__(16) float s_xpart[XP];      // this block's x_proj partial
+    __shared__ __align__(16) float s_dbl[XP];        // dt_low | B | C, rounded
+    __shared__ float s_red[DEC_WARPS];
+    const int tid = threadIdx.x;
+    // conv / dt / scan phase: DEC_LANES threads per channel; threads past the
+    // block's channels shadow its last channel (they join the shuffles) and
+    // write nothing.
+    const int lane = tid % DEC_LANES;
+    const bool cvalid = tid / DEC_LANES < DEC_EC;
+    const int cl = cvalid ? tid / DEC_LANES : DEC_EC - 1;
+    const int e = e0 + cl;
+
+    if constexpr (DEC_IN_DIM > 0) {
+        // h = u . input_proj.weight^T + input_proj.bias (f32, every block)
+        __shared__ __align__(16) float s_u[DEC_IN_COLS];
+        for (int i = tid; i < DEC_IN_DIM; i += DEC_THREADS) s_u[i] = u[b * DEC_IN_DIM + i];
+        __syncthreads();
+        DecGemv<D, DEC_IN_COLS, DEC_IN_VW, DEC_IN_COLS, D, float> gi(w + DOFF_INPUT_PROJ_W, nullptr);
+        const float *bias = w + DOFF_INPUT_PROJ_B;
+        gi.run(s_u, [&](int r, float acc) { s_h[r] = acc + bias[r]; }, false);
+    } else {
+        for (int j = tid; j < D; j += DEC_THREADS) s_h[j] = u[b * D + j];
+    }
+    __syncthreads();
+
+#pragma unroll 1
+    for (int l = 0; l < N_LAYERS; ++l) {
+        const float *lw = w + (size_t)l * DOFF_LAYER_STRIDE;
+        const act_t *lg = wg + (size_t)l * DOFF_LAYER_STRIDE;
+        float *cs = conv_state ? conv_state + ((size_t)l * batch + b) * ((size_t)E * (K - 1)) : nullptr;
+        float *ss = ssm_state ? ssm_state + ((size_t)l * batch + b) * ((size_t)E * N) : nullptr;
+
+        // Loads of this layer that do not depend on h, issued first.
+        DecGemv<2 * DEC_EC, D, 4, D, DEC_EC, act_t> gin(lg + DL0_IN_PROJ_W + (size_t)e0 * D,
+                                                        lg + DL0_IN_PROJ_W + (size_t)(E + e0) * D);
+        DecGemv<XP, DEC_EC, DEC_VW, E, XP, act_t> gx(lg + DL0_X_PROJ_W + e0, nullptr);
+        DecGemv<D, DEC_EC, DEC_VW, E, D, act_t> go(lg + DL0_OUT_PROJ_W + e0, nullptr);
+        gin.prefetch();
+        gx.prefetch();
+        go.prefetch();
+        float cw[K], win[K], sv[DEC_NPT], alog[DEC_NPT];
+        act_t dtw[DEC_RPL];
+#pragma unroll
+        for (int k = 0; k < K; ++k) cw[k] = lw[DL0_CONV_W + (size_t)e * K + k];
+#pragma unroll
+        for (int k = 0; k < K - 1; ++k) win[k] = cs ? cs[(size_t)e * (K - 1) + k] : 0.0f;
+        const float cb = lw[DL0_CONV_B + e], dtb = lw[DL0_DT_PROJ_B + e], dsk = lw[DL0_D + e];
+#pragma unroll
+        for (int j = 0; j < DEC_NPT; ++j) {
+            const int n = lane * DEC_NPT + j;
+            alog[j] = lw[DL0_A_LOG + (size_t)e * N + n];
+            sv[j] = ss ? ss[(size_t)e * N + n] : 0.0f;
+        }
+#pragma unroll
+        for (int q = 0; q < DEC_RPL; ++q) {
+            const int r = lane + q * DEC_LANES;
+            dtw[q] = r < R ? lg[DL0_DT_PROJ_W + (size_t)e * R + r] : from_f32<act_t>(0.0f);
+        }
+        float nwv[DEC_DPT];
+#pragma unroll
+        for (int i = 0; i < DEC_DPT; ++i) {
+            const int j = tid + i * DEC_THREADS;
+            nwv[i] = j < D ? lw[DL0_NORM_W + j] : 0.0f;
+        }
+
+        // 1. hn = rmsnorm(h) * norm.weight
+        {
+            float sq = 0.0f;
+            for (int j = tid; j < D; j += DEC_THREADS) sq += s_h[j] * s_h[j];
+            const float rs = 1.0f / sqrtf(dec_block_sum(sq, s_red) / (float)D + EPS);
+#pragma unroll
+            for (int i = 0; i < DEC_DPT; ++i) {
+                const int j = tid + i * DEC_THREADS;
+                if (j < D) s_hn[j] = round_act(s_h[j] * rs * nwv[i]);
+            }
+        }
+        __syncthreads();
+        // 2. x | z of the block's channels
+        {
+            auto st = [&](int r, float acc) { s_xz[r] = round_act(acc); };
+            gin.run(s_hn, st, true);
+        }
+        __syncthreads();
+        // 3. conv step, conv state in place
+        win[K - 1] = s_xz[cl];
+        float cacc = cb;
+#pragma unroll
+        for (int k = 0; k < K; ++k) cacc += cw[k] * win[k];
+        const float xv = round_act(silu(cacc));
+        if (cvalid && lane == 0) {
+            s_xc[cl] = xv;
+            if (cs) {
+#pragma unroll
+                for (int k = 0; k < K - 1; ++k) cs[(size_t)e * (K - 1) + k] = win[k + 1];
+            }
+        }
+        __syncthreads();
+        // 4. x_proj: this block's partial, then the cluster's sum in rank order
+        gx.run(s_xc, [&](int r, float acc) { s_xpart[r] = acc; }, true);
+        cluster.sync();
+        for (int j = tid; j < XP; j += DEC_THREADS) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(s_xpart, q)[j];
+            s_dbl[j] = round_act(acc);
+        }
+        __syncthreads();
+        // 5. dt_proj + softplus, scan step (ssm state in place), gate
+        {
+            float dtv = 0.0f;
+#pragma unroll
+            for (int q = 0; q < DEC_RPL; ++q) {
+                const int r = lane + q * DEC_LANES;
+                if (r < R) dtv += s_dbl[r] * to_f32(dtw[q]);
+            }
+#pragma unroll
+            for (int o = DEC_LANES / 2; o > 0; o >>= 1) dtv += __shfl_xor_sync(FULL_MASK, dtv, o);
+            const float delta = softplus(round_act(dtv) + dtb);
+            const float dx = delta * xv;
+            const float z = s_xz[DEC_EC + cl];
+            float y = 0.0f;
+#pragma unroll
+            for (int j = 0; j < DEC_NPT; ++j) {
+                const int n = lane * DEC_NPT + j;
+                const float A = -expf(alog[j]);
+                sv[j] = expf(delta * A) * sv[j] + dx * s_dbl[R + n];
+                y += sv[j] * s_dbl[R + N + n];
+            }
+            if (ss && cvalid) {
+#pragma unroll
+                for (int j = 0; j < DEC_NPT; ++j) ss[(size_t)e * N + lane * DEC_NPT + j] = sv[j];
+            }
+#pragma unroll
+            for (int o = DEC_LANES / 2; o > 0; o >>= 1) y += __shfl_xor_sync(FULL_MASK, y, o);
+            y += dsk * xv;
+            if (cvalid && lane == 0) s_g[cl] = round_act(y * silu(z));
+        }
+        __syncthreads();
+        // 6. out_proj: this block's partial, then h += the cluster's sum in rank order
+        go.run(s_g, [&](int r, float acc) { s_pout[r] = acc; }, true);
+        cluster.sync();
+        for (int j = tid; j < D; j += DEC_THREADS) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(s_pout, q)[j];
+            s_h[j] += acc;
+        }
+        __syncthreads();
+    }
+
+    // out = rmsnorm(h) * norm_f.weight (f32), written by rank 0
+    if (rank == 0) {
+        float sq = 0.0f;
+        for (int j = tid; j < D; j += DEC_THREADS) sq += s_h[j] * s_h[j];
+        const float rs = 1.0f / sqrtf(dec_block_sum(sq, s_red) / (float)D + EPS);
+        const float *nf = w + DOFF_NORM_F_W;
+        for (int j = tid; j < D; j += DEC_THREADS) out[b * D + j] = s_h[j] * rs * nf[j];
+    }
+    cluster.sync();   // the other blocks may still be reading s_pout
+}
+#endif // MG_M1_DECODE_PERSISTENT

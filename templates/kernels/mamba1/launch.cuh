@@ -1,0 +1,153 @@
+// launch.cuh: the launchers of the Mamba-1 forward kernels, the C functions
+// the host pipeline (NAME.c) calls: MG_LAUNCH(fn) is NAME_launch_fn
+// (NAME_common.cuh). #included by NAME_kernels.cu after its anonymous
+// namespace (C linkage), so it includes nothing itself; the launchers of
+// optional kernels exist with them (MG_M1_* of NAME_common.cuh).
+
+// ===========================================================================
+// Launchers (C linkage, prototypes in NAME.h under NAME_INTERNAL).
+// Argument ranges are checked by the host pipeline before any launch.
+// ===========================================================================
+extern "C" cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int rows, cudaStream_t stream)
+{
+    const size_t n4 = (size_t)rows * (D / 4);
+    size_t blocks = (n4 + 255) / 256;
+    if (blocks > 4096) blocks = 4096;
+    bias_rows_kernel<<<(unsigned)blocks, 256, 0, stream>>>(
+        reinterpret_cast<float4 *>(h), reinterpret_cast<const float4 *>(bias), n4);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_f32,
+                                   int rows, cudaStream_t stream)
+{
+    if (out_f32)
+        rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<float *>(y), 1, 0);
+    else
+        rmsnorm_kernel<act_t><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<act_t *>(y), 1, 0);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
+                                        int in_stride, int in_off, cudaStream_t stream)
+{
+    rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, y, in_stride, in_off);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *conv_w,
+                                const float *conv_b, const float *state_in, float *state_out,
+                                void *xc, cudaStream_t stream)
+{
+    const dim3 grid(batch, CONV_BLOCKS);
+    conv_silu_kernel<<<grid, CONV_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(xz), conv_w, conv_b, state_in, state_out,
+        static_cast<act_t *>(xc));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *xc, const void *dt,
+                                const void *dbl, const void *xz, const float *dt_bias,
+                                const float *A_log, const float *Dskip, const float *state_in,
+                                float *state_out, void *g, cudaStream_t stream)
+{
+    const dim3 grid(batch, SCAN_BLOCKS);
+    scan_kernel<<<grid, SCAN_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+        static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+        state_in, state_out, static_cast<act_t *>(g));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *xz, const float *conv_w,
+                                        const float *conv_b, float *conv_state, const void *x_proj_w,
+                                        const void *dt_proj_w, const float *dt_bias,
+                                        const float *A_log, const float *Dskip, float *ssm_state,
+                                        void *xc, float *part, void *g, cudaStream_t stream)
+{
+    decode_conv_xproj_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
+        static_cast<const act_t *>(xz), conv_w, conv_b, conv_state, static_cast<const act_t *>(x_proj_w),
+        static_cast<act_t *>(xc), part);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    decode_scan_kernel<<<dim3(batch, SCAN_BLOCKS), SCAN_THREADS, 0, stream>>>(
+        part, static_cast<const act_t *>(xc), static_cast<const act_t *>(xz),
+        static_cast<const act_t *>(dt_proj_w), dt_bias, A_log, Dskip, ssm_state, static_cast<act_t *>(g));
+    return cudaGetLastError();
+}
+#if MG_M1_DECODE_PERSISTENT
+
+extern "C" cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, float *out, const float *w,
+                                             const void *wg, float *conv_state, float *ssm_state,
+                                             cudaStream_t stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)batch * DEC_CLUSTER, 1, 1);
+    cfg.blockDim = dim3(DEC_THREADS, 1, 1);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = DEC_CLUSTER;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, decode_persistent_kernel, batch, u, out, w,
+                                             static_cast<const act_t *>(wg), conv_state, ssm_state);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+#endif
+#if MG_M1_SCAN_CHUNKED
+
+extern "C" cudaError_t MG_LAUNCH(conv_chunked)(int batch, int seqlen, const void *xz, const float *conv_w,
+                                        const float *conv_b, float *state, void *xc,
+                                        cudaStream_t stream)
+{
+    const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
+    conv_chunked_kernel<<<dim3(batch, CONV_BLOCKS, nc), CONV_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(xz), conv_w, conv_b, state, static_cast<act_t *>(xc));
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || !state) return e;
+    conv_state_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(xz), state);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *xc, const void *dt,
+                                        const void *dbl, const void *xz, const float *dt_bias,
+                                        const float *A_log, const float *Dskip,
+                                        const float *state_in, float *state_out, float *cstate,
+                                        float *dsum, void *g, cudaStream_t stream)
+{
+    const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
+    if (nc > 1) {
+        chunk_state_kernel<<<dim3(batch, SCAN_BLOCKS, nc - 1), SCAN_THREADS, 0, stream>>>(
+            seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+            static_cast<const act_t *>(dbl), dt_bias, A_log, cstate, dsum);
+        const cudaError_t e1 = cudaGetLastError();
+        if (e1 != cudaSuccess) return e1;
+    }
+    const size_t n = (size_t)batch * E * N;
+    chunk_combine_kernel<<<(unsigned)((n + COMBINE_THREADS - 1) / COMBINE_THREADS), COMBINE_THREADS, 0,
+                           stream>>>(batch, nc, A_log, state_in, cstate, dsum);
+    const cudaError_t e2 = cudaGetLastError();
+    if (e2 != cudaSuccess) return e2;
+    chunk_output_kernel<<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, stream>>>(
+        seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+        static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+        cstate, state_out, static_cast<act_t *>(g));
+    return cudaGetLastError();
+}
+#endif
+#if MG_M1_LOWP
+
+extern "C" cudaError_t MG_LAUNCH(convert)(const float *w, void *wa, size_t n, cudaStream_t stream)
+{
+    size_t blocks = (n + CONVERT_THREADS - 1) / CONVERT_THREADS;
+    if (blocks > (size_t)CONVERT_BLOCKS_MAX) blocks = CONVERT_BLOCKS_MAX;
+    if (blocks == 0) return cudaSuccess;
+    convert_kernel<<<(unsigned)blocks, CONVERT_THREADS, 0, stream>>>(w, static_cast<act_t *>(wa), n);
+    return cudaGetLastError();
+}
+#endif
