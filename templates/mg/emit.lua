@@ -33,6 +33,14 @@ E.FILES = {
     -- training half (spec.emit.training only)
     { path = "%s_train.h",       template = "mamba1/train.h.tmpl",      prefix = "//", when = "training" },
     { path = "%s_backward.cu",   template = "mamba1/backward.cu.tmpl",  prefix = "//", when = "training" },
+    { path = "mg_m1_train_norm.cuh",   copy = "kernels/mamba1/train_norm.cuh",   prefix = "//", when = "training" },
+    { path = "mg_m1_train_conv.cuh",   copy = "kernels/mamba1/train_conv.cuh",   prefix = "//", when = "training" },
+    { path = "mg_m1_scan_bwd.cuh",     copy = "kernels/mamba1/scan_bwd.cuh",     prefix = "//", when = "training" },
+    { path = "mg_m1_adamw.cuh",        copy = "kernels/mamba1/adamw.cuh",        prefix = "//", when = "training" },
+    { path = "mg_m1_launch_train.cuh", copy = "kernels/mamba1/launch_train.cuh", prefix = "//", when = "training" },
+    { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh",    prefix = "//", when = "training" },
+    { path = "mg_grad_norm.cuh",       copy = "kernels/common/grad_norm.cuh",    prefix = "//", when = "training" },
+    { path = "mg_loss.cuh",            copy = "kernels/common/loss.cuh",         prefix = "//", when = "training" },
     { path = "%s_train.c",       template = "mamba1/train.c.tmpl",      prefix = "//", when = "training" },
     { path = "%s_train_test.c",  template = "mamba1/train_test.c.tmpl", prefix = "//", when = "training" },
     { path = "Makefile",      template = "mamba1/Makefile.tmpl",   prefix = "#" },
@@ -47,6 +55,9 @@ E.FILES = {
     -- training half (spec.emit.training only)
     { path = "%s_train.h",       template = "mamba3/train.h.tmpl",      prefix = "//", when = "training" },
     { path = "%s_backward.cu",   template = "mamba3/backward.cu.tmpl",  prefix = "//", when = "training" },
+    -- the training kernels every arch shares (templates/kernels/common/, train_optim parts)
+    { path = "mg_grad_norm.cuh", copy = "kernels/common/grad_norm.cuh", prefix = "//", when = "training" },
+    { path = "mg_loss.cuh",      copy = "kernels/common/loss.cuh",      prefix = "//", when = "training" },
     { path = "%s_train.c",       template = "mamba3/train.c.tmpl",      prefix = "//", when = "training" },
     { path = "%s_train_test.c",  template = "mamba3/train_test.c.tmpl", prefix = "//", when = "training" },
     { path = "Makefile",      template = "mamba3/Makefile.tmpl",   prefix = "#" },

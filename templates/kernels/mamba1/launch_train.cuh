@@ -1,0 +1,164 @@
+// launch_train.cuh: the launchers of the Mamba-1 training kernels, the C
+// functions the trainer (NAME_train.c) calls: MG_LAUNCH(fn) is
+// NAME_launch_fn (NAME_common.cuh). #included by NAME_backward.cu after its
+// anonymous namespace (C linkage), so it includes nothing itself. (The
+// launchers of the kernels every arch shares stay in
+// templates/common/train_optim.cu.tmpl.)
+
+// Blocks of a grid-stride kernel over n elements (at most 4096).
+static unsigned grid_for(size_t n)
+{
+    size_t blocks = (n + RED_THREADS - 1) / RED_THREADS;
+    if (blocks > 4096) blocks = 4096;
+    if (blocks < 1) blocks = 1;
+    return (unsigned)blocks;
+}
+
+
+// ===========================================================================
+// Launchers (C linkage, prototypes in NAME_train.h under NAME_INTERNAL).
+// Arguments are checked by NAME_train.c before any launch.
+// ===========================================================================
+extern "C" cudaError_t MG_LAUNCH(train_bias_rows)(float *h, const float *bias, int rows, cudaStream_t st)
+{
+    const size_t n = (size_t)rows * D;
+    train_bias_rows_kernel<<<grid_for(n), RED_THREADS, 0, st>>>(n, bias, h);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
+                                         float *rstd, int rows, cudaStream_t st)
+{
+    if (out_f32)
+        rmsnorm_fwd_kernel<float><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<float *>(y), rstd);
+    else
+        rmsnorm_fwd_kernel<act_t><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<act_t *>(y), rstd);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(conv_fwd)(int batch, int seqlen, const void *xz, const float *cw,
+                                      const float *cb, const float *cs0, float *state_out, void *xc,
+                                      cudaStream_t st)
+{
+    conv_fwd_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, st>>>(
+        seqlen, static_cast<const act_t *>(xz), cw, cb, cs0, state_out, static_cast<act_t *>(xc));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *xc, const void *dt,
+                                      const void *dbl, const void *xz, const float *dt_bias,
+                                      const float *A_log, const float *Dskip, const float *state_in,
+                                      float *state_out, float *ckpt, void *y, void *g, cudaStream_t st)
+{
+    scan_fwd_kernel<<<dim3(batch, SCAN_BLOCKS), SCAN_THREADS, 0, st>>>(
+        seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+        static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+        state_in, state_out, ckpt, static_cast<act_t *>(y), static_cast<act_t *>(g));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w,
+                                         const float *rstd, const float *dy, const float *dscale,
+                                         int accumulate, float *dh, void *dh_act, float *part,
+                                         cudaStream_t st)
+{
+    const int blocks = (rows + NORMB_ROWS - 1) / NORMB_ROWS;
+    rmsnorm_bwd_kernel<<<blocks, NORM_THREADS, 0, st>>>(rows, h, w, rstd, dy, dscale, accumulate, dh,
+                                                        static_cast<act_t *>(dh_act), part);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(colsum_part)(int rows, const float *x, float *part, cudaStream_t st)
+{
+    const int blocks = (rows + NORMB_ROWS - 1) / NORMB_ROWS;
+    colsum_part_kernel<<<blocks, RED_THREADS, 0, st>>>(rows, x, part);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(reduce_parts)(const float *part, int nparts, size_t pstride, int n,
+                                          float *out, cudaStream_t st)
+{
+    reduce_parts_kernel<<<(n + RED_THREADS - 1) / RED_THREADS, RED_THREADS, 0, st>>>(part, nparts, pstride, n, out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const void *y, const void *xz, const float *dg,
+                                      void *g, float *dy, void *dxz, cudaStream_t st)
+{
+    const size_t n = (size_t)tokens * E;
+    gate_bwd_kernel<<<grid_for(n), RED_THREADS, 0, st>>>(n, static_cast<const act_t *>(y),
+                                                         static_cast<const act_t *>(xz), dg,
+                                                         static_cast<act_t *>(g), dy,
+                                                         static_cast<act_t *>(dxz));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, int nspans, const void *xc, const void *dt,
+                                      const void *dbl, const float *dt_bias, const float *A_log,
+                                      const float *Dskip, const float *ckpt, const float *dy,
+                                      float *dxc, void *ddt, float *part_bc, float *part_A,
+                                      float *part_D, float *part_dtb, float *span_p, float *span_ds,
+                                      float *dss, cudaStream_t st)
+{
+    const act_t *xc_ = static_cast<const act_t *>(xc), *dt_ = static_cast<const act_t *>(dt);
+    const act_t *dbl_ = static_cast<const act_t *>(dbl);
+    if (nspans <= 1) {   // sequential: one span over the whole sequence
+        scan_bwd_kernel<<<dim3(batch, SCAN_BLOCKS, 1), SCAN_THREADS, 0, st>>>(
+            seqlen, batch * seqlen, (seqlen + BCK - 1) / BCK, xc_, dt_, dbl_, dt_bias, A_log, Dskip, ckpt, dy,
+            nullptr, dxc, static_cast<act_t *>(ddt), part_bc, part_A, part_D, part_dtb, dss);
+        return cudaGetLastError();
+    }
+#if MG_M1_BSCAN_CHUNKED
+    if (nspans != (seqlen + BSPAN - 1) / BSPAN || !span_p || !span_ds) return cudaErrorInvalidValue;
+    scan_bwd_span_kernel<<<dim3(batch, SCAN_BLOCKS, nspans), SCAN_THREADS, 0, st>>>(
+        seqlen, dt_, dbl_, dt_bias, A_log, dy, span_p, span_ds);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const size_t n = (size_t)batch * E * N;
+    scan_bwd_combine_kernel<<<(unsigned)((n + BCOMB_THREADS - 1) / BCOMB_THREADS), BCOMB_THREADS, 0, st>>>(
+        batch, nspans, span_p, span_ds);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    scan_bwd_kernel<<<dim3(batch, SCAN_BLOCKS, nspans), SCAN_THREADS, 0, st>>>(
+        seqlen, batch * seqlen, BSPAN_CK, xc_, dt_, dbl_, dt_bias, A_log, Dskip, ckpt, dy, span_ds, dxc,
+        static_cast<act_t *>(ddt), part_bc, part_A, part_D, part_dtb, dss);
+    return cudaGetLastError();
+#else
+    (void)span_p;
+    (void)span_ds;
+    return cudaErrorInvalidValue;   // no chunk-parallel backward in this library
+#endif
+}
+
+extern "C" cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, void *ddbl, cudaStream_t st)
+{
+    const size_t n = (size_t)tokens * 2 * N;
+    bc_reduce_kernel<<<(unsigned)((n + RED_THREADS - 1) / RED_THREADS), RED_THREADS, 0, st>>>(
+        tokens, part_bc, static_cast<act_t *>(ddbl));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,
+                                      const float *cb, const float *cs0, const float *dxc, void *dxz,
+                                      float *dcs, float *part_w, float *part_b, cudaStream_t st)
+{
+    conv_bwd_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, st>>>(
+        seqlen, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
+        part_w, part_b);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(adamw)(float *w, const float *g, float *m, float *v, const float *stat,
+                                   const adamw_params *hp, const float *coef, void *wa,
+                                   cudaStream_t st)
+{
+    adamw_kernel<<<grid_for(WEIGHTS_TOTAL), RED_THREADS, 0, st>>>(
+        WEIGHTS_TOTAL, w, g, m, v, stat, hp, coef, static_cast<act_t *>(wa));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(train_convert)(const float *w, void *wa, cudaStream_t st)
+{
+    train_convert_kernel<<<grid_for(WEIGHTS_TOTAL), RED_THREADS, 0, st>>>(WEIGHTS_TOTAL, w, static_cast<act_t *>(wa));
+    return cudaGetLastError();
+}

@@ -1,0 +1,360 @@
+// scan_bwd.cuh: the selective scan of the Mamba-1 training path
+// (the math is in the header comment of NAME_backward.cu): the forward that
+// saves checkpoints and y, the gate backward, the scan backward (one span,
+// or the chunk-parallel passes when MG_M1_BSCAN_CHUNKED), and the dB|dC
+// reduction.
+// Written against the constants of NAME_common.cuh and those NAME_backward.cu
+// defines (BCK, SCAN_WARPS, RED_THREADS, BSPAN*, BCOMB_THREADS); #included by NAME_backward.cu inside its anonymous
+// namespace, so it includes nothing itself.
+
+// Selective scan for training: the inference scan (same arithmetic) that also
+// saves y (before the gate) and the state at the start of every BCK-step
+// chunk: ckpt [b][nck][E][N], nck = ceil(seqlen/BCK) (chunk 0 = the initial
+// state). g = y * silu(z) is the out_proj input. Grid (batch, SCAN_BLOCKS).
+__global__ void __launch_bounds__(SCAN_THREADS)
+scan_fwd_kernel(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
+                const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
+                const float *__restrict__ dt_bias, const float *__restrict__ A_log,
+                const float *__restrict__ Dskip, const float *state_in, float *state_out,
+                float *__restrict__ ckpt, act_t *__restrict__ ysave, act_t *__restrict__ g)
+{
+    __shared__ float sBC[BCK][2 * N];
+    const int lane = threadIdx.x % SCAN_LANES;
+    const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
+    const bool valid = e < E;
+    const int ec = valid ? e : E - 1;
+    const size_t b = blockIdx.x;
+    const size_t row0 = b * (size_t)seqlen;
+    const int nck = (seqlen + BCK - 1) / BCK;
+
+    float A[SCAN_NPT], s[SCAN_NPT];
+    const size_t sb = (b * E + ec) * N + lane * SCAN_NPT;
+#pragma unroll
+    for (int j = 0; j < SCAN_NPT; ++j) {
+        A[j] = -expf(A_log[(size_t)ec * N + lane * SCAN_NPT + j]);
+        s[j] = state_in ? state_in[sb + j] : 0.0f;
+    }
+    const float dtb = dt_bias[ec];
+    const float dsk = Dskip[ec];
+
+    for (int c = 0; c < nck; ++c) {
+        const int t0 = c * BCK;
+        const int nt = min(BCK, seqlen - t0);
+        if (valid) {
+            float *cp = ckpt + (((b * nck + c) * E + e) * N) + lane * SCAN_NPT;
+#pragma unroll
+            for (int j = 0; j < SCAN_NPT; ++j) cp[j] = s[j];
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < nt * 2 * N; i += SCAN_THREADS) {
+            const int tt = i / (2 * N), k = i % (2 * N);
+            sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
+        }
+        __syncthreads();
+        for (int tt = 0; tt < nt; ++tt) {
+            const size_t row = row0 + t0 + tt;
+            const float x = to_f32(xc[row * E + ec]);
+            const float z = to_f32(xz[row * E2 + E + ec]);
+            const float delta = softplus(to_f32(dt[row * E + ec]) + dtb);
+            const float dx = delta * x;
+            float y = 0.0f;
+#pragma unroll
+            for (int j = 0; j < SCAN_NPT; ++j) {
+                const int n = lane * SCAN_NPT + j;
+                s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][n];
+                y += s[j] * sBC[tt][N + n];
+            }
+#pragma unroll
+            for (int o = SCAN_LANES / 2; o > 0; o >>= 1) y += __shfl_xor_sync(FULL_MASK, y, o);
+            y += dsk * x;
+            if (valid && lane == 0) {
+                ysave[row * E + e] = from_f32<act_t>(y);
+                g[row * E + e] = from_f32<act_t>(y * silu(z));
+            }
+        }
+    }
+    if (state_out && valid) {
+#pragma unroll
+        for (int j = 0; j < SCAN_NPT; ++j) state_out[sb + j] = s[j];
+    }
+}
+
+// Gate backward, per (token, e): g = y silu(z) (recomputed: out_proj's dW input),
+// dy = dg silu(z) (f32, into the scan backward), dz = dg y silu'(z) -> dxz[:, E+e].
+__global__ void __launch_bounds__(RED_THREADS)
+gate_bwd_kernel(size_t n, const act_t *__restrict__ y, const act_t *__restrict__ xz,
+                const float *__restrict__ dg, act_t *__restrict__ g, float *__restrict__ dy,
+                act_t *__restrict__ dxz)
+{
+    for (size_t i = (size_t)blockIdx.x * RED_THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * RED_THREADS) {
+        const size_t row = i / E, e = i % E;
+        const float yv = to_f32(y[i]);
+        const float z = to_f32(xz[row * E2 + E + e]);
+        const float sz = silu(z);
+        const float gg = dg[i];
+        g[i] = from_f32<act_t>(yv * sz);
+        dy[i] = gg * sz;
+        dxz[row * E2 + E + e] = from_f32<act_t>(gg * yv * dsilu(z));
+    }
+}
+
+// Selective-scan backward (see the header). Grid (batch, SCAN_BLOCKS, spans),
+// the forward scan's block shape. Block z walks the checkpoint chunks
+// [z*span_ck, min(nck, (z+1)*span_ck)) from last to first, starting from
+// ds = ds_end[b][z][E][N] (NULL: 0, the end of the sequence). The sequential
+// backward is the launch with one span (span_ck >= nck, ds_end NULL); the
+// chunk-parallel one launches a span per block z after scan_bwd_span_kernel
+// and scan_bwd_combine_kernel gave each its entering ds. Outputs, for
+// sequence b, span z of nz = gridDim.z:
+//   dxc [row][E] f32   = sum_n ds delta B + Dskip dy (x_proj's dX is added later)
+//   ddt [row][E] act   = d(dt_proj output) = ddelta softplus'(dt + dt_bias)
+//   part_bc [blk][row][2N] = this block's channel sums of dB | dC (every row
+//                      belongs to one span: written once)
+//   part_A [b*nz+z][E][N], part_D [b*nz+z][E], part_dtb [b*nz+z][E]: sums
+//                      over the span's steps
+//   dss [b][E][N] (optional) = dL/d(initial state), from span 0
+__global__ void __launch_bounds__(SCAN_THREADS)
+scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ xc,
+                const act_t *__restrict__ dt, const act_t *__restrict__ dbl,
+                const float *__restrict__ dt_bias, const float *__restrict__ A_log,
+                const float *__restrict__ Dskip, const float *__restrict__ ckpt,
+                const float *__restrict__ dy, const float *__restrict__ ds_end,
+                float *__restrict__ dxc, act_t *__restrict__ ddt, float *__restrict__ part_bc,
+                float *__restrict__ part_A, float *__restrict__ part_D, float *__restrict__ part_dtb,
+                float *__restrict__ dss)
+{
+    __shared__ float sBC[BCK][2 * N];
+    __shared__ float red[2][SCAN_WARPS][2 * N];
+    const int lane = threadIdx.x % SCAN_LANES;
+    const int warp = threadIdx.x >> 5;
+    const bool wlead = (threadIdx.x & 31) < SCAN_LANES;   // first channel of its warp
+    const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
+    const bool valid = e < E;
+    const int ec = valid ? e : E - 1;
+    const size_t b = blockIdx.x;
+    const size_t row0 = b * (size_t)seqlen;
+    const int nck = (seqlen + BCK - 1) / BCK;
+    const int z = blockIdx.z;
+    const size_t pb = b * gridDim.z + z;   // partial index (sequence, span)
+    const int c_lo = z * span_ck;
+    const int c_hi = min(nck, c_lo + span_ck);
+
+    float A[SCAN_NPT], ds[SCAN_NPT], gA[SCAN_NPT];
+    // Padding threads (valid false) keep ds = 0: with dy = 0 they then add
+    // nothing to the block's dB sums.
+    const float *dse = (ds_end && valid) ? ds_end + (pb * E + e) * N + lane * SCAN_NPT : nullptr;
+#pragma unroll
+    for (int j = 0; j < SCAN_NPT; ++j) {
+        A[j] = -expf(A_log[(size_t)ec * N + lane * SCAN_NPT + j]);
+        ds[j] = dse ? dse[j] : 0.0f;
+        gA[j] = 0.0f;
+    }
+    const float dtb = dt_bias[ec];
+    const float dsk = Dskip[ec];
+    float gD = 0.0f, gdtb = 0.0f;
+    int par = 0;
+
+    for (int c = c_hi - 1; c >= c_lo; --c) {
+        const int t0 = c * BCK;
+        const int nt = min(BCK, seqlen - t0);
+        __syncthreads();   // the previous chunk is done reading sBC
+        for (int i = threadIdx.x; i < nt * 2 * N; i += SCAN_THREADS) {
+            const int tt = i / (2 * N), k = i % (2 * N);
+            sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
+        }
+        __syncthreads();
+        // Recompute the chunk's states from its checkpoint (forward arithmetic).
+        float s0[SCAN_NPT], hs[BCK][SCAN_NPT];
+        const float *cp = ckpt + (((b * nck + c) * E + ec) * N) + lane * SCAN_NPT;
+#pragma unroll
+        for (int j = 0; j < SCAN_NPT; ++j) s0[j] = cp[j];
+        {
+            float s[SCAN_NPT];
+#pragma unroll
+            for (int j = 0; j < SCAN_NPT; ++j) s[j] = s0[j];
+            for (int tt = 0; tt < nt; ++tt) {
+                const size_t row = row0 + t0 + tt;
+                const float x = to_f32(xc[row * E + ec]);
+                const float delta = softplus(to_f32(dt[row * E + ec]) + dtb);
+                const float dx = delta * x;
+#pragma unroll
+                for (int j = 0; j < SCAN_NPT; ++j) {
+                    s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][lane * SCAN_NPT + j];
+                    hs[tt][j] = s[j];
+                }
+            }
+        }
+        // Walk the chunk in reverse.
+        for (int tt = nt - 1; tt >= 0; --tt) {
+            const size_t row = row0 + t0 + tt;
+            const float x = to_f32(xc[row * E + ec]);
+            const float raw = to_f32(dt[row * E + ec]) + dtb;
+            const float delta = softplus(raw);
+            const float dyv = valid ? dy[row * E + ec] : 0.0f;
+            float dd = 0.0f, dx = 0.0f, cb[SCAN_NPT], cc[SCAN_NPT];
+#pragma unroll
+            for (int j = 0; j < SCAN_NPT; ++j) {
+                const int n = lane * SCAN_NPT + j;
+                const float sprev = tt > 0 ? hs[tt - 1][j] : s0[j];
+                const float Bn = sBC[tt][n], Cn = sBC[tt][N + n];
+                cc[j] = dyv * hs[tt][j];
+                const float dsn = ds[j] + dyv * Cn;
+                const float a = expf(delta * A[j]);
+                const float gda = dsn * sprev * a * A[j];
+                dd += gda + dsn * Bn * x;
+                gA[j] += gda * delta;
+                cb[j] = dsn * delta * x;
+                dx += dsn * delta * Bn;
+                ds[j] = dsn * a;
+            }
+#pragma unroll
+            for (int o = SCAN_LANES / 2; o > 0; o >>= 1) {
+                dd += __shfl_xor_sync(FULL_MASK, dd, o);
+                dx += __shfl_xor_sync(FULL_MASK, dx, o);
+            }
+            const float draw = dd * dsoftplus(raw);
+            gD += dyv * x;
+            gdtb += draw;
+            if (valid && lane == 0) {
+                dxc[row * E + e] = dx + dsk * dyv;
+                ddt[row * E + e] = from_f32<act_t>(draw);
+            }
+            // dB, dC: sum over the warp's channels (butterfly over the lane
+            // groups), then over the block's warps in order.
+#pragma unroll
+            for (int j = 0; j < SCAN_NPT; ++j) {
+#pragma unroll
+                for (int o = 16; o >= SCAN_LANES; o >>= 1) {
+                    cb[j] += __shfl_xor_sync(FULL_MASK, cb[j], o);
+                    cc[j] += __shfl_xor_sync(FULL_MASK, cc[j], o);
+                }
+            }
+            if (wlead) {
+#pragma unroll
+                for (int j = 0; j < SCAN_NPT; ++j) {
+                    red[par][warp][lane * SCAN_NPT + j] = cb[j];
+                    red[par][warp][N + lane * SCAN_NPT + j] = cc[j];
+                }
+            }
+            __syncthreads();   // one barrier per step: red is double-buffered
+            for (int i = threadIdx.x; i < 2 * N; i += SCAN_THREADS) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int w = 0; w < SCAN_WARPS; ++w) acc += red[par][w][i];
+                part_bc[((size_t)blockIdx.y * tokens + row) * (2 * N) + i] = acc;
+            }
+            par ^= 1;
+        }
+    }
+    if (valid) {
+        const size_t pa = (pb * E + e) * N + lane * SCAN_NPT;
+        const size_t sb = (b * E + e) * N + lane * SCAN_NPT;
+#pragma unroll
+        for (int j = 0; j < SCAN_NPT; ++j) {
+            part_A[pa + j] = gA[j];
+            if (dss && z == 0) dss[sb + j] = ds[j];
+        }
+        if (lane == 0) {
+            part_D[pb * E + e] = gD;
+            part_dtb[pb * E + e] = gdtb;
+        }
+    }
+}
+#if MG_M1_BSCAN_CHUNKED
+
+// Pass 1 of the chunk-parallel scan backward. Grid (batch, SCAN_BLOCKS,
+// spans), the scan's block shape; block z takes the span of steps
+// [z*BSPAN, min(seqlen, (z+1)*BSPAN)). Per (b, z, e, n):
+//   span_p  = exp(A sum_t delta_t), the product of the span's a_t
+//   span_ds = the adjoint at the span start when ds = 0 at its end: the
+//             reverse walk ds = a_t (ds + dy_t C_t) over the span
+// Why: both are what pass 2 needs to hand each span its entering ds; they
+// depend on dt, dy and C only (no states, no checkpoints), so every span is
+// independent. The span's C_t are staged BCK steps at a time in shared
+// memory. Layout [b][z][E][N], z < gridDim.z.
+__global__ void __launch_bounds__(SCAN_THREADS)
+scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__restrict__ dbl,
+                     const float *__restrict__ dt_bias, const float *__restrict__ A_log,
+                     const float *__restrict__ dy, float *__restrict__ span_p, float *__restrict__ span_ds)
+{
+    __shared__ float sC[BCK][N];
+    const int lane = threadIdx.x % SCAN_LANES;
+    const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
+    const bool valid = e < E;
+    const int ec = valid ? e : E - 1;
+    const size_t b = blockIdx.x;
+    const size_t row0 = b * (size_t)seqlen;
+    const int z = blockIdx.z;
+    const int t_lo = z * BSPAN;
+    const int t_hi = min(seqlen, t_lo + BSPAN);
+
+    float A[SCAN_NPT], ds[SCAN_NPT];
+#pragma unroll
+    for (int j = 0; j < SCAN_NPT; ++j) {
+        A[j] = -expf(A_log[(size_t)ec * N + lane * SCAN_NPT + j]);
+        ds[j] = 0.0f;
+    }
+    const float dtb = dt_bias[ec];
+    float dsum = 0.0f;   // sum of delta over the span, last step first
+
+    for (int c = (t_hi - t_lo + BCK - 1) / BCK - 1; c >= 0; --c) {
+        const int t0 = t_lo + c * BCK;
+        const int nt = min(BCK, t_hi - t0);
+        __syncthreads();   // the previous piece is done reading sC
+        for (int i = threadIdx.x; i < nt * N; i += SCAN_THREADS) {
+            const int tt = i / N, k = i % N;
+            sC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + N + k]);
+        }
+        __syncthreads();
+        for (int tt = nt - 1; tt >= 0; --tt) {
+            const size_t row = row0 + t0 + tt;
+            const float delta = softplus(to_f32(dt[row * E + ec]) + dtb);
+            const float dyv = valid ? dy[row * E + ec] : 0.0f;
+            dsum += delta;
+#pragma unroll
+            for (int j = 0; j < SCAN_NPT; ++j)
+                ds[j] = (ds[j] + dyv * sC[tt][lane * SCAN_NPT + j]) * expf(delta * A[j]);
+        }
+    }
+    if (valid) {
+        const size_t o = (((b * gridDim.z + z) * E) + e) * N + lane * SCAN_NPT;
+#pragma unroll
+        for (int j = 0; j < SCAN_NPT; ++j) {
+            span_p[o + j] = expf(A[j] * dsum);
+            span_ds[o + j] = ds[j];
+        }
+    }
+}
+
+// Pass 2: one thread per (b, e, n) walks the nz spans from last to first and
+// replaces span_ds[b][z] (the span's local adjoint) by the ds entering span z
+// from its end: 0 for the last span, then P_{z+1} in_{z+1} + Lc_{z+1}. Serial
+// over spans only (seqlen / BSPAN steps); in place, so no extra buffer. The
+// initial-state gradient comes from pass 3's span 0, which walks its steps.
+__global__ void __launch_bounds__(BCOMB_THREADS)
+scan_bwd_combine_kernel(int batch, int nz, const float *__restrict__ span_p, float *__restrict__ span_ds)
+{
+    const size_t i = (size_t)blockIdx.x * BCOMB_THREADS + threadIdx.x;
+    if (i >= (size_t)batch * E * N) return;
+    const size_t b = i / ((size_t)E * N), en = i % ((size_t)E * N);
+    float carry = 0.0f;
+    for (int z = nz - 1; z >= 0; --z) {
+        const size_t o = (b * nz + z) * (size_t)E * N + en;
+        const float p = span_p[o], l = span_ds[o];
+        span_ds[o] = carry;
+        carry = p * carry + l;
+    }
+}
+#endif // MG_M1_BSCAN_CHUNKED
+
+// ddbl[row][R + i] = sum over the scan blocks (in order) of part_bc[blk][row][i].
+__global__ void __launch_bounds__(RED_THREADS)
+bc_reduce_kernel(int tokens, const float *__restrict__ part_bc, act_t *__restrict__ ddbl)
+{
+    const size_t i = (size_t)blockIdx.x * RED_THREADS + threadIdx.x;
+    if (i >= (size_t)tokens * 2 * N) return;
+    const size_t row = i / (2 * N), k = i % (2 * N);
+    float acc = 0.0f;
+    for (int p = 0; p < SCAN_BLOCKS; ++p) acc += part_bc[(size_t)p * tokens * 2 * N + i];
+    ddbl[row * XP + R + k] = from_f32<act_t>(acc);
+}
