@@ -220,10 +220,116 @@ static int cli_emit(const cli_opts *o, const lh_result *r)
     return CLI_OK;
 }
 
+/* What mg.tune_cache() serves (cli_tune_cache): the GPU found and the cache
+ * files read on Lua's first call, kept until the run is over. */
+typedef struct {
+    const cli_opts *o;
+    gq_gpu gpu;
+    char *dir;
+    tc_files cache;
+    lh_tune_file *files;
+} cli_tune_data;
+
+/* lh_tune_fn: --gpu / $MG_GPU / the first CUDA device, and the files of the
+ * cache directory (read only when a GPU is known). A cache that cannot be
+ * found or read is a note, not an error: `auto` then takes its default. */
+static int cli_tune_cache(void *ctx, lh_tune_input *t)
+{
+    cli_tune_data *td = ctx;
+    char *err = NULL;
+    gq_detect(td->o->gpu, &td->gpu);
+    t->gpu = td->gpu.found ? td->gpu.name : NULL;
+    t->cc = td->gpu.cc[0] ? td->gpu.cc : NULL;
+    t->driver = td->gpu.driver[0] ? td->gpu.driver : NULL;
+    t->gpu_source = td->gpu.source;
+    td->dir = tc_dir(td->o->tune_cache, &err);
+    if (!td->dir) {
+        fprintf(stderr, "mamba-gen: note: %s\n", err);
+        free(err);
+    } else if (td->gpu.found && tc_read_all(td->dir, &td->cache, &err) != 0) {
+        fprintf(stderr, "mamba-gen: note: %s (the cache is not used)\n", err);
+        free(err);
+    }
+    t->dir = td->dir;
+    td->files = calloc(td->cache.n ? td->cache.n : 1, sizeof *td->files);
+    if (!td->files)
+        return -1;
+    for (size_t i = 0; i < td->cache.n; i++) {
+        td->files[i].path = td->cache.files[i].path;
+        td->files[i].data = td->cache.files[i].data;
+        td->files[i].size = td->cache.files[i].size;
+    }
+    t->files = td->files;
+    t->nfiles = td->cache.n;
+    return 0;
+}
+
+static void cli_tune_data_free(cli_tune_data *td)
+{
+    free(td->files);
+    tc_files_free(&td->cache);
+    free(td->dir);
+}
+
+/* --lua-test FILE: the test's own output, then its verdict. */
+static int cli_lua_test(const cli_opts *o, lh_host *h)
+{
+    char *err = NULL;
+    int status = lh_run_file(h, o->lua_test, &err);
+    fflush(stdout); /* the test's own output first */
+    if (status != 0) {
+        fputs(err, stderr);
+        free(err);
+    }
+    return status;
+}
+
+/* --spec-reference: the Markdown text from Lua, no spec. */
+static int cli_spec_reference(lh_host *h)
+{
+    lua_pushnil(lh_state(h)); /* no spec tree */
+    lh_args a = {"spec-reference", "", "", NULL};
+    lh_result r;
+    int status = lh_run_main(h, &a, &r);
+    if (status != LH_OK)
+        fputs(r.message, stderr);
+    else
+        fwrite(r.text, 1, r.text_size, stdout);
+    lh_result_free(&r);
+    return status == LH_OK ? CLI_OK : CLI_INTERNAL;
+}
+
+/* What Lua made of the spec: the notes, then the errors or the product. */
+static int cli_report(const cli_opts *o, int status, const lh_result *r)
+{
+    for (size_t i = 0; i < r->nnotes; i++)
+        fprintf(stderr, "mamba-gen: note: %s\n", r->notes[i]);
+    if (status != LH_OK) {
+        fputs(r->message, stderr);
+        return status == LH_SPEC_ERRORS ? CLI_SPEC_ERROR : CLI_INTERNAL;
+    }
+    if (o->check) {
+        if (!o->quiet)
+            printf("%s: ok\n", o->spec);
+        return CLI_OK;
+    }
+    if (o->print_spec) {
+        fwrite(r->text, 1, r->text_size, stdout);
+        return CLI_OK;
+    }
+    return cli_emit(o, r);
+}
+
+/* The steps of a run: the Lua host, then the mode (a Lua test, the spec
+ * reference, or a spec: read it, let Lua validate and derive it, asking for
+ * the autotune cache when it has `auto` values, and report). */
 static int cli_run(const cli_opts *o)
 {
     char *err = NULL;
-    lh_options lo = {o->templates, o->lua_test != NULL};
+    cli_tune_data td;
+    memset(&td, 0, sizeof td);
+    td.o = o;
+    lh_options lo = {o->templates, o->lua_test != NULL, cli_tune_cache, &td};
     lh_host *h = lh_new(&lo, &err);
     if (!h) {
         fprintf(stderr, "%s\n", err);
@@ -232,113 +338,25 @@ static int cli_run(const cli_opts *o)
     }
     int status;
     if (o->lua_test) {
-        status = lh_run_file(h, o->lua_test, &err);
-        fflush(stdout); /* the test's own output first */
-        if (status != 0) {
-            fputs(err, stderr);
-            free(err);
-        }
-        lh_free(h);
-        return cli_finish_stdout(status);
-    }
-
-    if (o->spec_reference) {
-        lua_pushnil(lh_state(h)); /* no spec tree */
-        lh_args a = {"spec-reference", "", "", NULL, NULL};
-        lh_result r;
-        status = lh_run_main(h, &a, &r);
-        if (status != LH_OK)
-            fputs(r.message, stderr);
-        else
-            fwrite(r.text, 1, r.text_size, stdout);
-        status = status == LH_OK ? CLI_OK : CLI_INTERNAL;
-        lh_result_free(&r);
-        lh_free(h);
-        return cli_finish_stdout(status);
-    }
-
-    sy_file f;
-    if (sy_read_file(o->spec, &f, &err) != 0) {
-        fprintf(stderr, "%s\n", err);
-        free(err);
-        lh_free(h);
-        return CLI_SPEC_ERROR;
-    }
-    int rc = sy_parse(lh_state(h), o->spec, f.data, f.size, &err);
-    sy_file_free(&f);
-    if (rc != 0) {
-        fprintf(stderr, "%s\n", err);
-        free(err);
-        lh_free(h);
-        return CLI_SPEC_ERROR;
-    }
-    const char *command = o->check ? "check" : o->print_spec ? "print-spec" : "emit";
-    /* `auto` values resolved from the autotune cache: only then does the
-     * generator look for a GPU and read the cache (args.tune). */
-    lh_tune_input ti;
-    tc_files cache = {NULL, 0};
-    gq_gpu gpu;
-    char *cache_dir = NULL;
-    int tuning = lh_tree_wants_tune(h, -1);
-    if (tuning) {
-        memset(&ti, 0, sizeof ti);
-        gq_detect(o->gpu, &gpu);
-        ti.gpu = gpu.found ? gpu.name : NULL;
-        ti.cc = gpu.cc[0] ? gpu.cc : NULL;
-        ti.driver = gpu.driver[0] ? gpu.driver : NULL;
-        ti.gpu_source = gpu.source;
-        cache_dir = tc_dir(o->tune_cache, &err);
-        if (!cache_dir) {
-            fprintf(stderr, "mamba-gen: note: %s\n", err);
-            free(err);
-            err = NULL;
-        } else if (gpu.found && tc_read_all(cache_dir, &cache, &err) != 0) {
-            fprintf(stderr, "mamba-gen: note: %s (the cache is not used)\n", err);
-            free(err);
-            err = NULL;
-        }
-        ti.dir = cache_dir;
-        lh_tune_file *tf = calloc(cache.n ? cache.n : 1, sizeof *tf);
-        if (!tf) {
-            fputs("mamba-gen: out of memory\n", stderr);
-            tc_files_free(&cache);
-            free(cache_dir);
-            lh_free(h);
-            return CLI_INTERNAL;
-        }
-        for (size_t i = 0; i < cache.n; i++) {
-            tf[i].path = cache.files[i].path;
-            tf[i].data = cache.files[i].data;
-            tf[i].size = cache.files[i].size;
-        }
-        ti.files = tf;
-        ti.nfiles = cache.n;
-    }
-    lh_args a = {command, o->spec, f.hash, tuning ? &ti : NULL, NULL};
-    lh_result r;
-    status = lh_run_main(h, &a, &r);
-    if (tuning) {
-        free((void *)ti.files);
-        tc_files_free(&cache);
-        free(cache_dir);
-    }
-    for (size_t i = 0; i < r.nnotes; i++)
-        fprintf(stderr, "mamba-gen: note: %s\n", r.notes[i]);
-    if (status != LH_OK) {
-        fputs(r.message, stderr);
-        status = status == LH_SPEC_ERRORS ? CLI_SPEC_ERROR : CLI_INTERNAL;
-    } else if (o->check) {
-        if (!o->quiet)
-            printf("%s: ok\n", o->spec);
-        status = CLI_OK;
-    } else if (o->print_spec) {
-        fwrite(r.text, 1, r.text_size, stdout);
-        status = CLI_OK;
+        status = cli_lua_test(o, h);
+    } else if (o->spec_reference) {
+        status = cli_spec_reference(h);
     } else {
-        status = cli_emit(o, &r);
+        char hash[SHA256_HEX_SIZE];
+        if (sy_load(lh_state(h), o->spec, hash, &err) != 0) { /* the spec's tree on the stack */
+            fprintf(stderr, "%s\n", err);
+            free(err);
+            status = CLI_SPEC_ERROR;
+        } else {
+            const char *command = o->check ? "check" : o->print_spec ? "print-spec" : "emit";
+            lh_args a = {command, o->spec, hash, NULL};
+            lh_result r;
+            status = cli_report(o, lh_run_main(h, &a, &r), &r);
+            lh_result_free(&r);
+        }
     }
-    lh_result_free(&r);
     lh_free(h);
+    cli_tune_data_free(&td);
     return cli_finish_stdout(status);
 }
 

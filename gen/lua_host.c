@@ -28,11 +28,14 @@
 
 #define LH_MAX_FILE_SIZE (16L * 1024 * 1024) /* templates and Lua tests are small */
 #define LH_REQUIRE_KEY "mamba-gen.require"  /* registry: the host's require */
+#define LH_TUNE_KEY "mamba-gen.tune_cache"  /* registry: mg.tune_cache()'s table, once made */
 
 struct lh_host {
     lua_State *L;
     char *templates_dir; /* NULL: embedded */
     int allow_print;
+    lh_tune_fn tune_cache; /* serves mg.tune_cache(); NULL: it returns nil */
+    void *tune_ctx;
 };
 
 static char *lh_strdup_printf(const char *fmt, ...)
@@ -209,6 +212,72 @@ static int lh_mg_sha256(lua_State *L)
     return 1;
 }
 
+static void lh_setfield_str(lua_State *L, const char *k, const char *v)
+{
+    if (!v)
+        return;
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* Pushes mg.tune_cache()'s table: the GPU strings, the directory, and each
+ * cache file parsed into a tree (entries = {{path=, tree=}}); files that do
+ * not parse go to bad, with the reason. */
+static void lh_push_tune(lua_State *L, const lh_tune_input *t)
+{
+    lua_createtable(L, 0, 8);
+    lh_setfield_str(L, "gpu", t->gpu);
+    lh_setfield_str(L, "cc", t->cc);
+    lh_setfield_str(L, "driver", t->driver);
+    lh_setfield_str(L, "gpu_source", t->gpu_source);
+    lh_setfield_str(L, "dir", t->dir);
+    lua_newtable(L); /* entries */
+    lua_newtable(L); /* bad */
+    lua_Integer ne = 0, nb = 0;
+    for (size_t i = 0; i < t->nfiles; i++) {
+        char *err = NULL;
+        if (sy_parse(L, t->files[i].path, t->files[i].data, t->files[i].size, &err) != 0) {
+            lua_pushstring(L, err ? err : t->files[i].path);
+            free(err);
+            lua_rawseti(L, -2, ++nb);
+            continue;
+        }
+        lua_createtable(L, 0, 2);
+        lua_insert(L, -2);
+        lua_setfield(L, -2, "tree");
+        lua_pushstring(L, t->files[i].path);
+        lua_setfield(L, -2, "path");
+        lua_rawseti(L, -3, ++ne);
+    }
+    lua_setfield(L, -3, "bad");
+    lua_setfield(L, -2, "entries");
+}
+
+/* mg.tune_cache() -> { gpu=, cc=, driver=, gpu_source=, dir=, entries=,
+ * bad= } | nil: what the host knows for resolving `auto` values (the
+ * current GPU and the autotune cache). Lua decides whether it needs it; the
+ * host looks for the GPU and reads the cache on the first call only (later
+ * calls return the same table), and returns nil when it serves no cache. */
+static int lh_mg_tune_cache(lua_State *L)
+{
+    lh_host *h = lua_touserdata(L, lua_upvalueindex(1));
+    if (!h->tune_cache) {
+        lua_pushnil(L);
+        return 1;
+    }
+    if (lua_getfield(L, LUA_REGISTRYINDEX, LH_TUNE_KEY) == LUA_TTABLE)
+        return 1;
+    lua_pop(L, 1);
+    lh_tune_input t;
+    memset(&t, 0, sizeof t);
+    if (h->tune_cache(h->tune_ctx, &t) != 0)
+        return luaL_error(L, "mg.tune_cache: out of memory");
+    lh_push_tune(L, &t);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, LH_TUNE_KEY);
+    return 1;
+}
+
 /* load(chunk [, chunkname [, mode [, env]]]) with text chunks only: the
  * template engine compiles templates, but nothing may load bytecode (which
  * can break the VM's memory safety). Upvalue 1: the original load. */
@@ -335,10 +404,13 @@ static int lh_setup(lua_State *L)
     lua_setfield(L, LUA_REGISTRYINDEX, LH_REQUIRE_KEY);
     lua_setfield(L, g, "require");
 
-    lua_createtable(L, 0, 3);
+    lua_createtable(L, 0, 4);
     lua_pushlightuserdata(L, h);
     lua_pushcclosure(L, lh_mg_read, 1);
     lua_setfield(L, -2, "read");
+    lua_pushlightuserdata(L, h);
+    lua_pushcclosure(L, lh_mg_tune_cache, 1);
+    lua_setfield(L, -2, "tune_cache");
     lua_pushcfunction(L, lh_mg_sha256);
     lua_setfield(L, -2, "sha256");
     lua_pushliteral(L, MG_VERSION);
@@ -356,6 +428,8 @@ lh_host *lh_new(const lh_options *opts, char **err)
         return NULL;
     }
     h->allow_print = opts->allow_print;
+    h->tune_cache = opts->tune_cache;
+    h->tune_ctx = opts->tune_ctx;
     if (opts->templates_dir) {
         struct stat st;
         if (stat(opts->templates_dir, &st) != 0) {
@@ -488,96 +562,6 @@ static void lh_tree_name(lua_State *L, lh_call *c)
     lua_settop(L, 1);
 }
 
-static void lh_setfield_str(lua_State *L, const char *k, const char *v)
-{
-    if (!v)
-        return;
-    lua_pushstring(L, v);
-    lua_setfield(L, -2, k);
-}
-
-/* Sets args.tune (the table on top of the stack gets the field): the GPU
- * strings, the directory, and each cache file parsed into a tree
- * (entries = {{path=, tree=}}); files that do not parse go to bad. */
-static void lh_push_tune(lua_State *L, const lh_tune_input *t)
-{
-    lua_createtable(L, 0, 8);
-    lh_setfield_str(L, "gpu", t->gpu);
-    lh_setfield_str(L, "cc", t->cc);
-    lh_setfield_str(L, "driver", t->driver);
-    lh_setfield_str(L, "gpu_source", t->gpu_source);
-    lh_setfield_str(L, "dir", t->dir);
-    lua_newtable(L); /* entries */
-    lua_newtable(L); /* bad */
-    lua_Integer ne = 0, nb = 0;
-    for (size_t i = 0; i < t->nfiles; i++) {
-        char *err = NULL;
-        if (sy_parse(L, t->files[i].path, t->files[i].data, t->files[i].size, &err) != 0) {
-            lua_pushstring(L, err ? err : t->files[i].path);
-            free(err);
-            lua_rawseti(L, -2, ++nb);
-            continue;
-        }
-        lua_createtable(L, 0, 2);
-        lua_insert(L, -2);
-        lua_setfield(L, -2, "tree");
-        lua_pushstring(L, t->files[i].path);
-        lua_setfield(L, -2, "path");
-        lua_rawseti(L, -3, ++ne);
-    }
-    lua_setfield(L, -3, "bad");
-    lua_setfield(L, -2, "entries");
-    lua_setfield(L, -2, "tune");
-}
-
-/* The value node of KEY in the map node at index T (pushed), or nil. */
-static int lh_map_get(lua_State *L, int t, const char *key)
-{
-    t = lua_absindex(L, t);
-    if (!lua_istable(L, t)) {
-        lua_pushnil(L);
-        return LUA_TNIL;
-    }
-    if (lh_rawfield(L, t, "keys") != LUA_TTABLE) {
-        lua_pop(L, 1);
-        lua_pushnil(L);
-        return LUA_TNIL;
-    }
-    int keys = lua_gettop(L);
-    lua_Integer n = (lua_Integer)lua_rawlen(L, keys);
-    for (lua_Integer i = 1; i <= n; i++) {
-        lua_rawgeti(L, keys, i);
-        int ok = lua_istable(L, -1) && lh_rawfield(L, -1, "value") == LUA_TSTRING &&
-                 strcmp(lua_tostring(L, -1), key) == 0;
-        lua_settop(L, keys);
-        if (ok) {
-            lh_rawfield(L, t, "values");
-            int type = lua_istable(L, -1) ? lua_rawgeti(L, -1, i) : (lua_pushnil(L), LUA_TNIL);
-            lua_replace(L, keys);
-            lua_settop(L, keys);
-            return type;
-        }
-    }
-    lua_pop(L, 1);
-    lua_pushnil(L);
-    return LUA_TNIL;
-}
-
-int lh_tree_wants_tune(lh_host *h, int index)
-{
-    lua_State *L = h->L;
-    int top = lua_gettop(L);
-    index = lua_absindex(L, index);
-    int wants = 0;
-    if (lh_map_get(L, index, "scan") == LUA_TTABLE && lh_map_get(L, -1, "chunk_size") == LUA_TTABLE &&
-        lh_rawfield(L, -1, "value") == LUA_TSTRING && strcmp(lua_tostring(L, -1), "auto") == 0) {
-        lua_pop(L, 1);
-        wants = lh_rawfield(L, -1, "plain") == LUA_TBOOLEAN && lua_toboolean(L, -1);
-    }
-    lua_settop(L, top);
-    return wants;
-}
-
 /* require("mg.init").main(args); index 1: the spec tree. */
 static int lh_call_main(lua_State *L)
 {
@@ -610,8 +594,6 @@ static int lh_call_main(lua_State *L)
         lua_setfield(L, -2, o[0]);
     }
     lua_setfield(L, -2, "options");
-    if (a->tune)
-        lh_push_tune(L, a->tune);
     lua_call(L, 1, 1);
     return 1;
 }
@@ -841,7 +823,7 @@ int lh_run_file(lh_host *h, const char *path, char **message)
             /* a spec error escaped the test: show it like the CLI would */
             lh_result r;
             memset(&r, 0, sizeof r);
-            lh_args a = {"lua-test", path, "", NULL, NULL};
+            lh_args a = {"lua-test", path, "", NULL};
             lh_call c = {&a, &r, 1, "<spec>", NULL};
             lh_finish(h, &c);
             *message = lh_strdup_printf("%s: uncaught spec error:\n%s", path, r.message ? r.message : "");

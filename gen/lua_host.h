@@ -2,7 +2,8 @@
  * (doc/HACKING.md, "Host <-> Lua contract"): which libraries and globals Lua
  * sees, how `require` and `mg.read` find files of the template root (the
  * embedded copy or a --templates directory), and the protected call of
- * require("mg.init").main(args) with its result turned into C data. */
+ * require("mg.init").main(args) with its result turned into C data. The host
+ * serves data (files, hashes, the autotune cache); Lua makes every decision. */
 #ifndef MG_LUA_HOST_H
 #define MG_LUA_HOST_H
 
@@ -11,17 +12,6 @@
 #include <lua.h>
 
 typedef struct lh_host lh_host;
-
-typedef struct {
-    const char *templates_dir; /* template root on disk; NULL: the embedded copy */
-    int allow_print;           /* keep `print` (--lua-test); otherwise stdout is the product's */
-} lh_options;
-
-/* Creates the state. NULL with *ERR set (free it) if the template directory
- * is not a directory or memory runs out. */
-lh_host *lh_new(const lh_options *opts, char **err);
-void lh_free(lh_host *h);
-lua_State *lh_state(lh_host *h);
 
 /* 1 if RELPATH[0..LEN) may name a file of the template root: not empty,
  * relative, no NUL, no empty, "." or ".." component. */
@@ -39,9 +29,10 @@ typedef struct {
 } lh_tune_file;
 
 /* What the host knows for resolving `auto` values from the autotune cache
- * (args.tune, doc/tuning.md): the current GPU and the cache's files. Each
- * file is parsed as YAML (JSON is a subset of it) into a spec-style tree;
- * files that do not parse are listed in args.tune.bad with the reason. */
+ * (mg.tune_cache(), doc/tuning.md): the current GPU and the cache's files.
+ * Each file is parsed as YAML (JSON is a subset of it) into a spec-style
+ * tree; files that do not parse are listed in the table's `bad` with the
+ * reason. */
 typedef struct {
     const char *gpu;        /* device name, or NULL: no GPU known */
     const char *cc;         /* "9.0", or NULL */
@@ -52,13 +43,31 @@ typedef struct {
     size_t nfiles;
 } lh_tune_input;
 
+/* Finds the GPU and reads the cache for mg.tune_cache(), called the first
+ * time Lua asks (mg/tune.lua resolve, for `auto` values only). Fills *T; the
+ * strings and files must stay valid until lh_run_main returns (the host
+ * copies them into Lua at once). 0, or -1: out of memory. */
+typedef int (*lh_tune_fn)(void *ctx, lh_tune_input *t);
+
+typedef struct {
+    const char *templates_dir; /* template root on disk; NULL: the embedded copy */
+    int allow_print;           /* keep `print` (--lua-test); otherwise stdout is the product's */
+    lh_tune_fn tune_cache;     /* serves mg.tune_cache(); NULL: it returns nil (no cache) */
+    void *tune_ctx;            /* passed to tune_cache */
+} lh_options;
+
+/* Creates the state. NULL with *ERR set (free it) if the template directory
+ * is not a directory or memory runs out. */
+lh_host *lh_new(const lh_options *opts, char **err);
+void lh_free(lh_host *h);
+lua_State *lh_state(lh_host *h);
+
 /* What the host passes to main (the spec tree comes from the Lua stack). */
 typedef struct {
     const char *command;   /* "emit" | "check" | "print-spec" | "tune-sources" */
     const char *spec_path; /* as given on the command line */
     const char *spec_hash; /* sha256 hex of the file bytes */
-    const lh_tune_input *tune;   /* args.tune, or NULL: absent */
-    const char *const *options;  /* args.options: NULL, or {key, value, ..., NULL} */
+    const char *const *options; /* args.options: NULL, or {key, value, ..., NULL} */
 } lh_args;
 
 typedef struct {
@@ -89,11 +98,6 @@ typedef struct {
  * becomes LH_INTERNAL with the traceback. Returns R->status. */
 int lh_run_main(lh_host *h, const lh_args *args, lh_result *r);
 void lh_result_free(lh_result *r);
-
-/* 1 if the spec tree at INDEX of lh_state(H) sets a value that the
- * autotune cache resolves (scan.chunk_size: auto, a plain scalar). The host
- * only looks for a GPU and reads the cache then. */
-int lh_tree_wants_tune(lh_host *h, int index);
 
 /* --lua-test: runs the Lua file PATH (from disk) in the sandbox. Returns 0
  * if it returns nothing, nil or true; 1 with *MESSAGE set (free it) if it

@@ -653,7 +653,7 @@ static void tm_set_status(tm_cand *c, char *msg)
 static int tm_sources(const tm_opts *o, lh_host **hp, lh_result *r)
 {
     char *err = NULL;
-    lh_options lo = {o->templates, 0};
+    lh_options lo = {o->templates, 0, NULL, NULL}; /* no tune cache: `auto` derives as the default */
     lh_host *h = lh_new(&lo, &err);
     if (!h) {
         fprintf(stderr, "%s\n", err);
@@ -686,7 +686,7 @@ static int tm_sources(const tm_opts *o, lh_host **hp, lh_result *r)
         opts[n++] = "0";
     }
     opts[n] = NULL;
-    lh_args a = {"tune-sources", o->spec, hash, NULL, opts};
+    lh_args a = {"tune-sources", o->spec, hash, opts};
     if (lh_run_main(h, &a, r) != LH_OK) {
         fputs(r->message, stderr);
         return r->status == LH_SPEC_ERRORS ? TM_FAIL : TM_USAGE;

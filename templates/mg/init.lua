@@ -8,8 +8,9 @@
 --   tune-sources -> { files = manifest.txt + one CUDA file per autotuning
 --                  candidate } (mamba-tune; mg/tune.lua)
 -- Every command that reads a spec resolves `auto` values that come from the
--- autotune cache first (mg/tune.lua resolve, from args.tune given by the
--- host) and returns the resulting messages as `notes` (printed on stderr).
+-- autotune cache first (mg/tune.lua resolve, which asks the host for the
+-- cache through mg.tune_cache()) and returns the resulting messages as
+-- `notes` (printed on stderr).
 -- Spec errors are raised as error({spec_errors = {...}}, 0) by the modules.
 
 local M = {}

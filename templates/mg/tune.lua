@@ -25,7 +25,8 @@
 --   M.resolve(spec, args)    chunk_size auto: the best cached entry for the
 --                            current GPU, or the default, with a note
 --
--- args.tune (given by the host when the spec has an auto value):
+-- mg.tune_cache() (served by the host; only resolve asks, and only for an
+-- auto value; nil when the host serves no cache, as in mamba-tune):
 --   { gpu = "NVIDIA H200" | nil, cc = "9.0" | nil, driver = "13.0" | nil,
 --     gpu_source = "how the GPU was found (or why not)",
 --     dir = "cache directory",
@@ -452,7 +453,7 @@ end
 -- "default", note = "message for stderr" }, or nil when nothing is auto.
 function M.resolve(spec, args)
   if spec.scan.chunk_size ~= "auto" then return nil end
-  local t = args.tune or {}
+  local t = mg.tune_cache() or {}
   local function default(why)
     return { chunk_size = M.DEFAULT_CHUNK, source = "default",
              note = string.format("scan.chunk_size: auto -> %d (the default: %s)", M.DEFAULT_CHUNK, why) }
