@@ -116,7 +116,7 @@ static void strip_comments(enum lang lg, const char *s, size_t n, int *blk, char
       continue;
     }
     char c = s[i], d = i + 1 < n ? s[i + 1] : 0;
-    if (c == '"' || (c == '\'' && lg != L_HASH)) { i = copy_string(s, i, n, out, &o); continue; }
+    if (c == '"' || c == '\'') { i = copy_string(s, i, n, out, &o); continue; }
     if (lg == L_C && c == '/' && d == '/') break;
     if (lg == L_C && c == '/' && d == '*') { *blk = 1; i += 2; continue; }
     if (lg == L_LUA && c == '-' && d == '-') {
@@ -124,7 +124,6 @@ static void strip_comments(enum lang lg, const char *s, size_t n, int *blk, char
       break;
     }
     if (lg == L_HASH && c == '#' && (i == 0 || is_space(s[i - 1]) || s[i - 1] == ';')) break;
-    if (lg == L_HASH && c == '\'') { i = copy_string(s, i, n, out, &o); continue; }
     out[o++] = s[i++];
   }
   out[o] = '\0';
@@ -247,7 +246,8 @@ static void read_file(const char *path) {
     s += n + (e != NULL);
     enum lang ll = tmpl ? template_line(lg, line, &n) : lg;
     if (ll == L_NONE) continue;
-    strip_comments(ll, line, n, ll == lg ? &blk : &(int){0}, code);
+    int lua_blk = 0; /* a template's {% %} line stands alone: no block state */
+    strip_comments(ll, line, n, ll == lg ? &blk : &lua_blk, code);
     if (lg == L_HASH && !strncmp(code, "dnl", 3) && !is_word(code[3])) continue;
     line_t ln = {0, 0, lineno, 0};
     if (!classify(code, &ln)) continue;
