@@ -168,16 +168,21 @@ mg_status mg_blas_set_stream(mg_blas *b, cudaStream_t stream)
 }
 
 /* Shared argument checks. Everything is validated before the handle is
- * looked at, so the checks work (and are tested) without a GPU. */
-static mg_status check_gemm(const char *fn, mg_blas *b, int M, int N, int K,
+ * looked at, so the checks work (and are tested) without a GPU. M, N, K are
+ * the caller's sizes; `sum` names the one the product sums over ('M', 'N'
+ * or 'K'): it must be > 0 (cuBLAS does not scale C for k = 0 in every
+ * version), the others >= 0. */
+static mg_status check_gemm(const char *fn, mg_blas *b, int M, int N, int K, char sum,
                             mg_dtype in, mg_dtype out,
                             const void *p1, const char *n1, int ld1, int min1,
                             const void *p2, const char *n2, int ld2, int min2,
                             const void *p3, const char *n3, int ld3, int min3)
 {
-    if (M < 0 || N < 0 || K <= 0)
+    if (M < (sum == 'M') || N < (sum == 'N') || K < (sum == 'K'))
         return mg_fail(MG_ERR_INVALID_ARG, "%s: bad sizes M=%d N=%d K=%d "
-                       "(need M >= 0, N >= 0, K > 0)", fn, M, N, K);
+                       "(need M %s 0, N %s 0, K %s 0)", fn, M, N, K,
+                       sum == 'M' ? ">" : ">=", sum == 'N' ? ">" : ">=",
+                       sum == 'K' ? ">" : ">=");
     if (!dtype_valid(in) || !dtype_valid(out))
         return mg_fail(MG_ERR_INVALID_ARG, "%s: bad dtype (in=%d, out=%d)",
                        fn, (int)in, (int)out);
@@ -262,7 +267,7 @@ mg_status mg_linear(mg_blas *b, int M, int N, int K,
                     mg_dtype out, void *Y, int ldy,
                     float alpha, float beta)
 {
-    mg_status s = check_gemm("mg_linear", b, M, N, K, in, out,
+    mg_status s = check_gemm("mg_linear", b, M, N, K, 'K', in, out,
                              X, "X", ldx, K, W, "W", ldw, K, Y, "Y", ldy, N);
     if (s != MG_OK)
         return s;
@@ -275,13 +280,9 @@ mg_status mg_linear_dx(mg_blas *b, int M, int N, int K,
                        const void *W, int ldw,
                        mg_dtype out, void *dX, int lddx, float beta)
 {
-    /* dX: K x ... the contraction here is over N, so N must be > 0 and
-     * K may be any non-negative count; reuse the checks with the roles of
-     * the sizes the way the GEMM sees them. */
-    if (N <= 0 || K < 0 || M < 0)
-        return mg_fail(MG_ERR_INVALID_ARG, "mg_linear_dx: bad sizes M=%d N=%d K=%d "
-                       "(need M >= 0, N > 0, K >= 0)", M, N, K);
-    mg_status s = check_gemm("mg_linear_dx", b, M, K, N, in, out,
+    /* The contraction here is over N, so N must be > 0 and K may be any
+     * non-negative count. */
+    mg_status s = check_gemm("mg_linear_dx", b, M, N, K, 'N', in, out,
                              dY, "dY", lddy, N, W, "W", ldw, K, dX, "dX", lddx, K);
     if (s != MG_OK)
         return s;
@@ -295,11 +296,8 @@ mg_status mg_linear_dw(mg_blas *b, int M, int N, int K,
                        mg_dtype out, void *dW, int lddw, float beta)
 {
     /* Contraction over M (tokens); M == 0 would mean dW = beta*dW, which
-     * cuBLAS does not do for k = 0 in every version: refuse it. */
-    if (M <= 0 || N < 0 || K < 0)
-        return mg_fail(MG_ERR_INVALID_ARG, "mg_linear_dw: bad sizes M=%d N=%d K=%d "
-                       "(need M > 0, N >= 0, K >= 0)", M, N, K);
-    mg_status s = check_gemm("mg_linear_dw", b, N, K, M, in, out,
+     * cuBLAS does not do for k = 0 in every version: refused. */
+    mg_status s = check_gemm("mg_linear_dw", b, M, N, K, 'M', in, out,
                              dY, "dY", lddy, N, X, "X", ldx, K, dW, "dW", lddw, K);
     if (s != MG_OK)
         return s;

@@ -757,6 +757,26 @@ static double *to_f64(const float *x, size_t n)
     return y;
 }
 
+/* The f32 entry points: check the call, then widen the blob and the input
+ * to double (exactly) for the f64 path. On MG_OK the caller frees *w and *ud. */
+static mg_status widen_call(const mg_m1_dims *d, const mg_m1_layout *l, const float *blob,
+                            int batch, int seqlen, const float *u, const void *o,
+                            const char *oname, const char *fn, double **w, double **ud)
+{
+    mg_status s = check_call(d, l, blob, batch, seqlen, u, o, oname, fn);
+    if (s != MG_OK)
+        return s;
+    size_t nu = (size_t)batch * seqlen * (d->input_dim > 0 ? d->input_dim : d->d_model);
+    *w = to_f64(blob, l->total);
+    *ud = to_f64(u, nu);
+    if (*w == NULL || *ud == NULL) {
+        free(*w);
+        free(*ud);
+        return mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    }
+    return MG_OK;
+}
+
 mg_status mg_ref_mamba1_forward_f64(const mg_m1_dims *d, const mg_m1_layout *l,
                                     const double *blob, int batch, int seqlen,
                                     const double *u, double *out,
@@ -775,17 +795,13 @@ mg_status mg_ref_mamba1_forward(const mg_m1_dims *d, const mg_m1_layout *l,
                                 const float *u, double *out,
                                 double *conv_state, double *ssm_state)
 {
-    mg_status s = check_call(d, l, blob, batch, seqlen, u, out, "out",
-                             "mg_ref_mamba1_forward");
+    double *w = NULL, *ud = NULL;
+    mg_status s = widen_call(d, l, blob, batch, seqlen, u, out, "out",
+                             "mg_ref_mamba1_forward", &w, &ud);
     if (s != MG_OK)
         return s;
     m1 m = m1_of(d);
-    size_t nu = (size_t)batch * seqlen * m.in_dim;
-    double *w = to_f64(blob, l->total), *ud = to_f64(u, nu);
-    if (w == NULL || ud == NULL)
-        s = mg_fail(MG_ERR_OUT_OF_MEMORY, "mg_ref_mamba1_forward: out of host memory");
-    else
-        s = forward_all(&m, l, w, batch, seqlen, ud, out, conv_state, ssm_state, NULL);
+    s = forward_all(&m, l, w, batch, seqlen, ud, out, conv_state, ssm_state, NULL);
     free(w);
     free(ud);
     return s;
@@ -913,18 +929,14 @@ mg_status mg_ref_mamba1_backward(const mg_m1_dims *d, const mg_m1_layout *l,
                                  double *grad_blob, double *du,
                                  double *dconv_state_in, double *dssm_state_in)
 {
-    mg_status s = check_call(d, l, blob, batch, seqlen, u, dout, "dout",
-                             "mg_ref_mamba1_backward");
+    double *w = NULL, *ud = NULL;
+    mg_status s = widen_call(d, l, blob, batch, seqlen, u, dout, "dout",
+                             "mg_ref_mamba1_backward", &w, &ud);
     if (s != MG_OK)
         return s;
-    size_t nu = (size_t)batch * seqlen * (d->input_dim > 0 ? d->input_dim : d->d_model);
-    double *w = to_f64(blob, l->total), *ud = to_f64(u, nu);
-    if (w == NULL || ud == NULL)
-        s = mg_fail(MG_ERR_OUT_OF_MEMORY, "mg_ref_mamba1_backward: out of host memory");
-    else
-        s = mg_ref_mamba1_backward_f64(d, l, w, batch, seqlen, ud, conv_state_in,
-                                       ssm_state_in, dout, grad_blob, du,
-                                       dconv_state_in, dssm_state_in);
+    s = mg_ref_mamba1_backward_f64(d, l, w, batch, seqlen, ud, conv_state_in,
+                                   ssm_state_in, dout, grad_blob, du,
+                                   dconv_state_in, dssm_state_in);
     free(w);
     free(ud);
     return s;

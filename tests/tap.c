@@ -9,6 +9,16 @@
 
 static int tap_n, tap_failed, tap_planned = -1;
 
+/* In a variadic function: fmt and the arguments after it, formatted into
+ * the array buf (truncated to its size). */
+#define FORMAT_ARGS(buf, fmt)                  \
+    do {                                       \
+        va_list ap_;                           \
+        va_start(ap_, fmt);                    \
+        vsnprintf(buf, sizeof buf, fmt, ap_);  \
+        va_end(ap_);                           \
+    } while (0)
+
 void tap_plan(int n)
 {
     tap_planned = n;
@@ -88,10 +98,7 @@ int tap_near(double got, double want, double abs_tol, double rel_tol,
 void tap_diag(const char *fmt, ...)
 {
     char buf[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
+    FORMAT_ARGS(buf, fmt);
     /* One "# " per line so multi-line diagnostics stay TAP comments. */
     char *line = buf;
     for (;;) {
@@ -109,10 +116,7 @@ void tap_diag(const char *fmt, ...)
 void tap_skip(int n, const char *fmt, ...)
 {
     char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
+    FORMAT_ARGS(buf, fmt);
     for (int i = 0; i < n; i++) {
         tap_n++;
         printf("ok %d # SKIP %s\n", tap_n, buf);
@@ -123,13 +127,20 @@ void tap_skip(int n, const char *fmt, ...)
 void tap_skip_all(const char *fmt, ...)
 {
     char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
+    FORMAT_ARGS(buf, fmt);
     printf("1..0 # SKIP %s\n", buf);
     fflush(stdout);
     exit(0);
+}
+
+void *tap_calloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
 }
 
 int tap_count(void)

@@ -3,10 +3,13 @@
  *   tap_near(got, want, abs_tol, rel_tol, ...);  tap_diag(...);
  *   tap_skip(n, "reason") for tests that cannot run (e.g. no GPU);
  *   tap_skip_all("reason") when nothing can run;
+ *   tap_calloc(n, size) for test data (exits on out of memory);
  *   return tap_done();  -> 0 if every test passed and the count matches.
  * Every check returns 1 on pass, 0 on failure. Not thread-safe. */
 #ifndef MG_TAP_H
 #define MG_TAP_H
+
+#include <stddef.h>
 
 #if defined(__GNUC__)
 #define TAP_PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -30,6 +33,9 @@ void tap_diag(const char *fmt, ...) TAP_PRINTF(1, 2);
 void tap_skip(int n, const char *fmt, ...) TAP_PRINTF(2, 3);
 /* Prints "1..0 # SKIP reason" and exits 0. Call before any test. */
 void tap_skip_all(const char *fmt, ...) TAP_PRINTF(1, 2);
+/* calloc of n entries of size bytes (at least one, so never NULL on
+ * success) for test data; out of memory ends the program with status 2. */
+void *tap_calloc(size_t n, size_t size);
 /* Number of tests run so far / failed so far. */
 int tap_count(void);
 int tap_failures(void);

@@ -13,12 +13,7 @@
 
 static double *dvec(size_t n)
 {
-    double *p = calloc(n ? n : 1, sizeof *p);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
+    return tap_calloc(n, sizeof(double));
 }
 
 static double max_rel_diff(const double *a, const double *b, size_t n)
