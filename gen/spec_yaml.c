@@ -316,6 +316,20 @@ static void sy_push_node(lua_State *L, const char *kind, const yaml_mark_t *m, i
     lua_setfield(L, -2, "col");
 }
 
+/* What every node start is checked for: no anchor, an allowed tag (*SHORT:
+ * its short name, as sy_check_tag), and for a collection the nesting depth. */
+static int sy_check_start(sy_ctx *c, const yaml_mark_t *m, const yaml_char_t *anchor, const yaml_char_t *tag,
+                          yaml_event_type_t kind, int depth, const char **short_name)
+{
+    if (anchor)
+        return sy_fail(c, m, "anchors (&%s) are not allowed in a spec", (const char *)anchor);
+    if (sy_check_tag(c, m, tag, kind, short_name) != 0)
+        return -1;
+    if (kind != YAML_SCALAR_EVENT && depth > SY_MAX_DEPTH)
+        return sy_fail(c, m, "nesting deeper than %d levels", SY_MAX_DEPTH);
+    return 0;
+}
+
 /* Converts the node that starts at the current event (at nesting level
  * DEPTH, root mapping = 1) and pushes it; returns 0, or -1 with c->err set
  * (the stack is then left for lua_pcall to discard). */
@@ -330,10 +344,8 @@ static int sy_node(sy_ctx *c, int depth)
         return sy_fail(c, &e->start_mark, "aliases (*%s) are not allowed in a spec: write the value out",
                        (const char *)e->data.alias.anchor);
     case YAML_SCALAR_EVENT: {
-        if (e->data.scalar.anchor)
-            return sy_fail(c, &e->start_mark, "anchors (&%s) are not allowed in a spec",
-                           (const char *)e->data.scalar.anchor);
-        if (sy_check_tag(c, &e->start_mark, e->data.scalar.tag, e->type, &tag_short) != 0)
+        if (sy_check_start(c, &e->start_mark, e->data.scalar.anchor, e->data.scalar.tag, e->type, depth,
+                           &tag_short) != 0)
             return -1;
         sy_push_node(L, "scalar", &e->start_mark, 3);
         lua_pushlstring(L, (const char *)e->data.scalar.value, e->data.scalar.length);
@@ -351,13 +363,9 @@ static int sy_node(sy_ctx *c, int depth)
     }
     case YAML_SEQUENCE_START_EVENT: {
         yaml_mark_t start = e->start_mark;
-        if (e->data.sequence_start.anchor)
-            return sy_fail(c, &start, "anchors (&%s) are not allowed in a spec",
-                           (const char *)e->data.sequence_start.anchor);
-        if (sy_check_tag(c, &start, e->data.sequence_start.tag, e->type, &tag_short) != 0)
+        if (sy_check_start(c, &start, e->data.sequence_start.anchor, e->data.sequence_start.tag, e->type, depth,
+                           &tag_short) != 0)
             return -1;
-        if (depth > SY_MAX_DEPTH)
-            return sy_fail(c, &start, "nesting deeper than %d levels", SY_MAX_DEPTH);
         sy_push_node(L, "seq", &start, 1);
         lua_newtable(L); /* items */
         lua_Integer n = 0;
@@ -375,13 +383,9 @@ static int sy_node(sy_ctx *c, int depth)
     }
     case YAML_MAPPING_START_EVENT: {
         yaml_mark_t start = e->start_mark;
-        if (e->data.mapping_start.anchor)
-            return sy_fail(c, &start, "anchors (&%s) are not allowed in a spec",
-                           (const char *)e->data.mapping_start.anchor);
-        if (sy_check_tag(c, &start, e->data.mapping_start.tag, e->type, &tag_short) != 0)
+        if (sy_check_start(c, &start, e->data.mapping_start.anchor, e->data.mapping_start.tag, e->type, depth,
+                           &tag_short) != 0)
             return -1;
-        if (depth > SY_MAX_DEPTH)
-            return sy_fail(c, &start, "nesting deeper than %d levels", SY_MAX_DEPTH);
         sy_push_node(L, "map", &start, 2);
         lua_newtable(L); /* keys */
         lua_newtable(L); /* values */
@@ -503,12 +507,7 @@ static int sy_parse_protected(lua_State *L)
 
 int sy_parse(lua_State *L, const char *path, const char *data, size_t size, char **err)
 {
-    sy_ctx c;
-    memset(&c, 0, sizeof c);
-    c.L = L;
-    c.path = path;
-    c.data = data;
-    c.size = size;
+    sy_ctx c = {.L = L, .path = path, .data = data, .size = size};
     *err = NULL;
     if (!yaml_parser_initialize(&c.parser)) {
         *err = sy_oom();
