@@ -1,0 +1,128 @@
+/* mg_ref_mamba3_impl.h: what the files of the Mamba-3 SISO reference share
+ * (not installed; the API is mg_ref_mamba3.h, the math doc/math.md).
+ * Everything is computed in f64 from the f32 weight blob. One job per file:
+ *   mg_ref_mamba3.c      dims, the weight blob layout, tensor table, init
+ *   mg_ref_mamba3_ssm.c  the SSM core: the step recurrence, its reverse, and
+ *                        the chunked form
+ *   mg_ref_mamba3_fwd.c  the model forward and its entry points
+ *   mg_ref_mamba3_bwd.c  the model backward and its entry points
+ *
+ * Structure: m3_forward_run() is the one forward; it either reuses one
+ * activation scratch for every layer (forward only) or keeps every layer's
+ * per-token activations (backward). The backward then walks the layers in
+ * reverse, and inside each layer: out_proj and gate, the step recurrence in
+ * reverse (m3_ssm_step_bwd; the SSM states of one (batch, head) sequence are
+ * recomputed by the forward's own step code rather than stored for the
+ * whole layer), the angle recurrence in reverse, then the per-token maps
+ * (splits, BCNorm, in_proj, pre-norm). */
+#ifndef MG_REF_MAMBA3_IMPL_H
+#define MG_REF_MAMBA3_IMPL_H
+
+#include <math.h>
+#include <stddef.h>
+
+#include "mg_ref_mamba3.h"
+
+#define M3_PI 3.14159265358979323846
+#define M3_2PI 6.28318530717958647692
+
+/* The functions below are shared between the reference's files only: kept
+ * out of libmgrt's exported symbols. */
+#if defined(__GNUC__)
+#define M3_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define M3_HIDDEN
+#endif
+
+/* ---- scalar maps, f64 */
+
+static inline double sigm(double x)
+{
+    if (x >= 0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+static inline double softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+static inline double dsoftplus(double x) { return x > 20.0 ? 1.0 : sigm(x); }
+static inline double silu(double x) { return x * sigm(x); }
+static inline double dsilu(double x)
+{
+    double s = sigm(x);
+    return s * (1.0 + x * (1.0 - s));
+}
+static inline double a_act(mg_m3_a_act k, double v)
+{
+    if (k == MG_M3_A_SOFTPLUS) return softplus(v);
+    return v >= 0 ? 1.0 + v : 1.0 / (1.0 - v);
+}
+static inline double da_act(mg_m3_a_act k, double v)
+{
+    if (k == MG_M3_A_SOFTPLUS) return dsoftplus(v);
+    return v >= 0 ? 1.0 : 1.0 / ((1.0 - v) * (1.0 - v));
+}
+
+/* ---- mg_ref_mamba3.c */
+
+/* MG_OK if the dims are in range and consistent (else MG_ERR_INVALID_ARG). */
+M3_HIDDEN mg_status m3_check_dims(const mg_m3_dims *d);
+
+/* ---- mg_ref_mamba3_ssm.c */
+
+/* The step recurrence over all (batch, head) sequences of A (the state in A
+ * is read and overwritten). */
+M3_HIDDEN mg_status m3_ssm_step_core(const mg_m3_ssm_args *a);
+/* Reverse of m3_ssm_step_core (the arguments at its definition). */
+M3_HIDDEN mg_status m3_ssm_step_bwd(const mg_m3_ssm_args *a, const double *dy, const double *dssmT,
+                                    const double *dkT, const double *dvT,
+                                    double *dq, double *dk, double *dv, double *dadt,
+                                    double *ddt, double *dlam, double *dD,
+                                    double *dssm0, double *dk0, double *dv0);
+
+/* ---- mg_ref_mamba3_fwd.c */
+
+/* One layer's activations over [B*T] tokens. */
+typedef struct m3_acts {
+    double *hin;    /* [BT][D] layer input (residual stream) */
+    double *rin;    /* [BT] rms factor of hin */
+    double *hn;     /* [BT][D] pre-normed input */
+    double *proj;   /* [BT][NP] in_proj output */
+    double *v;      /* [BT][E] = [BT][H][P], the x slice */
+    double *dt, *A, *adt, *lam;   /* [BT][H] */
+    double *rB, *rC;              /* [BT][G] */
+    double *kq;     /* [BT][H][N] unrotated k (biased BCNorm of B) */
+    double *qq;     /* [BT][H][N] unrotated q */
+    double *kr, *qr;              /* [BT][H][N] rotated */
+    double *theta;  /* [BT][H][S] */
+    double *y;      /* [BT][E] SSM output */
+    double *ry;     /* [BT][H] gate-norm rms factor (outproj_norm) */
+    double *g;      /* [BT][E] gated output */
+} m3_acts;
+
+M3_HIDDEN void m3_acts_free(m3_acts *a);
+M3_HIDDEN mg_status m3_acts_alloc(m3_acts *a, const mg_m3_dims *d, size_t BT);
+
+/* State pointers of one layer (m3_layer_state; NULL stays NULL). */
+typedef struct m3_lstate { double *ssm, *kp, *vp, *ang; } m3_lstate;
+
+M3_HIDDEN m3_lstate m3_layer_state(const mg_m3_dims *d, int B, int li, double *ssm,
+                                   double *kp, double *vp, double *ang);
+/* The SSM arguments of one layer: its activations A, the skip D (Dd) and
+ * its state ST. */
+M3_HIDDEN void m3_ssm_args_of(const mg_m3_dims *d, int B, int T, const m3_acts *a,
+                              const double *Dd, m3_lstate st, mg_m3_ssm_args *s);
+/* The one forward (see its definition). */
+M3_HIDDEN mg_status m3_forward_run(const mg_m3_dims *d, const mg_m3_layout *l,
+                                   const double *w, int B, int T, const double *u,
+                                   double *out, double *ssm, double *kp, double *vp,
+                                   double *ang, m3_acts *acts, int save, double *h,
+                                   double *rf);
+/* The argument checks of the entry points. */
+M3_HIDDEN mg_status m3_check_call(const mg_m3_dims *d, const mg_m3_layout *l,
+                                  const void *blob, int batch, int seqlen,
+                                  const void *u);
+/* f32 -> f64 copies of the blob and the input (the f32 entry points). */
+M3_HIDDEN mg_status m3_widen(const mg_m3_dims *d, const mg_m3_layout *l,
+                             const float *blob, int batch, int seqlen, const float *u,
+                             double **wb, double **ub);
+
+#endif
