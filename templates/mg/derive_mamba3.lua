@@ -322,7 +322,8 @@ end
 --   d.bscan_warps     = ceil(bscan_threads / 32)
 --   d.bscan_nw        = ceil(N / bscan_threads): column entries n per thread
 --                       in the per-step column sums (dq', dk')
---   d.bscan_tchunk    checkpoint stride: the forward-for-training saves Hs
+--   d.bscan_tchunk    checkpoint stride (CKPT_STRIDE in NAME_backward.cu):
+--                     the forward-for-training saves Hs
 --                     every bscan_tchunk steps; the backward recomputes the
 --                     chunk's states forward from the checkpoint (never by
 --                     dividing by alpha) into a per-thread
@@ -347,23 +348,25 @@ end
 --                     (input_proj, in_proj, out_proj .weight), 2 = the rest
 --   d.grad_tol        rel-L2 of every gradient vs the f64 reference:
 --                     f32 1e-4, bf16 5e-2, f16 1e-2
---   chunked SSM backward (backward.cu.tmpl "chunked SSM backward" has the
---   design; emitted with the chunked forward, d.scan_emit_chunked):
---   d.bck_emit        whether the kernel is emitted (not when even 16-step
---                     chunks exceed the shared memory: d.bck_why says so)
---   d.bck_chunk       its chunk length Q: the spec's chunk_size, halved while
+--   chunked SSM backward (kernels/mamba3/chunked_bwd.cuh has the design;
+--   emitted with the chunked forward, d.scan_emit_chunked; NAME_backward.cu
+--   names its shape CKB_*):
+--   d.ckb_emit        whether the kernel is emitted (not when even 16-step
+--                     chunks exceed the shared memory: d.ckb_why says so)
+--   d.ckb_chunk       its chunk length Q: the spec's chunk_size, halved while
 --                     the shared memory exceeds M.CK_SMEM_MAX (a multiple of
 --                     bscan_tchunk: a chunk starts at a checkpoint)
---   d.bck_warps, d.bck_threads  block: the forward's default rule (the
+--   d.ckb_warps, d.ckb_threads  block: the forward's default rule (the
 --                     adjoint tile P*N/(32*warps) <= 64 registers)
---   d.bck_nw          adjoint columns per warp: (P/16) x (N/bck_nw) tiles
---   d.bck_cw          output columns per work item of dq', dk', dv (16 rows
---                     x bck_cw columns): min(32, P, N)
---   d.bck_ldn, d.bck_ldp, d.bck_ldq  staged row strides: N, P, Q + 16 bytes
---   d.bck_floats      f32 scratch of a block (per-token scalars and the
---                     fixed-order partial sums), d.bck_smem_bytes in all
---   d.bck_fwd         the chunked forward kernel's fields (M.ck_variant) for
---                     chunk bck_chunk: the forward for training of the
+--   d.ckb_nw          adjoint columns per warp: (P/16) x (N/ckb_nw) tiles
+--   d.ckb_cw          output columns per work item of dq', dk', dv (16 rows
+--                     x ckb_cw columns): min(32, P, N)
+--   d.ckb_ldn, d.ckb_ldp, d.ckb_ldq  staged row strides: N, P, Q + 16 bytes
+--   d.ckb_yvp         partials of dy_t . v_t per token: max(1, P/32)
+--   d.ckb_floats      f32 scratch of a block (per-token scalars and the
+--                     fixed-order partial sums), d.ckb_smem_bytes in all
+--   d.ckb_fwd         the chunked forward kernel's fields (M.ck_variant) for
+--                     chunk ckb_chunk: the forward for training of the
 --                     chunked path, which saves the state entering every chunk
 -- ===========================================================================
 local MATRIX = { input_proj_w = true, in_proj_w = true, out_proj_w = true }
@@ -388,7 +391,7 @@ function M.derive_training(d)
   d.bscan_tchunk = bt
   d.bscan_smem_bytes = smem(bt)
   d.max_ckpts = derive.ceil_div(d.max_seq_len, bt)
-  M.derive_bck(d)
+  M.derive_ckb(d)
   d.normb_rows = 16
   d.normb_max_blocks = derive.ceil_div(d.max_tokens, d.normb_rows)
   d.part_width = math.max(d.D, d.E, d.HN, d.in_dim)
@@ -400,28 +403,28 @@ function M.derive_training(d)
 end
 
 -- The chunked SSM backward's shape (see derive_training's header).
-function M.derive_bck(d)
-  d.bck_emit = d.scan_emit_chunked and true or false
-  if not d.bck_emit then
-    d.bck_chunk = 0
+function M.derive_ckb(d)
+  d.ckb_emit = d.scan_emit_chunked and true or false
+  if not d.ckb_emit then
+    d.ckb_chunk = 0
     return d
   end
   local PN = d.P * d.N
   local warps = math.min(math.max(8, PN // 2048), 16, PN // 128)
-  d.bck_warps = warps
-  d.bck_threads = 32 * warps
-  d.bck_nw = PN // (16 * warps)
-  assert(d.bck_nw % 8 == 0 and d.N % d.bck_nw == 0, "derive_mamba3: chunked backward adjoint split")
-  d.bck_cw = math.min(32, d.P, d.N)
-  d.bck_yvp = math.max(1, d.P // 32)   -- partials of dy_t . v_t per token (one per warp-wide slice of a row)
+  d.ckb_warps = warps
+  d.ckb_threads = 32 * warps
+  d.ckb_nw = PN // (16 * warps)
+  assert(d.ckb_nw % 8 == 0 and d.N % d.ckb_nw == 0, "derive_mamba3: chunked backward adjoint split")
+  d.ckb_cw = math.min(32, d.P, d.N)
+  d.ckb_yvp = math.max(1, d.P // 32)   -- partials of dy_t . v_t per token (one per warp-wide slice of a row)
   local pad = 16 // d.ck_es
-  d.bck_ldn, d.bck_ldp = d.N + pad, d.P + pad
+  d.ckb_ldn, d.ckb_ldp = d.N + pad, d.P + pad
   local function floats(q)
-    return q * (15 + d.bck_yvp + 3 * (q // 16) + 2 * (d.N // d.bck_cw)) + warps + d.P + 16
+    return q * (15 + d.ckb_yvp + 3 * (q // 16) + 2 * (d.N // d.ckb_cw)) + warps + d.P + 16
   end
   local function smem(q)
     local ldq = q + pad
-    local elems = 2 * q * d.bck_ldn + 3 * q * d.bck_ldp + 2 * d.P * d.bck_ldn + 2 * q * ldq
+    local elems = 2 * q * d.ckb_ldn + 3 * q * d.ckb_ldp + 2 * d.P * d.ckb_ldn + 2 * q * ldq
     return elems * d.ck_es + 4 * floats(q)
   end
   local q = d.chunk_size
@@ -430,21 +433,21 @@ function M.derive_bck(d)
   if smem(q) > smax then
     -- the staged state and adjoint alone exceed the shared memory (f32
     -- with P*N >= 128*256): the training SSM stays sequential
-    d.bck_emit, d.bck_chunk = false, 0
-    d.bck_why = string.format("it needs %d bytes of shared memory per block even in %d-step chunks, over the %d of sm_%d",
+    d.ckb_emit, d.ckb_chunk = false, 0
+    d.ckb_why = string.format("it needs %d bytes of shared memory per block even in %d-step chunks, over the %d of sm_%d",
                               smem(q), q, smax, d.sm)
     return d
   end
   assert(q % d.bscan_tchunk == 0, "derive_mamba3: backward chunk is not a whole number of checkpoints")
-  d.bck_chunk = q
-  d.bck_ldq = q + pad
-  d.bck_floats = floats(q)
-  d.bck_smem_bytes = smem(q)
+  d.ckb_chunk = q
+  d.ckb_ldq = q + pad
+  d.ckb_floats = floats(q)
+  d.ckb_smem_bytes = smem(q)
   -- the forward for training of the chunked path: the chunked forward
-  -- kernel with chunk bck_chunk (its state at every chunk start is the
+  -- kernel with chunk ckb_chunk (its state at every chunk start is the
   -- backward's checkpoint) and the forward's block size
-  d.bck_fwd = M.ck_variant(d, q, d.ck_warps) or M.ck_variant(d, q, warps)
-  assert(d.bck_fwd, "derive_mamba3: no chunked forward shape for the backward's chunk")
+  d.ckb_fwd = M.ck_variant(d, q, d.ck_warps) or M.ck_variant(d, q, warps)
+  assert(d.ckb_fwd, "derive_mamba3: no chunked forward shape for the backward's chunk")
   return d
 end
 

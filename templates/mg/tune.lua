@@ -60,8 +60,8 @@ M.TEMPLATE_SETS = {
     "mg/derive.lua", "mg/derive_mamba1.lua", "mg/tune.lua",
   },
   mamba3_siso = {
-    "mamba3/common.cuh.tmpl", "mamba3/kernels.cu.tmpl", "mamba3/tiles.cuh.tmpl", "mamba3/ck_fwd.cuh.tmpl",
-    "mamba3/tune_scan.cu.tmpl",
+    "mamba3/common.cuh.tmpl", "mamba3/kernels.cu.tmpl", "kernels/mamba3/tiles.cuh",
+    "kernels/mamba3/chunked_fwd.cuh", "mamba3/tune_scan.cu.tmpl",
     "mg/derive.lua", "mg/derive_mamba3.lua", "mg/tune.lua",
   },
 }

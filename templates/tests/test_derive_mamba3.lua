@@ -224,29 +224,29 @@ is(tiny.ck_warps, 2, "tiny chunked: 2 warps (P*N/128)")
 is(tiny.ck_nw, 8, "tiny chunked: state tile 16 x 8")
 
 -- ------------------------------------------------------------ training: the chunked SSM backward
-is(rl.bck_emit, false, "rl: no chunked backward (mode sequential)")
-is(rl.bck_chunk, 0, "rl: backward chunk 0")
-is(perf.bck_emit, true, "perf: chunked backward")
-is(perf.bck_chunk, 64, "perf: backward chunk = the spec's 64 (bf16 fits)")
-is(perf.bck_warps, 8, "perf: backward 8 warps")
-is(perf.bck_nw, 64, "perf: adjoint tile 16 x 64 per warp")
-is(perf.bck_cw, 32, "perf: dq/dk/dv items 16 x 32")
-is(perf.bck_yvp, 2, "perf: two dy.v partials per token (P = 64)")
-is(perf.bck_floats, 64 * (15 + 2 + 3 * 4 + 2 * (128 // 32)) + 8 + 64 + 16, "perf: backward f32 scratch")
-is(perf.bck_smem_bytes, 2 * (2 * 64 * 136 + 3 * 64 * 72 + 2 * 64 * 136 + 2 * 64 * 72) + 4 * perf.bck_floats,
+is(rl.ckb_emit, false, "rl: no chunked backward (mode sequential)")
+is(rl.ckb_chunk, 0, "rl: backward chunk 0")
+is(perf.ckb_emit, true, "perf: chunked backward")
+is(perf.ckb_chunk, 64, "perf: backward chunk = the spec's 64 (bf16 fits)")
+is(perf.ckb_warps, 8, "perf: backward 8 warps")
+is(perf.ckb_nw, 64, "perf: adjoint tile 16 x 64 per warp")
+is(perf.ckb_cw, 32, "perf: dq/dk/dv items 16 x 32")
+is(perf.ckb_yvp, 2, "perf: two dy.v partials per token (P = 64)")
+is(perf.ckb_floats, 64 * (15 + 2 + 3 * 4 + 2 * (128 // 32)) + 8 + 64 + 16, "perf: backward f32 scratch")
+is(perf.ckb_smem_bytes, 2 * (2 * 64 * 136 + 3 * 64 * 72 + 2 * 64 * 136 + 2 * 64 * 72) + 4 * perf.ckb_floats,
   "perf: backward shared memory")
-check(perf.bck_smem_bytes <= 225 * 1024, "perf: backward shared memory within sm_90's 225 KiB")
-is(perf.bck_chunk % perf.bscan_tchunk, 0, "perf: a backward chunk is whole checkpoint slots")
-is(lm.bck_emit, true, "lm: chunked backward")
-is(lm.bck_chunk, 32, "lm: f32 backward chunk halved to 32 (64 needs 232032 bytes)")
-is(tiny.bck_yvp, 1, "tiny: one dy.v partial per token (P = 16)")
-is(tiny.bck_warps, 2, "tiny: backward 2 warps (P*N/128)")
+check(perf.ckb_smem_bytes <= 225 * 1024, "perf: backward shared memory within sm_90's 225 KiB")
+is(perf.ckb_chunk % perf.bscan_tchunk, 0, "perf: a backward chunk is whole checkpoint slots")
+is(lm.ckb_emit, true, "lm: chunked backward")
+is(lm.ckb_chunk, 32, "lm: f32 backward chunk halved to 32 (64 needs 232032 bytes)")
+is(tiny.ckb_yvp, 1, "tiny: one dy.v partial per token (P = 16)")
+is(tiny.ckb_warps, 2, "tiny: backward 2 warps (P*N/128)")
 local n256a = derive.derive(spec3({ d_state = 256, headdim = 128 }, { max_seq_len = 1024, max_batch = 4 }, nil,
   { mode = "auto" }))
 is(n256a.scan_emit_chunked, true, "n256 auto f32: chunked forward emitted")
-is(n256a.bck_emit, false, "n256 auto f32: no chunked backward (shared memory)")
-check(type(n256a.bck_why) == "string" and n256a.bck_why:find("shared memory", 1, true) ~= nil,
-  "n256 auto f32: the reason names shared memory", tostring(n256a.bck_why))
+is(n256a.ckb_emit, false, "n256 auto f32: no chunked backward (shared memory)")
+check(type(n256a.ckb_why) == "string" and n256a.ckb_why:find("shared memory", 1, true) ~= nil,
+  "n256 auto f32: the reason names shared memory", tostring(n256a.ckb_why))
 
 -- ------------------------------------------------------------ emit with the real templates
 local sp = spec3(nil, nil, { name = "mamba3_rl" })
@@ -258,10 +258,19 @@ if ok then
   for i, f in ipairs(files) do names[i] = f.path .. "<" .. f.template end
   local want = { "mamba3_rl.h<mamba3/model.h.tmpl", "mamba3_rl_common.cuh<mamba3/common.cuh.tmpl",
     "mamba3_rl_kernels.cu<mamba3/kernels.cu.tmpl", "mamba3_rl.c<mamba3/model.c.tmpl",
-    "mamba3_rl_test.c<mamba3/test.c.tmpl", "mamba3_rl_bench.c<mamba3/bench.c.tmpl", "Makefile<mamba3/Makefile.tmpl",
+    "model_alias.h<common/model_alias.h.tmpl", "mamba3_rl_test.c<host/mamba3/test.c", "mamba3_rl_bench.c<host/mamba3/bench.c",
+    "bench_util.h<host/common/bench_util.h", "Makefile<common/Makefile.tmpl",
+    -- the kernel bodies, copied (plain CUDA)
+    "mg_m3_norm.cuh<kernels/mamba3/norm.cuh", "mg_m3_prep.cuh<kernels/mamba3/prep.cuh",
+    "mg_m3_angles.cuh<kernels/mamba3/angles.cuh", "mg_m3_scan.cuh<kernels/mamba3/scan.cuh",
+    "mg_m3_tiles.cuh<kernels/mamba3/tiles.cuh", "mg_m3_chunked_fwd.cuh<kernels/mamba3/chunked_fwd.cuh",
+    "mg_m3_gate.cuh<kernels/mamba3/gate.cuh", "mg_m3_launch_fwd.cuh<kernels/mamba3/launch_fwd.cuh",
+    "mg_m3_train_fwd.cuh<kernels/mamba3/train_fwd.cuh", "mg_m3_scan_bwd.cuh<kernels/mamba3/scan_bwd.cuh",
+    "mg_m3_chunked_bwd.cuh<kernels/mamba3/chunked_bwd.cuh", "mg_m3_launch_train.cuh<kernels/mamba3/launch_train.cuh",
     -- the training half (emit.training)
     "mamba3_rl_train.h<mamba3/train.h.tmpl", "mamba3_rl_backward.cu<mamba3/backward.cu.tmpl",
-    "mamba3_rl_train.c<mamba3/train.c.tmpl", "mamba3_rl_train_test.c<mamba3/train_test.c.tmpl" }
+    "mamba3_rl_train.c<mamba3/train.c.tmpl", "mamba3_rl_train_test.c<host/mamba3/train_test.c",
+    "test_adamw_skip.h<host/common/test_adamw_skip.h" }
   local have = {}
   for _, nm in ipairs(names) do have[nm] = true end
   for _, nm in ipairs(want) do check(have[nm], "emit: mamba3 file " .. nm) end
@@ -283,10 +292,10 @@ if ok then
   check(c:find("L0_NORM_GATE_W", 1, true) ~= nil, "emit: gate norm offset")
   check(not cu:find("{{", 1, true) and not c:find("{{", 1, true) and not h:find("{{", 1, true), "emit: no template syntax left")
   -- training half
-  is(names[#names], "Makefile<mamba3/Makefile.tmpl", "emit: Makefile last")
+  is(names[#names], "Makefile<common/Makefile.tmpl", "emit: Makefile last")
   check(h:find('\n#include "mamba3_rl_train.h"\n', 1, true) ~= nil, "emit: header includes the training API")
   check(byname["Makefile"]:find("./$(NAME)_train_test", 1, true) ~= nil, "emit: make check runs the training test")
-  check(byname["mamba3_rl_backward.cu"]:find("\nconstexpr int BCK = 16;", 1, true) ~= nil, "emit: backward checkpoint stride")
+  check(byname["mamba3_rl_backward.cu"]:find("\nconstexpr int CKPT_STRIDE = 16;", 1, true) ~= nil, "emit: backward checkpoint stride")
   check(byname["mamba3_rl_train.h"]:find("mamba3_rl_backward(mamba3_rl_trainer *t,", 1, true) ~= nil, "emit: backward prototype")
   local tr = byname["mamba3_rl_train.h"] .. byname["mamba3_rl_backward.cu"] .. byname["mamba3_rl_train.c"] .. byname["mamba3_rl_train_test.c"]
   check(not tr:find("{{", 1, true) and not tr:find("{%", 1, true), "emit: no template syntax left in the training files")

@@ -1,0 +1,91 @@
+// mg_m3_angles.cuh: the data-dependent rotary angle of the Mamba-3 SISO
+// forward, parallel over time; one definition for inference and training,
+// so both rotate k and q with the same bits.
+// Included inside the anonymous namespace of the package's .cu files, after
+// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+
+// ---------------------------------------------------------------------------
+// angles_kernel: math.md steps 6-7, parallel over time.
+//   theta_t = (theta_{t-1} + pi * tanh(angles_t[a]) * dt_t[h]) mod 2pi
+//   (k[2a], k[2a+1]) <- rotation by theta_t, the same for q (in place).
+// One block per (head h, sequence b): grid (H, batch). Thread (a, sl) =
+// (threadIdx.x % S, threadIdx.x / S) owns angle a over time slice sl of
+// ceil(seqlen / ANGLE_SLICES) steps. Pass 1: each thread sums its slice's
+// increments in f64. Then one thread per angle turns the slice sums into
+// exclusive prefixes, slice by slice in index order (deterministic). Pass 2:
+// each thread starts from theta_0 + its prefix, wrapped into [0, 2pi), and
+// walks its slice exactly as the reference does (add, wrap with fmod in
+// f64), so nothing drifts over long sequences; cos/sin are taken in f64 and
+// rounded once. Consecutive threads are consecutive angles of one token:
+// their k/q pairs are contiguous (coalesced). The initial angle is read by
+// every thread before the first barrier and the final one written by the
+// last slice's thread after the second, so out may alias in. cs (optional,
+// training) [tok][H][S][2] receives the (cos, sin) of every rotation: the
+// backward's R^T.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ double wrap_2pi(double th)
+{
+    th = fmod(th, TWO_PI_D);
+    if (th < 0.0) th += TWO_PI_D;
+    if (th >= TWO_PI_D) th -= TWO_PI_D;
+    return th;
+}
+
+__global__ void __launch_bounds__(ANGLE_THREADS)
+angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt,
+              const float *angle_in, float *angle_out, float *__restrict__ k,
+              float *__restrict__ q, float *__restrict__ cs)
+{
+    __shared__ double part[ANGLE_SLICES][S];
+    const int a = threadIdx.x % S, sl = threadIdx.x / S;
+    const int h = blockIdx.x;
+    const size_t b = blockIdx.y;
+    const size_t st = (b * H + h) * (size_t)S + a;
+    const double th0 = angle_in ? (double)angle_in[st] : 0.0;
+    const int len = (seqlen + ANGLE_SLICES - 1) / ANGLE_SLICES;
+    const int t0 = min(seqlen, sl * len), t1 = min(seqlen, t0 + len);
+    const size_t row0 = b * (size_t)seqlen;
+
+    // Pass 1: this slice's sum of increments.
+    double sum = 0.0;
+    for (int t = t0; t < t1; ++t) {
+        const size_t tok = row0 + t;
+        sum += PI_D * (double)tanhf(to_f32(proj[tok * NP + OFF_ANG + a])) * (double)dt[tok * H + h];
+    }
+    part[sl][a] = sum;
+    __syncthreads();
+    if (sl == 0) {   // exclusive prefix over the slices, in order
+        double run = 0.0;
+        for (int j = 0; j < ANGLE_SLICES; ++j) {
+            const double v = part[j][a];
+            part[j][a] = run;
+            run += v;
+        }
+    }
+    __syncthreads();
+
+    // Pass 2: walk the slice from its starting angle, rotating k and q.
+    double th = wrap_2pi(th0 + part[sl][a]);
+    for (int t = t0; t < t1; ++t) {
+        const size_t tok = row0 + t;
+        const float x = to_f32(proj[tok * NP + OFF_ANG + a]);
+        th = wrap_2pi(th + PI_D * (double)tanhf(x) * (double)dt[tok * H + h]);
+        double sd, cd;
+        sincos(th, &sd, &cd);
+        const float c = (float)cd, s = (float)sd;
+        float *kp = k + (tok * H + h) * N + 2 * a;
+        float *qp = q + (tok * H + h) * N + 2 * a;
+        const float k0 = kp[0], k1 = kp[1], q0 = qp[0], q1 = qp[1];
+        kp[0] = c * k0 - s * k1;
+        kp[1] = s * k0 + c * k1;
+        qp[0] = c * q0 - s * q1;
+        qp[1] = s * q0 + c * q1;
+        if (cs) {
+            float2 v;
+            v.x = c;
+            v.y = s;
+            reinterpret_cast<float2 *>(cs)[(tok * H + h) * S + a] = v;
+        }
+    }
+    if (angle_out && t1 == seqlen && t1 > t0) angle_out[st] = (float)th;
+}

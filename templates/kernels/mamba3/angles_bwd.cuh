@@ -1,0 +1,76 @@
+// mg_m3_angles_bwd.cuh: the backward of the rotary angle (mg_m3_angles.cuh),
+// parallel over time with the forward's grid and thread map.
+// Included inside the anonymous namespace of the package's .cu files, after
+// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+
+// ---------------------------------------------------------------------------
+// angles_bwd_kernel: the backward of angles_kernel, parallel over time with
+// its grid and thread map. With k', q' the rotated values (k, q after the
+// forward) and dk', dq' their gradients, per token:
+//   g_t = -dk'0 k'1 + dk'1 k'0 - dq'0 q'1 + dq'1 q'0   (d L / d theta_t, local)
+//   (dk0, dk1) = R(theta_t)^T (dk'0, dk'1), the same for q  -> in place
+//   gth_t = sum_{s >= t} g_s   (theta_t feeds every later theta with
+//            derivative 1, the mod 2pi included)
+// Pass 1 (per thread, its slice): undo the rotation, write g_t into gth and
+// sum it over the slice (f32, t in order). One thread per angle turns the
+// slice sums into exclusive suffix sums, last slice first. Pass 2: walk the
+// slice backwards accumulating from its suffix, gth_t = suffix + the slice's
+// sum from t on (f32, t from the end). dangle0 (optional) [b][H][S] = d L / d
+// theta_0 = gth of the first token (0 for an empty sequence). Each entry is
+// read and written by one thread: deterministic.
+// ---------------------------------------------------------------------------
+__global__ void __launch_bounds__(ANGLE_THREADS)
+angles_bwd_kernel(int seqlen, const float *__restrict__ k, const float *__restrict__ q,
+                  const float *__restrict__ cs, float *__restrict__ dk, float *__restrict__ dq,
+                  float *__restrict__ gth, float *__restrict__ dangle0)
+{
+    __shared__ float part[ANGLE_SLICES][S];
+    const int a = threadIdx.x % S, sl = threadIdx.x / S;
+    const int h = blockIdx.x;
+    const size_t b = blockIdx.y;
+    const int len = (seqlen + ANGLE_SLICES - 1) / ANGLE_SLICES;
+    const int t0 = min(seqlen, sl * len), t1 = min(seqlen, t0 + len);
+    const size_t row0 = b * (size_t)seqlen;
+
+    // Pass 1: the local terms and the un-rotated gradients.
+    float sum = 0.0f;
+    for (int t = t0; t < t1; ++t) {
+        const size_t tok = row0 + t;
+        const size_t base = (tok * H + h) * N + 2 * a;
+        const float2 kk = *reinterpret_cast<const float2 *>(k + base);
+        const float2 qq = *reinterpret_cast<const float2 *>(q + base);
+        const float2 g = *reinterpret_cast<const float2 *>(dk + base);
+        const float2 f = *reinterpret_cast<const float2 *>(dq + base);
+        const float2 r = reinterpret_cast<const float2 *>(cs)[(tok * H + h) * S + a];
+        const float gl = -g.x * kk.y + g.y * kk.x - f.x * qq.y + f.y * qq.x;
+        float2 ug, uf;
+        ug.x = r.x * g.x + r.y * g.y;
+        ug.y = -r.y * g.x + r.x * g.y;
+        uf.x = r.x * f.x + r.y * f.y;
+        uf.y = -r.y * f.x + r.x * f.y;
+        *reinterpret_cast<float2 *>(dk + base) = ug;
+        *reinterpret_cast<float2 *>(dq + base) = uf;
+        gth[(tok * H + h) * S + a] = gl;
+        sum += gl;
+    }
+    part[sl][a] = sum;
+    __syncthreads();
+    if (sl == 0) {   // exclusive suffix over the slices, last first
+        float run = 0.0f;
+        for (int j = ANGLE_SLICES - 1; j >= 0; --j) {
+            const float v = part[j][a];
+            part[j][a] = run;
+            run += v;
+        }
+    }
+    __syncthreads();
+
+    // Pass 2: the running sum from the end of the sequence.
+    float run = part[sl][a];
+    for (int t = t1 - 1; t >= t0; --t) {
+        float *gp = gth + ((row0 + t) * H + h) * S + a;
+        run += *gp;
+        *gp = run;
+    }
+    if (dangle0 && sl == 0) dangle0[(b * H + h) * (size_t)S + a] = run;
+}

@@ -1,0 +1,573 @@
+// mg_m3_chunked_bwd.cuh: the chunked SSM backward of Mamba-3 SISO on the
+// tensor-core tiles of mg_m3_tiles.cuh (shape: the CKB_* constants of
+// NAME_backward.cu).
+// Included inside the anonymous namespace of NAME_backward.cu, after
+// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+
+// ===========================================================================
+// Chunked SSM backward: the backward of math.md "Chunked form", chunk length
+// CKB_Q, for scan.mode chunked (or auto on long calls).
+//
+// One block per (head h, sequence b) walks the chunks from last to first
+// with the adjoint G = dL/d(state entering the next chunk) (P x N, f32) in
+// the warps' accumulator registers, as the chunked forward holds the state.
+// Inside a chunk (local t, s; k, q the rotated k', q'; cs_t the prefix sum
+// of A*dt; E_t = exp(cs_t); scale_s = gamma_s + (1-lam_{s+1}) dt_{s+1};
+// w_s = exp(cs_end - cs_s) scale_s; Lm[t][s] = exp(cs_t - cs_s) scale_s for
+// s < t, gamma_t on the diagonal) the forward is
+//   y_t = E_t Hc q_t + sum_{s<=t} Lm[t][s] (q_t.k_s) v_s + D v_t,
+//   Hc' = exp(cs_end) Hc + sum_s w_s v_s k_s^T,
+// with Hc the chunk's entering state (shifted form: the true state at the
+// chunk start plus (1-lam_{t0}) dt_{t0} v_{t0-1} k_{t0-1}^T, as the chunked
+// forward for training saves it). Its backward, with M = Lm o (dY V^T) and
+// W = Lm o (Q K^T) (causal, staged), per chunk:
+//   dV = W^T dY + D dY + diag(w) K G^T
+//   dQ = diag(E) dY Hc + M K
+//   dK = M^T Q + diag(w) V G
+//   G <- exp(cs_end) G + (diag(E) dY)^T Q        (dL/dHc)
+// and the scalars: dcs_t = E_t dy_t.(Hc q_t) + sum_{s<t} R[t][s]
+// - sum_{t'>t} R[t'][t] - w_t dw_t (R = M o QK^T off the diagonal,
+// dw_s = v_s.(G k_s)), plus exp(cs_end) <G, Hc> + sum_s w_s dw_s at cs_end;
+// d(A dt)_r = sum_{t>=r} dcs_t; dscale_s = sum_{t>s} (dy_t.v_s)(q_t.k_s)
+// exp(cs_t - cs_s) + exp(cs_end - cs_s) dw_s; dgamma_t = dscale_t +
+// (dy_t.v_t)(q_t.k_t); then lambda and dt from gamma = lam dt and the
+// shifted term (1-lam_t) dt_t, whose gradient is dscale_{t-1} (the previous
+// chunk's last token for t = chunk start: held until that chunk is done).
+// Products run on the 16 x 8 x 16 tiles of the forward (tensor cores for
+// bf16/f16 with operands rounded to the storage dtype, f32 FMA for f32);
+// every sum has a fixed order (partials per tile in shared memory, summed
+// in tile order): bit-identical reruns, no atomics. Outputs and their
+// layouts are those of scan_bwd_kernel.
+// ===========================================================================
+
+// One causal 16 x 16 block (t-tile tb, s-tile sb) of QK^T and dY V^T into
+// M, W and the block's partial sums (phase C below).
+__device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *Qs, const op_t *Ks,
+                                          const op_t *Ys, const op_t *Vs, op_t *Mm, op_t *Wm,
+                                          const float *s_cs, const float *s_scl, const float *s_gam,
+                                          float *s_dg, float *rowR, float *colR, float *colS)
+{
+    const int g = lane >> 2, cc = (lane & 3) * 2;
+    const int t0 = tb * 16, s0 = sb * 16;
+    float qk[2][4], dv[2][4];
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) qk[jj][r] = dv[jj][r] = 0.0f;
+#pragma unroll 2
+    for (int ks = 0; ks < N; ks += 16)
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+            tile_mma<CKB_LDN, CKB_LDN>(qk[jj], Qs + t0 * CKB_LDN + ks, Ks + (s0 + 8 * jj) * CKB_LDN + ks, lane);
+#pragma unroll 2
+    for (int ks = 0; ks < P; ks += 16)
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+            tile_mma<CKB_LDP, CKB_LDP>(dv[jj], Ys + t0 * CKB_LDP + ks, Vs + (s0 + 8 * jj) * CKB_LDP + ks, lane);
+    float rsum[2], csum[2][2], ssum[2][2];   // rows g, g+8: sum over s of R; [jj][col cc / cc+1]:
+#pragma unroll                                // sums over t of R and of the dscale terms
+    for (int e = 0; e < 2; ++e) {
+        rsum[e] = 0.0f;
+        csum[0][e] = csum[1][e] = ssum[0][e] = ssum[1][e] = 0.0f;
+    }
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int tr = t0 + g + 8 * (r >> 1), sc = s0 + 8 * jj + cc + (r & 1);
+            float m = 0.0f, w = 0.0f;
+            if (sc < tr) {
+                const float lm = expf(s_cs[tr] - s_cs[sc]);
+                const float L = lm * s_scl[sc];
+                const float rr = dv[jj][r] * qk[jj][r];
+                m = L * dv[jj][r];
+                w = L * qk[jj][r];
+                rsum[r >> 1] += rr * L;
+                csum[jj][r & 1] += rr * L;
+                ssum[jj][r & 1] += rr * lm;
+            } else if (sc == tr) {
+                m = s_gam[tr] * dv[jj][r];
+                w = s_gam[tr] * qk[jj][r];
+                s_dg[tr] = dv[jj][r] * qk[jj][r];
+            }
+            Mm[tr * CKB_LDQ + sc] = from_f32<op_t>(m);
+            Wm[tr * CKB_LDQ + sc] = from_f32<op_t>(w);
+        }
+    // rows: the 4 lanes of a row group (xor 1, 2); columns: the 8 row groups (xor 4, 8, 16)
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+        rsum[0] += __shfl_xor_sync(FULL_MASK, rsum[0], o);
+        rsum[1] += __shfl_xor_sync(FULL_MASK, rsum[1], o);
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1)
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                csum[jj][e] += __shfl_xor_sync(FULL_MASK, csum[jj][e], o);
+                ssum[jj][e] += __shfl_xor_sync(FULL_MASK, ssum[jj][e], o);
+            }
+    if ((lane & 3) == 0) {
+        rowR[sb * CKB_Q + t0 + g] = rsum[0];
+        rowR[sb * CKB_Q + t0 + g + 8] = rsum[1];
+    }
+    if (g == 0) {
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                colR[tb * CKB_Q + s0 + 8 * jj + cc + e] = csum[jj][e];
+                colS[tb * CKB_Q + s0 + 8 * jj + cc + e] = ssum[jj][e];
+            }
+    }
+}
+
+__global__ void __launch_bounds__(CKB_THREADS, 1)
+scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
+                        const float *__restrict__ q, const float *__restrict__ dt,
+                        const float *__restrict__ adt, const float *__restrict__ lam,
+                        const float *__restrict__ Dskip, const float *__restrict__ ckpt,
+                        const float *__restrict__ kp0, const float *__restrict__ vp0,
+                        const float *__restrict__ dy, float *__restrict__ dk, float *__restrict__ dq,
+                        float *__restrict__ dv, float *__restrict__ dadt_o, float *__restrict__ ddt_o,
+                        float *__restrict__ dlam_o, float *__restrict__ part_D, float *__restrict__ dssm0,
+                        float *__restrict__ dkp0, float *__restrict__ dvp0)
+{
+    extern __shared__ __align__(16) unsigned char bq_smem[];
+    op_t *Qs = reinterpret_cast<op_t *>(bq_smem);   // [CKB_Q][LDN] q'_t
+    op_t *Ks = Qs + CKB_Q * CKB_LDN;                      // [CKB_Q][LDN] k'_s
+    op_t *Ys = Ks + CKB_Q * CKB_LDN;                      // [CKB_Q][LDP] dy_t
+    op_t *Ye = Ys + CKB_Q * CKB_LDP;                      // [CKB_Q][LDP] E_t dy_t
+    op_t *Vs = Ye + CKB_Q * CKB_LDP;                      // [CKB_Q][LDP] v_s
+    op_t *Hc = Vs + CKB_Q * CKB_LDP;                      // [P][LDN]  state entering the chunk
+    op_t *Gs = Hc + P * CKB_LDN;                       // [P][LDN]  adjoint G of the state leaving it
+    op_t *Mm = Gs + P * CKB_LDN;                       // [CKB_Q][LDQ] M[t][s] (causal)
+    op_t *Wm = Mm + CKB_Q * CKB_LDQ;                      // [CKB_Q][LDQ] W[t][s] (causal)
+    float *fs = reinterpret_cast<float *>(Wm + CKB_Q * CKB_LDQ);
+    float *s_adt = fs, *s_cs = fs + CKB_Q, *s_ecs = fs + 2 * CKB_Q, *s_gam = fs + 3 * CKB_Q;
+    float *s_nx = fs + 4 * CKB_Q, *s_scl = fs + 5 * CKB_Q, *s_dt = fs + 6 * CKB_Q, *s_lam = fs + 7 * CKB_Q;
+    float *s_ew = fs + 8 * CKB_Q, *s_w = fs + 9 * CKB_Q, *s_dg = fs + 10 * CKB_Q, *s_yv = fs + 11 * CKB_Q;
+    float *s_dcs = fs + 12 * CKB_Q, *s_dsc = fs + 13 * CKB_Q, *s_dw = fs + 14 * CKB_Q;
+    float *s_yvp = fs + 15 * CKB_Q;             // [CKB_Q][CKB_YVP] partial dy_t . v_t per row slice
+    float *rowR = s_yvp + CKB_Q * CKB_YVP;       // [CKB_T][CKB_Q] row sums of R per s-tile
+    float *colR = rowR + CKB_T * CKB_Q;          // [CKB_T][CKB_Q] column sums of R per t-tile
+    float *colS = colR + CKB_T * CKB_Q;          // [CKB_T][CKB_Q] column sums for dscale per t-tile
+    float *pint = colS + CKB_T * CKB_Q;          // [N/CW][CKB_Q] partial dy_t.(Hc q_t) per column group
+    float *pdw = pint + (N / CKB_CW) * CKB_Q;    // [N/CW][CKB_Q] partial dw_s per column group
+    float *s_wp = pdw + (N / CKB_CW) * CKB_Q;    // [WARPS] per-warp <G, Hc>
+    float *s_row = s_wp + CKB_WARPS;          // [P] G k_prev (initial-state gradients)
+    float *s_misc = s_row + P;               // [16]
+
+    if (seqlen <= 0) return;
+    const int h = blockIdx.x;
+    const size_t b = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, cc = (lane & 3) * 2;
+    const size_t bh = b * H + h;
+    const size_t row0 = b * (size_t)seqlen;
+    const int nck = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;   // checkpoints of the sequence
+    const int nch = (seqlen + CKB_Q - 1) / CKB_Q;     // backward chunks
+    const float dsk = Dskip[h];
+
+    // This warp's adjoint tile: rows p0s.., columns n0s..; ga[j][r] holds
+    // (p0s + g + 8*(r/2), n0s + 8j + cc + r%2).
+    const int p0s = (warp % (P / 16)) * 16, n0s = (warp / (P / 16)) * CKB_NW;
+    float ga[CKB_NW / 8][4];
+#pragma unroll
+    for (int j = 0; j < CKB_NW / 8; ++j) {
+        ga[j][0] = ga[j][1] = ga[j][2] = ga[j][3] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+            Gs[(p0s + g + 8 * (r >> 1)) * CKB_LDN + n0s + 8 * j + cc + (r & 1)] = from_f32<op_t>(0.0f);
+    }
+    float gD = 0.0f;   // sum_t dy_t . v_t (thread 0)
+    // Pending d dt / d lam of the first token of the chunk walked last
+    // (thread 0): its shifted-term gradient comes from this chunk's last token.
+    float pend_ddt = 0.0f, pend_dlam = 0.0f;
+
+    for (int c = nch - 1; c >= 0; --c) {
+        const int c0 = c * CKB_Q;
+        const int len = min(CKB_Q, seqlen - c0);
+        __syncthreads();   // the previous chunk is done with the stage; Gs is written
+        // ---- A: stage the chunk (rows past the sequence end are zeros) ----
+        for (int i = tid; i < CKB_Q; i += CKB_THREADS) {
+            float a = 0.0f, d = 0.0f, l = 0.0f, nx = 0.0f;
+            if (i < len) {
+                const size_t th = (row0 + c0 + i) * H + h;
+                a = adt[th];
+                d = dt[th];
+                l = lam[th];
+                if (c0 + i + 1 < seqlen) nx = (1.0f - lam[th + H]) * dt[th + H];
+            }
+            s_adt[i] = a; s_dt[i] = d; s_lam[i] = l; s_gam[i] = l * d; s_nx[i] = nx;
+            s_dg[i] = 0.0f;
+        }
+#pragma unroll 4
+        for (int idx = tid; idx < CKB_Q * (N / 4); idx += CKB_THREADS) {
+            const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
+            float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
+            if (i < len) {
+                const size_t o = ((row0 + c0 + i) * H + h) * N + n;
+                qv = *reinterpret_cast<const float4 *>(q + o);
+                kv = *reinterpret_cast<const float4 *>(k + o);
+            }
+            op_st4(Qs + i * CKB_LDN + n, qv);
+            op_st4(Ks + i * CKB_LDN + n, kv);
+        }
+        // v and dy, and dy_t . v_t (f32) in partials over warp-wide row
+        // slices: a warp's lanes cover min(P, 32) consecutive p of a row
+        // (CKB_THREADS and P are multiples of 32 and 16), summed by a fixed
+        // xor butterfly within the slice.
+#pragma unroll 4
+        for (int idx = tid; idx < CKB_Q * P; idx += CKB_THREADS) {
+            constexpr int SEG = P < 32 ? P : 32;
+            const int i = idx / P, p = idx % P;
+            float v = 0.0f, gy = 0.0f;
+            if (i < len) {
+                v = to_f32(proj[(row0 + c0 + i) * NP + OFF_X + h * P + p]);
+                gy = dy[(row0 + c0 + i) * E + h * P + p];
+            }
+            Vs[i * CKB_LDP + p] = from_f32<op_t>(v);
+            Ys[i * CKB_LDP + p] = from_f32<op_t>(gy);
+            float yv = v * gy;
+#pragma unroll
+            for (int o = 1; o < SEG; o <<= 1) yv += __shfl_xor_sync(FULL_MASK, yv, o);
+            if (p % SEG == 0) s_yvp[i * CKB_YVP + p / SEG] = yv;
+        }
+        // The entering state (the chunked forward's checkpoint: the shifted
+        // form), in this warp's tile layout and staged (Hc). <G, Hc> per warp
+        // for the cs_end term.
+        float wdot = 0.0f;
+        {
+            const float *cp = ckpt + (bh * nck + (size_t)c0 / CKPT_STRIDE) * (size_t)(P * N);
+            float2 hv[CKB_NW / 8][2];   // all loads first (memory-level parallelism)
+#pragma unroll
+            for (int j = 0; j < CKB_NW / 8; ++j)
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr)
+                    hv[j][rr] = *reinterpret_cast<const float2 *>(cp + (p0s + g + 8 * rr) * N + n0s + 8 * j + cc);
+#pragma unroll
+            for (int j = 0; j < CKB_NW / 8; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int p = p0s + g + 8 * (r >> 1), n = n0s + 8 * j + cc + (r & 1);
+                    const float e = (r & 1) ? hv[j][r >> 1].y : hv[j][r >> 1].x;
+                    Hc[p * CKB_LDN + n] = from_f32<op_t>(e);
+                    wdot += ga[j][r] * e;
+                }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) wdot += __shfl_xor_sync(FULL_MASK, wdot, o);
+            if (lane == 0) s_wp[warp] = wdot;
+        }
+        __syncthreads();
+        // ---- B: cumulative decay and weights (warp 0, fixed order) ----
+        if (warp == 0) {
+            float carry = 0.0f;
+            for (int seg = 0; seg < CKB_Q; seg += 32) {
+                const int i = seg + lane;
+                float x = i < CKB_Q ? s_adt[i] : 0.0f;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const float yv = __shfl_up_sync(FULL_MASK, x, o);
+                    if (lane >= o) x += yv;
+                }
+                x += carry;
+                if (i < CKB_Q) s_cs[i] = x;
+                carry = __shfl_sync(FULL_MASK, x, 31);
+            }
+            for (int i = lane; i < CKB_Q; i += 32) {
+                const float cs = s_cs[i], sc = s_gam[i] + s_nx[i];
+                const float ew = expf(carry - cs);
+                s_ecs[i] = expf(cs);
+                s_scl[i] = sc;
+                s_ew[i] = ew;
+                s_w[i] = ew * sc;
+            }
+            if (lane == 0) s_misc[0] = expf(carry);
+        }
+        __syncthreads();
+        // The chunk walked next (c - 1): its rows of q', k', dy, v and its
+        // checkpoint into L2 while this one computes (one 128-byte line per
+        // prefetch), so its staging waits on L2 rather than on HBM.
+        if (c > 0) {
+            constexpr int LQ = N * 4 / 128 > 0 ? N * 4 / 128 : 1, LY = P * 4 / 128 > 0 ? P * 4 / 128 : 1;
+            constexpr int LV = P * (int)sizeof(act_t) / 128 > 0 ? P * (int)sizeof(act_t) / 128 : 1;
+            constexpr int LC = P * N * 4 / 128;
+            const size_t r0 = row0 + c0 - CKB_Q;
+            for (int i = tid; i < CKB_Q * (2 * LQ + LY + LV) + LC; i += CKB_THREADS) {
+                const char *pf;
+                if (i < LC) {
+                    pf = reinterpret_cast<const char *>(ckpt + (bh * nck + (size_t)(c0 - CKB_Q) / CKPT_STRIDE) * (size_t)(P * N)) + 128 * i;
+                } else {
+                    const int u = i - LC, t = u % CKB_Q, w = u / CKB_Q;
+                    const size_t tok = r0 + t;
+                    if (w < LQ) pf = reinterpret_cast<const char *>(q + (tok * H + h) * N) + 128 * w;
+                    else if (w < 2 * LQ) pf = reinterpret_cast<const char *>(k + (tok * H + h) * N) + 128 * (w - LQ);
+                    else if (w < 2 * LQ + LY) pf = reinterpret_cast<const char *>(dy + tok * E + h * P) + 128 * (w - 2 * LQ);
+                    else pf = reinterpret_cast<const char *>(proj + tok * NP + OFF_X + h * P) + 128 * (w - 2 * LQ - LY);
+                }
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
+            }
+        }
+        // ---- C: E dY, and the causal blocks of M and W with their partial sums ----
+        for (int idx = tid; idx < CKB_Q * P; idx += CKB_THREADS) {
+            const int i = idx / P, p = idx % P;
+            const float gy = i < len ? dy[(row0 + c0 + i) * E + h * P + p] : 0.0f;
+            Ye[i * CKB_LDP + p] = from_f32<op_t>(s_ecs[i] * gy);
+        }
+        {
+            int cnt = 0;
+            for (int tb = 0; tb < CKB_T; ++tb)
+                for (int sb = 0; sb <= tb; ++sb, ++cnt)
+                    if (cnt % CKB_WARPS == warp)
+                        ckb_block(tb, sb, lane, Qs, Ks, Ys, Vs, Mm, Wm, s_cs, s_scl, s_gam, s_dg, rowR, colR, colS);
+        }
+        __syncthreads();
+        // ---- D: dV, dQ, dK items (16 rows x CKB_CW columns each) ----
+        {
+            constexpr int NV = CKB_T * (P / CKB_CW), NQ = CKB_T * (N / CKB_CW);
+            for (int it = warp; it < NV + 2 * NQ; it += CKB_WARPS) {
+                float acc[CKB_CW / 8][4];
+#pragma unroll
+                for (int j = 0; j < CKB_CW / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+                if (it < NV) {
+                    // dv_s = w_s (G k_s)[p] + sum_{t>=s} W[t][s] dy_t + D dy_s
+                    const int ms = it % CKB_T, s0 = ms * 16, p0 = (it / CKB_T) * CKB_CW;
+                    for (int kn = 0; kn < N; kn += 16)
+#pragma unroll
+                        for (int j = 0; j < CKB_CW / 8; ++j)
+                            tile_mma_x<false, false, CKB_LDN, CKB_LDN>(acc[j], Ks + s0 * CKB_LDN + kn,
+                                                                     Gs + (p0 + 8 * j) * CKB_LDN + kn, lane);
+                    const float w0 = s_w[s0 + g], w1 = s_w[s0 + g + 8];
+#pragma unroll
+                    for (int j = 0; j < CKB_CW / 8; ++j) {
+                        acc[j][0] *= w0; acc[j][1] *= w0; acc[j][2] *= w1; acc[j][3] *= w1;
+                    }
+                    for (int tb = ms; tb < CKB_T; ++tb)
+#pragma unroll
+                        for (int j = 0; j < CKB_CW / 8; ++j)
+                            tile_mma_x<true, true, CKB_LDQ, CKB_LDP>(acc[j], Wm + tb * 16 * CKB_LDQ + s0,
+                                                                   Ys + tb * 16 * CKB_LDP + p0 + 8 * j, lane);
+#pragma unroll
+                    for (int j = 0; j < CKB_CW / 8; ++j)
+#pragma unroll
+                        for (int rr = 0; rr < 2; ++rr) {
+                            const int sr = s0 + g + 8 * rr, p = p0 + 8 * j + cc;
+                            if (sr < len) {
+                                const size_t o = (row0 + c0 + sr) * E + h * P + p;
+                                float2 out;
+                                out.x = acc[j][2 * rr] + dsk * dy[o];
+                                out.y = acc[j][2 * rr + 1] + dsk * dy[o + 1];
+                                *reinterpret_cast<float2 *>(dv + o) = out;
+                            }
+                        }
+                } else {
+                    const bool isq = it < NV + NQ;
+                    const int i2 = isq ? it - NV : it - NV - NQ;
+                    const int m0 = (i2 % CKB_T) * 16, cg = i2 / CKB_T, n0 = cg * CKB_CW;
+                    // first product: dY Hc (dq') or V G (dk'), k over p
+                    const op_t *A1 = isq ? Ys : Vs;
+                    const op_t *B1 = isq ? Hc : Gs;
+                    for (int kp = 0; kp < P; kp += 16)
+#pragma unroll
+                        for (int j = 0; j < CKB_CW / 8; ++j)
+                            tile_mma_x<false, true, CKB_LDP, CKB_LDN>(acc[j], A1 + m0 * CKB_LDP + kp,
+                                                                    B1 + kp * CKB_LDN + n0 + 8 * j, lane);
+                    // its row dot with q'_t (dq': dy_t.(Hc q_t)) or k'_s (dk': dw_s), f32
+                    const float *rv = isq ? q : k;
+                    float rd[2] = {0.0f, 0.0f};
+#pragma unroll
+                    for (int rr = 0; rr < 2; ++rr) {
+                        const int tr = m0 + g + 8 * rr;
+                        if (tr < len) {
+                            const float *vr = rv + ((row0 + c0 + tr) * H + h) * N;
+#pragma unroll
+                            for (int j = 0; j < CKB_CW / 8; ++j) {
+                                const int n = n0 + 8 * j + cc;
+                                rd[rr] += acc[j][2 * rr] * vr[n] + acc[j][2 * rr + 1] * vr[n + 1];
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int o = 1; o < 4; o <<= 1) {
+                        rd[0] += __shfl_xor_sync(FULL_MASK, rd[0], o);
+                        rd[1] += __shfl_xor_sync(FULL_MASK, rd[1], o);
+                    }
+                    float *pd = (isq ? pint : pdw) + cg * CKB_Q;
+                    if ((lane & 3) == 0) {
+                        pd[m0 + g] = rd[0];
+                        pd[m0 + g + 8] = rd[1];
+                    }
+                    const float *sc = isq ? s_ecs : s_w;
+                    const float e0 = sc[m0 + g], e1 = sc[m0 + g + 8];
+#pragma unroll
+                    for (int j = 0; j < CKB_CW / 8; ++j) {
+                        acc[j][0] *= e0; acc[j][1] *= e0; acc[j][2] *= e1; acc[j][3] *= e1;
+                    }
+                    if (isq) {
+                        // + M K: sum over s <= t
+                        for (int sb = 0; sb <= m0 / 16; ++sb)
+#pragma unroll
+                            for (int j = 0; j < CKB_CW / 8; ++j)
+                                tile_mma_x<false, true, CKB_LDQ, CKB_LDN>(acc[j], Mm + m0 * CKB_LDQ + sb * 16,
+                                                                        Ks + sb * 16 * CKB_LDN + n0 + 8 * j, lane);
+                    } else {
+                        // + M^T Q: sum over t >= s
+                        for (int tb = m0 / 16; tb < CKB_T; ++tb)
+#pragma unroll
+                            for (int j = 0; j < CKB_CW / 8; ++j)
+                                tile_mma_x<true, true, CKB_LDQ, CKB_LDN>(acc[j], Mm + tb * 16 * CKB_LDQ + m0,
+                                                                       Qs + tb * 16 * CKB_LDN + n0 + 8 * j, lane);
+                    }
+                    float *out = isq ? dq : dk;
+#pragma unroll
+                    for (int j = 0; j < CKB_CW / 8; ++j)
+#pragma unroll
+                        for (int rr = 0; rr < 2; ++rr) {
+                            const int tr = m0 + g + 8 * rr;
+                            if (tr < len)
+                                *reinterpret_cast<float2 *>(out + ((row0 + c0 + tr) * H + h) * N + n0 + 8 * j + cc) =
+                                    make_float2(acc[j][2 * rr], acc[j][2 * rr + 1]);
+                        }
+                }
+            }
+        }
+        __syncthreads();
+        // ---- E: per-token scalars (thread per token), then warp 0 in order ----
+        for (int t = tid; t < CKB_Q; t += CKB_THREADS) {
+            const int tb = t / 16;
+            float rs = 0.0f, cr = 0.0f, cs = 0.0f, pi = 0.0f, dw = 0.0f, yv = 0.0f;
+            for (int sb = 0; sb <= tb; ++sb) rs += rowR[sb * CKB_Q + t];
+            for (int t2 = tb; t2 < CKB_T; ++t2) {
+                cr += colR[t2 * CKB_Q + t];
+                cs += colS[t2 * CKB_Q + t];
+            }
+#pragma unroll
+            for (int cg = 0; cg < N / CKB_CW; ++cg) {
+                pi += pint[cg * CKB_Q + t];
+                dw += pdw[cg * CKB_Q + t];
+            }
+#pragma unroll
+            for (int j = 0; j < CKB_YVP; ++j) yv += s_yvp[t * CKB_YVP + j];   // 0 past the end
+            if (t >= len) pi = dw = 0.0f;
+            s_dcs[t] = s_ecs[t] * pi + rs - cr - s_w[t] * dw;
+            s_dsc[t] = cs + s_ew[t] * dw;
+            s_dw[t] = s_w[t] * dw;
+            s_yv[t] = yv;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            // cs_end term: exp(cs_end) <G, Hc> (warps in order) + sum_s w_s dw_s
+            float ws = 0.0f;
+            for (int i = lane; i < CKB_Q; i += 32) ws += s_dw[i];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ws += __shfl_xor_sync(FULL_MASK, ws, o);
+            float gh = 0.0f;
+            for (int w = 0; w < CKB_WARPS; ++w) gh += s_wp[w];
+            const float cend = s_misc[0] * gh + ws;
+            // d(A dt)_r = sum_{t >= r} dcs_t: reverse inclusive scan, last segment first
+            float carry = cend;
+            for (int hi = CKB_Q; hi > 0; hi -= 32) {
+                const int i = hi - 1 - lane;   // lane 0 takes the last token of the segment
+                float x = i >= 0 ? s_dcs[i] : 0.0f;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const float yv = __shfl_up_sync(FULL_MASK, x, o);
+                    if (lane >= o) x += yv;
+                }
+                x += carry;
+                if (i >= 0 && i < len) dadt_o[(row0 + c0 + i) * H + h] = x;
+                carry = __shfl_sync(FULL_MASK, x, 31);
+            }
+            // d lam, d dt: gamma_t = lam_t dt_t (dgamma = dscale_t + diagonal),
+            // shifted term (1 - lam_t) dt_t with gradient dscale_{t-1}.
+            for (int t = lane; t < len; t += 32) {
+                const float dgam = s_dsc[t] + s_dg[t];
+                float ddt = dgam * s_lam[t], dl = dgam * s_dt[t];
+                if (t > 0) {
+                    const float dn = s_dsc[t - 1];
+                    ddt += dn * (1.0f - s_lam[t]);
+                    dl -= dn * s_dt[t];
+                    const size_t th = (row0 + c0 + t) * H + h;
+                    ddt_o[th] = ddt;
+                    dlam_o[th] = dl;
+                } else {
+                    // token c0: finished once the previous chunk (or the
+                    // initial state) gives its shifted-term gradient
+                    s_misc[1] = ddt;
+                    s_misc[2] = dl;
+                }
+            }
+            if (lane == 0) {
+                // the chunk walked before this one: its first token's shifted
+                // term belongs to this chunk's last token (a full chunk)
+                if (c + 1 < nch) {
+                    const int tn = c0 + CKB_Q;
+                    const size_t th = (row0 + tn) * H + h;
+                    const float dn = s_dsc[CKB_Q - 1], l = lam[th], d = dt[th];
+                    ddt_o[th] = pend_ddt + dn * (1.0f - l);
+                    dlam_o[th] = pend_dlam - dn * d;
+                }
+                pend_ddt = s_misc[1];
+                pend_dlam = s_misc[2];
+                for (int t = 0; t < len; ++t) gD += s_yv[t];
+            }
+        }
+        // ---- F: G <- exp(cs_end) G + (E dY)^T Q, staged for the next chunk ----
+        {
+            const float ech = s_misc[0];
+#pragma unroll
+            for (int j = 0; j < CKB_NW / 8; ++j) {
+                ga[j][0] *= ech; ga[j][1] *= ech; ga[j][2] *= ech; ga[j][3] *= ech;
+            }
+            for (int kt = 0; kt < CKB_Q; kt += 16)
+#pragma unroll
+                for (int j = 0; j < CKB_NW / 8; ++j)
+                    tile_mma_x<true, true, CKB_LDP, CKB_LDN>(ga[j], Ye + kt * CKB_LDP + p0s,
+                                                           Qs + kt * CKB_LDN + n0s + 8 * j, lane);
+#pragma unroll
+            for (int j = 0; j < CKB_NW / 8; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+                    Gs[(p0s + g + 8 * (r >> 1)) * CKB_LDN + n0s + 8 * j + cc + (r & 1)] = from_f32<op_t>(ga[j][r]);
+        }
+    }
+    // ---- The initial state: Hc_0 = Hs_init + w0 v_prev k_prev^T ----
+    __syncthreads();   // every read of the stage is done: reuse it as f32 G
+    float *Gf = reinterpret_cast<float *>(bq_smem);   // [P][N]
+#pragma unroll
+    for (int j = 0; j < CKB_NW / 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int p = p0s + g + 8 * (r >> 1), n = n0s + 8 * j + cc + (r & 1);
+            Gf[p * N + n] = ga[j][r];
+            if (dssm0) dssm0[(bh * P + p) * N + n] = ga[j][r];
+        }
+    __syncthreads();
+    const float l0 = lam[row0 * H + h], d0 = dt[row0 * H + h];
+    const float w0 = (1.0f - l0) * d0;
+    for (int p = tid; p < P; p += CKB_THREADS) {
+        float s = 0.0f;
+        if (kp0)
+            for (int n = 0; n < N; ++n) s += Gf[p * N + n] * kp0[bh * N + n];
+        s_row[p] = s;
+        if (dvp0) dvp0[bh * P + p] = w0 * s;
+    }
+    if (dkp0)
+        for (int n = tid; n < N; n += CKB_THREADS) {
+            float s = 0.0f;
+            if (vp0)
+                for (int p = 0; p < P; ++p) s += Gf[p * N + n] * vp0[bh * P + p];
+            dkp0[bh * N + n] = w0 * s;
+        }
+    __syncthreads();
+    if (tid == 0) {
+        float dw0 = 0.0f;
+        if (vp0)
+            for (int p = 0; p < P; ++p) dw0 += vp0[bh * P + p] * s_row[p];
+        ddt_o[row0 * H + h] = pend_ddt + dw0 * (1.0f - l0);
+        dlam_o[row0 * H + h] = pend_dlam - dw0 * d0;
+        part_D[bh] = gD;
+    }
+}

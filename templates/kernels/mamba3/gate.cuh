@@ -1,0 +1,48 @@
+// mg_m3_gate.cuh: the output gate of the Mamba-3 SISO inference forward
+// (gated RMSNorm per head, or y * silu(z)).
+// Included inside the anonymous namespace of the package's .cu files, after
+// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+
+// ---------------------------------------------------------------------------
+// gate_kernel: math.md step 11, one block of GATE_THREADS per token; warp w
+// handles heads w, w+GATE_WARPS, ...; lane l holds the head's entries
+// p = l + 32*i (i < GATE_VPL):
+//   OUTPROJ_NORM: g = y * rms(y over the head's P values) * norm_gate_w * silu(z)
+//   else:         g = y * silu(z)
+// The head's sum of squares is reduced by a fixed shuffle butterfly.
+// ---------------------------------------------------------------------------
+__global__ void __launch_bounds__(GATE_THREADS)
+gate_kernel(const float *__restrict__ y, const act_t *__restrict__ proj,
+            const float *__restrict__ ngw, act_t *__restrict__ g)
+{
+    const size_t tok = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *yt = y + tok * E;
+    const act_t *zt = proj + tok * NP + OFF_Z;
+    act_t *gt = g + tok * E;
+    for (int h = warp; h < H; h += GATE_WARPS) {
+        float yv[GATE_VPL];
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GATE_VPL; ++i) {
+            const int p = lane + 32 * i;
+            yv[i] = p < P ? yt[h * P + p] : 0.0f;
+            ss += yv[i] * yv[i];
+        }
+        float r = 1.0f;
+        if (OUTPROJ_NORM) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+            r = 1.0f / sqrtf(ss / (float)P + EPS);
+        }
+#pragma unroll
+        for (int i = 0; i < GATE_VPL; ++i) {
+            const int p = lane + 32 * i;
+            if (p < P) {
+                const int e = h * P + p;
+                const float gw = OUTPROJ_NORM ? r * ngw[e] : 1.0f;
+                gt[e] = from_f32<act_t>(yv[i] * gw * silu(to_f32(zt[e])));
+            }
+        }
+    }
+}

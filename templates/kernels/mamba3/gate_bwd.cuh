@@ -1,0 +1,98 @@
+// mg_m3_gate_bwd.cuh: the backward of the Mamba-3 SISO output gate.
+// Included inside the anonymous namespace of NAME_backward.cu, after
+// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+
+// Gate backward, NORMB_ROWS tokens per block, warp w handling heads w,
+// w+GATE_WARPS, ... (as the gate forward). Per (token, e), with dg = dL/dg:
+//   g  = y gw silu(z) recomputed with the forward's arithmetic (out_proj's dW input)
+//   dz = dg y gw silu'(z) -> dproj[:, OFF_Z + e]
+//   OUTPROJ_NORM (gw = r w, r = rms factor of the head's y): du = dg silu(z),
+//     dy = r w du - r^3/P y sum_p(du w y);  part_gw[blk][e] += du y r
+//   else: dy = dg silu(z)
+__global__ void __launch_bounds__(GATE_THREADS)
+gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict__ proj,
+                const float *__restrict__ ngw, const float *__restrict__ dg,
+                act_t *__restrict__ g, float *__restrict__ dy, act_t *__restrict__ dproj,
+                float *__restrict__ part_gw)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * NORMB_ROWS;
+    const int nr = min(NORMB_ROWS, tokens - r0);
+    float acc[GATE_HPW][GATE_VPL];
+#pragma unroll
+    for (int hi = 0; hi < GATE_HPW; ++hi)
+#pragma unroll
+        for (int i = 0; i < GATE_VPL; ++i) acc[hi][i] = 0.0f;
+    for (int rr = 0; rr < nr; ++rr) {
+        const size_t tok = (size_t)(r0 + rr);
+        const float *yt = y + tok * E;
+        const float *dgt = dg + tok * E;
+        const act_t *zt = proj + tok * NP + OFF_Z;
+#pragma unroll
+        for (int hi = 0; hi < GATE_HPW; ++hi) {
+            const int h = warp + hi * GATE_WARPS;
+            if (h >= H) break;   // warp-uniform
+            float yv[GATE_VPL], du[GATE_VPL];
+            float ss = 0.0f;
+#pragma unroll
+            for (int i = 0; i < GATE_VPL; ++i) {
+                const int p = lane + 32 * i;
+                yv[i] = p < P ? yt[h * P + p] : 0.0f;
+                ss += yv[i] * yv[i];
+            }
+            float r = 1.0f;
+            if (OUTPROJ_NORM) {
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+                r = 1.0f / sqrtf(ss / (float)P + EPS);
+            }
+            float dot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < GATE_VPL; ++i) {
+                const int p = lane + 32 * i;
+                du[i] = 0.0f;
+                if (p < P) {
+                    const size_t e = h * P + p;
+                    const float gw = OUTPROJ_NORM ? r * ngw[e] : 1.0f;
+                    const float z = to_f32(zt[e]);
+                    const float sz = silu(z);
+                    const float dgv = dgt[e];
+                    g[tok * E + e] = from_f32<act_t>(yv[i] * gw * sz);
+                    dproj[tok * NP + OFF_Z + e] = from_f32<act_t>(dgv * (yv[i] * gw) * dsilu(z));
+                    du[i] = dgv * sz;
+                    if (OUTPROJ_NORM) {
+                        dot += du[i] * ngw[e] * yv[i];
+                        acc[hi][i] += du[i] * yv[i] * r;
+                    } else {
+                        dy[tok * E + e] = du[i];
+                    }
+                }
+            }
+            if (OUTPROJ_NORM) {
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
+                const float c3 = r * r * r * dot / (float)P;
+#pragma unroll
+                for (int i = 0; i < GATE_VPL; ++i) {
+                    const int p = lane + 32 * i;
+                    if (p < P) {
+                        const size_t e = h * P + p;
+                        dy[tok * E + e] = r * ngw[e] * du[i] - c3 * yv[i];
+                    }
+                }
+            }
+        }
+    }
+    if (OUTPROJ_NORM) {
+#pragma unroll
+        for (int hi = 0; hi < GATE_HPW; ++hi) {
+            const int h = warp + hi * GATE_WARPS;
+            if (h >= H) break;
+#pragma unroll
+            for (int i = 0; i < GATE_VPL; ++i) {
+                const int p = lane + 32 * i;
+                if (p < P) part_gw[(size_t)blockIdx.x * E + h * P + p] = acc[hi][i];
+            }
+        }
+    }
+}

@@ -1,0 +1,104 @@
+// mg_m3_launch_fwd.cuh: the launchers of the Mamba-3 SISO inference kernels
+// (C linkage, prototypes in NAME.h under NAME_INTERNAL; MG_LAUNCH(fn) of
+// NAME_common.cuh names them NAME_launch_fn). Argument ranges are checked by
+// the host pipeline before any launch. Included by NAME_kernels.cu after
+// its anonymous namespace (the kernels): it includes nothing itself.
+extern "C" cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int rows, cudaStream_t stream)
+{
+    const size_t n4 = (size_t)rows * (D / 4);
+    size_t blocks = (n4 + 255) / 256;
+    if (blocks > 4096) blocks = 4096;
+    bias_rows_kernel<<<(unsigned)blocks, 256, 0, stream>>>(
+        reinterpret_cast<float4 *>(h), reinterpret_cast<const float4 *>(bias), n4);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_f32,
+                                     int rows, cudaStream_t stream)
+{
+    if (out_f32)
+        rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<float *>(y), 1, 0);
+    else
+        rmsnorm_kernel<act_t><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<act_t *>(y), 1, 0);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
+                                          int in_stride, int in_off, cudaStream_t stream)
+{
+    rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, y, in_stride, in_off);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(prep)(int tokens, const void *proj, const float *dt_bias,
+                                  const float *B_norm_w, const float *C_norm_w, const float *B_bias,
+                                  const float *C_bias, float *dt, float *adt, float *lam, float *k,
+                                  float *q, cudaStream_t stream)
+{
+    prep_kernel<<<tokens, PREP_THREADS, 0, stream>>>(
+        static_cast<const act_t *>(proj), dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, dt, adt, lam, k, q);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(angles)(int batch, int seqlen, const void *proj, const float *dt,
+                                    const float *angle_in, float *angle_out, float *k, float *q,
+                                    cudaStream_t stream)
+{
+    const dim3 grid(ANGLE_BLOCKS, batch);
+    angles_kernel<<<grid, ANGLE_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, nullptr);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *proj, const float *k,
+                                  const float *q, const float *dt, const float *adt, const float *lam,
+                                  const float *Dskip, const float *ssm_in, const float *kp_in,
+                                  const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
+                                  float *y, cudaStream_t stream)
+{
+    const dim3 grid(H, batch);
+    scan_kernel<<<grid, SCAN_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+        ssm_out, kp_out, vp_out, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(gate)(int tokens, const float *y, const void *proj,
+                                  const float *norm_gate_w, void *g, cudaStream_t stream)
+{
+    gate_kernel<<<tokens, GATE_THREADS, 0, stream>>>(
+        y, static_cast<const act_t *>(proj), norm_gate_w, static_cast<act_t *>(g));
+    return cudaGetLastError();
+}
+#if MG_M3_CHUNKED
+
+extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *proj, const float *k,
+                                          const float *q, const float *dt, const float *adt,
+                                          const float *lam, const float *Dskip, const float *ssm_in,
+                                          const float *kp_in, const float *vp_in, float *ssm_out,
+                                          float *kp_out, float *vp_out, float *y, cudaStream_t stream)
+{
+    // Dynamic shared memory above 48 KiB needs the opt-in, once per process
+    // (a function-local static: initialised once, thread-safe).
+    static const cudaError_t attr = CK_SMEM_BYTES > 48 * 1024
+        ? cudaFuncSetAttribute(scan_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CK_SMEM_BYTES)
+        : cudaSuccess;
+    if (attr != cudaSuccess) return attr;
+    const dim3 grid(H, batch);
+    scan_chunked_kernel<<<grid, CK_THREADS, CK_SMEM_BYTES, stream>>>(
+        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+        ssm_out, kp_out, vp_out, y, NULL, 0, 0);
+    return cudaGetLastError();
+}
+#endif
+#if MG_M3_LOWP
+
+extern "C" cudaError_t MG_LAUNCH(convert)(const float *w, void *wa, size_t n, cudaStream_t stream)
+{
+    size_t blocks = (n + CONVERT_THREADS - 1) / CONVERT_THREADS;
+    if (blocks > (size_t)CONVERT_BLOCKS_MAX) blocks = CONVERT_BLOCKS_MAX;
+    if (blocks == 0) return cudaSuccess;
+    convert_kernel<<<(unsigned)blocks, CONVERT_THREADS, 0, stream>>>(w, static_cast<act_t *>(wa), n);
+    return cudaGetLastError();
+}
+#endif

@@ -1,0 +1,190 @@
+// mg_m3_launch_train.cuh: the launchers of the Mamba-3 SISO training kernels
+// (C linkage, prototypes in NAME_train.h under NAME_INTERNAL; MG_LAUNCH(fn)
+// of NAME_common.cuh names them NAME_launch_fn; the four whose inference
+// twin has the same job end in _train). Arguments are checked by
+// NAME_train.c before any launch. Included by NAME_backward.cu after its
+// anonymous namespace (the kernels): it includes nothing itself.
+extern "C" cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cudaStream_t st)
+{
+    const size_t n = (size_t)rows * D;
+    bias_rows_train_kernel<<<grid_for(n), RED_THREADS, 0, st>>>(n, bias, h);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
+                                          float *rstd, int rows, cudaStream_t st)
+{
+    if (out_f32)
+        rmsnorm_fwd_kernel<float><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<float *>(y), rstd);
+    else
+        rmsnorm_fwd_kernel<act_t><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<act_t *>(y), rstd);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias,
+                                   const float *B_norm_w, const float *C_norm_w, const float *B_bias,
+                                   const float *C_bias, float *dt, float *adt, float *lam, float *k,
+                                   float *q, cudaStream_t st)
+{
+    prep_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt_bias, B_norm_w,
+                                                 C_norm_w, B_bias, C_bias, dt, adt, lam, k, q);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt,
+                                     const float *angle_in, float *angle_out, float *k, float *q,
+                                     float *cs, cudaStream_t st)
+{
+    angles_kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
+        seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, cs);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const float *k,
+                                       const float *q, const float *dt, const float *adt,
+                                       const float *lam, const float *Dskip, const float *ssm_in,
+                                       const float *kp_in, const float *vp_in, float *ssm_out,
+                                       float *kp_out, float *vp_out, float *ckpt, float *y,
+                                       cudaStream_t st)
+{
+    scan_fwd_kernel<<<dim3(H, batch), BTHREADS, 0, st>>>(
+        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+        ssm_out, kp_out, vp_out, ckpt, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(gate_fwd)(int tokens, const float *y, const void *proj,
+                                       const float *norm_gate_w, void *g, cudaStream_t st)
+{
+    gate_fwd_kernel<<<tokens, GATE_THREADS, 0, st>>>(y, static_cast<const act_t *>(proj), norm_gate_w,
+                                                     static_cast<act_t *>(g));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w,
+                                          const float *rstd, const float *dy, const float *dscale,
+                                          int accumulate, float *dh, void *dh_act, float *part,
+                                          cudaStream_t st)
+{
+    const int blocks = (rows + NORMB_ROWS - 1) / NORMB_ROWS;
+    rmsnorm_bwd_kernel<<<blocks, NORM_THREADS, 0, st>>>(rows, h, w, rstd, dy, dscale, accumulate, dh,
+                                                        static_cast<act_t *>(dh_act), part);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(colsum_part)(int rows, int width, const float *x, float *part,
+                                          cudaStream_t st)
+{
+    const int blocks = (rows + NORMB_ROWS - 1) / NORMB_ROWS;
+    int cb = (width + RED_THREADS - 1) / RED_THREADS;
+    if (cb > 64) cb = 64;
+    colsum_part_kernel<<<dim3(blocks, cb), RED_THREADS, 0, st>>>(rows, width, x, part);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(reduce_parts)(const float *part, int nparts, size_t pstride, int n,
+                                           float *out, cudaStream_t st)
+{
+    reduce_parts_kernel<<<(n + RED_THREADS - 1) / RED_THREADS, RED_THREADS, 0, st>>>(part, nparts, pstride, n, out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const float *y, const void *proj,
+                                       const float *norm_gate_w, const float *dg, void *g, float *dy,
+                                       void *dproj, float *part_gw, cudaStream_t st)
+{
+    const int blocks = (tokens + NORMB_ROWS - 1) / NORMB_ROWS;
+    gate_bwd_kernel<<<blocks, GATE_THREADS, 0, st>>>(tokens, y, static_cast<const act_t *>(proj),
+                                                     norm_gate_w, dg, static_cast<act_t *>(g), dy,
+                                                     static_cast<act_t *>(dproj), part_gw);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const float *k,
+                                       const float *q, const float *dt, const float *adt,
+                                       const float *lam, const float *Dskip, const float *ckpt,
+                                       const float *kp0, const float *vp0, const float *dy, float *dk,
+                                       float *dq, float *dv, float *dadt, float *ddt, float *dlam,
+                                       float *part_D, float *dssm0, float *dkp0, float *dvp0,
+                                       cudaStream_t st)
+{
+    scan_bwd_kernel<<<dim3(H, batch), BTHREADS, 0, st>>>(
+        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+        dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0);
+    return cudaGetLastError();
+}
+
+#if MG_M3_CKB
+extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const float *k,
+                                               const float *q, const float *dt, const float *adt,
+                                               const float *lam, const float *Dskip, const float *ckpt,
+                                               const float *kp0, const float *vp0, const float *dy,
+                                               float *dk, float *dq, float *dv, float *dadt, float *ddt,
+                                               float *dlam, float *part_D, float *dssm0, float *dkp0,
+                                               float *dvp0, cudaStream_t st)
+{
+    // Dynamic shared memory above 48 KiB needs the opt-in, once per process.
+    static const cudaError_t attr = CKB_SMEM_BYTES > 48 * 1024
+        ? cudaFuncSetAttribute(scan_bwd_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CKB_SMEM_BYTES)
+        : cudaSuccess;
+    if (attr != cudaSuccess) return attr;
+    scan_bwd_chunked_kernel<<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
+        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+        dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const float *k,
+                                               const float *q, const float *dt, const float *adt,
+                                               const float *lam, const float *Dskip, const float *ssm_in,
+                                               const float *kp_in, const float *vp_in, float *ssm_out,
+                                               float *kp_out, float *vp_out, float *ckpt, float *y,
+                                               cudaStream_t st)
+{
+    static const cudaError_t attr = ckpt_fwd::CK_SMEM_BYTES > 48 * 1024
+        ? cudaFuncSetAttribute(ckpt_fwd::scan_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ckpt_fwd::CK_SMEM_BYTES)
+        : cudaSuccess;
+    if (attr != cudaSuccess) return attr;
+    const int slots = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;   // the sequential path's checkpoint layout
+    ckpt_fwd::scan_chunked_kernel<<<dim3(H, batch), ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
+        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+        ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE, slots);
+    return cudaGetLastError();
+}
+#endif
+
+extern "C" cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const float *k, const float *q,
+                                         const float *cs, float *dk, float *dq, float *gth,
+                                         float *dangle0, cudaStream_t st)
+{
+    angles_bwd_kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, k, q, cs, dk, dq, gth,
+                                                                          dangle0);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(prep_bwd)(int tokens, const void *proj, const float *dt,
+                                       const float *lam, const float *dt_bias, const float *B_norm_w,
+                                       const float *C_norm_w, const float *dk, const float *dq,
+                                       const float *dv, const float *dadt, const float *ddt,
+                                       const float *dlam, const float *gth, void *dproj, float *gdtb,
+                                       float *gBn, float *gCn, cudaStream_t st)
+{
+    prep_bwd_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt, lam, dt_bias,
+                                                     B_norm_w, C_norm_w, dk, dq, dv, dadt, ddt, dlam, gth,
+                                                     static_cast<act_t *>(dproj), gdtb, gBn, gCn);
+    return cudaGetLastError();
+}
+
+
+extern "C" cudaError_t MG_LAUNCH(adamw)(float *w, const float *g, float *m, float *v, const float *stat,
+                                        const adamw_params *hp, const float *coef, cudaStream_t st)
+{
+    adamw_kernel<<<grid_for(WEIGHTS_TOTAL), RED_THREADS, 0, st>>>(WEIGHTS_TOTAL, w, g, m, v, stat, hp, coef);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(convert_train)(const float *w, void *wa, cudaStream_t st)
+{
+    convert_train_kernel<<<grid_for(WEIGHTS_TOTAL), RED_THREADS, 0, st>>>(WEIGHTS_TOTAL, w, static_cast<act_t *>(wa));
+    return cudaGetLastError();
+}

@@ -1,0 +1,68 @@
+// mg_m3_prep.cuh: the per-token maps of the Mamba-3 SISO mixer (dt, A*dt,
+// lambda, BCNorm'd k and q), shared by the inference forward and the
+// forward for training (one definition: the same bits in both).
+// Included inside the anonymous namespace of the package's .cu files, after
+// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+
+// ---------------------------------------------------------------------------
+// prep_kernel: the per-token maps of math.md steps 1-5, one block of
+// PREP_THREADS per token (grid = tokens), reading the in_proj output row
+// proj[tok][NP]:
+//   dt[tok][h]  = softplus(dd_dt[h] + dt_bias[h])
+//   adt[tok][h] = A*dt,  A = -max(act(dd_A[h]), A_FLOOR)
+//   lam[tok][h] = sigmoid(trap[h])
+//   k[tok][h][n] = B_g[n]*rms(B_g)*B_norm_w[n] + B_bias[h][n]   (g = h / HPG)
+//   q[tok][h][n] = C_g[n]*rms(C_g)*C_norm_w[n] + C_bias[h][n]
+// (unrotated; angles_kernel rotates them in place). Warp w reduces the rms
+// of groups w, w+PREP_WARPS, ... over N with a fixed shuffle butterfly;
+// then consecutive threads write consecutive n (coalesced).
+// ---------------------------------------------------------------------------
+__global__ void __launch_bounds__(PREP_THREADS)
+prep_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
+            const float *__restrict__ Bnw, const float *__restrict__ Cnw,
+            const float *__restrict__ Bbias, const float *__restrict__ Cbias,
+            float *__restrict__ dt, float *__restrict__ adt, float *__restrict__ lam,
+            float *__restrict__ k, float *__restrict__ q)
+{
+    __shared__ float rB[G], rC[G];
+    const size_t tok = blockIdx.x;
+    const act_t *pr = proj + tok * NP;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int g = warp; g < G; g += PREP_WARPS) {
+        float sb = 0.0f, sc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PREP_NPL; ++i) {
+            const int n = lane + 32 * i;
+            if (n < N) {
+                const float b = to_f32(pr[OFF_B + g * N + n]);
+                const float c = to_f32(pr[OFF_C + g * N + n]);
+                sb += b * b;
+                sc += c * c;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            sb += __shfl_xor_sync(FULL_MASK, sb, o);
+            sc += __shfl_xor_sync(FULL_MASK, sc, o);
+        }
+        if (lane == 0) {
+            rB[g] = 1.0f / sqrtf(sb / (float)N + EPS);
+            rC[g] = 1.0f / sqrtf(sc / (float)N + EPS);
+        }
+    }
+    for (int h = threadIdx.x; h < H; h += PREP_THREADS) {
+        const float d = softplus(to_f32(pr[OFF_DT + h]) + dt_bias[h]);
+        const float act = a_act(to_f32(pr[OFF_A + h]));
+        const float A = -(act >= A_FLOOR ? act : A_FLOOR);
+        dt[tok * H + h] = d;
+        adt[tok * H + h] = A * d;
+        lam[tok * H + h] = sigmoid(to_f32(pr[OFF_TRAP + h]));
+    }
+    __syncthreads();
+    float *kt = k + tok * (size_t)(H * N), *qt = q + tok * (size_t)(H * N);
+    for (int i = threadIdx.x; i < H * N; i += PREP_THREADS) {
+        const int h = i / N, n = i % N, g = h / HPG;
+        kt[i] = to_f32(pr[OFF_B + g * N + n]) * rB[g] * Bnw[n] + Bbias[i];
+        qt[i] = to_f32(pr[OFF_C + g * N + n]) * rC[g] * Cnw[n] + Cbias[i];
+    }
+}

@@ -1,0 +1,255 @@
+// mg_m3_scan_bwd.cuh: the sequential SSM backward of Mamba-3 SISO (recompute
+// each CKPT_STRIDE-step chunk from its checkpoint, then walk it in reverse).
+// Included inside the anonymous namespace of NAME_backward.cu, after
+// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+
+// SSM backward (see the header), one block per (head, sequence), the
+// training forward scan's thread layout. Per chunk (last to first): stage
+// k' and v of the chunk's steps and of the token before it (k_prev/v_prev
+// for the first chunk), q', dy, alpha/beta/gamma/dt/lambda; recompute the
+// chunk's states from its checkpoint into hsc[CKPT_STRIDE+1][BRPT][BNPT]; walk the
+// chunk in reverse. Per step the column sums over p (dq'[n], G^T v, G^T v_prev)
+// and the scalar sums (dal, dbe, dga) are reduced by xor butterflies over a
+// warp's rowgroups, then over the warps in index order; the row sums
+// G k', G k'_prev by butterflies over a row's lanes. Outputs for (b, h):
+//   dk, dq [tok][H][N] (of the rotated k', q'), dv [tok][E],
+//   dadt, ddt, dlam [tok][H], part_D[b][h] = sum_t dy . v,
+//   dssm0, dkp0, dvp0 (optional): d L / d initial Hs, k_prev, v_prev.
+__global__ void __launch_bounds__(BTHREADS)
+scan_bwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
+                const float *__restrict__ q, const float *__restrict__ dt,
+                const float *__restrict__ adt, const float *__restrict__ lam,
+                const float *__restrict__ Dskip, const float *__restrict__ ckpt,
+                const float *__restrict__ kp0, const float *__restrict__ vp0,
+                const float *__restrict__ dy, float *__restrict__ dk, float *__restrict__ dq,
+                float *__restrict__ dv, float *__restrict__ dadt_o, float *__restrict__ ddt_o,
+                float *__restrict__ dlam_o, float *__restrict__ part_D, float *__restrict__ dssm0,
+                float *__restrict__ dkp0, float *__restrict__ dvp0)
+{
+    __shared__ float sk[CKPT_STRIDE + 1][N];   // [0]: k' of the token before the chunk
+    __shared__ float sq[CKPT_STRIDE][N];
+    __shared__ float sv[CKPT_STRIDE + 1][P];   // [0]: v of the token before the chunk
+    __shared__ float sdy[CKPT_STRIDE][P];
+    __shared__ float sc[CKPT_STRIDE][8];       // alpha, beta, gamma, dt, lambda, (pad)
+    __shared__ float red[BWARPS][3 * N + 4];
+    const int h = blockIdx.x;
+    const size_t b = blockIdx.y;
+    const int lane = threadIdx.x % BL, rg = threadIdx.x / BL;
+    const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31;
+    const size_t bh = b * H + h;
+    const size_t row0 = b * (size_t)seqlen;
+    const int nck = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;
+    const float dsk = Dskip[h];
+
+    float dhs[BRPT][BNPT];            // G = dL/dHs_t
+    float hsc[CKPT_STRIDE + 1][BRPT][BNPT];   // the chunk's states: [0] = checkpoint
+    float pend_v[BRPT], pend_k[BNW];  // be_t G^T... terms owed to token t-1
+    float gD = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BRPT; ++j) {
+        pend_v[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BNPT; ++i) dhs[j][i] = 0.0f;
+    }
+#pragma unroll
+    for (int jn = 0; jn < BNW; ++jn) pend_k[jn] = 0.0f;
+
+    for (int c = nck - 1; c >= 0; --c) {
+        const int t0 = c * CKPT_STRIDE;
+        const int nt = min(CKPT_STRIDE, seqlen - t0);
+        __syncthreads();   // the previous chunk is done with the stage
+        for (int i = threadIdx.x; i < (nt + 1) * N; i += BTHREADS) {
+            const int tt = i / N, n = i % N;
+            float kv;
+            if (tt > 0 || t0 > 0) kv = k[((row0 + t0 + tt - 1) * H + h) * N + n];
+            else kv = kp0 ? kp0[bh * N + n] : 0.0f;
+            sk[tt][n] = kv;
+        }
+        for (int i = threadIdx.x; i < nt * N; i += BTHREADS) {
+            const int tt = i / N, n = i % N;
+            sq[tt][n] = q[((row0 + t0 + tt) * H + h) * N + n];
+        }
+        for (int i = threadIdx.x; i < (nt + 1) * P; i += BTHREADS) {
+            const int tt = i / P, p = i % P;
+            float vv;
+            if (tt > 0 || t0 > 0) vv = to_f32(proj[(row0 + t0 + tt - 1) * NP + OFF_X + h * P + p]);
+            else vv = vp0 ? vp0[bh * P + p] : 0.0f;
+            sv[tt][p] = vv;
+        }
+        for (int i = threadIdx.x; i < nt * P; i += BTHREADS) {
+            const int tt = i / P, p = i % P;
+            sdy[tt][p] = dy[(row0 + t0 + tt) * E + h * P + p];
+        }
+        for (int tt = threadIdx.x; tt < nt; tt += BTHREADS) {
+            const size_t th = (row0 + t0 + tt) * H + h;
+            const float d = dt[th], l = lam[th];
+            const float al = expf(adt[th]);
+            sc[tt][0] = al;
+            sc[tt][1] = (1.0f - l) * d * al;
+            sc[tt][2] = l * d;
+            sc[tt][3] = d;
+            sc[tt][4] = l;
+            sc[tt][5] = sc[tt][6] = sc[tt][7] = 0.0f;
+        }
+        __syncthreads();
+        // Recompute the chunk's states from its checkpoint (forward arithmetic).
+        const float *cp = ckpt + (bh * nck + c) * (size_t)(P * N);
+#pragma unroll
+        for (int j = 0; j < BRPT; ++j) {
+            const int p = rg + j * BRG;
+#pragma unroll
+            for (int i = 0; i < BNPT; ++i) hsc[0][j][i] = cp[p * N + lane + i * BL];
+        }
+        for (int tt = 0; tt < nt; ++tt) {
+            const float al = sc[tt][0], be = sc[tt][1], ga = sc[tt][2];
+#pragma unroll
+            for (int j = 0; j < BRPT; ++j) {
+                const int p = rg + j * BRG;
+                const float v = sv[tt + 1][p];
+                const float bv = be * sv[tt][p], gv = ga * v;
+#pragma unroll
+                for (int i = 0; i < BNPT; ++i) {
+                    const int n = lane + i * BL;
+                    hsc[tt + 1][j][i] = al * hsc[tt][j][i] + bv * sk[tt][n] + gv * sk[tt + 1][n];
+                }
+            }
+        }
+        // Walk the chunk in reverse.
+        for (int tt = nt - 1; tt >= 0; --tt) {
+            const float al = sc[tt][0], be = sc[tt][1], ga = sc[tt][2];
+            const size_t tok = row0 + t0 + tt;
+            float qt[BNPT], kt[BNPT], kpv[BNPT], cq[BNPT], chk[BNPT], chv[BNPT];
+#pragma unroll
+            for (int i = 0; i < BNPT; ++i) {
+                const int n = lane + i * BL;
+                qt[i] = sq[tt][n];
+                kt[i] = sk[tt + 1][n];
+                kpv[i] = sk[tt][n];
+                cq[i] = chk[i] = chv[i] = 0.0f;
+            }
+            float sal = 0.0f, sbe = 0.0f, sga = 0.0f;
+#pragma unroll
+            for (int j = 0; j < BRPT; ++j) {
+                const int p = rg + j * BRG;
+                const float dyp = sdy[tt][p], v = sv[tt + 1][p], vpv = sv[tt][p];
+                float rk = 0.0f, rkp = 0.0f;
+#pragma unroll
+                for (int i = 0; i < BNPT; ++i) {
+                    const float gg = dhs[j][i] + dyp * qt[i];
+                    cq[i] += hsc[tt + 1][j][i] * dyp;
+                    sal += gg * hsc[tt][j][i];
+                    rk += gg * kt[i];
+                    rkp += gg * kpv[i];
+                    chk[i] += gg * v;
+                    chv[i] += gg * vpv;
+                    dhs[j][i] = gg * al;
+                }
+#pragma unroll
+                for (int o = BL / 2; o > 0; o >>= 1) {
+                    rk += __shfl_xor_sync(BMASK, rk, o);
+                    rkp += __shfl_xor_sync(BMASK, rkp, o);
+                }
+                if (lane == 0) {
+                    sga += v * rk;
+                    sbe += vpv * rkp;
+                    gD += dyp * v;
+                    dv[tok * E + h * P + p] = dsk * dyp + ga * rk + pend_v[j];
+                    pend_v[j] = be * rkp;
+                }
+            }
+            // column sums over the warp's rowgroups, scalars over the warp
+#pragma unroll
+            for (int o = BWSH / 2; o >= BL; o >>= 1) {
+#pragma unroll
+                for (int i = 0; i < BNPT; ++i) {
+                    cq[i] += __shfl_xor_sync(BMASK, cq[i], o);
+                    chk[i] += __shfl_xor_sync(BMASK, chk[i], o);
+                    chv[i] += __shfl_xor_sync(BMASK, chv[i], o);
+                }
+            }
+#pragma unroll
+            for (int o = BWSH / 2; o > 0; o >>= 1) {
+                sal += __shfl_xor_sync(BMASK, sal, o);
+                sbe += __shfl_xor_sync(BMASK, sbe, o);
+                sga += __shfl_xor_sync(BMASK, sga, o);
+            }
+            if (wl < BL) {
+#pragma unroll
+                for (int i = 0; i < BNPT; ++i) {
+                    const int n = lane + i * BL;
+                    red[warp][n] = cq[i];
+                    red[warp][N + n] = chk[i];
+                    red[warp][2 * N + n] = chv[i];
+                }
+            }
+            if (wl == 0) {
+                red[warp][3 * N] = sal;
+                red[warp][3 * N + 1] = sbe;
+                red[warp][3 * N + 2] = sga;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int jn = 0; jn < BNW; ++jn) {
+                const int n = threadIdx.x + jn * BTHREADS;
+                if (n < N) {
+                    float aq = 0.0f, ahk = 0.0f, ahv = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < BWARPS; ++w) {
+                        aq += red[w][n];
+                        ahk += red[w][N + n];
+                        ahv += red[w][2 * N + n];
+                    }
+                    dq[(tok * H + h) * N + n] = aq;
+                    dk[(tok * H + h) * N + n] = ga * ahk + pend_k[jn];
+                    pend_k[jn] = be * ahv;
+                }
+            }
+            if (threadIdx.x == 0) {
+                float dal = 0.0f, dbe = 0.0f, dga = 0.0f;
+#pragma unroll
+                for (int w = 0; w < BWARPS; ++w) {
+                    dal += red[w][3 * N];
+                    dbe += red[w][3 * N + 1];
+                    dga += red[w][3 * N + 2];
+                }
+                const float d = sc[tt][3], l = sc[tt][4];
+                const size_t th = tok * H + h;
+                dadt_o[th] = (dal + dbe * (1.0f - l) * d) * al;
+                ddt_o[th] = dbe * (1.0f - l) * al + dga * l;
+                dlam_o[th] = -dbe * d * al + dga * d;
+            }
+            __syncthreads();   // red is reused by the next step
+        }
+    }
+    // Gradients of the initial state.
+    if (dssm0) {
+#pragma unroll
+        for (int j = 0; j < BRPT; ++j) {
+            const int p = rg + j * BRG;
+#pragma unroll
+            for (int i = 0; i < BNPT; ++i) dssm0[(bh * P + p) * N + lane + i * BL] = dhs[j][i];
+        }
+    }
+    if (dvp0 && lane == 0) {
+#pragma unroll
+        for (int j = 0; j < BRPT; ++j) dvp0[bh * P + rg + j * BRG] = pend_v[j];
+    }
+    if (dkp0) {
+#pragma unroll
+        for (int jn = 0; jn < BNW; ++jn) {
+            const int n = threadIdx.x + jn * BTHREADS;
+            if (n < N) dkp0[bh * N + n] = pend_k[jn];
+        }
+    }
+    // dD partial of this (b, h): warp butterflies, then warps in order.
+#pragma unroll
+    for (int o = BWSH / 2; o > 0; o >>= 1) gD += __shfl_xor_sync(BMASK, gD, o);
+    if (wl == 0) red[warp][0] = gD;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+#pragma unroll
+        for (int w = 0; w < BWARPS; ++w) t += red[w][0];
+        part_D[bh] = t;
+    }
+}

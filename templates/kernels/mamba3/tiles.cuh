@@ -1,0 +1,134 @@
+// mg_m3_tiles.cuh: the 16 x 8 x 16 tile products of the Mamba-3 SISO chunked
+// scans (forward and backward), on the tensor cores (mma.sync, bf16/f16
+// operands, f32 accumulate) or as f32 FMA (f32 storage: no TF32). The
+// engine follows the staged operand type op_t of NAME_common.cuh: the
+// overloads below are selected by the operand pointer type.
+// Included inside the anonymous namespace of the package's .cu files, after
+// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+
+// The staged operands have the storage type (op_t == act_t: f32, bf16 or
+// f16), converted with to_f32 / from_f32. Four consecutive values into a
+// staged row (16-byte aligned for f32, 8-byte for 16-bit types):
+__device__ __forceinline__ void op_st4(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
+__device__ __forceinline__ void op_st4(__nv_bfloat16 *p, float4 v)
+{
+    reinterpret_cast<__nv_bfloat162 *>(p)[0] = __floats2bfloat162_rn(v.x, v.y);
+    reinterpret_cast<__nv_bfloat162 *>(p)[1] = __floats2bfloat162_rn(v.z, v.w);
+}
+__device__ __forceinline__ void op_st4(__half *p, float4 v)
+{
+    reinterpret_cast<__half2 *>(p)[0] = __floats2half2_rn(v.x, v.y);
+    reinterpret_cast<__half2 *>(p)[1] = __floats2half2_rn(v.z, v.w);
+}
+static_assert(sizeof(op_t) == sizeof(act_t), "staged operands have the storage type");
+
+// c += A . B for one 16 x 8 tile, k = 16, in the fragment layout of
+// mma.m16n8k16 (lane l: g = l/4, cc = 2*(l%4); c[0], c[1] at row g, columns
+// cc, cc+1; c[2], c[3] at row g+8). Operands in shared memory:
+//   AT = false: a points at A[row 0][k 0], A row-major [m][k] (stride LDA);
+//   AT = true:  a points at A^T[k 0][row 0], i.e. A stored [k][m];
+//   BK = false: b points at B^T[col 0][k 0], B stored [n][k] (stride LDB);
+//   BK = true:  b points at B[k 0][col 0], B stored [k][n].
+// The transposed forms let the backward multiply by a staged matrix's
+// transpose without staging a second copy. k runs 0..15 in order for every
+// form (fixed summation order).
+// f32 operands: FMA from shared memory.
+template <bool AT, bool BK, int LDA, int LDB>
+__device__ __forceinline__ void tile_mma_x(float c[4], const float *a, const float *b, int lane)
+{
+    const int g = lane >> 2, cc = (lane & 3) * 2;
+    if (!AT && !BK) {
+        const float *a0 = a + g * LDA, *a1 = a + (g + 8) * LDA;
+        const float *b0 = b + cc * LDB, *b1 = b + (cc + 1) * LDB;
+#pragma unroll
+        for (int k = 0; k < 16; k += 4) {
+            const float4 x0 = *reinterpret_cast<const float4 *>(a0 + k);
+            const float4 x1 = *reinterpret_cast<const float4 *>(a1 + k);
+            const float4 y0 = *reinterpret_cast<const float4 *>(b0 + k);
+            const float4 y1 = *reinterpret_cast<const float4 *>(b1 + k);
+            c[0] = fmaf(x0.x, y0.x, c[0]); c[0] = fmaf(x0.y, y0.y, c[0]); c[0] = fmaf(x0.z, y0.z, c[0]); c[0] = fmaf(x0.w, y0.w, c[0]);
+            c[1] = fmaf(x0.x, y1.x, c[1]); c[1] = fmaf(x0.y, y1.y, c[1]); c[1] = fmaf(x0.z, y1.z, c[1]); c[1] = fmaf(x0.w, y1.w, c[1]);
+            c[2] = fmaf(x1.x, y0.x, c[2]); c[2] = fmaf(x1.y, y0.y, c[2]); c[2] = fmaf(x1.z, y0.z, c[2]); c[2] = fmaf(x1.w, y0.w, c[2]);
+            c[3] = fmaf(x1.x, y1.x, c[3]); c[3] = fmaf(x1.y, y1.y, c[3]); c[3] = fmaf(x1.z, y1.z, c[3]); c[3] = fmaf(x1.w, y1.w, c[3]);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+            const float x0 = AT ? a[k * LDA + g] : a[g * LDA + k];
+            const float x1 = AT ? a[k * LDA + g + 8] : a[(g + 8) * LDA + k];
+            const float y0 = BK ? b[k * LDB + cc] : b[cc * LDB + k];
+            const float y1 = BK ? b[k * LDB + cc + 1] : b[(cc + 1) * LDB + k];
+            c[0] = fmaf(x0, y0, c[0]);
+            c[1] = fmaf(x0, y1, c[1]);
+            c[2] = fmaf(x1, y0, c[2]);
+            c[3] = fmaf(x1, y1, c[3]);
+        }
+    }
+}
+
+// The fragments come from shared memory by ldmatrix (one instruction per
+// operand; .trans for the transposed forms): 8 x 8 blocks of 16-bit values,
+// each row 16 bytes and 16-byte aligned (row strides are multiples of 8
+// elements, tile corners at multiples of 8). Lane l addresses row l % 8 of
+// block l / 8. A's blocks are (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+// (rows 0-7, k 8-15), (rows 8-15, k 8-15): a0..a3 of mma.m16n8k16; B's are
+// (k 0-7), (k 8-15) of columns 0-7: b0, b1. The same values as element
+// loads, so the same products bit for bit.
+__device__ __forceinline__ unsigned smem_u32(const void *p)
+{
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// The one instruction, per 16-bit operand type (the last argument only
+// selects the overload).
+__device__ __forceinline__ void mma_16816(float c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                          unsigned b0, unsigned b1, const __nv_bfloat16 *)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_16816(float c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                          unsigned b0, unsigned b1, const __half *)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16-bit operands (T = __nv_bfloat16 or __half): ldmatrix + mma.sync.
+template <bool AT, bool BK, int LDA, int LDB, typename T>
+__device__ __forceinline__ void tile_mma_x(float c[4], const T *a, const T *b, int lane)
+{
+    static_assert(LDA % 8 == 0 && LDB % 8 == 0, "ldmatrix rows are 16-byte aligned");
+    const int r = lane & 7, i = lane >> 3;
+    unsigned a0, a1, a2, a3, b0, b1;
+    if (!AT) {   // stored [m][k]: block i at rows 8*(i&1), k 8*(i>>1)
+        const unsigned pa = smem_u32(a + (r + 8 * (i & 1)) * LDA + 8 * (i >> 1));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(pa) : "memory");
+    } else {     // stored [k][m]: block i at k 8*(i>>1), rows 8*(i&1), transposed
+        const unsigned pa = smem_u32(a + (r + 8 * (i >> 1)) * LDA + 8 * (i & 1));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(pa) : "memory");
+    }
+    if (!BK) {   // stored [n][k]: block i (lanes 0-15) at k 8*i
+        const unsigned pb = smem_u32(b + r * LDB + 8 * (i & 1));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                     : "=r"(b0), "=r"(b1) : "r"(pb) : "memory");
+    } else {     // stored [k][n]: block i at k 8*i, transposed
+        const unsigned pb = smem_u32(b + (r + 8 * (i & 1)) * LDB);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 { %0, %1 }, [%2];\n"
+                     : "=r"(b0), "=r"(b1) : "r"(pb) : "memory");
+    }
+    mma_16816(c, a0, a1, a2, a3, b0, b1, a);
+}
+
+// The forward's form: A [m][k], B^T [n][k].
+template <int LDA, int LDB>
+__device__ __forceinline__ void tile_mma(float c[4], const op_t *a, const op_t *bt, int lane)
+{
+    tile_mma_x<false, false, LDA, LDB>(c, a, bt, lane);
+}

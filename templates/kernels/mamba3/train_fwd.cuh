@@ -1,0 +1,208 @@
+// mg_m3_train_fwd.cuh: the Mamba-3 SISO forward for training, where it differs
+// from inference: the bias rows, the RMSNorm that saves 1/rms, the sequential
+// scan that saves a state checkpoint every CKPT_STRIDE steps, and the gate.
+// (prep and angles are the inference kernels: mg_m3_prep.cuh, mg_m3_angles.cuh.)
+// Included inside the anonymous namespace of NAME_backward.cu, after
+// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+
+// h[row][:] = bias (before the input GEMM accumulates u . W^T into h).
+__global__ void __launch_bounds__(RED_THREADS)
+bias_rows_train_kernel(size_t n, const float *__restrict__ bias, float *__restrict__ h)
+{
+    for (size_t i = (size_t)blockIdx.x * RED_THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * RED_THREADS)
+        h[i] = bias[i % D];
+}
+
+// y[row] = h[row] * r * w, r = rsqrt(mean(h[row]^2) + eps), and rstd[row] = r.
+// One block per row, NORM_ITERS float4 per thread, warp butterflies then
+// warps in order (as the inference RMSNorm).
+template <typename OutT>
+__global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_fwd_kernel(const float *__restrict__ h, const float *__restrict__ w, OutT *__restrict__ y,
+                   float *__restrict__ rstd)
+{
+    const size_t row = blockIdx.x;
+    const float4 *hr = reinterpret_cast<const float4 *>(h + row * D);
+    float4 v[NORM_ITERS];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_ITERS; ++i) {
+        const int c = threadIdx.x + i * NORM_THREADS;
+        v[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+    __shared__ float part[NORM_WARPS];
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_WARPS; ++i) tot += part[i];
+    const float r = 1.0f / sqrtf(tot / (float)D + EPS);
+    if (threadIdx.x == 0) rstd[row] = r;
+    const float4 *w4 = reinterpret_cast<const float4 *>(w);
+    OutT *yr = y + row * D;
+#pragma unroll
+    for (int i = 0; i < NORM_ITERS; ++i) {
+        const int c = threadIdx.x + i * NORM_THREADS;
+        if (c < NORM_VECS) {
+            const float4 g = w4[c];
+            store4(yr + 4 * c, make_float4(v[i].x * r * g.x, v[i].y * r * g.y, v[i].z * r * g.z, v[i].w * r * g.w));
+        }
+    }
+}
+
+// The SSM forward for training (math.md steps 8-10), one block per (head,
+// sequence): the inference scan's recurrence and arithmetic, with the state
+// saved at the start of every CKPT_STRIDE-step chunk into
+// ckpt [b][h][nck][P][N] (nck = ceil(seqlen/CKPT_STRIDE); chunk 0 = the initial
+// state). y [tok][E] f32. States: NULL in = zeros, NULL out = not written;
+// out may alias in (each entry is read and written by its owner only).
+__global__ void __launch_bounds__(BTHREADS)
+scan_fwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
+                const float *__restrict__ q, const float *__restrict__ dt,
+                const float *__restrict__ adt, const float *__restrict__ lam,
+                const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
+                const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
+                float *__restrict__ ckpt, float *__restrict__ y)
+{
+    __shared__ float sk[CKPT_STRIDE][N];
+    __shared__ float sq[CKPT_STRIDE][N];
+    __shared__ float sv[CKPT_STRIDE][P];
+    __shared__ float sc[CKPT_STRIDE][4];   // alpha, beta, gamma, (pad)
+    const int h = blockIdx.x;
+    const size_t b = blockIdx.y;
+    const int lane = threadIdx.x % BL, rg = threadIdx.x / BL;
+    const size_t bh = b * H + h;
+    const size_t row0 = b * (size_t)seqlen;
+    const int nck = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;
+
+    float hs[BRPT][BNPT], kp[BNPT], vp[BRPT];
+#pragma unroll
+    for (int i = 0; i < BNPT; ++i)
+        kp[i] = kp_in ? kp_in[bh * N + lane + i * BL] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < BRPT; ++j) {
+        const int p = rg + j * BRG;
+        vp[j] = vp_in ? vp_in[bh * P + p] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < BNPT; ++i)
+            hs[j][i] = ssm_in ? ssm_in[(bh * P + p) * N + lane + i * BL] : 0.0f;
+    }
+    const float dsk = Dskip[h];
+
+    for (int c = 0; c < nck; ++c) {
+        const int t0 = c * CKPT_STRIDE;
+        const int nt = min(CKPT_STRIDE, seqlen - t0);
+        float *cp = ckpt + (bh * nck + c) * (size_t)(P * N);
+#pragma unroll
+        for (int j = 0; j < BRPT; ++j) {
+            const int p = rg + j * BRG;
+#pragma unroll
+            for (int i = 0; i < BNPT; ++i) cp[p * N + lane + i * BL] = hs[j][i];
+        }
+        __syncthreads();   // the previous pass is done reading the stage
+        for (int i = threadIdx.x; i < nt * N; i += BTHREADS) {
+            const int tt = i / N, n = i % N;
+            const size_t kq = ((row0 + t0 + tt) * H + h) * N + n;
+            sk[tt][n] = k[kq];
+            sq[tt][n] = q[kq];
+        }
+        for (int i = threadIdx.x; i < nt * P; i += BTHREADS) {
+            const int tt = i / P, p = i % P;
+            sv[tt][p] = to_f32(proj[(row0 + t0 + tt) * NP + OFF_X + h * P + p]);
+        }
+        for (int tt = threadIdx.x; tt < nt; tt += BTHREADS) {
+            const size_t th = (row0 + t0 + tt) * H + h;
+            const float d = dt[th], l = lam[th];
+            const float al = expf(adt[th]);
+            sc[tt][0] = al;
+            sc[tt][1] = (1.0f - l) * d * al;
+            sc[tt][2] = l * d;
+            sc[tt][3] = 0.0f;
+        }
+        __syncthreads();
+        for (int tt = 0; tt < nt; ++tt) {
+            const float al = sc[tt][0], be = sc[tt][1], ga = sc[tt][2];
+            float kt[BNPT], qt[BNPT];
+#pragma unroll
+            for (int i = 0; i < BNPT; ++i) {
+                kt[i] = sk[tt][lane + i * BL];
+                qt[i] = sq[tt][lane + i * BL];
+            }
+#pragma unroll
+            for (int j = 0; j < BRPT; ++j) {
+                const int p = rg + j * BRG;
+                const float v = sv[tt][p];
+                const float bv = be * vp[j], gv = ga * v;
+                float acc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < BNPT; ++i) {
+                    hs[j][i] = al * hs[j][i] + bv * kp[i] + gv * kt[i];
+                    acc += hs[j][i] * qt[i];
+                }
+#pragma unroll
+                for (int o = BL / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(BMASK, acc, o);
+                if (lane == 0) y[(row0 + t0 + tt) * E + h * P + p] = acc + dsk * v;
+                vp[j] = v;
+            }
+#pragma unroll
+            for (int i = 0; i < BNPT; ++i) kp[i] = kt[i];
+        }
+    }
+    if (seqlen > 0) {
+        __syncthreads();
+        if (kp_out && rg == 0) {
+#pragma unroll
+            for (int i = 0; i < BNPT; ++i) kp_out[bh * N + lane + i * BL] = kp[i];
+        }
+#pragma unroll
+        for (int j = 0; j < BRPT; ++j) {
+            const int p = rg + j * BRG;
+            if (vp_out && lane == 0) vp_out[bh * P + p] = vp[j];
+            if (ssm_out) {
+#pragma unroll
+                for (int i = 0; i < BNPT; ++i) ssm_out[(bh * P + p) * N + lane + i * BL] = hs[j][i];
+            }
+        }
+    }
+}
+
+// Gate (math.md step 11), one block per token, warp w handling heads w,
+// w+GATE_WARPS, ...: g = y*silu(z), or y*rms(y over the head)*norm_gate_w*silu(z).
+__global__ void __launch_bounds__(GATE_THREADS)
+gate_fwd_kernel(const float *__restrict__ y, const act_t *__restrict__ proj,
+                const float *__restrict__ ngw, act_t *__restrict__ g)
+{
+    const size_t tok = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *yt = y + tok * E;
+    const act_t *zt = proj + tok * NP + OFF_Z;
+    act_t *gt = g + tok * E;
+    for (int h = warp; h < H; h += GATE_WARPS) {
+        float yv[GATE_VPL];
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GATE_VPL; ++i) {
+            const int p = lane + 32 * i;
+            yv[i] = p < P ? yt[h * P + p] : 0.0f;
+            ss += yv[i] * yv[i];
+        }
+        float r = 1.0f;
+        if (OUTPROJ_NORM) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+            r = 1.0f / sqrtf(ss / (float)P + EPS);
+        }
+#pragma unroll
+        for (int i = 0; i < GATE_VPL; ++i) {
+            const int p = lane + 32 * i;
+            if (p < P) {
+                const int e = h * P + p;
+                const float gw = OUTPROJ_NORM ? r * ngw[e] : 1.0f;
+                gt[e] = from_f32<act_t>(yv[i] * gw * silu(to_f32(zt[e])));
+            }
+        }
+    }
+}
