@@ -119,6 +119,18 @@ M.keys = {
     doc = "CUDA architecture the kernels are compiled for" },
 }
 
+-- The rule "shapes.<key>, when fixed, is at most shapes.<max>" (a fixed
+-- batch or length must fit the buffers sized for the maximum).
+local function fixed_at_most(key, max)
+  return { reads = { "shapes." .. key, "shapes." .. max },
+    doc = string.format("shapes.%s, when fixed, is at most shapes.%s", key, max),
+    check = function(s)
+      if s.shapes[key] > s.shapes[max] then
+        return "shapes." .. key, string.format("%d exceeds shapes.%s = %d", s.shapes[key], max, s.shapes[max])
+      end
+    end }
+end
+
 -- Cross-key rules. check(spec) returns nil when fine, or (path, message)
 -- where path names the key the error is reported at. Rules only run when
 -- every key they read passed its own checks (see validate.lua).
@@ -157,20 +169,8 @@ M.rules = {
         return "model.rope_fraction", string.format("gives 2*n_angles = %d > d_state = %d", 2 * S, s.model.d_state)
       end
     end },
-  { reads = { "shapes.batch", "shapes.max_batch" },
-    doc = "shapes.batch, when fixed, is at most shapes.max_batch",
-    check = function(s)
-      if s.shapes.batch > s.shapes.max_batch then
-        return "shapes.batch", string.format("%d exceeds shapes.max_batch = %d", s.shapes.batch, s.shapes.max_batch)
-      end
-    end },
-  { reads = { "shapes.seq_len", "shapes.max_seq_len" },
-    doc = "shapes.seq_len, when fixed, is at most shapes.max_seq_len",
-    check = function(s)
-      if s.shapes.seq_len > s.shapes.max_seq_len then
-        return "shapes.seq_len", string.format("%d exceeds shapes.max_seq_len = %d", s.shapes.seq_len, s.shapes.max_seq_len)
-      end
-    end },
+  fixed_at_most("batch", "max_batch"),
+  fixed_at_most("seq_len", "max_seq_len"),
 }
 
 -- Helpers over the schema.
@@ -180,6 +180,21 @@ function M.applies(e, arch)
   if not e.archs or not arch then return true end
   for _, a in ipairs(e.archs) do if a == arch then return true end end
   return false
+end
+
+-- Walks the values of a canonical spec (or of one of its sections) in schema
+-- order: visit(e, v, path, depth) for every entry of `entries` (default: the
+-- whole schema) that applies to `arch` and has a value v; a map entry is
+-- visited first, then its keys at depth + 1. path is the dotted key path.
+function M.each_value(tbl, arch, visit, entries, prefix, depth)
+  entries, prefix, depth = entries or M.keys, prefix or "", depth or 0
+  for _, e in ipairs(entries) do
+    local v = tbl[e.key]
+    if M.applies(e, arch) and v ~= nil then
+      visit(e, v, prefix .. e.key, depth)
+      if e.type == "map" then M.each_value(v, arch, visit, e.keys, prefix .. e.key .. ".", depth + 1) end
+    end
+  end
 end
 
 -- The constraint field `f` of entry `e` for `arch` (per-arch override first).

@@ -37,18 +37,13 @@ local function scalar(v)
   error("yaml_out: cannot print a " .. type(v))
 end
 
-local function spec_lines(out, entries, tbl, indent, arch)
-  for _, e in ipairs(entries) do
-    local v = tbl[e.key]
-    if schema.applies(e, arch) and v ~= nil then
-      if e.type == "map" then
-        out[#out + 1] = indent .. e.key .. ":"
-        spec_lines(out, e.keys, v, indent .. "  ", arch)
-      else
-        out[#out + 1] = indent .. e.key .. ": " .. scalar(v)
-      end
-    end
-  end
+-- The canonical spec, one `key: value` line per key (a section: `key:`,
+-- its keys indented below it).
+local function spec_lines(out, spec)
+  schema.each_value(spec, spec.arch, function(e, v, _, depth)
+    local line = string.rep("  ", depth) .. e.key .. ":"
+    out[#out + 1] = e.type == "map" and line or line .. " " .. scalar(v)
+  end)
 end
 
 -- Derived fields printed per arch, in this order (name in d, label).
@@ -71,7 +66,7 @@ local SECTIONS = {
 
 function Y.render(spec, d)
   local out = {}
-  spec_lines(out, schema.keys, spec, "", spec.arch)
+  spec_lines(out, spec)
   out[#out + 1] = "derived:"
   local sec = SECTIONS[spec.arch]
   out[#out + 1] = "  dims:"

@@ -12,35 +12,11 @@ local check, is = T.check, T.is
 local derive = require("mg.derive")
 local tune = require("mg.tune")
 
-local function spec1(model, top, scan)
-  local s = {
-    name = "t1", arch = "mamba1", precision = "f32", target = "sm_90",
-    model = { d_model = 256, n_layers = 2, d_state = 64, expand = 2, d_conv = 4,
-              dt_rank = "auto", input_dim = 0, norm_eps = 1e-5 },
-    scan = { mode = "chunked", chunk_size = 64 },
-    shapes = { max_batch = 8, max_seq_len = 4096, batch = 0, seq_len = 0 },
-    emit = { training = false, inference = true, deterministic = true },
-  }
-  for k, v in pairs(model or {}) do s.model[k] = v end
-  for k, v in pairs(top or {}) do s[k] = v end
-  for k, v in pairs(scan or {}) do s.scan[k] = v end
-  return s
-end
-
-local function spec3(model, top)
-  local s = {
-    name = "t3", arch = "mamba3_siso", precision = "f32", target = "sm_90",
-    model = { d_model = 128, n_layers = 4, d_state = 64, expand = 2, headdim = 32, ngroups = 1,
-              rope_fraction = 0.5, a_activation = "heavy_tail", a_floor = 1e-4, outproj_norm = true,
-              input_dim = 64, norm_eps = 1e-5 },
-    scan = { mode = "chunked", chunk_size = 64 },
-    shapes = { max_batch = 64, max_seq_len = 1024, batch = 0, seq_len = 0 },
-    emit = { training = false, inference = true, deterministic = true },
-  }
-  for k, v in pairs(model or {}) do s.model[k] = v end
-  for k, v in pairs(top or {}) do s[k] = v end
-  return s
-end
+-- The test specs: t1 (Mamba-1) and t3 (Mamba-3 SISO), chunked, inference only.
+local T1 = { name = "t1", model = { d_model = 256, n_layers = 2, d_state = 64 }, scan = { mode = "chunked" },
+             shapes = { max_batch = 8, max_seq_len = 4096 }, emit = { training = false } }
+local T3 = { name = "t3", model = { d_model = 128, n_layers = 4, d_state = 64, headdim = 32, input_dim = 64 },
+             scan = { mode = "chunked" }, shapes = { max_batch = 64, max_seq_len = 1024 }, emit = { training = false } }
 
 local function find(list, id)
   for _, c in ipairs(list) do if c.id == id then return c end end
@@ -64,7 +40,7 @@ local function args(spec, options)
 end
 
 -- ------------------------------------------------------------ Mamba-1
-local s1 = spec1()
+local s1 = T.spec("mamba1", T1)
 local d1 = derive.derive(s1)
 local c1 = tune.candidates(s1, d1, {})
 is(#c1, 25, "mamba1: 4 block sizes x (5 chunks + sequential) + generic")
@@ -123,13 +99,13 @@ check(f1n["tune_generic.cu"] == nil and not f1n["manifest.txt"]:find("generic", 
   "mamba1 sources: options.generic = 0 leaves it out")
 
 -- bf16, d_state 256 (16 lanes): npt stays within the bound
-local sb = spec1({ d_state = 256 }, { precision = "bf16" })
+local sb = T.spec("mamba1", T1, { model = { d_state = 256 }, precision = "bf16" })
 local db = derive.derive(sb)
 local cb = tune.candidates(sb, db, {})
 is(cb[#cb].args[7].name .. "=" .. cb[#cb].args[7].value, "npt=16", "bf16 N 256: npt 16 (<= SCAN_NPT_MAX)")
 
 -- ------------------------------------------------------------ Mamba-3 SISO
-local s3 = spec3()
+local s3 = T.spec("mamba3_siso", T3)
 local d3 = derive.derive(s3)
 local c3 = tune.candidates(s3, d3, {})
 is(#c3, 13, "mamba3: 4 chunks x 3 block sizes + generic")
