@@ -120,6 +120,13 @@ local function errors_are(text, want, desc)
   is(got, table.concat(want, " | "), desc)
 end
 
+-- One error per edit of a base spec: cases = { { description, from, to,
+-- error [, base = another base text] }, ... }, each checked in order as
+-- errors_are(edit(base, from, to), { error }, description).
+local function edit_errors(base, cases)
+  for _, c in ipairs(cases) do errors_are(edit(c.base or base, c[2], c[3]), { c[4] }, c[1]) end
+end
+
 -- ------------------------------------------------------------ canonical spec
 local spec, pos = run(BASE_M1)
 check(spec ~= nil, "minimal mamba1 spec is valid", spec == nil and table.concat(pos, " | "))
@@ -238,91 +245,86 @@ is(validate.suggest("zzz", { "d_model", "d_state" }), nil, "no suggestion when f
 is(validate.suggest("D_MODEL", { "d_model", "d_state" }), "d_model", "case-insensitive suggestion")
 
 -- ------------------------------------------------------------ errors
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  d_sate: 16"),
-  { "6:3: unknown key 'd_sate' in model; did you mean 'd_state'?" }, "unknown key with suggestion")
-errors_are(edit(BASE_M1, "name: m", "name: m\nfrobnicate: 1"),
-  { "2:1: unknown key 'frobnicate' at the top level; valid keys: name, arch, model, precision, scan, shapes, emit, target" },
-  "unknown key without suggestion lists the valid keys")
-errors_are(edit(BASE_M1, "  d_model: 128\n", ""),
-  { "4:3: missing required key 'model.d_model'" }, "missing required key at the parent mapping")
-errors_are(edit(BASE_M1, "name: m\n", ""), { "1:1: missing required key 'name'" }, "missing name")
-errors_are(edit(BASE_M1, "shapes:\n  max_batch: 8\n  max_seq_len: 256\n", ""),
-  { "1:1: missing required key 'shapes'" }, "missing required section")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  expand: 2.5"),
-  { "6:11: model.expand: expected an integer, got 2.5" }, "float where an int is needed")
-errors_are(edit(BASE_M1, "  d_model: 128", '  d_model: "128"'),
-  { '4:12: model.d_model: expected an integer, got the string "128" (quoted values are strings; remove the quotes)' },
-  "quoted int is a type error that says so")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  d_conv: 12"),
-  { "6:11: model.d_conv: 12 is out of range 2..8" }, "out of range")
-errors_are(edit(BASE_M1, "  d_model: 128", "  d_model: 100"),
-  { "4:12: model.d_model: 100 is not a multiple of 8 (rows are read as 16-byte vectors)" }, "d_model multiple of 8")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  d_state: 24"),
-  { "6:12: model.d_state: 24 is not a power of two; expected one of 1, 2, 4, 8, 16, 32, 64, 128, 256" },
-  "mamba1 d_state power of two")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  d_state: 512"),
-  { "6:12: model.d_state: 512 is out of range 1..256" }, "mamba1 d_state range")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  headdim: 32"),
-  { "6:3: model.headdim applies to arch mamba3_siso only" }, "mamba3 key under mamba1")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  dt_rank: 200"),
-  { "6:12: model.dt_rank: 200 is out of range 1..128 (d_model)" }, "dt_rank <= d_model")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  dt_rank: automatic"),
-  { "6:12: model.dt_rank: expected an integer or auto, got 'automatic'" }, "dt_rank bad word")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  norm_eps: 0"),
-  { "6:13: model.norm_eps: 0 is out of range; expected a number > 0 and < 1" }, "norm_eps > 0")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  norm_eps: .inf"),
-  { "6:13: model.norm_eps: expected a finite number, got .inf" }, ".inf rejected")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  norm_eps: .nan"),
-  { "6:13: model.norm_eps: expected a finite number, got .nan" }, ".nan rejected")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  norm_eps: small"),
-  { "6:13: model.norm_eps: expected a number, got 'small'" }, "number expected")
-errors_are(edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  n_layers: 5"),
-  { "6:3: duplicate key 'model.n_layers' (first at line 5)" }, "duplicate key (defence in depth)")
-errors_are(edit(BASE_M1, "name: m", "name: M1"),
-  { "1:7: name: 'M1' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit" },
-  "upper-case name")
-errors_are(edit(BASE_M1, "name: m", "name: 1m"),
-  { "1:7: name: '1m' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit" },
-  "name starting with a digit")
-errors_are(edit(BASE_M1, "name: m", "name: int"), { "1:7: name: 'int' is a C keyword; choose another name" }, "C keyword name")
-errors_are(edit(BASE_M1, "name: m", "name: mg_model"),
-  { "1:7: name: 'mg_model' would clash with the runtime's mg_ symbols; choose a name that is not mg or mg_*" }, "mg_ prefix")
-errors_are(edit(BASE_M1, "name: m", "name: " .. string.rep("a", 49)),
-  { "1:7: name: '" .. string.rep("a", 49) .. "' is 49 characters long; at most 48 are allowed" }, "name too long")
-errors_are(edit(BASE_M1, "arch: mamba1", "arch: mamba2"),
-  { "2:7: arch: 'mamba2' is not valid; expected one of mamba1, mamba3_siso; did you mean 'mamba1'?" }, "bad arch")
-errors_are(edit(BASE_M1, "name: m", "name: m\nprecision: fp32"),
-  { "2:12: precision: 'fp32' is not valid; expected one of f32, bf16, f16; did you mean 'f32'?" }, "bad precision")
-errors_are(edit(BASE_M1, "name: m", "name: m\ntarget: sm_75"),
-  { "2:9: target: 'sm_75' is not valid; expected one of sm_80, sm_86, sm_89, sm_90" }, "bad target")
-errors_are(edit(BASE_M1, "name: m", "name: m\nemit:\n  training: yes"),
-  { "3:13: emit.training: expected true or false, got 'yes' (YAML 1.2 reads yes/no/on/off as strings; write true or false)" },
-  "yes rejected with a hint")
-errors_are(edit(BASE_M1, "name: m", "name: m\nemit:\n  training: \"true\""),
-  { '3:13: emit.training: expected true or false, got the string "true" (quoted values are strings; remove the quotes)' },
-  "quoted true rejected")
-errors_are(edit(BASE_M1, "name: m", "name: m\nscan:\n  chunk_size: 48"),
-  { "3:15: scan.chunk_size: 48 is not valid; expected one of 16, 32, 64, 128, 256, or auto" }, "chunk_size set")
-errors_are(edit(BASE_M1, "name: m", "name: m\nscan:\n  mode: parallel"),
-  { "3:9: scan.mode: 'parallel' is not valid; expected one of sequential, chunked, auto" }, "scan.mode")
-errors_are(edit(BASE_M1, "  max_seq_len: 256", "  max_seq_len: 256\n  batch: 9"),
-  { "9:10: shapes.batch: 9 exceeds shapes.max_batch = 8" }, "batch <= max_batch")
-errors_are(edit(BASE_M1, "  max_seq_len: 256", "  max_seq_len: 256\n  seq_len: 257"),
-  { "9:12: shapes.seq_len: 257 exceeds shapes.max_seq_len = 256" }, "seq_len <= max_seq_len")
-errors_are(edit(BASE_M1, "  max_batch: 8", "  max_batch: 0"),
-  { "7:14: shapes.max_batch: 0 is out of range 1..65536" }, "max_batch range")
-errors_are(edit(BASE_M1, "  max_batch: 8", "  max_batch: 99999999999999999999"),
-  { "7:14: shapes.max_batch: 99999999999999999999 is out of range 1..65536" }, "huge int")
-errors_are(edit(BASE_M1, "model:\n  d_model: 128\n  n_layers: 4\n", "model: [1, 2]\n"),
-  { "3:8: model: expected a mapping of keys (d_model, n_layers, d_state, expand, d_conv, dt_rank, input_dim, norm_eps), got a sequence" },
-  "sequence where a mapping is needed")
-errors_are(edit(BASE_M1, "model:\n  d_model: 128\n  n_layers: 4\n", "model:\n"),
-  { "3:7: model: expected a mapping of keys (d_model, n_layers, d_state, expand, d_conv, dt_rank, input_dim, norm_eps), got an empty value (null)" },
-  "empty value where a mapping is needed")
-errors_are(edit(BASE_M1, "  d_model: 128", "  d_model: [128]"),
-  { "4:12: model.d_model: expected an integer, got a sequence" }, "sequence where a scalar is needed")
-errors_are(edit(BASE_M1, "  d_model: 128", "  d_model:"),
-  { "4:11: model.d_model: expected an integer, got an empty value (null)" }, "null value")
+edit_errors(BASE_M1, {
+  { "unknown key with suggestion", "  n_layers: 4", "  n_layers: 4\n  d_sate: 16",
+    "6:3: unknown key 'd_sate' in model; did you mean 'd_state'?" },
+  { "unknown key without suggestion lists the valid keys", "name: m", "name: m\nfrobnicate: 1",
+    "2:1: unknown key 'frobnicate' at the top level; valid keys: name, arch, model, precision, scan, shapes, emit, target" },
+  { "missing required key at the parent mapping", "  d_model: 128\n", "",
+    "4:3: missing required key 'model.d_model'" },
+  { "missing name", "name: m\n", "",
+    "1:1: missing required key 'name'" },
+  { "missing required section", "shapes:\n  max_batch: 8\n  max_seq_len: 256\n", "",
+    "1:1: missing required key 'shapes'" },
+  { "float where an int is needed", "  n_layers: 4", "  n_layers: 4\n  expand: 2.5",
+    "6:11: model.expand: expected an integer, got 2.5" },
+  { "quoted int is a type error that says so", "  d_model: 128", '  d_model: "128"',
+    '4:12: model.d_model: expected an integer, got the string "128" (quoted values are strings; remove the quotes)' },
+  { "out of range", "  n_layers: 4", "  n_layers: 4\n  d_conv: 12",
+    "6:11: model.d_conv: 12 is out of range 2..8" },
+  { "d_model multiple of 8", "  d_model: 128", "  d_model: 100",
+    "4:12: model.d_model: 100 is not a multiple of 8 (rows are read as 16-byte vectors)" },
+  { "mamba1 d_state power of two", "  n_layers: 4", "  n_layers: 4\n  d_state: 24",
+    "6:12: model.d_state: 24 is not a power of two; expected one of 1, 2, 4, 8, 16, 32, 64, 128, 256" },
+  { "mamba1 d_state range", "  n_layers: 4", "  n_layers: 4\n  d_state: 512",
+    "6:12: model.d_state: 512 is out of range 1..256" },
+  { "mamba3 key under mamba1", "  n_layers: 4", "  n_layers: 4\n  headdim: 32",
+    "6:3: model.headdim applies to arch mamba3_siso only" },
+  { "dt_rank <= d_model", "  n_layers: 4", "  n_layers: 4\n  dt_rank: 200",
+    "6:12: model.dt_rank: 200 is out of range 1..128 (d_model)" },
+  { "dt_rank bad word", "  n_layers: 4", "  n_layers: 4\n  dt_rank: automatic",
+    "6:12: model.dt_rank: expected an integer or auto, got 'automatic'" },
+  { "norm_eps > 0", "  n_layers: 4", "  n_layers: 4\n  norm_eps: 0",
+    "6:13: model.norm_eps: 0 is out of range; expected a number > 0 and < 1" },
+  { ".inf rejected", "  n_layers: 4", "  n_layers: 4\n  norm_eps: .inf",
+    "6:13: model.norm_eps: expected a finite number, got .inf" },
+  { ".nan rejected", "  n_layers: 4", "  n_layers: 4\n  norm_eps: .nan",
+    "6:13: model.norm_eps: expected a finite number, got .nan" },
+  { "number expected", "  n_layers: 4", "  n_layers: 4\n  norm_eps: small",
+    "6:13: model.norm_eps: expected a number, got 'small'" },
+  { "duplicate key (defence in depth)", "  n_layers: 4", "  n_layers: 4\n  n_layers: 5",
+    "6:3: duplicate key 'model.n_layers' (first at line 5)" },
+  { "upper-case name", "name: m", "name: M1",
+    "1:7: name: 'M1' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit" },
+  { "name starting with a digit", "name: m", "name: 1m",
+    "1:7: name: '1m' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit" },
+  { "C keyword name", "name: m", "name: int",
+    "1:7: name: 'int' is a C keyword; choose another name" },
+  { "mg_ prefix", "name: m", "name: mg_model",
+    "1:7: name: 'mg_model' would clash with the runtime's mg_ symbols; choose a name that is not mg or mg_*" },
+  { "name too long", "name: m", "name: " .. string.rep("a", 49),
+    "1:7: name: '" .. string.rep("a", 49) .. "' is 49 characters long; at most 48 are allowed" },
+  { "bad arch", "arch: mamba1", "arch: mamba2",
+    "2:7: arch: 'mamba2' is not valid; expected one of mamba1, mamba3_siso; did you mean 'mamba1'?" },
+  { "bad precision", "name: m", "name: m\nprecision: fp32",
+    "2:12: precision: 'fp32' is not valid; expected one of f32, bf16, f16; did you mean 'f32'?" },
+  { "bad target", "name: m", "name: m\ntarget: sm_75",
+    "2:9: target: 'sm_75' is not valid; expected one of sm_80, sm_86, sm_89, sm_90" },
+  { "yes rejected with a hint", "name: m", "name: m\nemit:\n  training: yes",
+    "3:13: emit.training: expected true or false, got 'yes' (YAML 1.2 reads yes/no/on/off as strings; write true or false)" },
+  { "quoted true rejected", "name: m", "name: m\nemit:\n  training: \"true\"",
+    '3:13: emit.training: expected true or false, got the string "true" (quoted values are strings; remove the quotes)' },
+  { "chunk_size set", "name: m", "name: m\nscan:\n  chunk_size: 48",
+    "3:15: scan.chunk_size: 48 is not valid; expected one of 16, 32, 64, 128, 256, or auto" },
+  { "scan.mode", "name: m", "name: m\nscan:\n  mode: parallel",
+    "3:9: scan.mode: 'parallel' is not valid; expected one of sequential, chunked, auto" },
+  { "batch <= max_batch", "  max_seq_len: 256", "  max_seq_len: 256\n  batch: 9",
+    "9:10: shapes.batch: 9 exceeds shapes.max_batch = 8" },
+  { "seq_len <= max_seq_len", "  max_seq_len: 256", "  max_seq_len: 256\n  seq_len: 257",
+    "9:12: shapes.seq_len: 257 exceeds shapes.max_seq_len = 256" },
+  { "max_batch range", "  max_batch: 8", "  max_batch: 0",
+    "7:14: shapes.max_batch: 0 is out of range 1..65536" },
+  { "huge int", "  max_batch: 8", "  max_batch: 99999999999999999999",
+    "7:14: shapes.max_batch: 99999999999999999999 is out of range 1..65536" },
+  { "sequence where a mapping is needed", "model:\n  d_model: 128\n  n_layers: 4\n", "model: [1, 2]\n",
+    "3:8: model: expected a mapping of keys (d_model, n_layers, d_state, expand, d_conv, dt_rank, input_dim, norm_eps), got a sequence" },
+  { "empty value where a mapping is needed", "model:\n  d_model: 128\n  n_layers: 4\n", "model:\n",
+    "3:7: model: expected a mapping of keys (d_model, n_layers, d_state, expand, d_conv, dt_rank, input_dim, norm_eps), got an empty value (null)" },
+  { "sequence where a scalar is needed", "  d_model: 128", "  d_model: [128]",
+    "4:12: model.d_model: expected an integer, got a sequence" },
+  { "null value", "  d_model: 128", "  d_model:",
+    "4:11: model.d_model: expected an integer, got an empty value (null)" },
+})
 errors_are("- a\n- b\n", { "1:1: the spec must be a mapping of keys (name: ..., arch: ..., model: ...), got a sequence" },
   "root not a mapping")
 errors_are("hello\n", { "1:1: the spec must be a mapping of keys (name: ..., arch: ..., model: ...), got 'hello'" },
@@ -352,29 +354,32 @@ shapes:
 
 -- Mamba-3 rules
 local BASE_M3 = edit(BASE_M1, "arch: mamba1", "arch: mamba3_siso")
-errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  headdim: 48"),
-  { "6:12: model.headdim: 48 is not valid; expected one of 16, 32, 64, 128" }, "headdim set")
-errors_are(edit(BASE_M3, "  d_model: 128", "  d_model: 8"),
-  { "4:3: model.headdim: 64 does not divide d_inner = 16 (expand*d_model) (the default; set model.headdim explicitly)" },
-  "headdim (default) must divide d_inner")
-errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  headdim: 128\n  expand: 1\n  d_model: 64"),
-  { "8:3: duplicate key 'model.d_model' (first at line 4)" }, "duplicate")
-errors_are(edit(edit(BASE_M3, "  d_model: 128", "  d_model: 204"), "  n_layers: 4", "  n_layers: 4\n  headdim: 16"),
-  { "4:12: model.d_model: 204 is not a multiple of 8 (rows are read as 16-byte vectors)" }, "d_model checked for mamba3")
-errors_are(edit(edit(BASE_M3, "  d_model: 128", "  d_model: 192"), "  n_layers: 4", "  n_layers: 4\n  headdim: 128\n  expand: 1"),
-  { "6:12: model.headdim: 128 does not divide d_inner = 192 (expand*d_model)" }, "headdim must divide d_inner")
-errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  headdim: 32\n  ngroups: 3"),
-  { "7:12: model.ngroups: 3 does not divide nheads = 8 (expand*d_model/headdim)" }, "ngroups divides nheads")
-errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  d_state: 24"),
-  { "6:12: model.d_state: 24 is not valid; expected one of 16, 32, 64, 128, 256" }, "mamba3 d_state set")
-errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  rope_fraction: 0.25"),
-  { "6:18: model.rope_fraction: 0.25 is not valid; expected one of 0.5, 1.0" }, "rope_fraction set")
-errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  a_floor: -1.0e-4"),
-  { "6:12: model.a_floor: -1.0e-4 is out of range; expected a number > 0" }, "a_floor > 0")
-errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  a_activation: relu"),
-  { "6:17: model.a_activation: 'relu' is not valid; expected one of heavy_tail, softplus" }, "a_activation")
-errors_are(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  d_conv: 4"),
-  { "6:3: model.d_conv applies to arch mamba1 only" }, "mamba1 key under mamba3")
+edit_errors(BASE_M3, {
+  { "headdim set", "  n_layers: 4", "  n_layers: 4\n  headdim: 48",
+    "6:12: model.headdim: 48 is not valid; expected one of 16, 32, 64, 128" },
+  { "headdim (default) must divide d_inner", "  d_model: 128", "  d_model: 8",
+    "4:3: model.headdim: 64 does not divide d_inner = 16 (expand*d_model) (the default; set model.headdim explicitly)" },
+  { "duplicate", "  n_layers: 4", "  n_layers: 4\n  headdim: 128\n  expand: 1\n  d_model: 64",
+    "8:3: duplicate key 'model.d_model' (first at line 4)" },
+  { "d_model checked for mamba3", "  n_layers: 4", "  n_layers: 4\n  headdim: 16",
+    "4:12: model.d_model: 204 is not a multiple of 8 (rows are read as 16-byte vectors)",
+    base = edit(BASE_M3, "  d_model: 128", "  d_model: 204") },
+  { "headdim must divide d_inner", "  n_layers: 4", "  n_layers: 4\n  headdim: 128\n  expand: 1",
+    "6:12: model.headdim: 128 does not divide d_inner = 192 (expand*d_model)",
+    base = edit(BASE_M3, "  d_model: 128", "  d_model: 192") },
+  { "ngroups divides nheads", "  n_layers: 4", "  n_layers: 4\n  headdim: 32\n  ngroups: 3",
+    "7:12: model.ngroups: 3 does not divide nheads = 8 (expand*d_model/headdim)" },
+  { "mamba3 d_state set", "  n_layers: 4", "  n_layers: 4\n  d_state: 24",
+    "6:12: model.d_state: 24 is not valid; expected one of 16, 32, 64, 128, 256" },
+  { "rope_fraction set", "  n_layers: 4", "  n_layers: 4\n  rope_fraction: 0.25",
+    "6:18: model.rope_fraction: 0.25 is not valid; expected one of 0.5, 1.0" },
+  { "a_floor > 0", "  n_layers: 4", "  n_layers: 4\n  a_floor: -1.0e-4",
+    "6:12: model.a_floor: -1.0e-4 is out of range; expected a number > 0" },
+  { "a_activation", "  n_layers: 4", "  n_layers: 4\n  a_activation: relu",
+    "6:17: model.a_activation: 'relu' is not valid; expected one of heavy_tail, softplus" },
+  { "mamba1 key under mamba3", "  n_layers: 4", "  n_layers: 4\n  d_conv: 4",
+    "6:3: model.d_conv applies to arch mamba1 only" },
+})
 local ok3 = run(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  rope_fraction: 1\n  d_state: 16\n  headdim: 16\n  ngroups: 4"))
 check(ok3 ~= nil and ok3.model.rope_fraction == 1.0 and math.type(ok3.model.rope_fraction) == "float",
   "rope_fraction 1 (an int) accepted as 1.0")
