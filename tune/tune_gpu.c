@@ -7,6 +7,7 @@
  * the Mamba-3 SISO section (the chunked SSM kernel, tg_m3_*); the public
  * functions dispatch on tg_dims.m3. */
 #include "gen/xstr.h"
+#include "templates/kernels/mamba1/tune_args.h"
 #include "tune_gpu.h"
 
 #include <math.h>
@@ -405,6 +406,19 @@ static dim3 dim3_make(unsigned x, unsigned y, unsigned z)
     return d;
 }
 
+/* A parameter of a Mamba-1 candidate kernel (templates/kernels/mamba1/
+ * tune_args.h) as tg_launch's argument: launch values are its locals,
+ * buffers the fields of tg_data of the same name. */
+#define TG_ARG_I(name) &name
+#define TG_ARG_CA(name) &t->name
+#define TG_ARG_O(name) &t->name
+#define TG_ARG_CF(name) &t->name
+#define TG_ARG_F(name) &t->name
+#define TG_ARG_CFA(name) &t->name
+#define TG_ARG_FA(name) &t->name
+#define TG_ARG_FIRST(kind, name) TG_ARG_##kind(name)
+#define TG_ARG_NEXT(kind, name) , TG_ARG_##kind(name)
+
 /* Enqueues one scan of BATCH x SEQLEN on STREAM. */
 static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int batch, int seqlen,
                              cudaStream_t stream, const char **what)
@@ -424,8 +438,7 @@ static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int ba
     }
     if (!c->chunked) {
         *what = "tune_scan_seq";
-        void *args[] = {&seqlen, &t->xc, &t->dt, &t->dbl, &t->xz, &t->dt_bias, &t->A_log, &t->Dskip,
-                        &t->state_in, &t->state_out, &t->g, gargs};
+        void *args[] = {MG_M1_TUNE_SEQ_PARAMS(TG_ARG_FIRST, TG_ARG_NEXT), gargs};
         return cudaLaunchKernel((const void *)k->seq, dim3_make((unsigned)batch, (unsigned)c->blocks, 1), dim3_make((unsigned)c->threads, 1, 1),
                                 args, 0, stream);
     }
@@ -433,7 +446,7 @@ static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int ba
     cudaError_t e;
     if (nc > 1) {
         *what = "tune_chunk_state";
-        void *a1[] = {&seqlen, &nc, &t->xc, &t->dt, &t->dbl, &t->dt_bias, &t->A_log, &t->cstate, &t->dsum, gargs};
+        void *a1[] = {MG_M1_TUNE_STATE_PARAMS(TG_ARG_FIRST, TG_ARG_NEXT), gargs};
         e = cudaLaunchKernel((const void *)k->state, dim3_make((unsigned)batch, (unsigned)c->blocks, (unsigned)(nc - 1)),
                              dim3_make((unsigned)c->threads, 1, 1), a1, (size_t)c->smem, stream);
         if (e != cudaSuccess)
@@ -441,15 +454,14 @@ static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int ba
     }
     *what = "tune_chunk_combine";
     size_t n = (size_t)batch * d->E * d->N;
-    void *a2[] = {&batch, &nc, &t->A_log, &t->state_in, &t->cstate, &t->dsum, gargs};
+    void *a2[] = {MG_M1_TUNE_COMBINE_PARAMS(TG_ARG_FIRST, TG_ARG_NEXT), gargs};
     e = cudaLaunchKernel((const void *)k->combine,
                          dim3_make((unsigned)((n + (size_t)d->combine_threads - 1) / (size_t)d->combine_threads), 1, 1),
                          dim3_make((unsigned)d->combine_threads, 1, 1), a2, 0, stream);
     if (e != cudaSuccess)
         return e;
     *what = "tune_chunk_output";
-    void *a3[] = {&seqlen, &nc, &t->xc, &t->dt, &t->dbl, &t->xz, &t->dt_bias, &t->A_log, &t->Dskip,
-                  &t->cstate, &t->state_out, &t->g, gargs};
+    void *a3[] = {MG_M1_TUNE_OUTPUT_PARAMS(TG_ARG_FIRST, TG_ARG_NEXT), gargs};
     return cudaLaunchKernel((const void *)k->output, dim3_make((unsigned)batch, (unsigned)c->blocks, (unsigned)nc), dim3_make((unsigned)c->threads, 1, 1),
                             a3, (size_t)c->smem, stream);
 }

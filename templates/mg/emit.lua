@@ -24,6 +24,7 @@ E.FILES = {
     { path = "mg_m1_util.cuh",     copy = "kernels/mamba1/util.cuh",     prefix = "//" },
     { path = "mg_m1_norm.cuh",     copy = "kernels/mamba1/norm.cuh",     prefix = "//" },
     { path = "mg_m1_conv.cuh",     copy = "kernels/mamba1/conv.cuh",     prefix = "//" },
+    { path = "mg_m1_scan_body.cuh", copy = "kernels/mamba1/scan_body.cuh", prefix = "//" },
     { path = "mg_m1_scan_fwd.cuh", copy = "kernels/mamba1/scan_fwd.cuh", prefix = "//" },
     { path = "mg_m1_decode.cuh",   copy = "kernels/mamba1/decode.cuh",   prefix = "//" },
     { path = "mg_m1_launch.cuh",   copy = "kernels/mamba1/launch.cuh",   prefix = "//" },

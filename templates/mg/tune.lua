@@ -52,11 +52,12 @@ M.THREADS_M3 = { 128, 256, 512 }
 M.TEMPLATE = { mamba1 = "mamba1/tune_scan.cu.tmpl", mamba3_siso = "mamba3/tune_scan.cu.tmpl" }
 -- The files whose text decides what a tuned variant computes and how fast,
 -- per arch: their combined hash is the key's `templates` part (any change in
--- them invalidates earlier tuning results). The tune templates copy the
--- device code of kernels.cu.tmpl, so that file is part of the set.
+-- them invalidates earlier tuning results). The candidates compile the
+-- shipped kernel bodies (the plain headers under kernels/), so those files
+-- are part of the set.
 M.TEMPLATE_SETS = {
   mamba1 = {
-    "mamba1/common.cuh.tmpl", "mamba1/kernels.cu.tmpl", "mamba1/tune_scan.cu.tmpl",
+    "kernels/mamba1/scan_body.cuh", "kernels/mamba1/tune_args.h", "mamba1/tune_scan.cu.tmpl",
     "mg/derive.lua", "mg/derive_mamba1.lua", "mg/tune.lua",
   },
   mamba3_siso = {
@@ -190,6 +191,23 @@ end
 -- order of its struct tune_dims, { name =, value =, doc = } each.
 local function arg(name, value, doc) return { name = name, value = value, doc = doc } end
 
+-- The Mamba-1 dims policy of a candidate (kernels/mamba1/scan_body.cuh):
+-- the members of its struct tune_dims, in order; the specialized
+-- candidates make them constants, the generic one kernel arguments.
+function M.m1_dims(d, channels)
+  return {
+    arg("E", d.E, "d_inner"),
+    arg("E2", d.E2, "in_proj outputs x | z (row stride of xz)"),
+    arg("N", d.N, "d_state"),
+    arg("R", d.R, "dt_rank"),
+    arg("XP", d.XP, "x_proj outputs R + 2N (row stride of dbl)"),
+    arg("lanes", d.scan_lanes, "threads sharing one channel's state (a power of two dividing 32)"),
+    arg("npt", d.scan_npt, "states per thread = N / lanes (<= NPT_MAX)"),
+    arg("channels", channels, "channels per block = SCAN_THREADS / lanes"),
+    arg("tchunk", d.scan_tchunk, "timesteps of B/C staged in shared memory"),
+  }
+end
+
 function M.generic(spec, d, cands)
   local own_chunk = spec.arch == "mamba3_siso" and d.ck_chunk or d.scan_chunk
   local own_threads = spec.arch == "mamba3_siso" and d.ck_threads or d.scan_threads
@@ -228,17 +246,7 @@ function M.generic(spec, d, cands)
     assert(d.scan_npt <= M.GENERIC_M1_NPT_MAX, "tune: generic bound")
     g.smem = d.scan_smem_bytes   -- the B/C stage, now dynamic shared memory
     g.npt_max = M.GENERIC_M1_NPT_MAX
-    g.args = {
-      arg("E", d.E, "d_inner"),
-      arg("E2", d.E2, "in_proj outputs x | z (row stride of xz)"),
-      arg("N", d.N, "d_state"),
-      arg("R", d.R, "dt_rank"),
-      arg("XP", d.XP, "x_proj outputs R + 2N (row stride of dbl)"),
-      arg("lanes", d.scan_lanes, "threads sharing one channel's state (a power of two dividing 32)"),
-      arg("npt", d.scan_npt, "states per thread = N / lanes (<= SCAN_NPT_MAX)"),
-      arg("channels", base.channels, "channels per block = SCAN_THREADS / lanes"),
-      arg("tchunk", d.scan_tchunk, "timesteps of B/C staged in shared memory"),
-    }
+    g.args = M.m1_dims(d, base.channels)
   end
   g.desc = string.format("generic: %s with the model dimensions as kernel arguments", base.desc)
   return g
@@ -369,6 +377,7 @@ function M.sources(spec, d, args)
     }, { __index = d })
     local env = emit.env(spec, td, args, template)
     env.cand = c
+    c.dims = c.args or M.m1_dims(td, c.channels)
     local path = "tune_" .. c.id .. ".cu"
     files[#files + 1] = { path = path, content = tmpl.render(template, env), template = template }
     man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s %d", c.id, c.mode, c.chunk, c.threads,

@@ -83,12 +83,13 @@ check(gsrc:find("constexpr int E =", 1, true) == nil and gsrc:find("constexpr in
   "generic source: no model dimension is a constant")
 check(gsrc:find("constexpr int SCAN_CHUNK = 64;", 1, true) ~= nil and gsrc:find("constexpr int SCAN_THREADS = 128;", 1, true) ~= nil,
   "generic source: the launch shape is")
-check(gsrc:find("for (int j = 0; j < SCAN_NPT_MAX; ++j) if (j < SCAN_NPT)", 1, true) ~= nil,
+check(gsrc:find("static constexpr int NPT_MAX = 16;", 1, true) ~= nil and
+  gsrc:find("for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt)", 1, true) ~= nil,
   "generic source: state loops to the bound with a runtime guard")
 check(gsrc:find("tune_scan_seq", 1, true) == nil, "generic source: the chunked kernels only")
 local ssrc = by1["tune_c64_t128.cu"]
-check(ssrc:find("tune_dims", 1, true) == nil and ssrc:find("GENERIC", 1, true) == nil,
-  "specialized source: no trace of the generic variant")
+check(ssrc:find("    int E;", 1, true) == nil and ssrc:find("GENERIC", 1, true) == nil,
+  "specialized source: no trace of the generic variant (its dims policy is constants)")
 check(ssrc:find("constexpr int N = 64;", 1, true) ~= nil, "specialized source: N is a constant")
 local f1b = tune.sources(s1, d1, args(s1, { chunks = "64", threads = "128" }))
 local same = #f1 == #f1b

@@ -1,0 +1,242 @@
+// scan_body.cuh: the bodies of the Mamba-1 forward scan kernels (sequential
+// and chunked), written once against a dims policy `Dm` so that the shipped
+// library and the autotuner compile the same code:
+//   - the shipped kernels (scan_fwd.cuh) and the specialized tune candidates
+//     pass a policy whose members are compile-time constants (every loop over
+//     a channel's states unrolls, arrays and shared memory are sized
+//     statically);
+//   - the generic tune candidate passes struct tune_dims, whose members are
+//     kernel arguments (a hand-written library with runtime dimensions).
+// A policy has the int members E, E2, N, R, XP (model dims), lanes (threads
+// sharing one channel's state), npt (= N / lanes), channels (per block),
+// tchunk (timesteps of B/C staged in shared memory), and the compile-time
+// bound NPT_MAX >= npt of the register arrays: loops over a channel's states
+// run to NPT_MAX with a guard j < npt (folded away when npt is a constant),
+// so the arrays stay in registers in the generic build too. The B/C stage
+// `Stage` is indexed stage[t][k] (a static float[tchunk][2N] array, or the
+// generic's dynamic shared memory).
+// Also needed from the includer: act_t, to_f32, from_f32, silu, softplus,
+// FULL_MASK, SCAN_THREADS, SCAN_CHUNK, COMBINE_THREADS. #included inside the
+// anonymous namespace of NAME_kernels.cu (through scan_fwd.cuh) or inlined
+// into a tune candidate, so it includes nothing itself.
+
+// size_t without <stddef.h> (the tune candidates include no system header).
+typedef decltype(sizeof(0)) mg_size_t;
+
+// ---------------------------------------------------------------------------
+// scan_span: the selective scan of one channel over timesteps
+// [t_begin, t_end) of sequence b, state s in registers (in/out). Shared by the
+// sequential scan and both recurrence passes of the chunked scan, so every
+// path computes the per-step recurrence with the same arithmetic:
+//   delta = softplus(dt[b,t,e] + dt_bias[e])             (threshold 20)
+//   s[n]  = exp(delta * A[e,n]) * s[n] + delta * B[b,t,n] * xc[b,t,e]
+// OUT = true: also
+//   y     = sum_n s[n] * C[b,t,n] + Dskip[e] * xc[b,t,e]
+//   g[b,t,e] = y * silu(z[b,t,e])
+// OUT = false: no output; dsum += delta (the chunk's sum of delta, from
+// which the combine pass gets the chunk's decay prod_t exp(delta_t A) =
+// exp(A * dsum)). B (and C when OUT) of tchunk timesteps are staged in
+// shared memory per pass, loaded coalesced by the whole block, so every
+// thread of the block must call it with the same range.
+// ---------------------------------------------------------------------------
+template <bool OUT, class Dm, class Stage>
+__device__ __forceinline__ void
+scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, int ec, bool valid,
+          float (&s)[Dm::NPT_MAX], const float (&A)[Dm::NPT_MAX], float dtb, float dsk, float &dsum,
+          const act_t *__restrict__ xc, const act_t *__restrict__ dt,
+          const act_t *__restrict__ dbl, const act_t *__restrict__ xz, act_t *__restrict__ g,
+          Stage sBC, Dm dm)
+{
+    const int E = dm.E, E2 = dm.E2, N = dm.N, R = dm.R, XP = dm.XP;
+    const int W = OUT ? 2 * N : N;   // staged columns per timestep: B | C, or B
+    for (int t0 = t_begin; t0 < t_end; t0 += dm.tchunk) {
+        const int nt = min(dm.tchunk, t_end - t0);
+        __syncthreads();   // the previous pass is done reading sBC
+        for (int i = threadIdx.x; i < nt * W; i += SCAN_THREADS) {
+            const int tt = i / W, k = i % W;
+            sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
+        }
+        __syncthreads();
+        for (int tt = 0; tt < nt; ++tt) {
+            const mg_size_t row = row0 + t0 + tt;
+            const float x = to_f32(xc[row * E + ec]);
+            const float delta = softplus(to_f32(dt[row * E + ec]) + dtb);
+            const float dx = delta * x;
+            if (OUT) {
+                const float z = to_f32(xz[row * E2 + E + ec]);
+                float y = 0.0f;
+#pragma unroll
+                for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
+                    const int n = lane * dm.npt + j;
+                    s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][n];
+                    y += s[j] * sBC[tt][N + n];
+                }
+#pragma unroll
+                for (int o = dm.lanes / 2; o > 0; o >>= 1) y += __shfl_xor_sync(FULL_MASK, y, o);
+                y += dsk * x;
+                if (valid && lane == 0) g[row * E + e] = from_f32<act_t>(y * silu(z));
+            } else {
+#pragma unroll
+                for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
+                    const int n = lane * dm.npt + j;
+                    s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][n];
+                }
+                dsum += delta;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The sequential selective scan with the D skip and the SiLU(z) gate
+// (scan_span<true> over the whole sequence). dt is the dt_proj output
+// [tokens][E]; B and C are columns R..R+2N of the x_proj output dbl
+// [tokens][XP]; z is columns E..2E of xz [tokens][2E]; A = -exp(A_log) is
+// computed once per channel.
+// Grid (batch, blocks); block SCAN_THREADS = channels x lanes. A channel's N
+// states live in registers, split over its lanes (npt states each, adjacent
+// lanes in one warp); y is summed by a fixed xor-shuffle butterfly over
+// those lanes, so every lane holds the same bits and lane 0 stores g.
+// Channels past E (a partial last block) compute on channel E-1 so that
+// every lane takes part in the shuffles, and store nothing. The final state
+// is written to state_out (may alias state_in; NULL: not written).
+// ---------------------------------------------------------------------------
+template <class Dm, class Stage>
+__device__ __forceinline__ void
+scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
+              const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
+              const float *__restrict__ dt_bias, const float *__restrict__ A_log,
+              const float *__restrict__ Dskip, const float *state_in, float *state_out,
+              act_t *__restrict__ g, Stage sBC, Dm dm)
+{
+    const int E = dm.E, N = dm.N;
+    const int lane = threadIdx.x % dm.lanes;
+    const int e = blockIdx.y * dm.channels + threadIdx.x / dm.lanes;
+    const bool valid = e < E;
+    const int ec = valid ? e : E - 1;
+    const mg_size_t b = blockIdx.x;
+    const mg_size_t row0 = b * (mg_size_t)seqlen;
+
+    float A[Dm::NPT_MAX], s[Dm::NPT_MAX];
+    const mg_size_t sb = (b * E + ec) * N + lane * dm.npt;
+#pragma unroll
+    for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
+        A[j] = -expf(A_log[(mg_size_t)ec * N + lane * dm.npt + j]);
+        s[j] = state_in ? state_in[sb + j] : 0.0f;
+    }
+    float dsum = 0.0f;
+    scan_span<true>(0, seqlen, row0, lane, e, ec, valid, s, A, dt_bias[ec], Dskip[ec], dsum,
+                    xc, dt, dbl, xz, g, sBC, dm);
+    if (state_out && valid) {
+#pragma unroll
+        for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) state_out[sb + j] = s[j];
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The chunked scan. The sequence is cut into nc = ceil(seqlen / SCAN_CHUNK)
+// chunks (the last one may be shorter). Per channel and state n, step t maps
+// s -> a_t s + b_t with a_t = exp(delta_t A), b_t = delta_t B_t[n] xc_t; a
+// chunk composes to the pair (a_c, b_c) = (prod a_t, its local end state from
+// zero), and pairs combine with (a1,b1)o(a0,b0) = (a1 a0, a1 b0 + b1)
+// (math.md). Three launches on the stream:
+//   1. chunk_state, grid (batch, blocks, nc-1): chunks 0..nc-2 from a zero
+//      state -> b_c into cstate slot c+1, sum of delta into dsum (a_c =
+//      exp(A * dsum), recomputed by the combine). The last chunk's pair is
+//      not needed (the output pass carries it to the final state).
+//   2. chunk_combine, one thread per (b, e, n): in fixed order c = 0..nc-2,
+//      s_in(c+1) = a_c s_in(c) + b_c from s_in(0) = state_in (or 0); writes
+//      every chunk's incoming state over cstate slot c.
+//   3. chunk_output, grid (batch, blocks, nc): each chunk re-runs its
+//      recurrence from its true incoming state, writing g; the last chunk
+//      writes the final state.
+// Workspace: cstate [batch][nc][E][N], dsum [batch][nc][E], f32 (the
+// model's, sized for MAX_BATCH x SCAN_MAX_CHUNKS). state_in is read only by
+// the combine and state_out written only by the output pass, so they may
+// alias (in-place states) without a race. No atomics, fixed order:
+// deterministic. Same block shape and staging as the sequential scan.
+// ---------------------------------------------------------------------------
+template <class Dm, class Stage>
+__device__ __forceinline__ void
+chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
+                 const act_t *__restrict__ dbl, const float *__restrict__ dt_bias,
+                 const float *__restrict__ A_log, float *__restrict__ cstate,
+                 float *__restrict__ dsum_out, Stage sBC, Dm dm)
+{
+    const int E = dm.E, N = dm.N;
+    const int lane = threadIdx.x % dm.lanes;
+    const int e = blockIdx.y * dm.channels + threadIdx.x / dm.lanes;
+    const bool valid = e < E;
+    const int ec = valid ? e : E - 1;
+    const mg_size_t b = blockIdx.x;
+    const int c = blockIdx.z;   // 0 .. nc-2: full chunks
+    float A[Dm::NPT_MAX], s[Dm::NPT_MAX];
+#pragma unroll
+    for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
+        A[j] = -expf(A_log[(mg_size_t)ec * N + lane * dm.npt + j]);
+        s[j] = 0.0f;
+    }
+    float dsum = 0.0f;
+    scan_span<false>(c * SCAN_CHUNK, (c + 1) * SCAN_CHUNK, b * (mg_size_t)seqlen, lane, e, ec, valid,
+                     s, A, dt_bias[ec], 0.0f, dsum, xc, dt, dbl, nullptr, nullptr, sBC, dm);
+    if (valid) {
+        float *cs = cstate + ((b * nc + c + 1) * E + e) * N + lane * dm.npt;
+#pragma unroll
+        for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) cs[j] = s[j];
+        if (lane == 0) dsum_out[(b * nc + c) * E + e] = dsum;
+    }
+}
+
+template <class Dm>
+__device__ __forceinline__ void
+chunk_combine_body(int batch, int nc, const float *__restrict__ A_log, const float *state_in,
+                   float *__restrict__ cstate, const float *__restrict__ dsum, Dm dm)
+{
+    const int E = dm.E, N = dm.N;
+    const mg_size_t i = (mg_size_t)blockIdx.x * COMBINE_THREADS + threadIdx.x;
+    if (i >= (mg_size_t)batch * E * N) return;
+    const mg_size_t b = i / ((mg_size_t)E * N), en = i % ((mg_size_t)E * N), e = en / N;
+    const float A = -expf(A_log[en]);
+    float s = state_in ? state_in[i] : 0.0f;
+    float *cs = cstate + b * nc * (mg_size_t)E * N + en;
+    const float *ds = dsum + b * nc * (mg_size_t)E + e;
+    cs[0] = s;
+    for (int c = 0; c + 1 < nc; ++c) {
+        s = expf(A * ds[(mg_size_t)c * E]) * s + cs[(mg_size_t)(c + 1) * E * N];
+        cs[(mg_size_t)(c + 1) * E * N] = s;
+    }
+}
+
+template <class Dm, class Stage>
+__device__ __forceinline__ void
+chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
+                  const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
+                  const float *__restrict__ dt_bias, const float *__restrict__ A_log,
+                  const float *__restrict__ Dskip, const float *__restrict__ cstate,
+                  float *state_out, act_t *__restrict__ g, Stage sBC, Dm dm)
+{
+    const int E = dm.E, N = dm.N;
+    const int lane = threadIdx.x % dm.lanes;
+    const int e = blockIdx.y * dm.channels + threadIdx.x / dm.lanes;
+    const bool valid = e < E;
+    const int ec = valid ? e : E - 1;
+    const mg_size_t b = blockIdx.x;
+    const int c = blockIdx.z;
+    const int t_begin = c * SCAN_CHUNK;
+    const int t_end = min(seqlen, t_begin + SCAN_CHUNK);
+    float A[Dm::NPT_MAX], s[Dm::NPT_MAX];
+    const float *cs = cstate + ((b * nc + c) * E + ec) * N + lane * dm.npt;
+#pragma unroll
+    for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
+        A[j] = -expf(A_log[(mg_size_t)ec * N + lane * dm.npt + j]);
+        s[j] = cs[j];
+    }
+    float dsum = 0.0f;
+    scan_span<true>(t_begin, t_end, b * (mg_size_t)seqlen, lane, e, ec, valid, s, A, dt_bias[ec],
+                    Dskip[ec], dsum, xc, dt, dbl, xz, g, sBC, dm);
+    if (state_out && valid && c == nc - 1) {
+        float *so = state_out + (b * E + e) * N + lane * dm.npt;
+#pragma unroll
+        for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) so[j] = s[j];
+    }
+}
