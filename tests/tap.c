@@ -9,14 +9,14 @@
 
 static int tap_n, tap_failed, tap_planned = -1;
 
-/* In a variadic function: fmt and the arguments after it, formatted into
- * the array buf (truncated to its size). */
-#define FORMAT_ARGS(buf, fmt)                  \
-    do {                                       \
-        va_list ap_;                           \
-        va_start(ap_, fmt);                    \
-        vsnprintf(buf, sizeof buf, fmt, ap_);  \
-        va_end(ap_);                           \
+/* In a variadic function: `call`, with ap the va_list of the arguments
+ * after the parameter `last`. */
+#define WITH_VA(ap, last, call)  \
+    do {                         \
+        va_list ap;              \
+        va_start(ap, last);      \
+        call;                    \
+        va_end(ap);              \
     } while (0)
 
 void tap_plan(int n)
@@ -44,20 +44,14 @@ static void vreport(int pass, const char *fmt, va_list ap)
 
 int tap_ok(int cond, const char *fmt, ...)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vreport(cond != 0, fmt, ap);
-    va_end(ap);
+    WITH_VA(ap, fmt, vreport(cond != 0, fmt, ap));
     return cond != 0;
 }
 
 int tap_is_int(long long got, long long want, const char *fmt, ...)
 {
     int pass = got == want;
-    va_list ap;
-    va_start(ap, fmt);
-    vreport(pass, fmt, ap);
-    va_end(ap);
+    WITH_VA(ap, fmt, vreport(pass, fmt, ap));
     if (!pass)
         tap_diag("     got: %lld\n expected: %lld", got, want);
     return pass;
@@ -67,10 +61,7 @@ int tap_is_str(const char *got, const char *want, const char *fmt, ...)
 {
     int pass = (got == NULL && want == NULL)
                || (got != NULL && want != NULL && strcmp(got, want) == 0);
-    va_list ap;
-    va_start(ap, fmt);
-    vreport(pass, fmt, ap);
-    va_end(ap);
+    WITH_VA(ap, fmt, vreport(pass, fmt, ap));
     if (!pass)
         tap_diag("     got: %s%s%s\n expected: %s%s%s", got ? "'" : "",
                  got ? got : "NULL", got ? "'" : "", want ? "'" : "",
@@ -84,10 +75,7 @@ int tap_near(double got, double want, double abs_tol, double rel_tol,
     double d = fabs(got - want);
     int pass = !isnan(got) && !isnan(want)
                && (got == want || d <= abs_tol || d <= rel_tol * fabs(want));
-    va_list ap;
-    va_start(ap, fmt);
-    vreport(pass, fmt, ap);
-    va_end(ap);
+    WITH_VA(ap, fmt, vreport(pass, fmt, ap));
     if (!pass)
         tap_diag("     got: %.17g\n expected: %.17g\n    |diff|: %.3e (abs_tol %.3e, "
                  "rel %.3e, rel_tol %.3e)", got, want, d, abs_tol,
@@ -98,7 +86,7 @@ int tap_near(double got, double want, double abs_tol, double rel_tol,
 void tap_diag(const char *fmt, ...)
 {
     char buf[4096];
-    FORMAT_ARGS(buf, fmt);
+    WITH_VA(ap, fmt, vsnprintf(buf, sizeof buf, fmt, ap));
     /* One "# " per line so multi-line diagnostics stay TAP comments. */
     char *line = buf;
     for (;;) {
@@ -116,7 +104,7 @@ void tap_diag(const char *fmt, ...)
 void tap_skip(int n, const char *fmt, ...)
 {
     char buf[1024];
-    FORMAT_ARGS(buf, fmt);
+    WITH_VA(ap, fmt, vsnprintf(buf, sizeof buf, fmt, ap));
     for (int i = 0; i < n; i++) {
         tap_n++;
         printf("ok %d # SKIP %s\n", tap_n, buf);
@@ -127,7 +115,7 @@ void tap_skip(int n, const char *fmt, ...)
 void tap_skip_all(const char *fmt, ...)
 {
     char buf[1024];
-    FORMAT_ARGS(buf, fmt);
+    WITH_VA(ap, fmt, vsnprintf(buf, sizeof buf, fmt, ap));
     printf("1..0 # SKIP %s\n", buf);
     fflush(stdout);
     exit(0);
