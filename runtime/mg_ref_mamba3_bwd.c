@@ -38,13 +38,11 @@ static mg_status layer_backward(const mg_m3_dims *d, const mg_m3_layer_off *o,
                                 m3_lstate st0, m3_lstate dstT, m3_lstate dst0,
                                 double *dh, double *dw)
 {
-    const size_t D = (size_t)d->d_model, E = (size_t)d->d_inner,
-                 N = (size_t)d->d_state, H = (size_t)d->nheads,
-                 G = (size_t)d->ngroups, S = (size_t)d->n_angles,
-                 P = (size_t)d->headdim, NP = mg_ref_mamba3_in_proj_dim(d),
-                 BT = (size_t)B * T, HG = H / G;
-    const size_t oB = 2 * E, oC = 2 * E + G * N, oDT = 2 * E + 2 * G * N,
-                 oA = oDT + H, oTR = oA + H, oANG = oTR + H;
+    const m3_sizes sz = m3_sizes_of(d, B, T);
+    const size_t D = sz.D, E = sz.E, N = sz.N, H = sz.H, G = sz.G, S = sz.S,
+                 P = sz.P, NP = sz.NP, BT = sz.BT, HG = sz.HG, oB = sz.oB,
+                 oC = sz.oC, oDT = sz.oDT, oA = sz.oA, oTR = sz.oTR,
+                 oANG = sz.oANG;
     double *dproj, *dy, *dq, *dk, *dv, *dadt, *ddt, *dlam, *Dd, *tmp;
     size_t sizes[] = {BT * NP, BT * E, BT * H * N, BT * H * N, BT * E, BT * H,
                       BT * H, BT * H};

@@ -98,13 +98,11 @@ static mg_status layer_forward(const mg_m3_dims *d, const mg_m3_layer_off *o,
                                m3_lstate st, m3_acts *a,
                                double *Dd, double *tmp)
 {
-    const size_t D = (size_t)d->d_model, E = (size_t)d->d_inner,
-                 N = (size_t)d->d_state, H = (size_t)d->nheads,
-                 G = (size_t)d->ngroups, S = (size_t)d->n_angles,
-                 P = (size_t)d->headdim, NP = mg_ref_mamba3_in_proj_dim(d),
-                 BT = (size_t)B * T, HG = H / G;
-    const size_t oB = 2 * E, oC = 2 * E + G * N, oDT = 2 * E + 2 * G * N,
-                 oA = oDT + H, oTR = oA + H, oANG = oTR + H;
+    const m3_sizes sz = m3_sizes_of(d, B, T);
+    const size_t D = sz.D, E = sz.E, N = sz.N, H = sz.H, G = sz.G, S = sz.S,
+                 P = sz.P, NP = sz.NP, BT = sz.BT, HG = sz.HG, oB = sz.oB,
+                 oC = sz.oC, oDT = sz.oDT, oA = sz.oA, oTR = sz.oTR,
+                 oANG = sz.oANG;
     const double eps = d->norm_eps;
     for (size_t bt = 0; bt < BT; bt++) {
         const double *x = h + bt * D;

@@ -61,6 +61,35 @@ static inline double da_act(mg_m3_a_act k, double v)
     return v >= 0 ? 1.0 : 1.0 / ((1.0 - v) * (1.0 - v));
 }
 
+/* The sizes one layer works with, and the column offsets of the parts of
+ * an in_proj output row: z, x (at 0 and E), B, C, DT, A, trap, angles. */
+typedef struct m3_sizes {
+    size_t D, E, N, H, G, S, P, NP, BT, HG;
+    size_t oB, oC, oDT, oA, oTR, oANG;
+} m3_sizes;
+
+static inline m3_sizes m3_sizes_of(const mg_m3_dims *d, int B, int T)
+{
+    m3_sizes z;
+    z.D = (size_t)d->d_model;
+    z.E = (size_t)d->d_inner;
+    z.N = (size_t)d->d_state;
+    z.H = (size_t)d->nheads;
+    z.G = (size_t)d->ngroups;
+    z.S = (size_t)d->n_angles;
+    z.P = (size_t)d->headdim;
+    z.NP = mg_ref_mamba3_in_proj_dim(d);
+    z.BT = (size_t)B * T;
+    z.HG = z.H / z.G;
+    z.oB = 2 * z.E;
+    z.oC = 2 * z.E + z.G * z.N;
+    z.oDT = 2 * z.E + 2 * z.G * z.N;
+    z.oA = z.oDT + z.H;
+    z.oTR = z.oA + z.H;
+    z.oANG = z.oTR + z.H;
+    return z;
+}
+
 /* ---- mg_ref_mamba3.c */
 
 /* MG_OK if the dims are in range and consistent (else MG_ERR_INVALID_ARG). */

@@ -7,24 +7,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-double *dalloc(size_t n)
+static void *zalloc(size_t n, size_t size)
 {
-    double *p = calloc(n ? n : 1, sizeof *p);
+    void *p = calloc(n ? n : 1, size);
     if (!p) {
         fprintf(stderr, "out of memory\n");
         exit(2);
     }
     return p;
 }
-float *falloc(size_t n)
-{
-    float *p = calloc(n ? n : 1, sizeof *p);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
+double *dalloc(size_t n) { return zalloc(n, sizeof(double)); }
+float *falloc(size_t n) { return zalloc(n, sizeof(float)); }
 void fill_d(mg_rng *r, double *x, size_t n, double lo, double hi)
 {
     for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * mg_rng_uniform(r);

@@ -164,35 +164,33 @@ static const double FD_H1 = 1.0 / 8192.0;
 
 static float round20(float x) { return (float)(ldexp(nearbyint(ldexp((double)x, 20)), -20)); }
 
-static double fd_float(const mcase *c, float *p)
+/* Sets the entry under test: an f32 one (PF) or an f64 one (PD). */
+static void fd_set(float *pf, double *pd, double v)
 {
-    float x0 = *p;
-    double r[2];
+    if (pf)
+        *pf = (float)v;
+    else
+        *pd = v;
+}
+
+/* The Richardson-extrapolated central difference of the loss in the f32
+ * entry PF or else the f64 entry PD (left as it was). */
+static double fd_entry(const mcase *c, float *pf, double *pd)
+{
+    double x0 = pf ? (double)*pf : *pd, r[2];
     for (int i = 0; i < 2; i++) {
         double h = FD_H1 / (double)(1 << i);
-        *p = (float)((double)x0 + h);
+        fd_set(pf, pd, x0 + h);
         double lp = mcase_loss(c);
-        *p = (float)((double)x0 - h);
+        fd_set(pf, pd, x0 - h);
         double lm = mcase_loss(c);
         r[i] = (lp - lm) / (2.0 * h);
     }
-    *p = x0;
+    fd_set(pf, pd, x0);
     return (4.0 * r[1] - r[0]) / 3.0;
 }
-static double fd_double(const mcase *c, double *p)
-{
-    double x0 = *p, r[2];
-    for (int i = 0; i < 2; i++) {
-        double h = FD_H1 / (double)(1 << i);
-        *p = x0 + h;
-        double lp = mcase_loss(c);
-        *p = x0 - h;
-        double lm = mcase_loss(c);
-        r[i] = (lp - lm) / (2.0 * h);
-    }
-    *p = x0;
-    return (4.0 * r[1] - r[0]) / 3.0;
-}
+static double fd_float(const mcase *c, float *p) { return fd_entry(c, p, NULL); }
+static double fd_double(const mcase *c, double *p) { return fd_entry(c, NULL, p); }
 
 /* Error of one entry: |analytic - fd| / max(|analytic|, |fd|, floor),
  * floor = 1e-2 * the RMS of all analytic parameter gradients of the case:
