@@ -21,6 +21,7 @@ E.FILES = {
     { path = "%s_common.cuh", template = "mamba1/common.cuh.tmpl", prefix = "//" },
     { path = "%s_kernels.cu", template = "mamba1/kernels.cu.tmpl", prefix = "//" },
     -- the kernel bodies (plain CUDA, one header per phase)
+    { path = "mg_dtype.cuh",       copy = "kernels/common/dtype.cuh",    prefix = "//" },
     { path = "mg_m1_util.cuh",     copy = "kernels/mamba1/util.cuh",     prefix = "//" },
     { path = "mg_m1_norm.cuh",     copy = "kernels/mamba1/norm.cuh",     prefix = "//" },
     { path = "mg_m1_conv.cuh",     copy = "kernels/mamba1/conv.cuh",     prefix = "//" },
@@ -29,8 +30,11 @@ E.FILES = {
     { path = "mg_m1_decode.cuh",   copy = "kernels/mamba1/decode.cuh",   prefix = "//" },
     { path = "mg_m1_launch.cuh",   copy = "kernels/mamba1/launch.cuh",   prefix = "//" },
     { path = "%s.c",          template = "mamba1/model.c.tmpl",    prefix = "//" },
-    { path = "%s_test.c",     template = "mamba1/test.c.tmpl",     prefix = "//" },
-    { path = "%s_bench.c",    template = "mamba1/bench.c.tmpl",    prefix = "//" },
+    -- the test and bench programs (plain C; model_alias.h names the model)
+    { path = "model_alias.h", template = "common/model_alias.h.tmpl", prefix = "//" },
+    { path = "%s_test.c",     copy = "host/mamba1/test.c",     prefix = "//" },
+    { path = "%s_bench.c",    copy = "host/mamba1/bench.c",    prefix = "//" },
+    { path = "bench_util.h",  copy = "host/common/bench_util.h", prefix = "//" },
     -- training half (spec.emit.training only)
     { path = "%s_train.h",       template = "mamba1/train.h.tmpl",      prefix = "//", when = "training" },
     { path = "%s_backward.cu",   template = "mamba1/backward.cu.tmpl",  prefix = "//", when = "training" },
@@ -43,8 +47,9 @@ E.FILES = {
     { path = "mg_grad_norm.cuh",       copy = "kernels/common/grad_norm.cuh",    prefix = "//", when = "training" },
     { path = "mg_loss.cuh",            copy = "kernels/common/loss.cuh",         prefix = "//", when = "training" },
     { path = "%s_train.c",       template = "mamba1/train.c.tmpl",      prefix = "//", when = "training" },
-    { path = "%s_train_test.c",  template = "mamba1/train_test.c.tmpl", prefix = "//", when = "training" },
-    { path = "Makefile",      template = "mamba1/Makefile.tmpl",   prefix = "#" },
+    { path = "%s_train_test.c",  copy = "host/mamba1/train_test.c", prefix = "//", when = "training" },
+    { path = "train_tests.h", copy = "host/common/train_tests.h", prefix = "//", when = "training" },
+    { path = "Makefile",      template = "common/Makefile.tmpl",   prefix = "#" },
   },
   mamba3_siso = {
     { path = "%s.h",          template = "mamba3/model.h.tmpl",    prefix = "//" },
@@ -61,8 +66,11 @@ E.FILES = {
     { path = "mg_m3_launch_fwd.cuh", copy = "kernels/mamba3/launch_fwd.cuh", prefix = "//" },
     { path = "%s_kernels.cu", template = "mamba3/kernels.cu.tmpl", prefix = "//" },
     { path = "%s.c",          template = "mamba3/model.c.tmpl",    prefix = "//" },
-    { path = "%s_test.c",     template = "mamba3/test.c.tmpl",     prefix = "//" },
-    { path = "%s_bench.c",    template = "mamba3/bench.c.tmpl",    prefix = "//" },
+    -- the test and bench programs (plain C; model_alias.h names the model)
+    { path = "model_alias.h", template = "common/model_alias.h.tmpl", prefix = "//" },
+    { path = "%s_test.c",     copy = "host/mamba3/test.c",     prefix = "//" },
+    { path = "%s_bench.c",    copy = "host/mamba3/bench.c",    prefix = "//" },
+    { path = "bench_util.h",  copy = "host/common/bench_util.h", prefix = "//" },
     -- training half (spec.emit.training only)
     { path = "%s_train.h",       template = "mamba3/train.h.tmpl",      prefix = "//", when = "training" },
     { path = "mg_m3_angles_bwd.cuh",  copy = "kernels/mamba3/angles_bwd.cuh",  prefix = "//", when = "training" },
@@ -81,8 +89,9 @@ E.FILES = {
     { path = "mg_grad_norm.cuh", copy = "kernels/common/grad_norm.cuh", prefix = "//", when = "training" },
     { path = "mg_loss.cuh",      copy = "kernels/common/loss.cuh",      prefix = "//", when = "training" },
     { path = "%s_train.c",       template = "mamba3/train.c.tmpl",      prefix = "//", when = "training" },
-    { path = "%s_train_test.c",  template = "mamba3/train_test.c.tmpl", prefix = "//", when = "training" },
-    { path = "Makefile",      template = "mamba3/Makefile.tmpl",   prefix = "#" },
+    { path = "%s_train_test.c",  copy = "host/mamba3/train_test.c", prefix = "//", when = "training" },
+    { path = "train_tests.h", copy = "host/common/train_tests.h", prefix = "//", when = "training" },
+    { path = "Makefile",      template = "common/Makefile.tmpl",   prefix = "#" },
   },
 }
 

@@ -1,9 +1,5 @@
-{{ provenance("//") }}
-{% -- Template-local derived value (lead: move to derive_mamba1.lua as d.ref_macs_per_token): %}
-{% -- multiply-adds of the f64 reference per token, to size the test cases. %}
-{% local ref_macs = d.L * (2 * d.E * d.D + d.XP * d.E + d.E * d.R + d.D * d.E + 4 * d.E * d.N + d.K * d.E) + d.input_dim * d.D %}
 /*
- * {{ name }}_test.c: TAP test of the generated library "{{ name }}" on the GPU
+ * NAME_test.c: TAP test of a generated Mamba-1 library on the GPU
  * against the f64 reference path (runtime/mg_ref_mamba1):
  *   - the parameter table equals the reference's blob layout;
  *   - prefill vs reference (out, final conv_state, final ssm_state), from a
@@ -14,7 +10,7 @@
  *   - T decode steps equal a prefill over T tokens;
  *   - bad calls return the right status, with a message, and touch nothing;
  *   - two identical prefills give bit-identical results;
- *   - {{ name }}_selfcheck passes;
+ *   - NAME_selfcheck passes;
  *   - chunked scan (when the library has it): chunked vs sequential
  *     (rel_l2 <= CHUNK_TOL) and vs the reference, lengths not a multiple of
  *     the chunk, one chunk, many chunks, from a random state; auto dispatch;
@@ -27,111 +23,44 @@
  *     at batch 1, a middle batch and MAX_BATCH (out of every step, final
  *     states, within the tolerance), and vs the f64 reference; the decode
  *     graph on both paths.
- * Relative-L2 tolerance {{ NAME }}_CHECK_TOL ({{ spec.precision }} storage).
- * Case sizes follow the cost of the CPU reference ({{ ref_macs }} multiply-adds per
- * token); MG_TEST_SCALE (default 1) scales that budget.
+ * Relative-L2 tolerance MODEL_CHECK_TOL (of the storage precision).
+ * Case sizes follow the cost of the CPU reference (MODEL_REF_MACS_PER_TOKEN
+ * multiply-adds per token); MG_TEST_SCALE (default 1) scales that budget.
  * Prints "1..0 # SKIP no CUDA device" without a GPU.
+ * The library is named through model_alias.h (model_X = NAME_X, MODEL_X =
+ * NAME_X), the TAP harness is the runtime's (mg_tap.h).
  */
-#include "{{ name }}.h"
+#include "model_alias.h"
 
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mg_cuda.h"
-#include "mg_rng.h"
 #include "mg_ref_mamba1.h"
+#include "mg_tap.h"
 
-#define IN_DIM      {{ NAME }}_IN_DIM
-#define D_MODEL     {{ NAME }}_D_MODEL
-#define MAX_BATCH   {{ NAME }}_MAX_BATCH
-#define MAX_SEQ_LEN {{ NAME }}_MAX_SEQ_LEN
-#define TOL         {{ NAME }}_CHECK_TOL
-#define SCAN_TCHUNK {{ d.scan_tchunk }}         /* timesteps per pass of the scan kernel */
-#define REF_MACS_PER_TOKEN {{ ref_macs }}.0
+#define IN_DIM      MODEL_IN_DIM
+#define D_MODEL     MODEL_D_MODEL
+#define MAX_BATCH   MODEL_MAX_BATCH
+#define MAX_SEQ_LEN MODEL_MAX_SEQ_LEN
+#define TOL         MODEL_CHECK_TOL
+#define SCAN_TCHUNK MODEL_SCAN_TCHUNK       /* timesteps per pass of the scan kernel */
+#define REF_MACS_PER_TOKEN MODEL_REF_MACS_PER_TOKEN
 #define REF_BUDGET_MACS 4.0e9                   /* reference work of the whole run at scale 1 */
-#define SCAN_CHUNK {{ NAME }}_SCAN_CHUNK
-#define CHUNK_TOL {{ d.chunk_vs_seq_tol }}            /* chunked vs sequential scan, rel_l2 */
-
-/* ---------------------------------------------------------------- TAP */
-static int n_tests, n_failed;
-
-static void diag(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("# ", stdout);
-    vprintf(fmt, ap);
-    fputc('\n', stdout);
-    va_end(ap);
-}
-
-static int tap_ok(int pass, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%sok %d - ", pass ? "" : "not ", ++n_tests);
-    vprintf(fmt, ap);
-    fputc('\n', stdout);
-    va_end(ap);
-    if (!pass) n_failed++;
-    fflush(stdout);
-    return pass;
-}
-
-static void tap_skip(const char *why, const char *what)
-{
-    printf("ok %d - %s # SKIP %s\n", ++n_tests, what, why);
-}
-
-static void bail(const char *what)
-{
-    printf("Bail out! %s: %s\n", what, mg_last_error());
-    exit(1);
-}
+#define SCAN_CHUNK MODEL_SCAN_CHUNK
+#define CHUNK_TOL MODEL_CHUNK_VS_SEQ_TOL      /* chunked vs sequential scan, rel_l2 */
 
 /* ---------------------------------------------------------------- helpers */
 static mg_m1_dims dims;
 static mg_m1_layout lay;
 static float *blob;             /* host copy of the weights */
 static float *d_blob;           /* device weights */
-static {{ name }}_model *model;
+static model_model *model;
 
-static float *dalloc(size_t n)
-{
-    void *p = NULL;
-    if (mg_dev_alloc(&p, (n ? n : 1) * sizeof(float), "test buffer") != MG_OK) bail("cudaMalloc");
-    return (float *)p;
-}
-
-static void up(float *d, const float *h, size_t n)
-{
-    if (n && cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) bail("upload");
-}
-
-static void down(float *h, const float *d, size_t n)
-{
-    if (cudaDeviceSynchronize() != cudaSuccess) bail("sync");
-    if (n && cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) bail("download");
-}
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) { printf("Bail out! out of host memory\n"); exit(1); }
-    return p;
-}
-#define FALLOC(n) ((float *)xmalloc((size_t)(n) * sizeof(float)))
-#define DALLOC_H(n) ((double *)xmalloc((size_t)(n) * sizeof(double)))
-
-static void randn(float *x, size_t n, uint64_t seed, float std)
-{
-    mg_rng r;
-    mg_rng_seed(&r, seed);
-    mg_rng_fill_normal(&r, x, n, 0.0f, std);
-}
+#define FALLOC(n) ((float *)mg_tap_malloc((size_t)(n) * sizeof(float)))
+#define DALLOC_H(n) ((double *)mg_tap_malloc((size_t)(n) * sizeof(double)))
 
 static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
 static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
@@ -140,17 +69,17 @@ static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
  * NULL: fresh start). Returns the status of the prefill call. */
 static mg_status gpu_prefill(int batch, int T, const float *u, float *out, float *cs, float *ss)
 {
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
-    float *du = dalloc(n_u(batch, T)), *dout = dalloc(n_out(batch, T));
-    float *dcs = cs ? dalloc(ncs) : NULL, *dss = ss ? dalloc(nss) : NULL;
-    up(du, u, n_u(batch, T));
-    if (cs) up(dcs, cs, ncs);
-    if (ss) up(dss, ss, nss);
-    mg_status s = {{ name }}_prefill(model, batch, T, du, dout, dcs, dss);
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
+    float *du = mg_tap_dalloc(n_u(batch, T)), *dout = mg_tap_dalloc(n_out(batch, T));
+    float *dcs = cs ? mg_tap_dalloc(ncs) : NULL, *dss = ss ? mg_tap_dalloc(nss) : NULL;
+    mg_tap_up(du, u, n_u(batch, T));
+    if (cs) mg_tap_up(dcs, cs, ncs);
+    if (ss) mg_tap_up(dss, ss, nss);
+    mg_status s = model_prefill(model, batch, T, du, dout, dcs, dss);
     if (s == MG_OK) {
-        down(out, dout, n_out(batch, T));
-        if (cs) down(cs, dcs, ncs);
-        if (ss) down(ss, dss, nss);
+        mg_tap_down(out, dout, n_out(batch, T));
+        if (cs) mg_tap_down(cs, dcs, ncs);
+        if (ss) mg_tap_down(ss, dss, nss);
     }
     mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dcs); mg_dev_free(dss);
     return s;
@@ -161,27 +90,26 @@ static mg_status gpu_prefill(int batch, int T, const float *u, float *out, float
 static void ref_prefill(int batch, int T, const float *u, const float *cs0, const float *ss0,
                         double *out, double *cs, double *ss)
 {
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     if (cs) for (size_t i = 0; i < ncs; ++i) cs[i] = cs0 ? cs0[i] : 0.0;
     if (ss) for (size_t i = 0; i < nss; ++i) ss[i] = ss0 ? ss0[i] : 0.0;
-    if (mg_ref_mamba1_forward(&dims, &lay, blob, batch, T, u, out, cs, ss) != MG_OK) bail("reference forward");
+    if (mg_ref_mamba1_forward(&dims, &lay, blob, batch, T, u, out, cs, ss) != MG_OK) mg_tap_bail("reference forward");
 }
 
 static int cmp_ref(const char *what, const float *got, const double *ref, size_t n)
 {
     mg_err e = mg_compare_f32(got, ref, n);
-    diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
-    return tap_ok(mg_err_ok(&e, TOL), "%s: rel_l2 <= %g", what, TOL);
+    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
+    return mg_tap_ok(mg_err_ok(&e, TOL), "%s: rel_l2 <= %g", what, TOL);
 }
 
 static int cmp_gpu(const char *what, const float *got, const float *ref, size_t n)
 {
     mg_err e = mg_compare_f32f32(got, ref, n);
-    diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
-    return tap_ok(mg_err_ok(&e, TOL), "%s: rel_l2 <= %g", what, TOL);
+    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
+    return mg_tap_ok(mg_err_ok(&e, TOL), "%s: rel_l2 <= %g", what, TOL);
 }
 
-static void expect_status(mg_status got, mg_status want, const char *what);
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
 
@@ -189,23 +117,23 @@ static int imax(int a, int b) { return a > b ? a : b; }
 
 static void test_param_table(void)
 {
-    int good = lay.total == (size_t){{ NAME }}_WEIGHTS_FLOATS;
-    if (!good) diag("blob: %zu floats, reference layout %zu", (size_t){{ NAME }}_WEIGHTS_FLOATS, lay.total);
+    int good = lay.total == (size_t)MODEL_WEIGHTS_FLOATS;
+    if (!good) mg_tap_diag("blob: %zu floats, reference layout %zu", (size_t)MODEL_WEIGHTS_FLOATS, lay.total);
     /* Walk the reference layout in blob order and match the table entry by entry. */
     int i = 0;
 #define EXPECT(nm, off) do { \
-        if (i >= {{ NAME }}_N_PARAMS || strcmp({{ name }}_params[i].name, nm) != 0 || {{ name }}_params[i].offset != (off)) { \
-            diag("entry %d: expected %s at %zu, got %s at %zu", i, nm, (size_t)(off), \
-                 i < {{ NAME }}_N_PARAMS ? {{ name }}_params[i].name : "(end)", \
-                 i < {{ NAME }}_N_PARAMS ? {{ name }}_params[i].offset : (size_t)0); \
+        if (i >= MODEL_N_PARAMS || strcmp(model_params[i].name, nm) != 0 || model_params[i].offset != (off)) { \
+            mg_tap_diag("entry %d: expected %s at %zu, got %s at %zu", i, nm, (size_t)(off), \
+                 i < MODEL_N_PARAMS ? model_params[i].name : "(end)", \
+                 i < MODEL_N_PARAMS ? model_params[i].offset : (size_t)0); \
             good = 0; } \
         ++i; } while (0)
     char nm[128];
-{% if d.input_dim > 0 then %}
+#if MODEL_INPUT_DIM > 0
     EXPECT("backbone.input_proj.weight", lay.input_proj_w);
     EXPECT("backbone.input_proj.bias", lay.input_proj_b);
-{% end %}
-    for (int l = 0; l < {{ NAME }}_N_LAYERS && good; ++l) {
+#endif
+    for (int l = 0; l < MODEL_N_LAYERS && good; ++l) {
         const mg_m1_layer_off *lo = &lay.layers[l];
 #define LAYER(suffix, field) snprintf(nm, sizeof nm, "backbone.layers.%d.%s", l, suffix); EXPECT(nm, lo->field)
         LAYER("norm.weight", norm_w);
@@ -222,38 +150,38 @@ static void test_param_table(void)
     }
     if (good) EXPECT("backbone.norm_f.weight", lay.norm_f_w);
 #undef EXPECT
-    if (good && i != {{ NAME }}_N_PARAMS) { diag("table has %d entries, layout %d", {{ NAME }}_N_PARAMS, i); good = 0; }
+    if (good && i != MODEL_N_PARAMS) { mg_tap_diag("table has %d entries, layout %d", MODEL_N_PARAMS, i); good = 0; }
     /* numel = product of the shape, every tensor inside the blob */
-    for (int j = 0; j < {{ NAME }}_N_PARAMS && good; ++j) {
-        const {{ name }}_param_info *p = &{{ name }}_params[j];
+    for (int j = 0; j < MODEL_N_PARAMS && good; ++j) {
+        const model_param_info *p = &model_params[j];
         size_t n = 1;
         for (int k = 0; k < p->ndim; ++k) n *= (size_t)p->shape[k];
-        if (n != p->numel || p->offset % 64 != 0 || p->offset + p->numel > (size_t){{ NAME }}_WEIGHTS_FLOATS) {
-            diag("%s: numel %zu, shape product %zu, offset %zu", p->name, p->numel, n, p->offset);
+        if (n != p->numel || p->offset % 64 != 0 || p->offset + p->numel > (size_t)MODEL_WEIGHTS_FLOATS) {
+            mg_tap_diag("%s: numel %zu, shape product %zu, offset %zu", p->name, p->numel, n, p->offset);
             good = 0;
         }
     }
-    tap_ok(good, "parameter table (%d tensors, %zu floats) equals the reference layout",
-           {{ NAME }}_N_PARAMS, (size_t){{ NAME }}_WEIGHTS_FLOATS);
+    mg_tap_ok(good, "parameter table (%d tensors, %zu floats) equals the reference layout",
+           MODEL_N_PARAMS, (size_t)MODEL_WEIGHTS_FLOATS);
 }
 
 /* Prefill from the given initial state (or a fresh start) vs the reference. */
 static void test_prefill(int batch, int T, int with_state, uint64_t seed)
 {
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *out = FALLOC(n_out(batch, T));
     float *cs = FALLOC(ncs), *ss = FALLOC(nss), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
     double *rout = DALLOC_H(n_out(batch, T)), *rcs = DALLOC_H(ncs), *rss = DALLOC_H(nss);
-    randn(u, n_u(batch, T), seed, 1.0f);
-    randn(cs0, ncs, seed + 1, 0.5f);
-    randn(ss0, nss, seed + 2, 0.5f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
     memcpy(cs, cs0, ncs * sizeof(float));
     memcpy(ss, ss0, nss * sizeof(float));
     char what[160];
     const char *how = with_state ? "from a random state" : "fresh start (NULL states)";
     mg_status s = gpu_prefill(batch, T, u, out, with_state ? cs : NULL, with_state ? ss : NULL);
-    if (!tap_ok(s == MG_OK, "prefill batch=%d seqlen=%d %s runs", batch, T, how)) {
-        diag("%s: %s", mg_status_name(s), mg_last_error());
+    if (!mg_tap_ok(s == MG_OK, "prefill batch=%d seqlen=%d %s runs", batch, T, how)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
         ref_prefill(batch, T, u, with_state ? cs0 : NULL, with_state ? ss0 : NULL, rout,
                     with_state ? rcs : NULL, with_state ? rss : NULL);
@@ -273,16 +201,16 @@ static void test_prefill(int batch, int T, int with_state, uint64_t seed)
 static void test_continuation(int batch, int T1, int T2, uint64_t seed)
 {
     const int T = T1 + T2;
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *u1 = FALLOC(n_u(batch, T1)), *u2 = FALLOC(n_u(batch, T2));
     float *o1 = FALLOC(n_out(batch, T1)), *o2 = FALLOC(n_out(batch, T2));
     float *split = FALLOC(n_out(batch, T)), *whole = FALLOC(n_out(batch, T));
     float *cs = FALLOC(ncs), *ss = FALLOC(nss), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
     float *csw = FALLOC(ncs), *ssw = FALLOC(nss);
     double *rout = DALLOC_H(n_out(batch, T)), *rcs = DALLOC_H(ncs), *rss = DALLOC_H(nss);
-    randn(u, n_u(batch, T), seed, 1.0f);
-    randn(cs0, ncs, seed + 1, 0.5f);
-    randn(ss0, nss, seed + 2, 0.5f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
     for (int b = 0; b < batch; ++b) {
         memcpy(u1 + n_u(b, T1), u + n_u(b, T), n_u(1, T1) * sizeof(float));
         memcpy(u2 + n_u(b, T2), u + n_u(b, T) + n_u(1, T1), n_u(1, T2) * sizeof(float));
@@ -293,9 +221,9 @@ static void test_continuation(int batch, int T1, int T2, uint64_t seed)
     mg_status s2 = s1 == MG_OK ? gpu_prefill(batch, T2, u2, o2, cs, ss) : s1;
     mg_status s3 = gpu_prefill(batch, T, u, whole, csw, ssw);
     char what[160];
-    if (!tap_ok(s1 == MG_OK && s2 == MG_OK && s3 == MG_OK,
+    if (!mg_tap_ok(s1 == MG_OK && s2 == MG_OK && s3 == MG_OK,
                 "continuation b=%d: prefill %d + %d and prefill %d run", batch, T1, T2, T)) {
-        diag("%s", mg_last_error());
+        mg_tap_diag("%s", mg_last_error());
     } else {
         for (int b = 0; b < batch; ++b) {
             memcpy(split + n_out(b, T), o1 + n_out(b, T1), n_out(1, T1) * sizeof(float));
@@ -320,32 +248,32 @@ static void test_continuation(int batch, int T1, int T2, uint64_t seed)
 /* T decode steps from a zero state == one prefill over the T tokens. */
 static void test_decode(int batch, int T, uint64_t seed)
 {
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *pout = FALLOC(n_out(batch, T)), *dout = FALLOC(n_out(batch, T));
     float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
     float *pcs = FALLOC(ncs), *pss = FALLOC(nss), *dcs_h = FALLOC(ncs), *dss_h = FALLOC(nss);
-    randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     memset(pcs, 0, ncs * sizeof(float)); memset(pss, 0, nss * sizeof(float));
     mg_status s = gpu_prefill(batch, T, u, pout, pcs, pss);
 
-    float *du = dalloc(n_u(batch, 1)), *dout_t = dalloc(n_out(batch, 1));
-    float *dcs = dalloc(ncs), *dss = dalloc(nss);
+    float *du = mg_tap_dalloc(n_u(batch, 1)), *dout_t = mg_tap_dalloc(n_out(batch, 1));
+    float *dcs = mg_tap_dalloc(ncs), *dss = mg_tap_dalloc(nss);
     if (cudaMemset(dcs, 0, ncs * sizeof(float)) != cudaSuccess ||
-        cudaMemset(dss, 0, nss * sizeof(float)) != cudaSuccess) bail("cudaMemset");
+        cudaMemset(dss, 0, nss * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
     for (int t = 0; t < T && s == MG_OK; ++t) {
         for (int b = 0; b < batch; ++b)
             memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
-        up(du, ut, n_u(batch, 1));
-        s = {{ name }}_decode_step(model, batch, du, dout_t, dcs, dss);
+        mg_tap_up(du, ut, n_u(batch, 1));
+        s = model_decode_step(model, batch, du, dout_t, dcs, dss);
         if (s != MG_OK) break;
-        down(ot, dout_t, n_out(batch, 1));
+        mg_tap_down(ot, dout_t, n_out(batch, 1));
         for (int b = 0; b < batch; ++b)
             memcpy(dout + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
     }
-    if (s == MG_OK) { down(dcs_h, dcs, ncs); down(dss_h, dss, nss); }
+    if (s == MG_OK) { mg_tap_down(dcs_h, dcs, ncs); mg_tap_down(dss_h, dss, nss); }
     char what[160];
-    if (!tap_ok(s == MG_OK, "decode: %d steps of batch %d and prefill run", T, batch)) {
-        diag("%s: %s", mg_status_name(s), mg_last_error());
+    if (!mg_tap_ok(s == MG_OK, "decode: %d steps of batch %d and prefill run", T, batch)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
         snprintf(what, sizeof what, "decode x%d vs prefill %d: out (every step)", T, T);
         cmp_gpu(what, dout, pout, n_out(batch, T));
@@ -365,39 +293,39 @@ static void test_decode(int batch, int T, uint64_t seed)
  * within TOL (the x_proj / dt_proj sums are ordered differently). */
 static void test_decode_fused(int batch, int T, uint64_t seed)
 {
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, 1) * T), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
-    randn(u, n_u(batch, 1) * T, seed, 1.0f);
-    randn(cs0, ncs, seed + 1, 0.5f);
-    randn(ss0, nss, seed + 2, 0.5f);
+    mg_tap_randn(u, n_u(batch, 1) * T, seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
     float *of = FALLOC(n_out(batch, 1) * T), *ou = FALLOC(n_out(batch, 1) * T), *op = FALLOC(n_out(batch, 1) * T);
     float *csf = FALLOC(ncs), *ssf = FALLOC(nss), *csu = FALLOC(ncs), *ssu = FALLOC(nss), *csp = FALLOC(ncs), *ssp = FALLOC(nss);
-    float *du = dalloc(n_u(batch, 1)), *dout = dalloc(n_out(batch, 1));
+    float *du = mg_tap_dalloc(n_u(batch, 1)), *dout = mg_tap_dalloc(n_out(batch, 1));
     float *dcs[3], *dss[3];
     for (int k = 0; k < 3; ++k) {
-        dcs[k] = dalloc(ncs); dss[k] = dalloc(nss);
-        up(dcs[k], cs0, ncs); up(dss[k], ss0, nss);
+        dcs[k] = mg_tap_dalloc(ncs); dss[k] = mg_tap_dalloc(nss);
+        mg_tap_up(dcs[k], cs0, ncs); mg_tap_up(dss[k], ss0, nss);
     }
     mg_status s = MG_OK;
     for (int t = 0; t < T && s == MG_OK; ++t) {
-        up(du, u + n_u(batch, 1) * t, n_u(batch, 1));
-        s = {{ name }}_set_decode_fused(model, 1);
-        if (s == MG_OK) s = {{ name }}_decode_step(model, batch, du, dout, dcs[0], dss[0]);
-        if (s == MG_OK) down(of + n_out(batch, 1) * t, dout, n_out(batch, 1));
-        if (s == MG_OK) s = {{ name }}_set_decode_fused(model, 0);
-        if (s == MG_OK) s = {{ name }}_decode_step(model, batch, du, dout, dcs[1], dss[1]);
-        if (s == MG_OK) down(ou + n_out(batch, 1) * t, dout, n_out(batch, 1));
-        if (s == MG_OK) s = {{ name }}_prefill(model, batch, 1, du, dout, dcs[2], dss[2]);
-        if (s == MG_OK) down(op + n_out(batch, 1) * t, dout, n_out(batch, 1));
+        mg_tap_up(du, u + n_u(batch, 1) * t, n_u(batch, 1));
+        s = model_set_decode_fused(model, 1);
+        if (s == MG_OK) s = model_decode_step(model, batch, du, dout, dcs[0], dss[0]);
+        if (s == MG_OK) mg_tap_down(of + n_out(batch, 1) * t, dout, n_out(batch, 1));
+        if (s == MG_OK) s = model_set_decode_fused(model, 0);
+        if (s == MG_OK) s = model_decode_step(model, batch, du, dout, dcs[1], dss[1]);
+        if (s == MG_OK) mg_tap_down(ou + n_out(batch, 1) * t, dout, n_out(batch, 1));
+        if (s == MG_OK) s = model_prefill(model, batch, 1, du, dout, dcs[2], dss[2]);
+        if (s == MG_OK) mg_tap_down(op + n_out(batch, 1) * t, dout, n_out(batch, 1));
     }
-    {{ name }}_set_decode_fused(model, {{ NAME }}_DECODE_DEFAULT);
-    if (!tap_ok(s == MG_OK, "fused / unfused decode and prefill(seqlen 1): %d steps of batch %d run", T, batch)) {
-        diag("%s: %s", mg_status_name(s), mg_last_error());
+    model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
+    if (!mg_tap_ok(s == MG_OK, "fused / unfused decode and prefill(seqlen 1): %d steps of batch %d run", T, batch)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
-        down(csf, dcs[0], ncs); down(ssf, dss[0], nss);
-        down(csu, dcs[1], ncs); down(ssu, dss[1], nss);
-        down(csp, dcs[2], ncs); down(ssp, dss[2], nss);
-        tap_ok(memcmp(ou, op, n_out(batch, 1) * T * sizeof(float)) == 0 &&
+        mg_tap_down(csf, dcs[0], ncs); mg_tap_down(ssf, dss[0], nss);
+        mg_tap_down(csu, dcs[1], ncs); mg_tap_down(ssu, dss[1], nss);
+        mg_tap_down(csp, dcs[2], ncs); mg_tap_down(ssp, dss[2], nss);
+        mg_tap_ok(memcmp(ou, op, n_out(batch, 1) * T * sizeof(float)) == 0 &&
                memcmp(csu, csp, ncs * sizeof(float)) == 0 && memcmp(ssu, ssp, nss * sizeof(float)) == 0,
                "unfused decode == prefill with seqlen 1: out and states bit-identical");
         char what[160];
@@ -421,44 +349,44 @@ static void test_decode_fused(int batch, int T, uint64_t seed)
  * Without the kernel: level 2 is refused. */
 static void test_decode_single(int batch, int T, uint64_t seed)
 {
-{% if d.decode_persistent then %}
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
+#if MODEL_HAS_DECODE_SINGLE
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *ut = FALLOC(n_u(batch, 1));
     float *o1 = FALLOC(n_out(batch, 1)), *os = FALLOC(n_out(batch, T)), *of = FALLOC(n_out(batch, T));
     float *css = FALLOC(ncs), *sss = FALLOC(nss), *csf = FALLOC(ncs), *ssf = FALLOC(nss);
-    double *rout = (double *)xmalloc(n_out(batch, T) * sizeof(double));
-    double *rcs = (double *)xmalloc(ncs * sizeof(double)), *rss = (double *)xmalloc(nss * sizeof(double));
-    randn(u, n_u(batch, T), seed, 1.0f);
-    randn(cs0, ncs, seed + 1, 0.5f);
-    randn(ss0, nss, seed + 2, 0.5f);
-    float *du = dalloc(n_u(batch, 1)), *dout = dalloc(n_out(batch, 1));
+    double *rout = (double *)mg_tap_malloc(n_out(batch, T) * sizeof(double));
+    double *rcs = (double *)mg_tap_malloc(ncs * sizeof(double)), *rss = (double *)mg_tap_malloc(nss * sizeof(double));
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
+    float *du = mg_tap_dalloc(n_u(batch, 1)), *dout = mg_tap_dalloc(n_out(batch, 1));
     float *dcs[2], *dss[2];
     for (int k = 0; k < 2; ++k) {
-        dcs[k] = dalloc(ncs); dss[k] = dalloc(nss);
-        up(dcs[k], cs0, ncs); up(dss[k], ss0, nss);
+        dcs[k] = mg_tap_dalloc(ncs); dss[k] = mg_tap_dalloc(nss);
+        mg_tap_up(dcs[k], cs0, ncs); mg_tap_up(dss[k], ss0, nss);
     }
-    static const int level[2] = { {{ NAME }}_DECODE_SINGLE, {{ NAME }}_DECODE_FUSED };
+    static const int level[2] = { MODEL_DECODE_SINGLE, MODEL_DECODE_FUSED };
     mg_status s = MG_OK;
     for (int t = 0; t < T && s == MG_OK; ++t) {
         for (int b = 0; b < batch; ++b)
             memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
-        up(du, ut, n_u(batch, 1));
+        mg_tap_up(du, ut, n_u(batch, 1));
         for (int k = 0; k < 2 && s == MG_OK; ++k) {
-            s = {{ name }}_set_decode_fused(model, level[k]);
-            if (s == MG_OK) s = {{ name }}_decode_step(model, batch, du, dout, dcs[k], dss[k]);
+            s = model_set_decode_fused(model, level[k]);
+            if (s == MG_OK) s = model_decode_step(model, batch, du, dout, dcs[k], dss[k]);
             if (s != MG_OK) break;
-            down(o1, dout, n_out(batch, 1));
+            mg_tap_down(o1, dout, n_out(batch, 1));
             float *dst = k == 0 ? os : of;
             for (int b = 0; b < batch; ++b)
                 memcpy(dst + n_out(b, T) + n_out(1, t), o1 + n_out(b, 1), n_out(1, 1) * sizeof(float));
         }
     }
-    {{ name }}_set_decode_fused(model, {{ NAME }}_DECODE_DEFAULT);
-    if (!tap_ok(s == MG_OK, "single-launch / fused decode: %d steps of batch %d run", T, batch)) {
-        diag("%s: %s", mg_status_name(s), mg_last_error());
+    model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
+    if (!mg_tap_ok(s == MG_OK, "single-launch / fused decode: %d steps of batch %d run", T, batch)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
-        down(css, dcs[0], ncs); down(sss, dss[0], nss);
-        down(csf, dcs[1], ncs); down(ssf, dss[1], nss);
+        mg_tap_down(css, dcs[0], ncs); mg_tap_down(sss, dss[0], nss);
+        mg_tap_down(csf, dcs[1], ncs); mg_tap_down(ssf, dss[1], nss);
         char what[160];
         snprintf(what, sizeof what, "single-launch vs fused decode x%d (batch %d): out (every step)", T, batch);
         cmp_gpu(what, os, of, n_out(batch, T));
@@ -480,75 +408,75 @@ static void test_decode_single(int batch, int T, uint64_t seed)
     mg_dev_free(du); mg_dev_free(dout);
     free(u); free(cs0); free(ss0); free(ut); free(o1); free(os); free(of);
     free(css); free(sss); free(csf); free(ssf); free(rout); free(rcs); free(rss);
-{% else %}
+#else
     (void)batch; (void)T; (void)seed;
-    expect_status({{ name }}_set_decode_fused(model, 2), MG_ERR_INVALID_ARG,
+    mg_tap_expect_status(model_set_decode_fused(model, 2), MG_ERR_INVALID_ARG,
                   "set_decode_fused(2) without the single-launch kernel");
-{% end %}
+#endif
 }
 
 /* Determinism: identical calls give identical bits; NULL states == zero states. */
 static void test_determinism(int batch, int T, uint64_t seed)
 {
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *o1 = FALLOC(n_out(batch, T)), *o2 = FALLOC(n_out(batch, T));
     float *o3 = FALLOC(n_out(batch, T));
     float *cs1 = FALLOC(ncs), *ss1 = FALLOC(nss), *cs2 = FALLOC(ncs), *ss2 = FALLOC(nss);
-    randn(u, n_u(batch, T), seed, 1.0f);
-    randn(cs1, ncs, seed + 1, 0.5f);
-    randn(ss1, nss, seed + 2, 0.5f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs1, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss1, nss, seed + 2, 0.5f);
     memcpy(cs2, cs1, ncs * sizeof(float)); memcpy(ss2, ss1, nss * sizeof(float));
     mg_status s1 = gpu_prefill(batch, T, u, o1, cs1, ss1);
     mg_status s2 = gpu_prefill(batch, T, u, o2, cs2, ss2);
-    tap_ok(s1 == MG_OK && s2 == MG_OK && memcmp(o1, o2, n_out(batch, T) * sizeof(float)) == 0 &&
+    mg_tap_ok(s1 == MG_OK && s2 == MG_OK && memcmp(o1, o2, n_out(batch, T) * sizeof(float)) == 0 &&
            memcmp(cs1, cs2, ncs * sizeof(float)) == 0 && memcmp(ss1, ss2, nss * sizeof(float)) == 0,
            "deterministic: two identical prefills (b=%d T=%d) give bit-identical out and states", batch, T);
     memset(cs1, 0, ncs * sizeof(float)); memset(ss1, 0, nss * sizeof(float));
     s1 = gpu_prefill(batch, T, u, o1, cs1, ss1);
     s2 = gpu_prefill(batch, T, u, o3, NULL, NULL);
-    tap_ok(s1 == MG_OK && s2 == MG_OK && memcmp(o1, o3, n_out(batch, T) * sizeof(float)) == 0,
+    mg_tap_ok(s1 == MG_OK && s2 == MG_OK && memcmp(o1, o3, n_out(batch, T) * sizeof(float)) == 0,
            "fresh start: NULL states give the same bits as zero states");
     free(u); free(o1); free(o2); free(o3); free(cs1); free(ss1); free(cs2); free(ss2);
 }
 
 /* ---------------------------------------------------------------- inference extras */
 
-{% if d.scan_emit_chunked then %}
+#if MODEL_HAS_CHUNKED_SCAN
 static int cmp_tol(const char *what, const float *got, const float *ref, size_t n, double tol)
 {
     mg_err e = mg_compare_f32f32(got, ref, n);
-    diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
-    return tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
+    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
+    return mg_tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
 }
 
 static void set_scan_or_bail(int choice)
 {
-    if ({{ name }}_set_scan(model, choice) != MG_OK) bail("set_scan");
+    if (model_set_scan(model, choice) != MG_OK) mg_tap_bail("set_scan");
 }
 
 /* Chunked vs sequential scan from a random state (GPU, same inputs), and
  * chunked vs the reference when with_ref. */
 static void test_chunked(int batch, int T, int with_ref, uint64_t seed)
 {
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *oc = FALLOC(n_out(batch, T)), *os = FALLOC(n_out(batch, T));
     float *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *csc = FALLOC(ncs), *ssc = FALLOC(nss);
     float *css = FALLOC(ncs), *sss = FALLOC(nss);
-    randn(u, n_u(batch, T), seed, 1.0f);
-    randn(cs0, ncs, seed + 1, 0.5f);
-    randn(ss0, nss, seed + 2, 0.5f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
     memcpy(csc, cs0, ncs * sizeof(float)); memcpy(ssc, ss0, nss * sizeof(float));
     memcpy(css, cs0, ncs * sizeof(float)); memcpy(sss, ss0, nss * sizeof(float));
-    set_scan_or_bail({{ NAME }}_SCAN_CHUNKED);
+    set_scan_or_bail(MODEL_SCAN_CHUNKED);
     mg_status s1 = gpu_prefill(batch, T, u, oc, csc, ssc);
-    set_scan_or_bail({{ NAME }}_SCAN_SEQUENTIAL);
+    set_scan_or_bail(MODEL_SCAN_SEQUENTIAL);
     mg_status s2 = gpu_prefill(batch, T, u, os, css, sss);
-    set_scan_or_bail({{ NAME }}_SCAN_SPEC);
+    set_scan_or_bail(MODEL_SCAN_SPEC);
     char what[160];
     const int nc = (T + SCAN_CHUNK - 1) / SCAN_CHUNK;
-    if (!tap_ok(s1 == MG_OK && s2 == MG_OK, "chunked and sequential prefill b=%d T=%d (%d chunks of %d) run",
+    if (!mg_tap_ok(s1 == MG_OK && s2 == MG_OK, "chunked and sequential prefill b=%d T=%d (%d chunks of %d) run",
                 batch, T, nc, SCAN_CHUNK)) {
-        diag("%s", mg_last_error());
+        mg_tap_diag("%s", mg_last_error());
     } else {
         snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: out", batch, T);
         cmp_tol(what, oc, os, n_out(batch, T), CHUNK_TOL);
@@ -557,8 +485,8 @@ static void test_chunked(int batch, int T, int with_ref, uint64_t seed)
         /* Layer 0's conv state holds raw in_proj outputs of the same input
          * on both paths: bit-identical. Deeper layers see inputs that differ
          * by the two scans' f32 rounding, so they are held to CHUNK_TOL. */
-        const size_t ncs0 = ncs / {{ NAME }}_N_LAYERS;
-        tap_ok(memcmp(csc, css, ncs0 * sizeof(float)) == 0,
+        const size_t ncs0 = ncs / MODEL_N_LAYERS;
+        mg_tap_ok(memcmp(csc, css, ncs0 * sizeof(float)) == 0,
                "chunked vs sequential b=%d T=%d: layer 0 conv_state bit-identical", batch, T);
         snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: conv_state", batch, T);
         cmp_tol(what, csc, css, ncs, CHUNK_TOL);
@@ -580,40 +508,40 @@ static void test_chunked(int batch, int T, int with_ref, uint64_t seed)
 static void test_dispatch(int batch, int T, uint64_t seed)
 {
     float *u = FALLOC(n_u(batch, T)), *o1 = FALLOC(n_out(batch, T)), *o2 = FALLOC(n_out(batch, T));
-    randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     mg_status s1 = gpu_prefill(batch, T, u, o1, NULL, NULL);
-    set_scan_or_bail({{ NAME }}_SCAN_CHUNKED);
+    set_scan_or_bail(MODEL_SCAN_CHUNKED);
     mg_status s2 = gpu_prefill(batch, T, u, o2, NULL, NULL);
-    set_scan_or_bail({{ NAME }}_SCAN_SPEC);
-    tap_ok(s1 == MG_OK && s2 == MG_OK && memcmp(o1, o2, n_out(batch, T) * sizeof(float)) == 0,
-           "scan mode {{ spec.scan.mode }}: seqlen %d takes the chunked scan (same bits as forcing it)", T);
+    set_scan_or_bail(MODEL_SCAN_SPEC);
+    mg_tap_ok(s1 == MG_OK && s2 == MG_OK && memcmp(o1, o2, n_out(batch, T) * sizeof(float)) == 0,
+           "scan mode " MODEL_SCAN_MODE ": seqlen %d takes the chunked scan (same bits as forcing it)", T);
     free(u); free(o1); free(o2);
 }
-{% end %}
+#endif
 
 /* Burn-in: last-step output and final states vs prefill (and the reference). */
 static void test_burn_in(int batch, int T, int with_ref, uint64_t seed)
 {
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *pout = FALLOC(n_out(batch, T)), *last = FALLOC(n_out(batch, 1));
     float *plast = FALLOC(n_out(batch, 1));
     float *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *pcs = FALLOC(ncs), *pss = FALLOC(nss);
     float *bcs = FALLOC(ncs), *bss = FALLOC(nss);
-    randn(u, n_u(batch, T), seed, 1.0f);
-    randn(cs0, ncs, seed + 1, 0.5f);
-    randn(ss0, nss, seed + 2, 0.5f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
     memcpy(pcs, cs0, ncs * sizeof(float)); memcpy(pss, ss0, nss * sizeof(float));
     memcpy(bcs, cs0, ncs * sizeof(float)); memcpy(bss, ss0, nss * sizeof(float));
     mg_status s1 = gpu_prefill(batch, T, u, pout, pcs, pss);
 
-    float *du = dalloc(n_u(batch, T)), *dlast = dalloc(n_out(batch, 1));
-    float *dcs = dalloc(ncs), *dss = dalloc(nss);
-    up(du, u, n_u(batch, T)); up(dcs, bcs, ncs); up(dss, bss, nss);
-    mg_status s2 = {{ name }}_burn_in(model, batch, T, du, dlast, dcs, dss);
-    if (s2 == MG_OK) { down(last, dlast, n_out(batch, 1)); down(bcs, dcs, ncs); down(bss, dss, nss); }
+    float *du = mg_tap_dalloc(n_u(batch, T)), *dlast = mg_tap_dalloc(n_out(batch, 1));
+    float *dcs = mg_tap_dalloc(ncs), *dss = mg_tap_dalloc(nss);
+    mg_tap_up(du, u, n_u(batch, T)); mg_tap_up(dcs, bcs, ncs); mg_tap_up(dss, bss, nss);
+    mg_status s2 = model_burn_in(model, batch, T, du, dlast, dcs, dss);
+    if (s2 == MG_OK) { mg_tap_down(last, dlast, n_out(batch, 1)); mg_tap_down(bcs, dcs, ncs); mg_tap_down(bss, dss, nss); }
     char what[160];
-    if (!tap_ok(s1 == MG_OK && s2 == MG_OK, "burn_in b=%d T=%d and prefill run", batch, T)) {
-        diag("%s", mg_last_error());
+    if (!mg_tap_ok(s1 == MG_OK && s2 == MG_OK, "burn_in b=%d T=%d and prefill run", batch, T)) {
+        mg_tap_diag("%s", mg_last_error());
     } else {
         for (int b = 0; b < batch; ++b)
             memcpy(plast + n_out(b, 1), pout + n_out(b, T) + n_out(1, T - 1), n_out(1, 1) * sizeof(float));
@@ -645,180 +573,158 @@ static void test_burn_in(int batch, int T, int with_ref, uint64_t seed)
  * step, final states), from the same random state. */
 static void test_decode_graph(int batch, int T, int level, uint64_t seed)
 {
-    if ({{ name }}_set_decode_fused(model, level) != MG_OK) bail("set_decode_fused");
-    const size_t ncs = {{ name }}_conv_state_floats(batch), nss = {{ name }}_ssm_state_floats(batch);
+    if (model_set_decode_fused(model, level) != MG_OK) mg_tap_bail("set_decode_fused");
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
     float *oe = FALLOC(n_out(batch, T)), *og = FALLOC(n_out(batch, T));
     float *cse = FALLOC(ncs), *sse = FALLOC(nss), *csg = FALLOC(ncs), *ssg = FALLOC(nss);
-    randn(u, n_u(batch, T), seed, 1.0f);
-    randn(cs0, ncs, seed + 1, 0.5f);
-    randn(ss0, nss, seed + 2, 0.5f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
     /* eager buffers / graph buffers (fixed pointers) */
-    float *due = dalloc(n_u(batch, 1)), *doe = dalloc(n_out(batch, 1)), *dcse = dalloc(ncs), *dsse = dalloc(nss);
-    float *dug = dalloc(n_u(batch, 1)), *dog = dalloc(n_out(batch, 1)), *dcsg = dalloc(ncs), *dssg = dalloc(nss);
-    up(dcse, cs0, ncs); up(dsse, ss0, nss); up(dcsg, cs0, ncs); up(dssg, ss0, nss);
-    if (cudaMemset(dug, 0, n_u(batch, 1) * sizeof(float)) != cudaSuccess) bail("cudaMemset");   /* warm-up input */
-    {{ name }}_graph *g = NULL;
-    mg_status s = {{ name }}_decode_graph_create(model, batch, dug, dog, dcsg, dssg, &g);
-    if (!tap_ok(s == MG_OK, "decode_graph_create batch=%d (decode level %d)", batch, level)) diag("%s: %s", mg_status_name(s), mg_last_error());
+    float *due = mg_tap_dalloc(n_u(batch, 1)), *doe = mg_tap_dalloc(n_out(batch, 1)), *dcse = mg_tap_dalloc(ncs), *dsse = mg_tap_dalloc(nss);
+    float *dug = mg_tap_dalloc(n_u(batch, 1)), *dog = mg_tap_dalloc(n_out(batch, 1)), *dcsg = mg_tap_dalloc(ncs), *dssg = mg_tap_dalloc(nss);
+    mg_tap_up(dcse, cs0, ncs); mg_tap_up(dsse, ss0, nss); mg_tap_up(dcsg, cs0, ncs); mg_tap_up(dssg, ss0, nss);
+    if (cudaMemset(dug, 0, n_u(batch, 1) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");   /* warm-up input */
+    model_graph *g = NULL;
+    mg_status s = model_decode_graph_create(model, batch, dug, dog, dcsg, dssg, &g);
+    if (!mg_tap_ok(s == MG_OK, "decode_graph_create batch=%d (decode level %d)", batch, level)) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     /* creation left the states untouched */
     if (s == MG_OK) {
-        down(csg, dcsg, ncs); down(ssg, dssg, nss);
-        tap_ok(memcmp(csg, cs0, ncs * sizeof(float)) == 0 && memcmp(ssg, ss0, nss * sizeof(float)) == 0,
+        mg_tap_down(csg, dcsg, ncs); mg_tap_down(ssg, dssg, nss);
+        mg_tap_ok(memcmp(csg, cs0, ncs * sizeof(float)) == 0 && memcmp(ssg, ss0, nss * sizeof(float)) == 0,
                "decode_graph_create leaves the states untouched");
     }
     float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
     for (int t = 0; t < T && s == MG_OK; ++t) {
         for (int b = 0; b < batch; ++b)
             memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
-        up(due, ut, n_u(batch, 1));
-        up(dug, ut, n_u(batch, 1));
-        s = {{ name }}_decode_step(model, batch, due, doe, dcse, dsse);
-        if (s == MG_OK) s = {{ name }}_decode_graph_launch(g);
+        mg_tap_up(due, ut, n_u(batch, 1));
+        mg_tap_up(dug, ut, n_u(batch, 1));
+        s = model_decode_step(model, batch, due, doe, dcse, dsse);
+        if (s == MG_OK) s = model_decode_graph_launch(g);
         if (s != MG_OK) break;
-        down(ot, doe, n_out(batch, 1));
+        mg_tap_down(ot, doe, n_out(batch, 1));
         for (int b = 0; b < batch; ++b)
             memcpy(oe + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
-        down(ot, dog, n_out(batch, 1));
+        mg_tap_down(ot, dog, n_out(batch, 1));
         for (int b = 0; b < batch; ++b)
             memcpy(og + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
     }
     if (g) {
-        if (tap_ok(s == MG_OK, "decode graph: %d replays and %d eager steps of batch %d run", T, T, batch)) {
-            down(cse, dcse, ncs); down(sse, dsse, nss); down(csg, dcsg, ncs); down(ssg, dssg, nss);
+        if (mg_tap_ok(s == MG_OK, "decode graph: %d replays and %d eager steps of batch %d run", T, T, batch)) {
+            mg_tap_down(cse, dcse, ncs); mg_tap_down(sse, dsse, nss); mg_tap_down(csg, dcsg, ncs); mg_tap_down(ssg, dssg, nss);
             int same_out = memcmp(oe, og, n_out(batch, T) * sizeof(float)) == 0;
-            if (!same_out) { mg_err e = mg_compare_f32f32(og, oe, n_out(batch, T)); diag("graph vs eager out: rel_l2 %.3e", e.rel_l2); }
-            tap_ok(same_out, "decode graph replay == eager decode: out of every step, bit-identical");
-            tap_ok(memcmp(cse, csg, ncs * sizeof(float)) == 0 && memcmp(sse, ssg, nss * sizeof(float)) == 0,
+            if (!same_out) { mg_err e = mg_compare_f32f32(og, oe, n_out(batch, T)); mg_tap_diag("graph vs eager out: rel_l2 %.3e", e.rel_l2); }
+            mg_tap_ok(same_out, "decode graph replay == eager decode: out of every step, bit-identical");
+            mg_tap_ok(memcmp(cse, csg, ncs * sizeof(float)) == 0 && memcmp(sse, ssg, nss * sizeof(float)) == 0,
                    "decode graph replay == eager decode: final states bit-identical");
         } else {
-            diag("%s", mg_last_error());
+            mg_tap_diag("%s", mg_last_error());
         }
-        {{ name }}_decode_graph_destroy(g);
+        model_decode_graph_destroy(g);
     }
     mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dcse); mg_dev_free(dsse);
     mg_dev_free(dug); mg_dev_free(dog); mg_dev_free(dcsg); mg_dev_free(dssg);
     free(u); free(cs0); free(ss0); free(oe); free(og); free(cse); free(sse); free(csg); free(ssg);
     free(ut); free(ot);
-    {{ name }}_set_decode_fused(model, {{ NAME }}_DECODE_DEFAULT);
-}
-
-static void expect_status(mg_status got, mg_status want, const char *what)
-{
-    const char *msg = mg_last_error();
-    tap_ok(got == want && msg && msg[0], "bad call: %s -> %s", what, mg_status_name(want));
-    diag("got %s: %s", mg_status_name(got), msg ? msg : "(null)");
-    mg_clear_error();
+    model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
 }
 
 static void test_bad_calls(void)
 {
     const int B = imin(2, MAX_BATCH), T = imin(3, MAX_SEQ_LEN);
     const size_t nu = n_u(B, T), no = n_out(B, T);
-    const size_t ncs = {{ name }}_conv_state_floats(B), nss = {{ name }}_ssm_state_floats(B);
-    float *du = dalloc(nu), *dout = dalloc(no + 4), *dcs = dalloc(ncs + 4), *dss = dalloc(nss + 4);
+    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    float *du = mg_tap_dalloc(nu), *dout = mg_tap_dalloc(no + 4), *dcs = mg_tap_dalloc(ncs + 4), *dss = mg_tap_dalloc(nss + 4);
     const size_t ns = nu + no + ncs + nss + 12;
     float *sent = FALLOC(ns), *back = FALLOC(ns);
     for (size_t i = 0; i < ns; ++i) sent[i] = 12345.0f + (float)(i % 97);
     memset(back, 0, ns * sizeof(float));
-    up(du, sent, nu);
-    up(dout, sent, no + 4);
-    up(dcs, sent, ncs + 4);
-    up(dss, sent, nss + 4);
+    mg_tap_up(du, sent, nu);
+    mg_tap_up(dout, sent, no + 4);
+    mg_tap_up(dcs, sent, ncs + 4);
+    mg_tap_up(dss, sent, nss + 4);
 
-    expect_status({{ name }}_prefill(NULL, B, T, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill with a NULL model");
-    expect_status({{ name }}_prefill(model, 0, T, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill batch = 0");
-    expect_status({{ name }}_prefill(model, MAX_BATCH + 1, T, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill batch = MAX_BATCH + 1");
-    expect_status({{ name }}_prefill(model, B, 0, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill seqlen = 0");
-    expect_status({{ name }}_prefill(model, B, MAX_SEQ_LEN + 1, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill seqlen = MAX_SEQ_LEN + 1");
-    expect_status({{ name }}_prefill(model, B, T, NULL, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill u = NULL");
-    expect_status({{ name }}_prefill(model, B, T, du, NULL, dcs, dss), MG_ERR_INVALID_ARG, "prefill out = NULL");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, dcs, NULL), MG_ERR_INVALID_ARG, "prefill conv_state without ssm_state");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, NULL, dss), MG_ERR_INVALID_ARG, "prefill ssm_state without conv_state");
-    expect_status({{ name }}_prefill(model, B, T, du + 1, dout, dcs, dss), MG_ERR_ALIGNMENT, "prefill misaligned u");
-    expect_status({{ name }}_prefill(model, B, T, du, dout + 1, dcs, dss), MG_ERR_ALIGNMENT, "prefill misaligned out");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, dcs + 1, dss), MG_ERR_ALIGNMENT, "prefill misaligned conv_state");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, dcs, dss + 2), MG_ERR_ALIGNMENT, "prefill misaligned ssm_state");
-    expect_status({{ name }}_decode_step(model, B, du, dout, NULL, NULL), MG_ERR_INVALID_ARG, "decode_step without states");
-    expect_status({{ name }}_set_decode_fused(model, 3), MG_ERR_INVALID_ARG, "set_decode_fused(3)");
-    expect_status({{ name }}_set_decode_fused(model, -1), MG_ERR_INVALID_ARG, "set_decode_fused(-1)");
-    expect_status({{ name }}_set_decode_fused(NULL, 1), MG_ERR_INVALID_ARG, "set_decode_fused NULL model");
-    expect_status({{ name }}_burn_in(model, B, T, du, NULL, dcs, dss), MG_ERR_INVALID_ARG, "burn_in last_out = NULL");
-    expect_status({{ name }}_burn_in(model, B, MAX_SEQ_LEN + 1, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "burn_in seqlen = MAX_SEQ_LEN + 1");
-    expect_status({{ name }}_burn_in(model, B, T, du, dout, dcs, NULL), MG_ERR_INVALID_ARG, "burn_in conv_state without ssm_state");
+    mg_tap_expect_status(model_prefill(NULL, B, T, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill with a NULL model");
+    mg_tap_expect_status(model_prefill(model, 0, T, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill batch = 0");
+    mg_tap_expect_status(model_prefill(model, MAX_BATCH + 1, T, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill batch = MAX_BATCH + 1");
+    mg_tap_expect_status(model_prefill(model, B, 0, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill seqlen = 0");
+    mg_tap_expect_status(model_prefill(model, B, MAX_SEQ_LEN + 1, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill seqlen = MAX_SEQ_LEN + 1");
+    mg_tap_expect_status(model_prefill(model, B, T, NULL, dout, dcs, dss), MG_ERR_INVALID_ARG, "prefill u = NULL");
+    mg_tap_expect_status(model_prefill(model, B, T, du, NULL, dcs, dss), MG_ERR_INVALID_ARG, "prefill out = NULL");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, dcs, NULL), MG_ERR_INVALID_ARG, "prefill conv_state without ssm_state");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, NULL, dss), MG_ERR_INVALID_ARG, "prefill ssm_state without conv_state");
+    mg_tap_expect_status(model_prefill(model, B, T, du + 1, dout, dcs, dss), MG_ERR_ALIGNMENT, "prefill misaligned u");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout + 1, dcs, dss), MG_ERR_ALIGNMENT, "prefill misaligned out");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, dcs + 1, dss), MG_ERR_ALIGNMENT, "prefill misaligned conv_state");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, dcs, dss + 2), MG_ERR_ALIGNMENT, "prefill misaligned ssm_state");
+    mg_tap_expect_status(model_decode_step(model, B, du, dout, NULL, NULL), MG_ERR_INVALID_ARG, "decode_step without states");
+    mg_tap_expect_status(model_set_decode_fused(model, 3), MG_ERR_INVALID_ARG, "set_decode_fused(3)");
+    mg_tap_expect_status(model_set_decode_fused(model, -1), MG_ERR_INVALID_ARG, "set_decode_fused(-1)");
+    mg_tap_expect_status(model_set_decode_fused(NULL, 1), MG_ERR_INVALID_ARG, "set_decode_fused NULL model");
+    mg_tap_expect_status(model_burn_in(model, B, T, du, NULL, dcs, dss), MG_ERR_INVALID_ARG, "burn_in last_out = NULL");
+    mg_tap_expect_status(model_burn_in(model, B, MAX_SEQ_LEN + 1, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "burn_in seqlen = MAX_SEQ_LEN + 1");
+    mg_tap_expect_status(model_burn_in(model, B, T, du, dout, dcs, NULL), MG_ERR_INVALID_ARG, "burn_in conv_state without ssm_state");
     {
-        {{ name }}_graph *g = NULL;
-        expect_status({{ name }}_decode_graph_create(model, B, du, dout, NULL, NULL, &g), MG_ERR_INVALID_ARG, "decode_graph_create without states");
-        expect_status({{ name }}_decode_graph_create(model, B, du, dout, dcs, dss, NULL), MG_ERR_INVALID_ARG, "decode_graph_create graph pointer NULL");
-        expect_status({{ name }}_decode_graph_launch(NULL), MG_ERR_INVALID_ARG, "decode_graph_launch NULL");
+        model_graph *g = NULL;
+        mg_tap_expect_status(model_decode_graph_create(model, B, du, dout, NULL, NULL, &g), MG_ERR_INVALID_ARG, "decode_graph_create without states");
+        mg_tap_expect_status(model_decode_graph_create(model, B, du, dout, dcs, dss, NULL), MG_ERR_INVALID_ARG, "decode_graph_create graph pointer NULL");
+        mg_tap_expect_status(model_decode_graph_launch(NULL), MG_ERR_INVALID_ARG, "decode_graph_launch NULL");
     }
-    expect_status({{ name }}_set_scan(model, 7), MG_ERR_INVALID_ARG, "set_scan unknown choice");
-{% if not d.scan_emit_chunked then %}
-    expect_status({{ name }}_set_scan(model, {{ NAME }}_SCAN_CHUNKED), MG_ERR_INVALID_ARG, "set_scan chunked without chunked kernels");
-{% end %}
-    expect_status({{ name }}_decode_step(model, 0, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "decode_step batch = 0");
-    expect_status({{ name }}_decode_step(model, MAX_BATCH + 1, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "decode_step batch = MAX_BATCH + 1");
-    expect_status({{ name }}_set_weights(model, NULL, (size_t){{ NAME }}_WEIGHTS_FLOATS), MG_ERR_INVALID_ARG, "set_weights NULL blob");
-    expect_status({{ name }}_set_weights(model, d_blob, (size_t){{ NAME }}_WEIGHTS_FLOATS - 1), MG_ERR_SIZE, "set_weights one float short");
-    expect_status({{ name }}_set_weights(model, d_blob + 1, (size_t){{ NAME }}_WEIGHTS_FLOATS), MG_ERR_ALIGNMENT, "set_weights misaligned blob");
+    mg_tap_expect_status(model_set_scan(model, 7), MG_ERR_INVALID_ARG, "set_scan unknown choice");
+#if !MODEL_HAS_CHUNKED_SCAN
+    mg_tap_expect_status(model_set_scan(model, MODEL_SCAN_CHUNKED), MG_ERR_INVALID_ARG, "set_scan chunked without chunked kernels");
+#endif
+    mg_tap_expect_status(model_decode_step(model, 0, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "decode_step batch = 0");
+    mg_tap_expect_status(model_decode_step(model, MAX_BATCH + 1, du, dout, dcs, dss), MG_ERR_INVALID_ARG, "decode_step batch = MAX_BATCH + 1");
+    mg_tap_expect_status(model_set_weights(model, NULL, (size_t)MODEL_WEIGHTS_FLOATS), MG_ERR_INVALID_ARG, "set_weights NULL blob");
+    mg_tap_expect_status(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS - 1), MG_ERR_SIZE, "set_weights one float short");
+    mg_tap_expect_status(model_set_weights(model, d_blob + 1, (size_t)MODEL_WEIGHTS_FLOATS), MG_ERR_ALIGNMENT, "set_weights misaligned blob");
 
-    down(back, dout, no + 4);
-    down(back + no + 4, dcs, ncs + 4);
-    down(back + no + ncs + 8, dss, nss + 4);
-    tap_ok(memcmp(back, sent, (no + 4) * sizeof(float)) == 0 &&
+    mg_tap_down(back, dout, no + 4);
+    mg_tap_down(back + no + 4, dcs, ncs + 4);
+    mg_tap_down(back + no + ncs + 8, dss, nss + 4);
+    mg_tap_ok(memcmp(back, sent, (no + 4) * sizeof(float)) == 0 &&
            memcmp(back + no + 4, sent, (ncs + 4) * sizeof(float)) == 0 &&
            memcmp(back + no + ncs + 8, sent, (nss + 4) * sizeof(float)) == 0,
            "bad calls left out, conv_state and ssm_state untouched");
     /* The failed set_weights calls kept the weights: a valid call still works. */
-    mg_status s = {{ name }}_prefill(model, B, T, du, dout, NULL, NULL);
-    tap_ok(s == MG_OK && cudaDeviceSynchronize() == cudaSuccess, "a valid call after the bad ones succeeds");
+    mg_status s = model_prefill(model, B, T, du, dout, NULL, NULL);
+    mg_tap_ok(s == MG_OK && cudaDeviceSynchronize() == cudaSuccess, "a valid call after the bad ones succeeds");
     mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dcs); mg_dev_free(dss);
     free(sent); free(back);
 }
 
 int main(void)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    if (mg_device_count() == 0) {
-        printf("1..0 # SKIP no CUDA device\n");
-        return 0;
-    }
-    double scale = 1.0;
-    const char *env = getenv("MG_TEST_SCALE");
-    if (env && atof(env) > 0.0) scale = atof(env);
+    if (!mg_tap_start()) return 0;
+    double scale;
     /* Tokens the CPU reference may process in the whole run. */
-    const double budget_d = scale * REF_BUDGET_MACS / REF_MACS_PER_TOKEN;
-    const int budget = budget_d > 1e8 ? 100000000 : imax(8, (int)budget_d);
-    diag("{{ name }}: D=%d E=%d N=%d K=%d R=%d layers=%d in_dim=%d max_batch=%d max_seq_len=%d scan_tchunk=%d",
-         D_MODEL, {{ NAME }}_D_INNER, {{ NAME }}_D_STATE, {{ NAME }}_D_CONV, {{ NAME }}_DT_RANK,
-         {{ NAME }}_N_LAYERS, IN_DIM, MAX_BATCH, MAX_SEQ_LEN, SCAN_TCHUNK);
-    diag("reference budget: %d tokens (MG_TEST_SCALE=%g)", budget, scale);
+    const int budget = mg_tap_budget(REF_BUDGET_MACS, REF_MACS_PER_TOKEN, 8, &scale);
+    mg_tap_diag(MODEL_NAME ": D=%d E=%d N=%d K=%d R=%d layers=%d in_dim=%d max_batch=%d max_seq_len=%d scan_tchunk=%d",
+         D_MODEL, MODEL_D_INNER, MODEL_D_STATE, MODEL_D_CONV, MODEL_DT_RANK,
+         MODEL_N_LAYERS, IN_DIM, MAX_BATCH, MAX_SEQ_LEN, SCAN_TCHUNK);
+    mg_tap_diag("reference budget: %d tokens (MG_TEST_SCALE=%g)", budget, scale);
 
-    dims.d_model = D_MODEL;
-    dims.n_layers = {{ NAME }}_N_LAYERS;
-    dims.d_state = {{ NAME }}_D_STATE;
-    dims.d_inner = {{ NAME }}_D_INNER;
-    dims.d_conv = {{ NAME }}_D_CONV;
-    dims.dt_rank = {{ NAME }}_DT_RANK;
-    dims.input_dim = {{ NAME }}_INPUT_DIM;
-    dims.norm_eps = {{ d.eps }};
-    if (mg_ref_mamba1_layout(&dims, &lay) != MG_OK) bail("mg_ref_mamba1_layout");
+    dims = (mg_m1_dims)MODEL_REF_DIMS;
+    if (mg_ref_mamba1_layout(&dims, &lay) != MG_OK) mg_tap_bail("mg_ref_mamba1_layout");
     test_param_table();
 
-    blob = FALLOC(lay.total > (size_t){{ NAME }}_WEIGHTS_FLOATS ? lay.total : (size_t){{ NAME }}_WEIGHTS_FLOATS);
-    if (mg_ref_mamba1_init(&dims, &lay, blob, 20240601ull) != MG_OK) bail("mg_ref_mamba1_init");
-    d_blob = dalloc((size_t){{ NAME }}_WEIGHTS_FLOATS + 64);
-    up(d_blob, blob, (size_t){{ NAME }}_WEIGHTS_FLOATS);
+    blob = FALLOC(lay.total > (size_t)MODEL_WEIGHTS_FLOATS ? lay.total : (size_t)MODEL_WEIGHTS_FLOATS);
+    if (mg_ref_mamba1_init(&dims, &lay, blob, 20240601ull) != MG_OK) mg_tap_bail("mg_ref_mamba1_init");
+    d_blob = mg_tap_dalloc((size_t)MODEL_WEIGHTS_FLOATS + 64);
+    mg_tap_up(d_blob, blob, (size_t)MODEL_WEIGHTS_FLOATS);
 
-    if ({{ name }}_create(&model, 0) != MG_OK) bail("{{ name }}_create");
+    if (model_create(&model, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_create");
     {
-        float *du = dalloc(n_u(1, 1)), *dout = dalloc(n_out(1, 1));
-        expect_status({{ name }}_prefill(model, 1, 1, du, dout, NULL, NULL), MG_ERR_STATE, "prefill before set_weights");
+        float *du = mg_tap_dalloc(n_u(1, 1)), *dout = mg_tap_dalloc(n_out(1, 1));
+        mg_tap_expect_status(model_prefill(model, 1, 1, du, dout, NULL, NULL), MG_ERR_STATE, "prefill before set_weights");
         mg_dev_free(du); mg_dev_free(dout);
     }
-    expect_status({{ name }}_set_weights(model, d_blob, (size_t){{ NAME }}_WEIGHTS_FLOATS + 1), MG_ERR_SIZE, "set_weights one float too many");
-    if (!tap_ok({{ name }}_set_weights(model, d_blob, (size_t){{ NAME }}_WEIGHTS_FLOATS) == MG_OK, "set_weights"))
-        bail("set_weights");
+    mg_tap_expect_status(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS + 1), MG_ERR_SIZE, "set_weights one float too many");
+    if (!mg_tap_ok(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS) == MG_OK, "set_weights"))
+        mg_tap_bail("set_weights");
 
     /* Case A: small batch, a length crossing a scan time chunk (not a
      * multiple of it), from a random initial state. */
@@ -831,7 +737,7 @@ int main(void)
         const int tb = imin(MAX_SEQ_LEN, imin(2 * SCAN_TCHUNK + 5, imax(1, budget / 4 / MAX_BATCH)));
         test_prefill(MAX_BATCH, tb, 0, 202);
     } else if (MAX_BATCH > ba) {
-        tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill batch = MAX_BATCH vs reference");
+        mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill batch = MAX_BATCH vs reference");
     } else {
         test_prefill(1, imin(MAX_SEQ_LEN, imax(1, budget / 8)), 0, 202);
     }
@@ -844,7 +750,7 @@ int main(void)
         if (t1 >= tt) t1 = tt - 1;
         test_continuation(bc, t1, tt - t1, 303);
     } else {
-        tap_skip("MAX_SEQ_LEN < 2", "continuation across two prefill calls");
+        mg_tap_skip("MAX_SEQ_LEN < 2", "continuation across two prefill calls");
     }
 
     /* Decode steps vs prefill (GPU only: any length). */
@@ -865,7 +771,7 @@ int main(void)
 
     test_bad_calls();
 
-{% if d.scan_emit_chunked then %}
+#if MODEL_HAS_CHUNKED_SCAN
     /* Chunked scan: a length that is not a multiple of the chunk (several
      * chunks), exactly one chunk, a partial single chunk, vs the sequential
      * scan and the reference; then a long call (GPU only). */
@@ -876,13 +782,13 @@ int main(void)
         test_chunked(1, imin(MAX_SEQ_LEN, SCAN_CHUNK), 1, 708);
         test_chunked(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, SCAN_CHUNK / 2 + 1), 1, 709);
         test_chunked(imin(2, MAX_BATCH), MAX_SEQ_LEN, 0, 710);
-{% if d.scan_mode_id == 2 then %}
-        test_dispatch(1, imin(MAX_SEQ_LEN, {{ NAME }}_SCAN_AUTO_MIN_LEN), 711);
-{% else %}
+#if MODEL_SCAN_MODE_ID == 2
+        test_dispatch(1, imin(MAX_SEQ_LEN, MODEL_SCAN_AUTO_MIN_LEN), 711);
+#else
         if (MAX_SEQ_LEN > SCAN_CHUNK) test_dispatch(1, imin(MAX_SEQ_LEN, 2 * SCAN_CHUNK + 1), 711);
-{% end %}
+#endif
     }
-{% end %}
+#endif
 
     /* Burn-in (target network): last step only. */
     {
@@ -893,31 +799,29 @@ int main(void)
     }
 
     /* Decode CUDA Graph: replay == eager, bit for bit. */
-    test_decode_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 8), {{ NAME }}_DECODE_DEFAULT, 909);
-    test_decode_graph(MAX_BATCH, 3, {{ NAME }}_DECODE_DEFAULT, 910);
-    test_decode_graph(imin(3, MAX_BATCH), 3, {{ NAME }}_DECODE_FUSED, 911);
-    test_decode_graph(1, 4, {{ NAME }}_DECODE_DEFAULT, 912);
+    test_decode_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 8), MODEL_DECODE_DEFAULT, 909);
+    test_decode_graph(MAX_BATCH, 3, MODEL_DECODE_DEFAULT, 910);
+    test_decode_graph(imin(3, MAX_BATCH), 3, MODEL_DECODE_FUSED, 911);
+    test_decode_graph(1, 4, MODEL_DECODE_DEFAULT, 912);
 
     /* The library's own self-check. */
     {
-        {{ name }}_check_opts o;
+        model_check_opts o;
         memset(&o, 0, sizeof o);
         o.batch = 1;
         o.seqlen = imin(MAX_SEQ_LEN, imax(1, budget / 8));
         o.seed = 606;
         o.with_state = 1;
-        {{ name }}_check_report r;
-        mg_status s = {{ name }}_selfcheck(&o, &r);
-        diag("selfcheck b=1 T=%d: out rel_l2=%.3e, conv_state rel_l2=%.3e, ssm_state rel_l2=%.3e", o.seqlen,
+        model_check_report r;
+        mg_status s = model_selfcheck(&o, &r);
+        mg_tap_diag("selfcheck b=1 T=%d: out rel_l2=%.3e, conv_state rel_l2=%.3e, ssm_state rel_l2=%.3e", o.seqlen,
              r.out.rel_l2, r.conv_state.rel_l2, r.ssm_state.rel_l2);
-        if (!tap_ok(s == MG_OK && r.passed, "{{ name }}_selfcheck passes")) diag("%s", mg_last_error());
+        if (!mg_tap_ok(s == MG_OK && r.passed, MODEL_NAME "_selfcheck passes")) mg_tap_diag("%s", mg_last_error());
     }
 
-    {{ name }}_destroy(model);
+    model_destroy(model);
     mg_dev_free(d_blob);
     free(blob);
     mg_ref_mamba1_layout_free(&lay);
-    printf("1..%d\n", n_tests);
-    if (n_failed) diag("%d of %d tests failed", n_failed, n_tests);
-    return n_failed ? 1 : 0;
+    return mg_tap_done();
 }

@@ -1,30 +1,35 @@
-{{ provenance("//") }}
-// {{ name }}_bench.c: the benchmark program of the Mamba-3 SISO model
-// "{{ name }}". Times on the GPU with CUDA events (warm-up first, L2 flushed
-// between runs, median of many runs; runtime/mg_bench.h) and reports each
-// figure against the ceilings this GPU measures for itself (device copy
-// bandwidth, cuBLAS GEMM rate), as a table on stdout and CSV rows (--csv FILE):
+// NAME_bench.c: the benchmark program of a Mamba-3 SISO library. Times on
+// the GPU with CUDA events (warm-up first, L2 flushed between runs, median
+// of many runs; runtime/mg_bench.h) and reports each figure against the
+// ceilings this GPU measures for itself (device copy bandwidth, cuBLAS GEMM
+// rate), as a table on stdout and CSV rows (--csv FILE):
 //   - the SSM core alone: from the in_proj output (q/k sources B and C, v,
 //     dt, A, trap, angles, z) to the gated y, without the in/out
-//     projections: prep + angles + scan + gate, for the spec's scan{{ d.scan_emit_chunked and " (chunked and sequential)" or "" }},
-//     and each of its kernels alone;
+//     projections: prep + angles + scan + gate, for the spec's scan
+//     (chunked and sequential when the library has the chunked kernel), and
+//     each of its kernels alone;
 //   - the whole model forward (prefill) and decode steps (eager and as a
-//     CUDA Graph);{{ spec.emit.training and "\n//   - training: forward_train + backward, and the whole training step\n//     (+ MSE loss + AdamW) eager and as a CUDA Graph." or "" }}
+//     CUDA Graph);
+//   - with training: forward_train + backward, and the whole training step
+//     (+ MSE loss + AdamW) eager and as a CUDA Graph.
 //
-//   ./{{ name }}_bench [--csv FILE] [--iters N]
+//   ./NAME_bench [--csv FILE] [--iters N]
 //
-// Cost model (per token, from the generator's mg/cost.lua, chunk {{ d.ck_chunk }}):
-//   GEMM flops {{ int(d.cost.gemm_flops_per_token) }}, other flops {{ int(d.cost.other_flops_per_token) }},
-//   bytes moved {{ int(d.cost.bytes_per_token) }}; weights read per call {{ int(d.cost.weight_bytes) }} bytes;
-//   SSM core (one layer): flops {{ int(d.cost.core_flops_per_token) }} (chunked form; sequential {{ int(d.cost.core_seq_flops_per_token) }}),
-//   bytes {{ int(d.cost.core_bytes_per_token) }}.
+// Cost model (per token, from the generator's mg/cost.lua; model_alias.h
+// has the figures of this model): GEMM flops, other flops, bytes moved;
+// weights read per call; SSM core (one layer) flops (chunked form and
+// sequential) and bytes.
 // Reference (brief.md): the official Mamba-3 SISO Triton kernel, bf16, batch 8,
 // seqlen 4096, 32 heads, headdim 64, d_state 128, chunk 64, on an H200: SSM
 // forward 0.96 ms, forward + backward 4.30 ms (specs/mamba3_perf.yaml has
-// those shapes).{{ spec.emit.training and "\n// The SSM core forward for training + backward (\"ssm core fwd+bwd\" rows) is\n// the op that the 4.30 ms times." or "" }}
-#define {{ NAME }}_INTERNAL 1   /* the kernel launchers, to time the SSM core alone */
-#include "{{ name }}.h"
+// those shapes). With training, the SSM core forward for training + backward
+// ("ssm core fwd+bwd" rows) is the op that the 4.30 ms times.
+// The library is named through model_alias.h (model_X = NAME_X, MODEL_X =
+// NAME_X).
+#define MODEL_INTERNAL 1   /* the kernel launchers, to time the SSM core alone */
+#include "model_alias.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,67 +39,24 @@
 #include <mg_ref_mamba3.h>
 #include <mg_rng.h>
 
-#define GEMM_FLOPS_PER_TOKEN  {{ int(d.cost.gemm_flops_per_token) }}.0
-#define OTHER_FLOPS_PER_TOKEN {{ int(d.cost.other_flops_per_token) }}.0
-#define BYTES_PER_TOKEN       {{ int(d.cost.bytes_per_token) }}.0
-#define WEIGHT_BYTES          {{ int(d.cost.weight_bytes) }}.0
-#define STATE_BYTES_PER_SEQ   {{ int(d.cost.state_bytes_per_seq) }}.0
-#define CORE_FLOPS_PER_TOKEN  {{ int(d.cost.core_flops_per_token) }}.0
-#define CORE_SEQ_FLOPS_PER_TOKEN {{ int(d.cost.core_seq_flops_per_token) }}.0
-#define CORE_BYTES_PER_TOKEN  {{ int(d.cost.core_bytes_per_token) }}.0
-#define NP_DIM  {{ d.in_proj_out }}
-#define N_HEADS {{ d.H }}
-#define D_STATE {{ d.N }}
-#define D_INNER {{ d.E }}
+#define GEMM_FLOPS_PER_TOKEN  MODEL_COST_GEMM_FLOPS_PER_TOKEN
+#define OTHER_FLOPS_PER_TOKEN MODEL_COST_OTHER_FLOPS_PER_TOKEN
+#define BYTES_PER_TOKEN       MODEL_COST_BYTES_PER_TOKEN
+#define WEIGHT_BYTES          MODEL_COST_WEIGHT_BYTES
+#define STATE_BYTES_PER_SEQ   MODEL_COST_STATE_BYTES_PER_SEQ
+#define CORE_FLOPS_PER_TOKEN  MODEL_COST_CORE_FLOPS_PER_TOKEN
+#define CORE_SEQ_FLOPS_PER_TOKEN MODEL_COST_CORE_SEQ_FLOPS_PER_TOKEN
+#define CORE_BYTES_PER_TOKEN  MODEL_COST_CORE_BYTES_PER_TOKEN
+#define NP_DIM  MODEL_IN_PROJ_DIM
+#define N_HEADS MODEL_N_HEADS
+#define D_STATE MODEL_D_STATE
+#define D_INNER MODEL_D_INNER
+#define WHAT_WIDTH 26   /* the first column of the table */
 
-static FILE *csv;
-static mg_ceilings ceil_;
-static double gemm_ceiling_tflops;   /* the GEMM rate of this spec's storage dtype */
-
-static void die(const char *what, mg_status s)
-{
-    fprintf(stderr, "{{ name }}_bench: %s: %s: %s\n", what, mg_status_name(s), mg_last_error());
-    exit(1);
-}
-
-static void *dalloc(size_t bytes)
-{
-    void *p = NULL;
-    mg_status s = mg_dev_alloc(&p, bytes ? bytes : 4, "bench buffer");
-    if (s != MG_OK) die("alloc", s);
-    return p;
-}
-
-/* Random device data (never zeros: they would flatter the timings). */
-static float *drandom(size_t n, uint64_t seed, float lo, float hi)
-{
-    float *h = malloc(n * sizeof *h), *d = dalloc(n * sizeof *d);
-    if (!h) { fprintf(stderr, "{{ name }}_bench: out of host memory\n"); exit(1); }
-    mg_rng r;
-    mg_rng_seed(&r, seed);
-    mg_rng_fill_uniform(&r, h, n, lo, hi);
-    if (cudaMemcpy(d, h, n * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess) die("upload", MG_ERR_CUDA);
-    free(h);
-    return d;
-}
-
-/* One row of the report: what, shape, time, and the derived rates. */
-static void report(const char *what, int batch, int seqlen, const mg_bench_stats *st,
-                   double tokens, double bytes, double flops)
-{
-    double s = st->median_ms * 1e-3;
-    double gbps = bytes / s / 1e9, tflops = flops / s / 1e12;
-    printf("%-26s %5d %6d %10.4f %12.0f %9.1f %6.1f%% %8.2f %6.1f%%\n", what, batch, seqlen,
-           st->median_ms, tokens / s, gbps, 100.0 * gbps / ceil_.copy_gbps, tflops,
-           100.0 * tflops / gemm_ceiling_tflops);
-    if (csv)
-        fprintf(csv, "{{ name }},{{ spec.precision }},%s,%d,%d,%.6f,%.6f,%.1f,%.2f,%.4f,%.4f,%.4f\n", what,
-                batch, seqlen, st->median_ms, st->min_ms, tokens / s, gbps, gbps / ceil_.copy_gbps,
-                tflops, tflops / gemm_ceiling_tflops);
-}
+#include "bench_util.h"
 
 typedef struct {
-    {{ name }}_model *m;
+    model_model *m;
     int batch, seqlen;
     const float *u;
     float *out, *ssm, *kp, *vp, *ang;
@@ -104,27 +66,27 @@ static mg_status run_prefill(void *p, cudaStream_t stream)
 {
     bench_ctx *c = p;
     (void)stream;
-    return {{ name }}_prefill(c->m, c->batch, c->seqlen, c->u, c->out, c->ssm, c->kp, c->vp, c->ang);
+    return model_prefill(c->m, c->batch, c->seqlen, c->u, c->out, c->ssm, c->kp, c->vp, c->ang);
 }
 
 static mg_status run_decode(void *p, cudaStream_t stream)
 {
     bench_ctx *c = p;
     (void)stream;
-    return {{ name }}_decode_step(c->m, c->batch, c->u, c->out, c->ssm, c->kp, c->vp, c->ang);
+    return model_decode_step(c->m, c->batch, c->u, c->out, c->ssm, c->kp, c->vp, c->ang);
 }
 
 static mg_status run_graph(void *p, cudaStream_t stream)
 {
     (void)stream;
-    return {{ name }}_decode_graph_launch(({{ name }}_graph *)p);
+    return model_decode_graph_launch((model_graph *)p);
 }
 
-{% if spec.emit.training then %}
+#if MODEL_TRAINING
 typedef struct {
-    {{ name }}_trainer *t;
+    model_trainer *t;
     float *w, *grads, *m, *v, *target, *loss, *dout;
-    {{ name }}_adamw_params p;
+    model_adamw_params p;
     bench_ctx c;
 } train_ctx;
 
@@ -132,7 +94,7 @@ static mg_status run_train(void *p, cudaStream_t stream)
 {
     train_ctx *x = p;
     (void)stream;
-    return {{ name }}_train_step_mse(x->t, x->w, x->grads, x->m, x->v, &x->p, x->c.batch, x->c.seqlen,
+    return model_train_step_mse(x->t, x->w, x->grads, x->m, x->v, &x->p, x->c.batch, x->c.seqlen,
                                      x->c.u, x->target, NULL, NULL, NULL, NULL, x->loss);
 }
 
@@ -142,18 +104,18 @@ static mg_status run_fwd_bwd(void *p, cudaStream_t stream)
 {
     train_ctx *x = p;
     (void)stream;
-    mg_status s = {{ name }}_forward_train(x->t, x->w, x->c.batch, x->c.seqlen, x->c.u, x->c.out,
+    mg_status s = model_forward_train(x->t, x->w, x->c.batch, x->c.seqlen, x->c.u, x->c.out,
                                     NULL, NULL, NULL, NULL);
     if (s != MG_OK) return s;
-    return {{ name }}_backward(x->t, x->dout, x->grads, NULL, NULL, NULL, NULL, NULL);
+    return model_backward(x->t, x->dout, x->grads, NULL, NULL, NULL, NULL, NULL);
 }
 
 static mg_status run_train_graph(void *p, cudaStream_t stream)
 {
     (void)stream;
-    return {{ name }}_train_graph_launch(({{ name }}_train_graph *)p);
+    return model_train_graph_launch((model_train_graph *)p);
 }
-{% end %}
+#endif
 
 /* The SSM core of layer 0 on a random in_proj output. parts: bit 0 prep,
  * 1 angles, 2 scan, 3 gate; chunked selects the scan kernel. */
@@ -170,32 +132,32 @@ static mg_status run_core(void *p, cudaStream_t st)
     core_ctx *c = p;
     const int tokens = c->batch * c->seqlen;
     if (c->parts & 1)
-        MG_CUDA({{ name }}_k_prep(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, c->dt, c->adt,
+        MG_CUDA(model_launch_prep(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, c->dt, c->adt,
                            c->lam, c->k, c->q, st));
     if (c->parts & 2)
-        MG_CUDA({{ name }}_k_angles(c->batch, c->seqlen, c->proj, c->dt, c->ang, c->ang, c->k, c->q, st));
+        MG_CUDA(model_launch_angles(c->batch, c->seqlen, c->proj, c->dt, c->ang, c->ang, c->k, c->q, st));
     if (c->parts & 4) {
-{% if d.scan_emit_chunked then %}
+#if MODEL_HAS_CHUNKED_SCAN
         if (c->chunked)
-            MG_CUDA({{ name }}_k_scan_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
+            MG_CUDA(model_launch_scan_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
                                        c->Dsk, c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, st));
         else
-{% end %}
-        MG_CUDA({{ name }}_k_scan(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
+#endif
+        MG_CUDA(model_launch_scan(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
                            c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, st));
     }
     if (c->parts & 8)
-        MG_CUDA({{ name }}_k_gate(tokens, c->y, c->proj, c->ngw, c->g, st));
+        MG_CUDA(model_launch_gate(tokens, c->y, c->proj, c->ngw, c->g, st));
     return MG_OK;
 }
 
-{% if spec.emit.training then %}
+#if MODEL_TRAINING
 /* The SSM core's forward for training and backward (the training
- * kernels of {{ name }}_backward.cu): prep, angles, scan (saving
+ * kernels of NAME_backward.cu): prep, angles, scan (saving
  * checkpoints), gate; then the gate, scan, angle and prep backward, from a
  * random gradient of the gated output to the in_proj-output gradient and
  * the per-token parameter-gradient rows. chunked: 1 the chunked forward and
- * backward (chunk {{ d.bck_chunk }}), 0 the sequential ones. */
+ * backward (chunk MODEL_BWD_CHUNK), 0 the sequential ones. */
 typedef struct {
     core_ctx *c;
     int chunked, parts;   /* parts: the kernels to run, BK_* bits (BK_ALL: the whole op) */
@@ -212,104 +174,76 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
     core_ctx *c = x->c;
     const int tokens = c->batch * c->seqlen;
     if (x->parts & BK_PREP)
-        MG_CUDA({{ name }}_kt_prep(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, c->dt, c->adt,
+        MG_CUDA(model_launch_prep_train(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, c->dt, c->adt,
                             c->lam, c->k, c->q, st));
     if (x->parts & BK_ANGLES)
-        MG_CUDA({{ name }}_kt_angles(c->batch, c->seqlen, c->proj, c->dt, c->ang, NULL, c->k, c->q, x->cs, st));
+        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt, c->ang, NULL, c->k, c->q, x->cs, st));
     if (x->parts & BK_SCAN) {
-{% if d.bck_emit then %}
+#if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)
-            MG_CUDA({{ name }}_kt_scan_fwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
+            MG_CUDA(model_launch_scan_fwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
                                             c->Dsk, c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, st));
         else
-{% end %}
-        MG_CUDA({{ name }}_kt_scan_fwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
+#endif
+        MG_CUDA(model_launch_scan_fwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
                                 c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, st));
     }
     if (x->parts & BK_GATE)
-        MG_CUDA({{ name }}_kt_gate_fwd(tokens, c->y, c->proj, c->ngw, c->g, st));
+        MG_CUDA(model_launch_gate_fwd(tokens, c->y, c->proj, c->ngw, c->g, st));
     if (x->parts & BK_GATE_BWD)
-        MG_CUDA({{ name }}_kt_gate_bwd(tokens, c->y, c->proj, c->ngw, x->dg, c->g, x->dy, x->dproj, x->partgw, st));
+        MG_CUDA(model_launch_gate_bwd(tokens, c->y, c->proj, c->ngw, x->dg, c->g, x->dy, x->dproj, x->partgw, st));
     if (x->parts & BK_SCAN_BWD) {
-{% if d.bck_emit then %}
+#if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)
-            MG_CUDA({{ name }}_kt_scan_bwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
+            MG_CUDA(model_launch_scan_bwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
                                             c->Dsk, x->ckpt, c->kp, c->vp, x->dy, x->dk, x->dq, x->dv, x->dadt,
                                             x->ddt, x->dlam, x->partD, NULL, NULL, NULL, st));
         else
-{% end %}
-        MG_CUDA({{ name }}_kt_scan_bwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
+#endif
+        MG_CUDA(model_launch_scan_bwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
                                 x->ckpt, c->kp, c->vp, x->dy, x->dk, x->dq, x->dv, x->dadt, x->ddt, x->dlam,
                                 x->partD, NULL, NULL, NULL, st));
     }
     if (x->parts & BK_ANGLES_BWD)
-        MG_CUDA({{ name }}_kt_angles_bwd(c->batch, c->seqlen, c->k, c->q, x->cs, x->dk, x->dq, x->gth, NULL, st));
+        MG_CUDA(model_launch_angles_bwd(c->batch, c->seqlen, c->k, c->q, x->cs, x->dk, x->dq, x->gth, NULL, st));
     if (x->parts & BK_PREP_BWD)
-        MG_CUDA({{ name }}_kt_prep_bwd(tokens, c->proj, c->dt, c->lam, c->dt_bias, c->Bnw, c->Cnw, x->dk, x->dq,
+        MG_CUDA(model_launch_prep_bwd(tokens, c->proj, c->dt, c->lam, c->dt_bias, c->Bnw, c->Cnw, x->dk, x->dq,
                                 x->dv, x->dadt, x->ddt, x->dlam, x->gth, x->dproj, x->gdtb, x->gBn, x->gCn, st));
     return MG_OK;
 }
-{% end %}
+#endif
 
 static const float *param(const float *w, const char *pname)
 {
-    int i = {{ name }}_param_index(pname);
-    if (i < 0) { fprintf(stderr, "{{ name }}_bench: no parameter %s\n", pname); exit(1); }
-    return w + {{ name }}_params[i].offset;
+    int i = model_param_index(pname);
+    if (i < 0) { fprintf(stderr, MODEL_NAME "_bench: no parameter %s\n", pname); exit(1); }
+    return w + model_params[i].offset;
 }
 
 int main(int argc, char **argv)
 {
     int iters = 30;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
-            csv = fopen(argv[++i], "a");
-            if (!csv) { perror(argv[i]); return 1; }
-        } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-            iters = atoi(argv[++i]);
-            if (iters < 1) iters = 1;
-        } else {
-            fprintf(stderr, "usage: %s [--csv FILE] [--iters N]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (mg_device_count() == 0) {
-        fprintf(stderr, "{{ name }}_bench: no CUDA device\n");
-        return 77;
-    }
-    mg_status s = mg_bench_ceilings(&ceil_);
-    if (s != MG_OK) die("ceilings", s);
-    gemm_ceiling_tflops = {{ spec.precision == "f32" and "ceil_.f32_tflops" or "ceil_.bf16_tflops" }};
-    printf("{{ name }}: mamba3_siso D={{ d.D }} E={{ d.E }} N={{ d.N }} P={{ d.P }} H={{ d.H }} G={{ d.G }} S={{ d.S }} layers={{ d.L }} "
-           "precision={{ spec.precision }} scan={{ spec.scan.mode }} chunk={{ d.ck_chunk }} (engine {{ d.ck_engine }})\n");
+    int rc = bench_start(argc, argv, &iters);
+    if (rc >= 0) return rc;
+    mg_status s;
+    printf(MODEL_NAME ": mamba3_siso D=%d E=%d N=%d P=%d H=%d G=%d S=%d layers=%d "
+           "precision=" MODEL_PRECISION " scan=" MODEL_SCAN_MODE " chunk=%d (engine " MODEL_CK_ENGINE ")\n",
+           MODEL_D_MODEL, MODEL_D_INNER, MODEL_D_STATE, MODEL_HEADDIM, MODEL_N_HEADS, MODEL_N_GROUPS,
+           MODEL_N_ANGLES, MODEL_N_LAYERS, MODEL_CK_CHUNK);
     mg_bench_print_ceilings(stdout, &ceil_);
-    printf("GEMM ceiling used: %.1f TFLOP/s ({{ spec.precision }} storage)\n", gemm_ceiling_tflops);
+    printf("GEMM ceiling used: %.1f TFLOP/s (" MODEL_PRECISION " storage)\n", gemm_ceiling_tflops);
     printf("reference: official Mamba-3 SISO Triton SSM, bf16 b=8 T=4096 H=32 P=64 N=128 chunk 64, H200: "
            "forward 0.96 ms, forward+backward 4.30 ms\n\n");
     printf("%-26s %5s %6s %10s %12s %9s %7s %8s %7s\n", "what", "batch", "seqlen", "ms", "tokens/s",
            "GB/s", "of copy", "TFLOP/s", "of GEMM");
 
     /* Weights: the reference path's initialisation, uploaded once. */
-    mg_m3_dims dims;
-    memset(&dims, 0, sizeof dims);
-    dims.d_model = {{ d.D }};
-    dims.n_layers = {{ d.L }};
-    dims.d_state = {{ d.N }};
-    dims.d_inner = {{ d.E }};
-    dims.headdim = {{ d.P }};
-    dims.nheads = {{ d.H }};
-    dims.ngroups = {{ d.G }};
-    dims.n_angles = {{ d.S }};
-    dims.input_dim = {{ d.input_dim }};
-    dims.norm_eps = {{ d.eps }};
-    dims.a_floor = {{ d.a_floor }};
-    dims.a_activation = {{ d.a_heavy_tail and "MG_M3_A_HEAVY_TAIL" or "MG_M3_A_SOFTPLUS" }};
-    dims.outproj_norm = {{ d.outproj_norm and "true" or "false" }};
+    mg_m3_dims dims = MODEL_REF_DIMS;
     mg_m3_layout lay;
     memset(&lay, 0, sizeof lay);
     if ((s = mg_ref_mamba3_layout(&dims, &lay)) != MG_OK) die("layout", s);
     float *hw = malloc(sizeof(float) * lay.total);
-    if (!hw) { fprintf(stderr, "{{ name }}_bench: out of host memory\n"); return 1; }
+    if (!hw) { fprintf(stderr, MODEL_NAME "_bench: out of host memory\n"); return 1; }
     if ((s = mg_ref_mamba3_init(&dims, &lay, hw, 1)) != MG_OK) die("init", s);
     float *w = dalloc(sizeof(float) * lay.total);
     if (cudaMemcpy(w, hw, sizeof(float) * lay.total, cudaMemcpyHostToDevice) != cudaSuccess) die("upload", MG_ERR_CUDA);
@@ -317,19 +251,22 @@ int main(int argc, char **argv)
 
     cudaStream_t stream;
     if (cudaStreamCreate(&stream) != cudaSuccess) die("stream", MG_ERR_CUDA);
-    {{ name }}_model *m;
-    if ((s = {{ name }}_create(&m, stream)) != MG_OK) die("create", s);
-    if ((s = {{ name }}_set_weights(m, w, lay.total)) != MG_OK) die("set_weights", s);
+    model_model *m;
+    if ((s = model_create(&m, stream)) != MG_OK) die("create", s);
+    if ((s = model_set_weights(m, w, lay.total)) != MG_OK) die("set_weights", s);
 
-    const int B = {{ d.max_batch }}, T = {{ d.max_seq_len }};
+    const int B = MODEL_MAX_BATCH, T = MODEL_MAX_SEQ_LEN;
     const size_t maxtok = (size_t)B * T;
-    float *u = drandom(maxtok * {{ d.in_dim }}, 2, -1.0f, 1.0f);
-    float *out = dalloc(sizeof(float) * maxtok * {{ d.D }});
-    float *ssm = drandom({{ name }}_ssm_state_floats(B), 3, -0.5f, 0.5f);
-    float *kp = drandom({{ name }}_k_prev_state_floats(B), 4, -0.5f, 0.5f);
-    float *vp = drandom({{ name }}_v_prev_state_floats(B), 5, -0.5f, 0.5f);
-    float *ang = drandom({{ name }}_angle_state_floats(B), 6, 0.0f, 6.28f);
+    float *u = drandom(maxtok * MODEL_IN_DIM, 2, -1.0f, 1.0f);
+    float *out = dalloc(sizeof(float) * maxtok * MODEL_D_MODEL);
+    float *ssm = drandom(model_ssm_state_floats(B), 3, -0.5f, 0.5f);
+    float *kp = drandom(model_k_prev_state_floats(B), 4, -0.5f, 0.5f);
+    float *vp = drandom(model_v_prev_state_floats(B), 5, -0.5f, 0.5f);
+    float *ang = drandom(model_angle_state_floats(B), 6, 0.0f, 6.28f);
     mg_bench_opts o = {3, iters, 1};
+    static const int prefill[][2] = MODEL_BENCH_PREFILL;   /* {batch, seqlen} of each prefill row */
+    static const int decode[] = MODEL_BENCH_DECODE;        /* batch of each decode row */
+    const size_t n_prefill = sizeof prefill / sizeof prefill[0];
     mg_bench_stats st;
 
     /* ---- The SSM core alone (layer 0's small weights, a random in_proj
@@ -338,46 +275,46 @@ int main(int argc, char **argv)
         core_ctx c;
         memset(&c, 0, sizeof c);
         float *fproj = drandom(maxtok * NP_DIM, 7, -1.0f, 1.0f);
-{% if d.lowp then %}
-        void *proj = dalloc(maxtok * NP_DIM * {{ d.act_size }});
-        if ({{ name }}_k_convert(fproj, proj, maxtok * NP_DIM, stream) != cudaSuccess ||
+#if MODEL_LOWP
+        void *proj = dalloc(maxtok * NP_DIM * MODEL_ACT_SIZE);
+        if (model_launch_convert(fproj, proj, maxtok * NP_DIM, stream) != cudaSuccess ||
             cudaStreamSynchronize(stream) != cudaSuccess) die("convert proj", MG_ERR_CUDA);
         c.proj = proj;
-{% else %}
+#else
         c.proj = fproj;
-{% end %}
+#endif
         c.dt_bias = param(w, "layers.0.mixer.dt_bias");
         c.Bnw = param(w, "layers.0.mixer.B_norm.weight");
         c.Cnw = param(w, "layers.0.mixer.C_norm.weight");
         c.Bb = param(w, "layers.0.mixer.B_bias");
         c.Cb = param(w, "layers.0.mixer.C_bias");
         c.Dsk = param(w, "layers.0.mixer.D");
-{% if d.outproj_norm then %}
+#if MODEL_OUTPROJ_NORM
         c.ngw = param(w, "layers.0.mixer.norm.weight");
-{% end %}
+#endif
         c.dt = dalloc(sizeof(float) * maxtok * N_HEADS);
         c.adt = dalloc(sizeof(float) * maxtok * N_HEADS);
         c.lam = dalloc(sizeof(float) * maxtok * N_HEADS);
         c.k = dalloc(sizeof(float) * maxtok * N_HEADS * D_STATE);
         c.q = dalloc(sizeof(float) * maxtok * N_HEADS * D_STATE);
         c.y = dalloc(sizeof(float) * maxtok * D_INNER);
-        c.g = dalloc({{ d.act_size }} * maxtok * D_INNER);
+        c.g = dalloc(MODEL_ACT_SIZE * maxtok * D_INNER);
         c.ssm = ssm; c.kp = kp; c.vp = vp; c.ang = ang;
-        static const int shapes[2][2] = { { {{ d.max_batch }}, {{ d.max_seq_len }} }, { 1, {{ d.max_seq_len }} } };
-        for (int si = 0; si < ({{ d.max_batch }} > 1 ? 2 : 1); ++si) {
+        static const int shapes[2][2] = { { MODEL_MAX_BATCH, MODEL_MAX_SEQ_LEN }, { 1, MODEL_MAX_SEQ_LEN } };
+        for (int si = 0; si < (MODEL_MAX_BATCH > 1 ? 2 : 1); ++si) {
             c.batch = shapes[si][0];
             c.seqlen = shapes[si][1];
             const double tok = (double)c.batch * c.seqlen;
             /* whole: the full op from proj to g (the "ssm core" rows, comparable
              * to the reference); the others are its kernels alone. */
             static const struct { const char *what; int parts, chunked, whole; } runs[] = {
-{% if d.scan_emit_chunked then %}
+#if MODEL_HAS_CHUNKED_SCAN
                 { "ssm core (chunked)", 15, 1, 1 },
                 { "ssm core (sequential)", 15, 0, 1 },
                 { "  scan chunked", 4, 1, 0 },
-{% else %}
+#else
                 { "ssm core (sequential)", 15, 0, 1 },
-{% end %}
+#endif
                 { "  scan sequential", 4, 0, 0 },
                 { "  prep", 1, 0, 0 },
                 { "  angles", 2, 0, 0 },
@@ -393,7 +330,7 @@ int main(int argc, char **argv)
                        tok * fl);
             }
         }
-{% if spec.emit.training then %}
+#if MODEL_TRAINING
         /* forward for training + backward of the SSM core, the largest shape */
         {
             core_bwd_ctx x;
@@ -402,8 +339,8 @@ int main(int argc, char **argv)
             c.batch = B;
             c.seqlen = T;
             const double tok = (double)B * T;
-            x.cs = dalloc(sizeof(float) * maxtok * N_HEADS * {{ d.S }} * 2);
-            x.ckpt = dalloc(sizeof(float) * (size_t)B * N_HEADS * {{ d.max_ckpts }} * {{ d.P }} * D_STATE);
+            x.cs = dalloc(sizeof(float) * maxtok * N_HEADS * MODEL_N_ANGLES * 2);
+            x.ckpt = dalloc(sizeof(float) * (size_t)B * N_HEADS * MODEL_MAX_CKPTS * MODEL_HEADDIM * D_STATE);
             x.dg = drandom(maxtok * D_INNER, 8, -1e-2f, 1e-2f);
             x.dy = dalloc(sizeof(float) * maxtok * D_INNER);
             x.dk = dalloc(sizeof(float) * maxtok * N_HEADS * D_STATE);
@@ -413,20 +350,20 @@ int main(int argc, char **argv)
             x.ddt = dalloc(sizeof(float) * maxtok * N_HEADS);
             x.dlam = dalloc(sizeof(float) * maxtok * N_HEADS);
             x.partD = dalloc(sizeof(float) * B * N_HEADS);
-            x.partgw = dalloc(sizeof(float) * ((maxtok + {{ d.normb_rows }} - 1) / {{ d.normb_rows }}) * D_INNER);
-            x.gth = dalloc(sizeof(float) * maxtok * N_HEADS * {{ d.S }});
+            x.partgw = dalloc(sizeof(float) * ((maxtok + MODEL_NORMB_ROWS - 1) / MODEL_NORMB_ROWS) * D_INNER);
+            x.gth = dalloc(sizeof(float) * maxtok * N_HEADS * MODEL_N_ANGLES);
             x.gdtb = dalloc(sizeof(float) * maxtok * N_HEADS);
             x.gBn = dalloc(sizeof(float) * maxtok * D_STATE);
             x.gCn = dalloc(sizeof(float) * maxtok * D_STATE);
-            x.dproj = dalloc({{ d.act_size }} * maxtok * NP_DIM);
+            x.dproj = dalloc(MODEL_ACT_SIZE * maxtok * NP_DIM);
             /* the whole op, then its kernels alone (forward for training,
              * then backward, in launch order) */
             static const struct { const char *what; int chunked, parts; } runs[] = {
-{% if d.bck_emit then %}
+#if MODEL_HAS_CHUNKED_BWD
                 { "ssm core fwd+bwd (chunked)", 1, BK_ALL },
                 { "  fwd scan chunked", 1, BK_SCAN },
                 { "  bwd scan chunked", 1, BK_SCAN_BWD },
-{% end %}
+#endif
                 { "ssm core fwd+bwd (seq)", 0, BK_ALL },
                 { "  fwd scan sequential", 0, BK_SCAN },
                 { "  bwd scan sequential", 0, BK_SCAN_BWD },
@@ -450,53 +387,49 @@ int main(int argc, char **argv)
             mg_dev_free(x.partD); mg_dev_free(x.partgw); mg_dev_free(x.gth); mg_dev_free(x.gdtb);
             mg_dev_free(x.gBn); mg_dev_free(x.gCn); mg_dev_free(x.dproj);
         }
-{% end %}
+#endif
         mg_dev_free(fproj);
-{% if d.lowp then %}
+#if MODEL_LOWP
         mg_dev_free(proj);
-{% end %}
+#endif
         mg_dev_free(c.dt); mg_dev_free(c.adt); mg_dev_free(c.lam); mg_dev_free(c.k); mg_dev_free(c.q);
         mg_dev_free(c.y); mg_dev_free(c.g);
     }
 
     /* ---- Prefill: the largest batch, and sequence lengths up to the largest. ---- */
-    {% for _, shape in ipairs(d.bench.prefill) do %}
-    {
-        bench_ctx c = {m, {{ shape[1] }}, {{ shape[2] }}, u, out, ssm, kp, vp, ang};
+    for (size_t i = 0; i < n_prefill; ++i) {
+        bench_ctx c = {m, prefill[i][0], prefill[i][1], u, out, ssm, kp, vp, ang};
         if ((s = mg_bench_time(stream, run_prefill, &c, &o, &st)) != MG_OK) die("prefill", s);
         double tok = (double)c.batch * c.seqlen;
         report("prefill", c.batch, c.seqlen, &st, tok, WEIGHT_BYTES + tok * BYTES_PER_TOKEN,
                tok * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
     }
-    {% end %}
 
     /* ---- Decode: one token per stream, eager launches (latency bound). ---- */
-    {% for _, b in ipairs(d.bench.decode) do %}
-    {
-        bench_ctx c = {m, {{ b }}, 1, u, out, ssm, kp, vp, ang};
+    for (size_t i = 0; i < sizeof decode / sizeof decode[0]; ++i) {
+        bench_ctx c = {m, decode[i], 1, u, out, ssm, kp, vp, ang};
         if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode", s);
         report("decode (eager)", c.batch, 1, &st, c.batch,
                WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
                c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
         /* the same step captured once as a CUDA Graph and replayed */
-        {{ name }}_graph *g = NULL;
-        if ((s = {{ name }}_decode_graph_create(m, c.batch, u, out, ssm, kp, vp, ang, &g)) != MG_OK) die("graph", s);
+        model_graph *g = NULL;
+        if ((s = model_decode_graph_create(m, c.batch, u, out, ssm, kp, vp, ang, &g)) != MG_OK) die("graph", s);
         if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay", s);
         report("decode (graph)", c.batch, 1, &st, c.batch,
                WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
                c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
-        {{ name }}_decode_graph_destroy(g);
+        model_decode_graph_destroy(g);
     }
-    {% end %}
 
-{% if spec.emit.training then %}
+#if MODEL_TRAINING
     /* Training: forward_train + backward, and the whole step (+ MSE loss +
      * AdamW) eager and as a CUDA Graph, from a fresh state, on a copy of the
      * weights (the step updates them). */
     {
         train_ctx x;
         memset(&x, 0, sizeof x);
-        if ((s = {{ name }}_trainer_create(&x.t, stream)) != MG_OK) die("trainer_create", s);
+        if ((s = model_trainer_create(&x.t, stream)) != MG_OK) die("trainer_create", s);
         x.w = dalloc(sizeof(float) * lay.total);
         if (cudaMemcpy(x.w, w, sizeof(float) * lay.total, cudaMemcpyDeviceToDevice) != cudaSuccess) die("copy", MG_ERR_CUDA);
         x.grads = dalloc(sizeof(float) * lay.total);
@@ -504,39 +437,36 @@ int main(int argc, char **argv)
         x.v = dalloc(sizeof(float) * lay.total);
         if (cudaMemset(x.m, 0, sizeof(float) * lay.total) != cudaSuccess ||
             cudaMemset(x.v, 0, sizeof(float) * lay.total) != cudaSuccess) die("memset", MG_ERR_CUDA);
-        x.target = drandom((size_t)B * T * {{ d.D }}, 5, -1.0f, 1.0f);
-        x.dout = drandom((size_t)B * T * {{ d.D }}, 6, -1e-3f, 1e-3f);
+        x.target = drandom((size_t)B * T * MODEL_D_MODEL, 5, -1.0f, 1.0f);
+        x.dout = drandom((size_t)B * T * MODEL_D_MODEL, 6, -1e-3f, 1e-3f);
         x.loss = dalloc(sizeof(float));
         x.p.lr = 1e-4f; x.p.beta1 = 0.9f; x.p.beta2 = 0.999f; x.p.eps = 1e-8f;
         x.p.weight_decay = 0.01f; x.p.max_grad_norm = 1.0f; x.p.step = 1;
-        {% for _, shape in ipairs(d.bench.prefill) do %}
-        {% if shape[1] == d.max_batch then %}
-        {
-            x.c.batch = {{ shape[1] }}; x.c.seqlen = {{ shape[2] }}; x.c.u = u; x.c.out = out;
+        for (size_t i = 0; i < n_prefill; ++i) {
+            if (prefill[i][0] != MODEL_MAX_BATCH) continue;   /* the largest batch only */
+            x.c.batch = prefill[i][0]; x.c.seqlen = prefill[i][1]; x.c.u = u; x.c.out = out;
             const double tok = (double)x.c.batch * x.c.seqlen;
-            const double tby = {{ int(d.cost.train_weight_bytes) }}.0 + tok * {{ int(d.cost.train_bytes_per_token) }}.0;
-            const double tfl = tok * {{ int(d.cost.train_flops_per_token) }}.0;
+            const double tby = MODEL_COST_TRAIN_WEIGHT_BYTES + tok * MODEL_COST_TRAIN_BYTES_PER_TOKEN;
+            const double tfl = tok * MODEL_COST_TRAIN_FLOPS_PER_TOKEN;
             if ((s = mg_bench_time(stream, run_fwd_bwd, &x, &o, &st)) != MG_OK) die("forward_train + backward", s);
             report("fwd_train + backward", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
             if ((s = mg_bench_time(stream, run_train, &x, &o, &st)) != MG_OK) die("train step", s);
             report("train step", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
-            {{ name }}_train_graph *tg = NULL;
-            if ((s = {{ name }}_train_graph_create(x.t, x.w, x.grads, x.m, x.v, &x.p, x.c.batch, x.c.seqlen, u,
+            model_train_graph *tg = NULL;
+            if ((s = model_train_graph_create(x.t, x.w, x.grads, x.m, x.v, &x.p, x.c.batch, x.c.seqlen, u,
                                             x.target, NULL, NULL, NULL, NULL, x.loss, &tg)) != MG_OK)
                 die("train graph", s);
             if ((s = mg_bench_time(stream, run_train_graph, tg, &o, &st)) != MG_OK) die("train graph replay", s);
             report("train step (graph)", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
-            {{ name }}_train_graph_destroy(tg);
+            model_train_graph_destroy(tg);
         }
-        {% end %}
-        {% end %}
-        {{ name }}_trainer_destroy(x.t);
+        model_trainer_destroy(x.t);
         mg_dev_free(x.w); mg_dev_free(x.grads); mg_dev_free(x.m); mg_dev_free(x.v);
         mg_dev_free(x.target); mg_dev_free(x.dout); mg_dev_free(x.loss);
     }
-{% end %}
+#endif
 
-    {{ name }}_destroy(m);
+    model_destroy(m);
     mg_dev_free(w); mg_dev_free(u); mg_dev_free(out);
     mg_dev_free(ssm); mg_dev_free(kp); mg_dev_free(vp); mg_dev_free(ang);
     mg_ref_mamba3_layout_free(&lay);

@@ -1,12 +1,11 @@
-{{ provenance("//") }}
 /*
- * {{ name }}_test.c: TAP test of the generated Mamba-3 SISO library "{{ name }}"
+ * NAME_test.c: TAP test of a generated Mamba-3 SISO library "NAME"
  * on the GPU against the f64 reference path (runtime/mg_ref_mamba3):
  *   - the parameter table equals the reference's blob layout;
  *   - prefill vs reference (out and the four final states ssm, k_prev,
  *     v_prev, angle), from a random initial state and from a fresh start,
  *     incl. batch = MAX_BATCH and lengths that are not a multiple of the
- *     chunk ({{ d.chunk_size }}) nor of the scan's staged time chunk ({{ d.scan_tchunk }});
+ *     chunk (MODEL_CHUNK) nor of the scan's staged time chunk (MODEL_SCAN_TCHUNK);
  *   - continuation: two windows, and four windows (one of length 1), with
  *     the state carried, equal the reference over the whole sequence and
  *     one GPU prefill over it;
@@ -15,26 +14,27 @@
  *     stays accurate;
  *   - bad calls return the right status, with a message, and touch nothing;
  *   - two identical prefills give bit-identical results;
- *   - chunked scan (when the library has it, {{ NAME }}_HAS_CHUNKED_SCAN): forced
+ *   - chunked scan (when the library has it, MODEL_HAS_CHUNKED_SCAN): forced
  *     chunked vs the f64 reference and vs the forced sequential scan
- *     ({{ NAME }}_CHUNK_VS_SEQ_TOL), from a nonzero initial state, at lengths
+ *     (MODEL_CHUNK_VS_SEQ_TOL), from a nonzero initial state, at lengths
  *     that are not a multiple of the chunk and shorter than one chunk; four
  *     windows of chunked prefills vs one call;
  *   - burn-in: last-step output and the four final states vs prefill and the
  *     reference, from a random state and from a fresh start (NULL states);
  *   - decode CUDA Graph: replays bit-identical to eager decode steps (out of
  *     every step, the four final states); creation leaves the states untouched;
- *   - {{ name }}_selfcheck passes.
- * Relative-L2 tolerance {{ NAME }}_CHECK_TOL ({{ spec.precision }} storage). Every
+ *   - NAME_selfcheck passes.
+ * Relative-L2 tolerance MODEL_CHECK_TOL (of the storage precision). Every
  * comparison prints max_abs and rel_l2. Case sizes follow the cost of the
- * CPU reference ({{ d.ref_macs_per_token }} multiply-adds per token); MG_TEST_SCALE
+ * CPU reference (MODEL_REF_MACS_PER_TOKEN multiply-adds per token); MG_TEST_SCALE
  * (default 1) scales that budget.
  * Prints "1..0 # SKIP no CUDA device" without a GPU.
+ * The library is named through model_alias.h (model_X = NAME_X, MODEL_X =
+ * NAME_X), the TAP harness is the runtime's (mg_tap.h).
  */
-#include "{{ name }}.h"
+#include "model_alias.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,107 +43,40 @@
 #include "mg_cuda.h"
 #include "mg_rng.h"
 #include "mg_ref_mamba3.h"
+#include "mg_tap.h"
 
-#define IN_DIM      {{ NAME }}_IN_DIM
-#define D_MODEL     {{ NAME }}_D_MODEL
-#define MAX_BATCH   {{ NAME }}_MAX_BATCH
-#define MAX_SEQ_LEN {{ NAME }}_MAX_SEQ_LEN
-#define TOL         {{ NAME }}_CHECK_TOL
-#define CHUNK       {{ d.chunk_size }}          /* chunk length of the spec */
-#define SCAN_TCHUNK {{ d.scan_tchunk }}          /* timesteps per pass of the scan kernel */
-#define REF_MACS_PER_TOKEN {{ d.ref_macs_per_token }}.0
+#define IN_DIM      MODEL_IN_DIM
+#define D_MODEL     MODEL_D_MODEL
+#define MAX_BATCH   MODEL_MAX_BATCH
+#define MAX_SEQ_LEN MODEL_MAX_SEQ_LEN
+#define TOL         MODEL_CHECK_TOL
+#define CHUNK       MODEL_CHUNK       /* chunk length of the spec */
+#define SCAN_TCHUNK MODEL_SCAN_TCHUNK       /* timesteps per pass of the scan kernel */
+#define REF_MACS_PER_TOKEN MODEL_REF_MACS_PER_TOKEN
 #define REF_BUDGET_MACS 2.0e10                  /* reference work of the whole run at scale 1 */
 #define NST 4                                   /* states: ssm, k_prev, v_prev, angle */
-
-/* ---------------------------------------------------------------- TAP */
-static int n_tests, n_failed;
-
-static void diag(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("# ", stdout);
-    vprintf(fmt, ap);
-    fputc('\n', stdout);
-    va_end(ap);
-}
-
-static int tap_ok(int pass, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%sok %d - ", pass ? "" : "not ", ++n_tests);
-    vprintf(fmt, ap);
-    fputc('\n', stdout);
-    va_end(ap);
-    if (!pass) n_failed++;
-    fflush(stdout);
-    return pass;
-}
-
-static void tap_skip(const char *why, const char *what)
-{
-    printf("ok %d - %s # SKIP %s\n", ++n_tests, what, why);
-}
-
-static void bail(const char *what)
-{
-    printf("Bail out! %s: %s\n", what, mg_last_error());
-    exit(1);
-}
 
 /* ---------------------------------------------------------------- helpers */
 static mg_m3_dims dims;
 static mg_m3_layout lay;
 static float *blob;             /* host copy of the weights */
 static float *d_blob;           /* device weights */
-static {{ name }}_model *model;
+static model_model *model;
 
 static const char *const st_name[NST] = { "ssm", "k_prev", "v_prev", "angle" };
 
 static size_t st_floats(int i, int batch)
 {
     switch (i) {
-    case 0: return {{ name }}_ssm_state_floats(batch);
-    case 1: return {{ name }}_k_prev_state_floats(batch);
-    case 2: return {{ name }}_v_prev_state_floats(batch);
-    default: return {{ name }}_angle_state_floats(batch);
+    case 0: return model_ssm_state_floats(batch);
+    case 1: return model_k_prev_state_floats(batch);
+    case 2: return model_v_prev_state_floats(batch);
+    default: return model_angle_state_floats(batch);
     }
 }
 
-static float *dalloc(size_t n)
-{
-    void *p = NULL;
-    if (mg_dev_alloc(&p, (n ? n : 1) * sizeof(float), "test buffer") != MG_OK) bail("cudaMalloc");
-    return (float *)p;
-}
-
-static void up(float *d, const float *h, size_t n)
-{
-    if (n && cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) bail("upload");
-}
-
-static void down(float *h, const float *d, size_t n)
-{
-    if (cudaDeviceSynchronize() != cudaSuccess) bail("sync");
-    if (n && cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) bail("download");
-}
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) { printf("Bail out! out of host memory\n"); exit(1); }
-    return p;
-}
-#define FALLOC(n) ((float *)xmalloc((size_t)(n) * sizeof(float)))
-#define DALLOC_H(n) ((double *)xmalloc((size_t)(n) * sizeof(double)))
-
-static void randn(float *x, size_t n, uint64_t seed, float std)
-{
-    mg_rng r;
-    mg_rng_seed(&r, seed);
-    mg_rng_fill_normal(&r, x, n, 0.0f, std);
-}
+#define FALLOC(n) ((float *)mg_tap_malloc((size_t)(n) * sizeof(float)))
+#define DALLOC_H(n) ((double *)mg_tap_malloc((size_t)(n) * sizeof(double)))
 
 static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
 static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
@@ -171,7 +104,7 @@ static void hs_zero(hstate *h)
 /* A random state: ssm, k_prev, v_prev ~ N(0, 0.5), angle ~ U[0, 2pi). */
 static void hs_rand(hstate *h, uint64_t seed)
 {
-    for (int i = 0; i < 3; ++i) randn(h->s[i], st_floats(i, h->batch), seed + (uint64_t)i, 0.5f);
+    for (int i = 0; i < 3; ++i) mg_tap_randn(h->s[i], st_floats(i, h->batch), seed + (uint64_t)i, 0.5f);
     mg_rng r;
     mg_rng_seed(&r, seed + 3);
     mg_rng_fill_uniform(&r, h->s[3], st_floats(3, h->batch), 0.0f, 6.2831850f);
@@ -189,19 +122,19 @@ static void rs_free(rstate *r) { for (int i = 0; i < NST; ++i) free(r->s[i]); }
  * fresh start). Returns the status of the prefill call. */
 static mg_status gpu_prefill(int batch, int T, const float *u, float *out, hstate *st)
 {
-    float *du = dalloc(n_u(batch, T)), *dout = dalloc(n_out(batch, T));
+    float *du = mg_tap_dalloc(n_u(batch, T)), *dout = mg_tap_dalloc(n_out(batch, T));
     float *ds[NST] = { NULL, NULL, NULL, NULL };
-    up(du, u, n_u(batch, T));
+    mg_tap_up(du, u, n_u(batch, T));
     if (st)
         for (int i = 0; i < NST; ++i) {
-            ds[i] = dalloc(st_floats(i, batch));
-            up(ds[i], st->s[i], st_floats(i, batch));
+            ds[i] = mg_tap_dalloc(st_floats(i, batch));
+            mg_tap_up(ds[i], st->s[i], st_floats(i, batch));
         }
-    mg_status s = {{ name }}_prefill(model, batch, T, du, dout, ds[0], ds[1], ds[2], ds[3]);
+    mg_status s = model_prefill(model, batch, T, du, dout, ds[0], ds[1], ds[2], ds[3]);
     if (s == MG_OK) {
-        down(out, dout, n_out(batch, T));
+        mg_tap_down(out, dout, n_out(batch, T));
         if (st)
-            for (int i = 0; i < NST; ++i) down(st->s[i], ds[i], st_floats(i, batch));
+            for (int i = 0; i < NST; ++i) mg_tap_down(st->s[i], ds[i], st_floats(i, batch));
     }
     mg_dev_free(du); mg_dev_free(dout);
     for (int i = 0; i < NST; ++i) mg_dev_free(ds[i]);
@@ -217,21 +150,21 @@ static void ref_prefill(int batch, int T, const float *u, const hstate *st0, dou
             for (size_t j = 0; j < st_floats(i, batch); ++j) rs->s[i][j] = st0 ? st0->s[i][j] : 0.0;
     if (mg_ref_mamba3_forward(&dims, &lay, blob, batch, T, u, out, rs ? rs->s[0] : NULL,
                               rs ? rs->s[1] : NULL, rs ? rs->s[2] : NULL, rs ? rs->s[3] : NULL) != MG_OK)
-        bail("reference forward");
+        mg_tap_bail("reference forward");
 }
 
 static int cmp_ref(const char *what, const float *got, const double *ref, size_t n)
 {
     mg_err e = mg_compare_f32(got, ref, n);
-    diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
-    return tap_ok(mg_err_ok(&e, TOL), "%s: rel_l2 <= %g", what, TOL);
+    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
+    return mg_tap_ok(mg_err_ok(&e, TOL), "%s: rel_l2 <= %g", what, TOL);
 }
 
 static int cmp_gpu_tol(const char *what, const float *got, const float *ref, size_t n, double tol)
 {
     mg_err e = mg_compare_f32f32(got, ref, n);
-    diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
-    return tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
+    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
+    return mg_tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
 }
 
 static int cmp_gpu(const char *what, const float *got, const float *ref, size_t n)
@@ -284,41 +217,41 @@ static int imax(int a, int b) { return a > b ? a : b; }
 
 static void test_param_table(void)
 {
-    int good = lay.total == (size_t){{ NAME }}_WEIGHTS_FLOATS;
-    if (!good) diag("blob: %zu floats, reference layout %zu", (size_t){{ NAME }}_WEIGHTS_FLOATS, lay.total);
+    int good = lay.total == (size_t)MODEL_WEIGHTS_FLOATS;
+    if (!good) mg_tap_diag("blob: %zu floats, reference layout %zu", (size_t)MODEL_WEIGHTS_FLOATS, lay.total);
     size_t count = 0;
-    if (mg_ref_mamba3_params(&dims, &lay, NULL, 0, &count) != MG_OK) bail("mg_ref_mamba3_params");
-    mg_m3_param *ref = (mg_m3_param *)xmalloc(count * sizeof *ref);
-    if (mg_ref_mamba3_params(&dims, &lay, ref, count, &count) != MG_OK) bail("mg_ref_mamba3_params");
-    if (count != (size_t){{ NAME }}_N_PARAMS) {
-        diag("table has %d entries, reference %zu", {{ NAME }}_N_PARAMS, count);
+    if (mg_ref_mamba3_params(&dims, &lay, NULL, 0, &count) != MG_OK) mg_tap_bail("mg_ref_mamba3_params");
+    mg_m3_param *ref = (mg_m3_param *)mg_tap_malloc(count * sizeof *ref);
+    if (mg_ref_mamba3_params(&dims, &lay, ref, count, &count) != MG_OK) mg_tap_bail("mg_ref_mamba3_params");
+    if (count != (size_t)MODEL_N_PARAMS) {
+        mg_tap_diag("table has %d entries, reference %zu", MODEL_N_PARAMS, count);
         good = 0;
     }
     /* Entry by entry, in blob order: name, offset, shape, numel. */
-    for (size_t i = 0; i < count && i < (size_t){{ NAME }}_N_PARAMS && good; ++i) {
-        const {{ name }}_param_info *p = &{{ name }}_params[i];
+    for (size_t i = 0; i < count && i < (size_t)MODEL_N_PARAMS && good; ++i) {
+        const model_param_info *p = &model_params[i];
         int same = strcmp(p->name, ref[i].name) == 0 && p->offset == ref[i].offset &&
                    p->numel == ref[i].numel && p->ndim == ref[i].ndim;
         for (int k = 0; k < p->ndim && same; ++k) same = (long)p->shape[k] == ref[i].shape[k];
         if (!same) {
-            diag("entry %zu: expected %s at %zu (%zu floats), got %s at %zu (%zu floats)", i, ref[i].name,
+            mg_tap_diag("entry %zu: expected %s at %zu (%zu floats), got %s at %zu (%zu floats)", i, ref[i].name,
                  ref[i].offset, ref[i].numel, p->name, p->offset, p->numel);
             good = 0;
         }
     }
     /* numel = product of the shape, every tensor 64-aligned inside the blob */
-    for (int j = 0; j < {{ NAME }}_N_PARAMS && good; ++j) {
-        const {{ name }}_param_info *p = &{{ name }}_params[j];
+    for (int j = 0; j < MODEL_N_PARAMS && good; ++j) {
+        const model_param_info *p = &model_params[j];
         size_t n = 1;
         for (int k = 0; k < p->ndim; ++k) n *= (size_t)p->shape[k];
-        if (n != p->numel || p->offset % 64 != 0 || p->offset + p->numel > (size_t){{ NAME }}_WEIGHTS_FLOATS) {
-            diag("%s: numel %zu, shape product %zu, offset %zu", p->name, p->numel, n, p->offset);
+        if (n != p->numel || p->offset % 64 != 0 || p->offset + p->numel > (size_t)MODEL_WEIGHTS_FLOATS) {
+            mg_tap_diag("%s: numel %zu, shape product %zu, offset %zu", p->name, p->numel, n, p->offset);
             good = 0;
         }
     }
     free(ref);
-    tap_ok(good, "parameter table (%d tensors, %zu floats) equals the reference layout",
-           {{ NAME }}_N_PARAMS, (size_t){{ NAME }}_WEIGHTS_FLOATS);
+    mg_tap_ok(good, "parameter table (%d tensors, %zu floats) equals the reference layout",
+           MODEL_N_PARAMS, (size_t)MODEL_WEIGHTS_FLOATS);
 }
 
 /* Prefill from a random initial state (or a fresh start) vs the reference. */
@@ -328,14 +261,14 @@ static void test_prefill(int batch, int T, int with_state, uint64_t seed)
     double *rout = DALLOC_H(n_out(batch, T));
     hstate st = hs_new(batch), st0 = hs_new(batch);
     rstate rs = rs_new(batch);
-    randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     hs_rand(&st0, seed + 1);
     hs_copy(&st, &st0);
     char what[200];
     const char *how = with_state ? "from a random state" : "fresh start (NULL states)";
     mg_status s = gpu_prefill(batch, T, u, out, with_state ? &st : NULL);
-    if (!tap_ok(s == MG_OK, "prefill batch=%d seqlen=%d %s runs", batch, T, how)) {
-        diag("%s: %s", mg_status_name(s), mg_last_error());
+    if (!mg_tap_ok(s == MG_OK, "prefill batch=%d seqlen=%d %s runs", batch, T, how)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
         ref_prefill(batch, T, u, with_state ? &st0 : NULL, rout, with_state ? &rs : NULL);
         snprintf(what, sizeof what, "prefill b=%d T=%d %s: out", batch, T, how);
@@ -360,7 +293,7 @@ static void test_windows(int batch, int nwin, const int *lens, uint64_t seed)
     double *rout = DALLOC_H(n_out(batch, T));
     hstate st0 = hs_new(batch), st = hs_new(batch), stw = hs_new(batch);
     rstate rs = rs_new(batch);
-    randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     hs_rand(&st0, seed + 1);
     hs_copy(&st, &st0);
     hs_copy(&stw, &st0);
@@ -377,8 +310,8 @@ static void test_windows(int batch, int nwin, const int *lens, uint64_t seed)
             memcpy(split + n_out(b, T) + n_out(1, t0), ow + n_out(b, L), n_out(1, L) * sizeof(float));
     }
     mg_status s3 = gpu_prefill(batch, T, u, whole, &stw);
-    if (!tap_ok(s == MG_OK && s3 == MG_OK, "windows b=%d: prefills %s and one prefill of %d run", batch, desc, T)) {
-        diag("%s", mg_last_error());
+    if (!mg_tap_ok(s == MG_OK && s3 == MG_OK, "windows b=%d: prefills %s and one prefill of %d run", batch, desc, T)) {
+        mg_tap_diag("%s", mg_last_error());
     } else {
         ref_prefill(batch, T, u, &st0, rout, &rs);
         snprintf(what, sizeof what, "windows %s vs reference %d: out", desc, T);
@@ -400,32 +333,32 @@ static void test_decode(int batch, int T, uint64_t seed)
     float *u = FALLOC(n_u(batch, T)), *pout = FALLOC(n_out(batch, T)), *dout = FALLOC(n_out(batch, T));
     float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
     hstate pst = hs_new(batch), dst = hs_new(batch);
-    randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     hs_rand(&pst, seed + 1);
     hs_copy(&dst, &pst);
     mg_status s = gpu_prefill(batch, T, u, pout, &pst);
 
-    float *du = dalloc(n_u(batch, 1)), *dout_t = dalloc(n_out(batch, 1));
+    float *du = mg_tap_dalloc(n_u(batch, 1)), *dout_t = mg_tap_dalloc(n_out(batch, 1));
     float *ds[NST];
     for (int i = 0; i < NST; ++i) {
-        ds[i] = dalloc(st_floats(i, batch));
-        up(ds[i], dst.s[i], st_floats(i, batch));
+        ds[i] = mg_tap_dalloc(st_floats(i, batch));
+        mg_tap_up(ds[i], dst.s[i], st_floats(i, batch));
     }
     for (int t = 0; t < T && s == MG_OK; ++t) {
         for (int b = 0; b < batch; ++b)
             memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
-        up(du, ut, n_u(batch, 1));
-        s = {{ name }}_decode_step(model, batch, du, dout_t, ds[0], ds[1], ds[2], ds[3]);
+        mg_tap_up(du, ut, n_u(batch, 1));
+        s = model_decode_step(model, batch, du, dout_t, ds[0], ds[1], ds[2], ds[3]);
         if (s != MG_OK) break;
-        down(ot, dout_t, n_out(batch, 1));
+        mg_tap_down(ot, dout_t, n_out(batch, 1));
         for (int b = 0; b < batch; ++b)
             memcpy(dout + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
     }
     if (s == MG_OK)
-        for (int i = 0; i < NST; ++i) down(dst.s[i], ds[i], st_floats(i, batch));
+        for (int i = 0; i < NST; ++i) mg_tap_down(dst.s[i], ds[i], st_floats(i, batch));
     char what[160];
-    if (!tap_ok(s == MG_OK, "decode: %d steps of batch %d and prefill run", T, batch)) {
-        diag("%s: %s", mg_status_name(s), mg_last_error());
+    if (!mg_tap_ok(s == MG_OK, "decode: %d steps of batch %d and prefill run", T, batch)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
         snprintf(what, sizeof what, "decode x%d vs prefill %d: out (every step)", T, T);
         cmp_gpu(what, dout, pout, n_out(batch, T));
@@ -444,7 +377,7 @@ static void test_determinism(int batch, int T, uint64_t seed)
     float *u = FALLOC(n_u(batch, T)), *o1 = FALLOC(n_out(batch, T)), *o2 = FALLOC(n_out(batch, T));
     float *o3 = FALLOC(n_out(batch, T));
     hstate s1st = hs_new(batch), s2st = hs_new(batch);
-    randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     hs_rand(&s1st, seed + 1);
     hs_copy(&s2st, &s1st);
     mg_status s1 = gpu_prefill(batch, T, u, o1, &s1st);
@@ -452,11 +385,11 @@ static void test_determinism(int batch, int T, uint64_t seed)
     int same = s1 == MG_OK && s2 == MG_OK && memcmp(o1, o2, n_out(batch, T) * sizeof(float)) == 0;
     for (int i = 0; i < NST && same; ++i)
         same = memcmp(s1st.s[i], s2st.s[i], st_floats(i, batch) * sizeof(float)) == 0;
-    tap_ok(same, "deterministic: two identical prefills (b=%d T=%d) give bit-identical out and states", batch, T);
+    mg_tap_ok(same, "deterministic: two identical prefills (b=%d T=%d) give bit-identical out and states", batch, T);
     hs_zero(&s1st);
     s1 = gpu_prefill(batch, T, u, o1, &s1st);
     s2 = gpu_prefill(batch, T, u, o3, NULL);
-    tap_ok(s1 == MG_OK && s2 == MG_OK && memcmp(o1, o3, n_out(batch, T) * sizeof(float)) == 0,
+    mg_tap_ok(s1 == MG_OK && s2 == MG_OK && memcmp(o1, o3, n_out(batch, T) * sizeof(float)) == 0,
            "fresh start: NULL states give the same bits as zero states");
     free(u); free(o1); free(o2); free(o3);
     hs_free(&s1st); hs_free(&s2st);
@@ -469,30 +402,30 @@ static void test_burn_in(int batch, int T, int with_state, int with_ref, uint64_
     float *u = FALLOC(n_u(batch, T)), *pout = FALLOC(n_out(batch, T)), *last = FALLOC(n_out(batch, 1));
     float *plast = FALLOC(n_out(batch, 1));
     hstate st0 = hs_new(batch), pst = hs_new(batch), bst = hs_new(batch);
-    randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     hs_rand(&st0, seed + 1);
     hs_copy(&pst, &st0);
     hs_copy(&bst, &st0);
     const char *how = with_state ? "from a random state" : "fresh start (NULL states)";
     mg_status s1 = gpu_prefill(batch, T, u, pout, with_state ? &pst : NULL);
 
-    float *du = dalloc(n_u(batch, T)), *dlast = dalloc(n_out(batch, 1));
+    float *du = mg_tap_dalloc(n_u(batch, T)), *dlast = mg_tap_dalloc(n_out(batch, 1));
     float *ds[NST] = { NULL, NULL, NULL, NULL };
-    up(du, u, n_u(batch, T));
+    mg_tap_up(du, u, n_u(batch, T));
     if (with_state)
         for (int i = 0; i < NST; ++i) {
-            ds[i] = dalloc(st_floats(i, batch));
-            up(ds[i], bst.s[i], st_floats(i, batch));
+            ds[i] = mg_tap_dalloc(st_floats(i, batch));
+            mg_tap_up(ds[i], bst.s[i], st_floats(i, batch));
         }
-    mg_status s2 = {{ name }}_burn_in(model, batch, T, du, dlast, ds[0], ds[1], ds[2], ds[3]);
+    mg_status s2 = model_burn_in(model, batch, T, du, dlast, ds[0], ds[1], ds[2], ds[3]);
     if (s2 == MG_OK) {
-        down(last, dlast, n_out(batch, 1));
+        mg_tap_down(last, dlast, n_out(batch, 1));
         if (with_state)
-            for (int i = 0; i < NST; ++i) down(bst.s[i], ds[i], st_floats(i, batch));
+            for (int i = 0; i < NST; ++i) mg_tap_down(bst.s[i], ds[i], st_floats(i, batch));
     }
     char what[200];
-    if (!tap_ok(s1 == MG_OK && s2 == MG_OK, "burn_in b=%d T=%d %s and prefill run", batch, T, how)) {
-        diag("%s: %s", mg_status_name(s2 != MG_OK ? s2 : s1), mg_last_error());
+    if (!mg_tap_ok(s1 == MG_OK && s2 == MG_OK, "burn_in b=%d T=%d %s and prefill run", batch, T, how)) {
+        mg_tap_diag("%s: %s", mg_status_name(s2 != MG_OK ? s2 : s1), mg_last_error());
     } else {
         for (int b = 0; b < batch; ++b)
             memcpy(plast + n_out(b, 1), pout + n_out(b, T) + n_out(1, T - 1), n_out(1, 1) * sizeof(float));
@@ -530,67 +463,67 @@ static void test_decode_graph(int batch, int T, uint64_t seed)
     float *u = FALLOC(n_u(batch, T));
     float *oe = FALLOC(n_out(batch, T)), *og = FALLOC(n_out(batch, T));
     hstate st0 = hs_new(batch), ste = hs_new(batch), stg = hs_new(batch);
-    randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     hs_rand(&st0, seed + 1);
     /* eager buffers / graph buffers (fixed pointers) */
-    float *due = dalloc(n_u(batch, 1)), *doe = dalloc(n_out(batch, 1));
-    float *dug = dalloc(n_u(batch, 1)), *dog = dalloc(n_out(batch, 1));
+    float *due = mg_tap_dalloc(n_u(batch, 1)), *doe = mg_tap_dalloc(n_out(batch, 1));
+    float *dug = mg_tap_dalloc(n_u(batch, 1)), *dog = mg_tap_dalloc(n_out(batch, 1));
     float *dse[NST], *dsg[NST];
     for (int i = 0; i < NST; ++i) {
-        dse[i] = dalloc(st_floats(i, batch));
-        dsg[i] = dalloc(st_floats(i, batch));
-        up(dse[i], st0.s[i], st_floats(i, batch));
-        up(dsg[i], st0.s[i], st_floats(i, batch));
+        dse[i] = mg_tap_dalloc(st_floats(i, batch));
+        dsg[i] = mg_tap_dalloc(st_floats(i, batch));
+        mg_tap_up(dse[i], st0.s[i], st_floats(i, batch));
+        mg_tap_up(dsg[i], st0.s[i], st_floats(i, batch));
     }
-    if (cudaMemset(dug, 0, n_u(batch, 1) * sizeof(float)) != cudaSuccess) bail("cudaMemset");   /* warm-up input */
-    {{ name }}_graph *g = NULL;
-    mg_status s = {{ name }}_decode_graph_create(model, batch, dug, dog, dsg[0], dsg[1], dsg[2], dsg[3], &g);
-    if (!tap_ok(s == MG_OK, "decode_graph_create batch=%d", batch)) diag("%s: %s", mg_status_name(s), mg_last_error());
+    if (cudaMemset(dug, 0, n_u(batch, 1) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");   /* warm-up input */
+    model_graph *g = NULL;
+    mg_status s = model_decode_graph_create(model, batch, dug, dog, dsg[0], dsg[1], dsg[2], dsg[3], &g);
+    if (!mg_tap_ok(s == MG_OK, "decode_graph_create batch=%d", batch)) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     /* creation left the states untouched */
     if (s == MG_OK) {
         int untouched = 1;
         for (int i = 0; i < NST; ++i) {
-            down(stg.s[i], dsg[i], st_floats(i, batch));
+            mg_tap_down(stg.s[i], dsg[i], st_floats(i, batch));
             untouched = untouched && memcmp(stg.s[i], st0.s[i], st_floats(i, batch) * sizeof(float)) == 0;
         }
-        tap_ok(untouched, "decode_graph_create leaves ssm, k_prev, v_prev and angle untouched");
+        mg_tap_ok(untouched, "decode_graph_create leaves ssm, k_prev, v_prev and angle untouched");
     }
     float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
     for (int t = 0; t < T && s == MG_OK; ++t) {
         for (int b = 0; b < batch; ++b)
             memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
-        up(due, ut, n_u(batch, 1));
-        up(dug, ut, n_u(batch, 1));
-        s = {{ name }}_decode_step(model, batch, due, doe, dse[0], dse[1], dse[2], dse[3]);
-        if (s == MG_OK) s = {{ name }}_decode_graph_launch(g);
+        mg_tap_up(due, ut, n_u(batch, 1));
+        mg_tap_up(dug, ut, n_u(batch, 1));
+        s = model_decode_step(model, batch, due, doe, dse[0], dse[1], dse[2], dse[3]);
+        if (s == MG_OK) s = model_decode_graph_launch(g);
         if (s != MG_OK) break;
-        down(ot, doe, n_out(batch, 1));
+        mg_tap_down(ot, doe, n_out(batch, 1));
         for (int b = 0; b < batch; ++b)
             memcpy(oe + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
-        down(ot, dog, n_out(batch, 1));
+        mg_tap_down(ot, dog, n_out(batch, 1));
         for (int b = 0; b < batch; ++b)
             memcpy(og + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
     }
     if (g) {
-        if (tap_ok(s == MG_OK, "decode graph: %d replays and %d eager steps of batch %d run", T, T, batch)) {
+        if (mg_tap_ok(s == MG_OK, "decode graph: %d replays and %d eager steps of batch %d run", T, T, batch)) {
             int same_st = 1;
             for (int i = 0; i < NST; ++i) {
-                down(ste.s[i], dse[i], st_floats(i, batch));
-                down(stg.s[i], dsg[i], st_floats(i, batch));
+                mg_tap_down(ste.s[i], dse[i], st_floats(i, batch));
+                mg_tap_down(stg.s[i], dsg[i], st_floats(i, batch));
                 if (memcmp(ste.s[i], stg.s[i], st_floats(i, batch) * sizeof(float)) != 0) {
                     mg_err e = mg_compare_f32f32(stg.s[i], ste.s[i], st_floats(i, batch));
-                    diag("graph vs eager %s: rel_l2 %.3e", st_name[i], e.rel_l2);
+                    mg_tap_diag("graph vs eager %s: rel_l2 %.3e", st_name[i], e.rel_l2);
                     same_st = 0;
                 }
             }
             int same_out = memcmp(oe, og, n_out(batch, T) * sizeof(float)) == 0;
-            if (!same_out) { mg_err e = mg_compare_f32f32(og, oe, n_out(batch, T)); diag("graph vs eager out: rel_l2 %.3e", e.rel_l2); }
-            tap_ok(same_out, "decode graph replay == eager decode: out of every step, bit-identical");
-            tap_ok(same_st, "decode graph replay == eager decode: final ssm, k_prev, v_prev, angle bit-identical");
+            if (!same_out) { mg_err e = mg_compare_f32f32(og, oe, n_out(batch, T)); mg_tap_diag("graph vs eager out: rel_l2 %.3e", e.rel_l2); }
+            mg_tap_ok(same_out, "decode graph replay == eager decode: out of every step, bit-identical");
+            mg_tap_ok(same_st, "decode graph replay == eager decode: final ssm, k_prev, v_prev, angle bit-identical");
         } else {
-            diag("%s", mg_last_error());
+            mg_tap_diag("%s", mg_last_error());
         }
-        {{ name }}_decode_graph_destroy(g);
+        model_decode_graph_destroy(g);
     }
     mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dug); mg_dev_free(dog);
     for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); }
@@ -598,10 +531,10 @@ static void test_decode_graph(int batch, int T, uint64_t seed)
     hs_free(&st0); hs_free(&ste); hs_free(&stg);
 }
 
-#if {{ NAME }}_HAS_CHUNKED_SCAN
+#if MODEL_HAS_CHUNKED_SCAN
 static void set_scan(int choice)
 {
-    if ({{ name }}_set_scan(model, choice) != MG_OK) bail("{{ name }}_set_scan");
+    if (model_set_scan(model, choice) != MG_OK) mg_tap_bail(MODEL_NAME "_set_scan");
 }
 
 /* The chunked scan (forced) vs the f64 reference and vs the sequential scan
@@ -612,19 +545,19 @@ static void test_chunked_vs_sequential(int batch, int T, uint64_t seed)
     double *rout = DALLOC_H(n_out(batch, T));
     hstate st0 = hs_new(batch), sc = hs_new(batch), ss = hs_new(batch);
     rstate rs = rs_new(batch);
-    randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     hs_rand(&st0, seed + 1);
     hs_copy(&sc, &st0);
     hs_copy(&ss, &st0);
-    set_scan({{ NAME }}_SCAN_CHUNKED);
+    set_scan(MODEL_SCAN_CHUNKED);
     mg_status s1 = gpu_prefill(batch, T, u, oc, &sc);
-    set_scan({{ NAME }}_SCAN_SEQUENTIAL);
+    set_scan(MODEL_SCAN_SEQUENTIAL);
     mg_status s2 = gpu_prefill(batch, T, u, os, &ss);
-    set_scan({{ NAME }}_SCAN_SPEC);
+    set_scan(MODEL_SCAN_SPEC);
     char what[200];
-    if (!tap_ok(s1 == MG_OK && s2 == MG_OK, "chunked and sequential prefill b=%d T=%d (chunk %d) run", batch, T,
-                {{ NAME }}_SCAN_CHUNK)) {
-        diag("%s", mg_last_error());
+    if (!mg_tap_ok(s1 == MG_OK && s2 == MG_OK, "chunked and sequential prefill b=%d T=%d (chunk %d) run", batch, T,
+                MODEL_SCAN_CHUNK)) {
+        mg_tap_diag("%s", mg_last_error());
     } else {
         ref_prefill(batch, T, u, &st0, rout, &rs);
         snprintf(what, sizeof what, "chunked b=%d T=%d vs reference: out", batch, T);
@@ -632,10 +565,10 @@ static void test_chunked_vs_sequential(int batch, int T, uint64_t seed)
         snprintf(what, sizeof what, "chunked b=%d T=%d vs reference", batch, T);
         cmp_ref_states(what, &sc, &rs);
         snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: out", batch, T);
-        cmp_gpu_tol(what, oc, os, n_out(batch, T), {{ NAME }}_CHUNK_VS_SEQ_TOL);
+        cmp_gpu_tol(what, oc, os, n_out(batch, T), MODEL_CHUNK_VS_SEQ_TOL);
         for (int i = 0; i < NST; ++i) {
             snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: %s", batch, T, st_name[i]);
-            cmp_gpu_tol(what, sc.s[i], ss.s[i], st_floats(i, batch), {{ NAME }}_CHUNK_VS_SEQ_TOL);
+            cmp_gpu_tol(what, sc.s[i], ss.s[i], st_floats(i, batch), MODEL_CHUNK_VS_SEQ_TOL);
         }
     }
     free(u); free(oc); free(os); free(rout);
@@ -643,91 +576,83 @@ static void test_chunked_vs_sequential(int batch, int T, uint64_t seed)
 }
 #endif
 
-static void expect_status(mg_status got, mg_status want, const char *what)
-{
-    const char *msg = mg_last_error();
-    tap_ok(got == want && msg && msg[0], "bad call: %s -> %s", what, mg_status_name(want));
-    diag("got %s: %s", mg_status_name(got), msg ? msg : "(null)");
-    mg_clear_error();
-}
-
 static void test_bad_calls(void)
 {
     const int B = imin(2, MAX_BATCH), T = imin(3, MAX_SEQ_LEN);
     const size_t nu = n_u(B, T), no = n_out(B, T);
     size_t ns_tot = nu + no + 4;
-    float *du = dalloc(nu), *dout = dalloc(no + 4), *ds[NST];
+    float *du = mg_tap_dalloc(nu), *dout = mg_tap_dalloc(no + 4), *ds[NST];
     for (int i = 0; i < NST; ++i) {
-        ds[i] = dalloc(st_floats(i, B) + 4);
+        ds[i] = mg_tap_dalloc(st_floats(i, B) + 4);
         ns_tot += st_floats(i, B) + 4;
     }
     float *sent = FALLOC(ns_tot), *back = FALLOC(ns_tot);
     for (size_t i = 0; i < ns_tot; ++i) sent[i] = 12345.0f + (float)(i % 97);
     memset(back, 0, ns_tot * sizeof(float));
-    up(du, sent, nu);
-    up(dout, sent, no + 4);
-    for (int i = 0; i < NST; ++i) up(ds[i], sent, st_floats(i, B) + 4);
+    mg_tap_up(du, sent, nu);
+    mg_tap_up(dout, sent, no + 4);
+    for (int i = 0; i < NST; ++i) mg_tap_up(ds[i], sent, st_floats(i, B) + 4);
     float *s0 = ds[0], *s1 = ds[1], *s2 = ds[2], *s3 = ds[3];
 
-    expect_status({{ name }}_prefill(NULL, B, T, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill with a NULL model");
-    expect_status({{ name }}_prefill(model, 0, T, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill batch = 0");
-    expect_status({{ name }}_prefill(model, MAX_BATCH + 1, T, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill batch = MAX_BATCH + 1");
-    expect_status({{ name }}_prefill(model, B, 0, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill seqlen = 0");
-    expect_status({{ name }}_prefill(model, B, MAX_SEQ_LEN + 1, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill seqlen = MAX_SEQ_LEN + 1");
-    expect_status({{ name }}_prefill(model, B, T, NULL, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill u = NULL");
-    expect_status({{ name }}_prefill(model, B, T, du, NULL, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill out = NULL");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, NULL, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill states without ssm");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, s0, NULL, s2, s3), MG_ERR_INVALID_ARG, "prefill states without k_prev");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, s0, s1, NULL, s3), MG_ERR_INVALID_ARG, "prefill states without v_prev");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, s0, s1, s2, NULL), MG_ERR_INVALID_ARG, "prefill states without angle");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, NULL, NULL, NULL, s3), MG_ERR_INVALID_ARG, "prefill angle state only");
-    expect_status({{ name }}_prefill(model, B, T, du + 1, dout, s0, s1, s2, s3), MG_ERR_ALIGNMENT, "prefill misaligned u");
-    expect_status({{ name }}_prefill(model, B, T, du, dout + 1, s0, s1, s2, s3), MG_ERR_ALIGNMENT, "prefill misaligned out");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, s0 + 1, s1, s2, s3), MG_ERR_ALIGNMENT, "prefill misaligned ssm");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, s0, s1 + 2, s2, s3), MG_ERR_ALIGNMENT, "prefill misaligned k_prev");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, s0, s1, s2 + 1, s3), MG_ERR_ALIGNMENT, "prefill misaligned v_prev");
-    expect_status({{ name }}_prefill(model, B, T, du, dout, s0, s1, s2, s3 + 3), MG_ERR_ALIGNMENT, "prefill misaligned angle");
-    expect_status({{ name }}_decode_step(model, B, du, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "decode_step without states");
-    expect_status({{ name }}_decode_step(model, B, du, dout, s0, s1, s2, NULL), MG_ERR_INVALID_ARG, "decode_step without angle");
-    expect_status({{ name }}_decode_step(model, 0, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "decode_step batch = 0");
-    expect_status({{ name }}_decode_step(model, MAX_BATCH + 1, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "decode_step batch = MAX_BATCH + 1");
-    expect_status({{ name }}_burn_in(NULL, B, T, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in with a NULL model");
-    expect_status({{ name }}_burn_in(model, B, T, du, NULL, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in last_out = NULL");
-    expect_status({{ name }}_burn_in(model, B, T, NULL, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in u = NULL");
-    expect_status({{ name }}_burn_in(model, 0, T, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in batch = 0");
-    expect_status({{ name }}_burn_in(model, B, 0, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in seqlen = 0");
-    expect_status({{ name }}_burn_in(model, B, MAX_SEQ_LEN + 1, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in seqlen = MAX_SEQ_LEN + 1");
-    expect_status({{ name }}_burn_in(model, B, T, du, dout, s0, s1, s2, NULL), MG_ERR_INVALID_ARG, "burn_in states without angle");
-    expect_status({{ name }}_burn_in(model, B, T, du, dout, NULL, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in states without ssm");
-    expect_status({{ name }}_burn_in(model, B, T, du, dout + 1, s0, s1, s2, s3), MG_ERR_ALIGNMENT, "burn_in misaligned last_out");
-    expect_status({{ name }}_burn_in(model, B, T, du, dout, s0, s1, s2 + 1, s3), MG_ERR_ALIGNMENT, "burn_in misaligned v_prev");
+    mg_tap_expect_status(model_prefill(NULL, B, T, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill with a NULL model");
+    mg_tap_expect_status(model_prefill(model, 0, T, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill batch = 0");
+    mg_tap_expect_status(model_prefill(model, MAX_BATCH + 1, T, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill batch = MAX_BATCH + 1");
+    mg_tap_expect_status(model_prefill(model, B, 0, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill seqlen = 0");
+    mg_tap_expect_status(model_prefill(model, B, MAX_SEQ_LEN + 1, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill seqlen = MAX_SEQ_LEN + 1");
+    mg_tap_expect_status(model_prefill(model, B, T, NULL, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill u = NULL");
+    mg_tap_expect_status(model_prefill(model, B, T, du, NULL, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill out = NULL");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, NULL, s1, s2, s3), MG_ERR_INVALID_ARG, "prefill states without ssm");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, s0, NULL, s2, s3), MG_ERR_INVALID_ARG, "prefill states without k_prev");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, s0, s1, NULL, s3), MG_ERR_INVALID_ARG, "prefill states without v_prev");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, s0, s1, s2, NULL), MG_ERR_INVALID_ARG, "prefill states without angle");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, NULL, NULL, NULL, s3), MG_ERR_INVALID_ARG, "prefill angle state only");
+    mg_tap_expect_status(model_prefill(model, B, T, du + 1, dout, s0, s1, s2, s3), MG_ERR_ALIGNMENT, "prefill misaligned u");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout + 1, s0, s1, s2, s3), MG_ERR_ALIGNMENT, "prefill misaligned out");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, s0 + 1, s1, s2, s3), MG_ERR_ALIGNMENT, "prefill misaligned ssm");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, s0, s1 + 2, s2, s3), MG_ERR_ALIGNMENT, "prefill misaligned k_prev");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, s0, s1, s2 + 1, s3), MG_ERR_ALIGNMENT, "prefill misaligned v_prev");
+    mg_tap_expect_status(model_prefill(model, B, T, du, dout, s0, s1, s2, s3 + 3), MG_ERR_ALIGNMENT, "prefill misaligned angle");
+    mg_tap_expect_status(model_decode_step(model, B, du, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "decode_step without states");
+    mg_tap_expect_status(model_decode_step(model, B, du, dout, s0, s1, s2, NULL), MG_ERR_INVALID_ARG, "decode_step without angle");
+    mg_tap_expect_status(model_decode_step(model, 0, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "decode_step batch = 0");
+    mg_tap_expect_status(model_decode_step(model, MAX_BATCH + 1, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "decode_step batch = MAX_BATCH + 1");
+    mg_tap_expect_status(model_burn_in(NULL, B, T, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in with a NULL model");
+    mg_tap_expect_status(model_burn_in(model, B, T, du, NULL, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in last_out = NULL");
+    mg_tap_expect_status(model_burn_in(model, B, T, NULL, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in u = NULL");
+    mg_tap_expect_status(model_burn_in(model, 0, T, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in batch = 0");
+    mg_tap_expect_status(model_burn_in(model, B, 0, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in seqlen = 0");
+    mg_tap_expect_status(model_burn_in(model, B, MAX_SEQ_LEN + 1, du, dout, s0, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in seqlen = MAX_SEQ_LEN + 1");
+    mg_tap_expect_status(model_burn_in(model, B, T, du, dout, s0, s1, s2, NULL), MG_ERR_INVALID_ARG, "burn_in states without angle");
+    mg_tap_expect_status(model_burn_in(model, B, T, du, dout, NULL, s1, s2, s3), MG_ERR_INVALID_ARG, "burn_in states without ssm");
+    mg_tap_expect_status(model_burn_in(model, B, T, du, dout + 1, s0, s1, s2, s3), MG_ERR_ALIGNMENT, "burn_in misaligned last_out");
+    mg_tap_expect_status(model_burn_in(model, B, T, du, dout, s0, s1, s2 + 1, s3), MG_ERR_ALIGNMENT, "burn_in misaligned v_prev");
     {
-        {{ name }}_graph *g = NULL;
-        expect_status({{ name }}_decode_graph_create(model, B, du, dout, NULL, NULL, NULL, NULL, &g), MG_ERR_INVALID_ARG, "decode_graph_create without states");
-        expect_status({{ name }}_decode_graph_create(model, B, du, dout, s0, s1, NULL, s3, &g), MG_ERR_INVALID_ARG, "decode_graph_create without v_prev");
-        expect_status({{ name }}_decode_graph_create(model, B, du, dout, s0, s1, s2, s3, NULL), MG_ERR_INVALID_ARG, "decode_graph_create graph pointer NULL");
-        expect_status({{ name }}_decode_graph_create(NULL, B, du, dout, s0, s1, s2, s3, &g), MG_ERR_INVALID_ARG, "decode_graph_create with a NULL model");
-        expect_status({{ name }}_decode_graph_create(model, MAX_BATCH + 1, du, dout, s0, s1, s2, s3, &g), MG_ERR_INVALID_ARG, "decode_graph_create batch = MAX_BATCH + 1");
-        expect_status({{ name }}_decode_graph_create(model, B, du, dout, s0, s1, s2, s3 + 1, &g), MG_ERR_ALIGNMENT, "decode_graph_create misaligned angle");
-        tap_ok(g == NULL, "failed decode_graph_create calls leave the graph pointer NULL");
-        expect_status({{ name }}_decode_graph_launch(NULL), MG_ERR_INVALID_ARG, "decode_graph_launch NULL");
-        {{ name }}_decode_graph_destroy(NULL);
+        model_graph *g = NULL;
+        mg_tap_expect_status(model_decode_graph_create(model, B, du, dout, NULL, NULL, NULL, NULL, &g), MG_ERR_INVALID_ARG, "decode_graph_create without states");
+        mg_tap_expect_status(model_decode_graph_create(model, B, du, dout, s0, s1, NULL, s3, &g), MG_ERR_INVALID_ARG, "decode_graph_create without v_prev");
+        mg_tap_expect_status(model_decode_graph_create(model, B, du, dout, s0, s1, s2, s3, NULL), MG_ERR_INVALID_ARG, "decode_graph_create graph pointer NULL");
+        mg_tap_expect_status(model_decode_graph_create(NULL, B, du, dout, s0, s1, s2, s3, &g), MG_ERR_INVALID_ARG, "decode_graph_create with a NULL model");
+        mg_tap_expect_status(model_decode_graph_create(model, MAX_BATCH + 1, du, dout, s0, s1, s2, s3, &g), MG_ERR_INVALID_ARG, "decode_graph_create batch = MAX_BATCH + 1");
+        mg_tap_expect_status(model_decode_graph_create(model, B, du, dout, s0, s1, s2, s3 + 1, &g), MG_ERR_ALIGNMENT, "decode_graph_create misaligned angle");
+        mg_tap_ok(g == NULL, "failed decode_graph_create calls leave the graph pointer NULL");
+        mg_tap_expect_status(model_decode_graph_launch(NULL), MG_ERR_INVALID_ARG, "decode_graph_launch NULL");
+        model_decode_graph_destroy(NULL);
     }
-    expect_status({{ name }}_set_weights(model, NULL, (size_t){{ NAME }}_WEIGHTS_FLOATS), MG_ERR_INVALID_ARG, "set_weights NULL blob");
-    expect_status({{ name }}_set_weights(model, d_blob, (size_t){{ NAME }}_WEIGHTS_FLOATS - 1), MG_ERR_SIZE, "set_weights one float short");
-    expect_status({{ name }}_set_weights(model, d_blob + 1, (size_t){{ NAME }}_WEIGHTS_FLOATS), MG_ERR_ALIGNMENT, "set_weights misaligned blob");
+    mg_tap_expect_status(model_set_weights(model, NULL, (size_t)MODEL_WEIGHTS_FLOATS), MG_ERR_INVALID_ARG, "set_weights NULL blob");
+    mg_tap_expect_status(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS - 1), MG_ERR_SIZE, "set_weights one float short");
+    mg_tap_expect_status(model_set_weights(model, d_blob + 1, (size_t)MODEL_WEIGHTS_FLOATS), MG_ERR_ALIGNMENT, "set_weights misaligned blob");
 
     int untouched = 1;
-    down(back, dout, no + 4);
+    mg_tap_down(back, dout, no + 4);
     untouched = memcmp(back, sent, (no + 4) * sizeof(float)) == 0;
     for (int i = 0; i < NST; ++i) {
-        down(back, ds[i], st_floats(i, B) + 4);
+        mg_tap_down(back, ds[i], st_floats(i, B) + 4);
         untouched = untouched && memcmp(back, sent, (st_floats(i, B) + 4) * sizeof(float)) == 0;
     }
-    tap_ok(untouched, "bad calls left out, ssm, k_prev, v_prev and angle untouched");
+    mg_tap_ok(untouched, "bad calls left out, ssm, k_prev, v_prev and angle untouched");
     /* The failed set_weights calls kept the weights: a valid call still works. */
-    mg_status s = {{ name }}_prefill(model, B, T, du, dout, NULL, NULL, NULL, NULL);
-    tap_ok(s == MG_OK && cudaDeviceSynchronize() == cudaSuccess, "a valid call after the bad ones succeeds");
+    mg_status s = model_prefill(model, B, T, du, dout, NULL, NULL, NULL, NULL);
+    mg_tap_ok(s == MG_OK && cudaDeviceSynchronize() == cudaSuccess, "a valid call after the bad ones succeeds");
     mg_dev_free(du); mg_dev_free(dout);
     for (int i = 0; i < NST; ++i) mg_dev_free(ds[i]);
     free(sent); free(back);
@@ -735,56 +660,36 @@ static void test_bad_calls(void)
 
 int main(void)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    if (mg_device_count() == 0) {
-        printf("1..0 # SKIP no CUDA device\n");
-        return 0;
-    }
-    double scale = 1.0;
-    const char *env = getenv("MG_TEST_SCALE");
-    if (env && atof(env) > 0.0) scale = atof(env);
+    if (!mg_tap_start()) return 0;
+    double scale;
     /* Tokens the CPU reference may process in the whole run. */
-    const double budget_d = scale * REF_BUDGET_MACS / REF_MACS_PER_TOKEN;
-    const int budget = budget_d > 1e8 ? 100000000 : imax(16, (int)budget_d);
-    diag("{{ name }}: D=%d E=%d N=%d P=%d H=%d G=%d S=%d layers=%d in_dim=%d max_batch=%d max_seq_len=%d",
-         D_MODEL, {{ NAME }}_D_INNER, {{ NAME }}_D_STATE, {{ NAME }}_HEADDIM, {{ NAME }}_N_HEADS,
-         {{ NAME }}_N_GROUPS, {{ NAME }}_N_ANGLES, {{ NAME }}_N_LAYERS, IN_DIM, MAX_BATCH, MAX_SEQ_LEN);
-    diag("scan kernel %s (chunked kernel: %s, chunk %d), scan_tchunk %d, a_activation %s, outproj_norm %d, precision %s",
-         {{ NAME }}_SCAN_KERNEL, {{ NAME }}_HAS_CHUNKED_SCAN ? "yes" : "no", {{ NAME }}_SCAN_CHUNK, SCAN_TCHUNK,
-         {{ NAME }}_A_ACTIVATION, {{ NAME }}_OUTPROJ_NORM, {{ NAME }}_PRECISION);
-    diag("reference budget: %d tokens (MG_TEST_SCALE=%g)", budget, scale);
+    const int budget = mg_tap_budget(REF_BUDGET_MACS, REF_MACS_PER_TOKEN, 16, &scale);
+    mg_tap_diag(MODEL_NAME ": D=%d E=%d N=%d P=%d H=%d G=%d S=%d layers=%d in_dim=%d max_batch=%d max_seq_len=%d",
+         D_MODEL, MODEL_D_INNER, MODEL_D_STATE, MODEL_HEADDIM, MODEL_N_HEADS,
+         MODEL_N_GROUPS, MODEL_N_ANGLES, MODEL_N_LAYERS, IN_DIM, MAX_BATCH, MAX_SEQ_LEN);
+    mg_tap_diag("scan kernel %s (chunked kernel: %s, chunk %d), scan_tchunk %d, a_activation %s, outproj_norm %d, precision %s",
+         MODEL_SCAN_KERNEL, MODEL_HAS_CHUNKED_SCAN ? "yes" : "no", MODEL_SCAN_CHUNK, SCAN_TCHUNK,
+         MODEL_A_ACTIVATION, MODEL_OUTPROJ_NORM, MODEL_PRECISION);
+    mg_tap_diag("reference budget: %d tokens (MG_TEST_SCALE=%g)", budget, scale);
 
-    memset(&dims, 0, sizeof dims);
-    dims.d_model = D_MODEL;
-    dims.n_layers = {{ NAME }}_N_LAYERS;
-    dims.d_state = {{ NAME }}_D_STATE;
-    dims.d_inner = {{ NAME }}_D_INNER;
-    dims.headdim = {{ NAME }}_HEADDIM;
-    dims.nheads = {{ NAME }}_N_HEADS;
-    dims.ngroups = {{ NAME }}_N_GROUPS;
-    dims.n_angles = {{ NAME }}_N_ANGLES;
-    dims.input_dim = {{ NAME }}_INPUT_DIM;
-    dims.norm_eps = {{ d.eps }};
-    dims.a_floor = {{ d.a_floor }};
-    dims.a_activation = {{ d.a_heavy_tail and "MG_M3_A_HEAVY_TAIL" or "MG_M3_A_SOFTPLUS" }};
-    dims.outproj_norm = {{ d.outproj_norm and "true" or "false" }};
-    if (mg_ref_mamba3_layout(&dims, &lay) != MG_OK) bail("mg_ref_mamba3_layout");
+    dims = (mg_m3_dims)MODEL_REF_DIMS;
+    if (mg_ref_mamba3_layout(&dims, &lay) != MG_OK) mg_tap_bail("mg_ref_mamba3_layout");
     test_param_table();
 
-    blob = FALLOC(lay.total > (size_t){{ NAME }}_WEIGHTS_FLOATS ? lay.total : (size_t){{ NAME }}_WEIGHTS_FLOATS);
-    if (mg_ref_mamba3_init(&dims, &lay, blob, 20240601ull) != MG_OK) bail("mg_ref_mamba3_init");
-    d_blob = dalloc((size_t){{ NAME }}_WEIGHTS_FLOATS + 64);
-    up(d_blob, blob, (size_t){{ NAME }}_WEIGHTS_FLOATS);
+    blob = FALLOC(lay.total > (size_t)MODEL_WEIGHTS_FLOATS ? lay.total : (size_t)MODEL_WEIGHTS_FLOATS);
+    if (mg_ref_mamba3_init(&dims, &lay, blob, 20240601ull) != MG_OK) mg_tap_bail("mg_ref_mamba3_init");
+    d_blob = mg_tap_dalloc((size_t)MODEL_WEIGHTS_FLOATS + 64);
+    mg_tap_up(d_blob, blob, (size_t)MODEL_WEIGHTS_FLOATS);
 
-    if ({{ name }}_create(&model, 0) != MG_OK) bail("{{ name }}_create");
+    if (model_create(&model, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_create");
     {
-        float *du = dalloc(n_u(1, 1)), *dout = dalloc(n_out(1, 1));
-        expect_status({{ name }}_prefill(model, 1, 1, du, dout, NULL, NULL, NULL, NULL), MG_ERR_STATE, "prefill before set_weights");
+        float *du = mg_tap_dalloc(n_u(1, 1)), *dout = mg_tap_dalloc(n_out(1, 1));
+        mg_tap_expect_status(model_prefill(model, 1, 1, du, dout, NULL, NULL, NULL, NULL), MG_ERR_STATE, "prefill before set_weights");
         mg_dev_free(du); mg_dev_free(dout);
     }
-    expect_status({{ name }}_set_weights(model, d_blob, (size_t){{ NAME }}_WEIGHTS_FLOATS + 1), MG_ERR_SIZE, "set_weights one float too many");
-    if (!tap_ok({{ name }}_set_weights(model, d_blob, (size_t){{ NAME }}_WEIGHTS_FLOATS) == MG_OK, "set_weights"))
-        bail("set_weights");
+    mg_tap_expect_status(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS + 1), MG_ERR_SIZE, "set_weights one float too many");
+    if (!mg_tap_ok(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS) == MG_OK, "set_weights"))
+        mg_tap_bail("set_weights");
 
     /* Case A: small batch, a length spanning several chunks and staged time
      * chunks, a multiple of neither, from a random initial state. */
@@ -799,7 +704,7 @@ int main(void)
         const int tb = imin(MAX_SEQ_LEN, imin(CHUNK + 5, imax(1, budget / 4 / MAX_BATCH)));
         test_prefill(MAX_BATCH, tb, 0, 202);
     } else if (MAX_BATCH > ba) {
-        tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill batch = MAX_BATCH vs reference");
+        mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill batch = MAX_BATCH vs reference");
     } else {
         test_prefill(1, imin(MAX_SEQ_LEN, imin(CHUNK + 5, imax(1, budget / 8))), 0, 202);
     }
@@ -813,7 +718,7 @@ int main(void)
         lens[1] = tt - lens[0];
         test_windows(bc, 2, lens, 303);
     } else {
-        tap_skip("MAX_SEQ_LEN < 2", "continuation across two prefill calls");
+        mg_tap_skip("MAX_SEQ_LEN < 2", "continuation across two prefill calls");
     }
     if (MAX_SEQ_LEN >= 4) {
         const int tt = imin(MAX_SEQ_LEN, imin(2 * CHUNK + 7, imax(4, budget / 8 / bc)));
@@ -825,15 +730,15 @@ int main(void)
         if (lens[3] < 1) { lens[3] = 1; lens[0] = tt - 3; lens[2] = 1; }
         test_windows(bc, 4, lens, 313);
     } else {
-        tap_skip("MAX_SEQ_LEN < 4", "continuation across four prefill calls");
+        mg_tap_skip("MAX_SEQ_LEN < 4", "continuation across four prefill calls");
     }
 
-#if {{ NAME }}_HAS_CHUNKED_SCAN
+#if MODEL_HAS_CHUNKED_SCAN
     /* Chunked scan, forced: vs the reference and the sequential scan, at a
      * length of several chunks plus a partial one, and shorter than a chunk;
      * then continuation over four chunked windows vs one chunked call. */
     {
-        const int Q = {{ NAME }}_SCAN_CHUNK;
+        const int Q = MODEL_SCAN_CHUNK;
         const int bq = imin(2, MAX_BATCH);
         test_chunked_vs_sequential(bq, imin(MAX_SEQ_LEN, imin(3 * Q + 5, imax(2, budget / 8 / bq))), 801);
         test_chunked_vs_sequential(1, imin(MAX_SEQ_LEN, imax(2, Q / 2 + 1)), 802);
@@ -845,19 +750,19 @@ int main(void)
             lens[2] = imax(1, tt / 3 - 1);
             lens[3] = tt - lens[0] - lens[1] - lens[2];
             if (lens[3] < 1) { lens[0] = 1; lens[1] = 1; lens[2] = 1; lens[3] = tt - 3; }
-            set_scan({{ NAME }}_SCAN_CHUNKED);
+            set_scan(MODEL_SCAN_CHUNKED);
             test_windows(bq, 4, lens, 803);
-            set_scan({{ NAME }}_SCAN_SPEC);
+            set_scan(MODEL_SCAN_SPEC);
         } else {
-            tap_skip("MAX_SEQ_LEN < 4", "continuation across four chunked prefill calls");
+            mg_tap_skip("MAX_SEQ_LEN < 4", "continuation across four chunked prefill calls");
         }
     }
     {
         /* set_scan rejects an unknown choice */
-        expect_status({{ name }}_set_scan(model, 7), MG_ERR_INVALID_ARG, "set_scan(7)");
+        mg_tap_expect_status(model_set_scan(model, 7), MG_ERR_INVALID_ARG, "set_scan(7)");
     }
 #else
-    expect_status({{ name }}_set_scan(model, {{ NAME }}_SCAN_CHUNKED), MG_ERR_INVALID_ARG,
+    mg_tap_expect_status(model_set_scan(model, MODEL_SCAN_CHUNKED), MG_ERR_INVALID_ARG,
                   "set_scan(CHUNKED) without the chunked kernel");
 #endif
 
@@ -869,7 +774,7 @@ int main(void)
     if (MAX_SEQ_LEN <= 2 * budget)
         test_prefill(1, MAX_SEQ_LEN, 1, 707);
     else
-        tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill of MAX_SEQ_LEN tokens vs reference");
+        mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill of MAX_SEQ_LEN tokens vs reference");
 
     /* Bit-identical reruns. */
     test_determinism(ba, imin(MAX_SEQ_LEN, SCAN_TCHUNK + 3), 505);
@@ -892,24 +797,22 @@ int main(void)
 
     /* The library's own self-check. */
     {
-        {{ name }}_check_opts o;
+        model_check_opts o;
         memset(&o, 0, sizeof o);
         o.batch = 1;
         o.seqlen = imin(MAX_SEQ_LEN, imin(CHUNK + 9, imax(1, budget / 8)));
         o.seed = 606;
         o.with_state = 1;
-        {{ name }}_check_report r;
-        mg_status s = {{ name }}_selfcheck(&o, &r);
-        diag("selfcheck b=1 T=%d: out rel_l2=%.3e, ssm %.3e, k_prev %.3e, v_prev %.3e, angle %.3e", o.seqlen,
+        model_check_report r;
+        mg_status s = model_selfcheck(&o, &r);
+        mg_tap_diag("selfcheck b=1 T=%d: out rel_l2=%.3e, ssm %.3e, k_prev %.3e, v_prev %.3e, angle %.3e", o.seqlen,
              r.out.rel_l2, r.ssm.rel_l2, r.k_prev.rel_l2, r.v_prev.rel_l2, r.angle.rel_l2);
-        if (!tap_ok(s == MG_OK && r.passed, "{{ name }}_selfcheck passes")) diag("%s", mg_last_error());
+        if (!mg_tap_ok(s == MG_OK && r.passed, MODEL_NAME "_selfcheck passes")) mg_tap_diag("%s", mg_last_error());
     }
 
-    {{ name }}_destroy(model);
+    model_destroy(model);
     mg_dev_free(d_blob);
     free(blob);
     mg_ref_mamba3_layout_free(&lay);
-    printf("1..%d\n", n_tests);
-    if (n_failed) diag("%d of %d tests failed", n_failed, n_tests);
-    return n_failed ? 1 : 0;
+    return mg_tap_done();
 }

@@ -1,0 +1,119 @@
+/* mg_tap.c: the TAP harness and buffer helpers of the emitted test programs
+ * (mg_tap.h). Output goes to stdout and is flushed per test line, so a crash
+ * still shows how far the program got. */
+#include "mg_tap.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime_api.h>
+
+#include "mg_cuda.h"
+#include "mg_rng.h"
+
+static int n_tests, n_failed;
+
+int mg_tap_start(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (mg_device_count() == 0) {
+        printf("1..0 # SKIP no CUDA device\n");
+        return 0;
+    }
+    return 1;
+}
+
+int mg_tap_budget(double ref_budget_macs, double macs_per_token, int min_tokens, double *scale)
+{
+    *scale = 1.0;
+    const char *env = getenv("MG_TEST_SCALE");
+    if (env && atof(env) > 0.0) *scale = atof(env);
+    const double budget_d = *scale * ref_budget_macs / macs_per_token;
+    if (budget_d > 1e8) return 100000000;
+    return (int)budget_d > min_tokens ? (int)budget_d : min_tokens;
+}
+
+void mg_tap_diag(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("# ", stdout);
+    vprintf(fmt, ap);
+    fputc('\n', stdout);
+    va_end(ap);
+}
+
+int mg_tap_ok(int pass, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%sok %d - ", pass ? "" : "not ", ++n_tests);
+    vprintf(fmt, ap);
+    fputc('\n', stdout);
+    va_end(ap);
+    if (!pass) n_failed++;
+    fflush(stdout);
+    return pass;
+}
+
+void mg_tap_skip(const char *why, const char *what)
+{
+    printf("ok %d - %s # SKIP %s\n", ++n_tests, what, why);
+}
+
+void mg_tap_bail(const char *what)
+{
+    printf("Bail out! %s: %s\n", what, mg_last_error());
+    exit(1);
+}
+
+void mg_tap_expect_status(mg_status got, mg_status want, const char *what)
+{
+    const char *msg = mg_last_error();
+    mg_tap_ok(got == want && msg && msg[0], "bad call: %s -> %s", what, mg_status_name(want));
+    mg_tap_diag("got %s: %s", mg_status_name(got), msg ? msg : "(null)");
+    mg_clear_error();
+}
+
+int mg_tap_done(void)
+{
+    printf("1..%d\n", n_tests);
+    if (n_failed) mg_tap_diag("%d of %d tests failed", n_failed, n_tests);
+    return n_failed ? 1 : 0;
+}
+
+float *mg_tap_dalloc(size_t n)
+{
+    void *p = NULL;
+    if (mg_dev_alloc(&p, (n ? n : 1) * sizeof(float), "test buffer") != MG_OK) mg_tap_bail("cudaMalloc");
+    return (float *)p;
+}
+
+void mg_tap_up(float *d, const float *h, size_t n)
+{
+    if (n && cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("upload");
+}
+
+void mg_tap_down(float *h, const float *d, size_t n)
+{
+    if (cudaDeviceSynchronize() != cudaSuccess) mg_tap_bail("sync");
+    if (n && cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) mg_tap_bail("download");
+}
+
+static void *checked(void *p)
+{
+    if (!p) { printf("Bail out! out of host memory\n"); exit(1); }
+    return p;
+}
+
+void *mg_tap_malloc(size_t bytes) { return checked(malloc(bytes ? bytes : 1)); }
+
+void *mg_tap_calloc(size_t bytes) { return checked(calloc(1, bytes ? bytes : 1)); }
+
+void mg_tap_randn(float *x, size_t n, uint64_t seed, float std)
+{
+    mg_rng r;
+    mg_rng_seed(&r, seed);
+    mg_rng_fill_normal(&r, x, n, 0.0f, std);
+}

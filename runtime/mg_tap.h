@@ -1,0 +1,61 @@
+/* mg_tap.h: the harness of the emitted test programs (NAME_test,
+ * NAME_train_test): TAP output on stdout (numbered "ok" / "not ok" lines,
+ * "# " diagnostics, skips, "Bail out!"), and the buffer helpers every test
+ * uses, which bail out instead of returning errors so that a test case reads
+ * as a straight line. One process runs one TAP stream: the counters are
+ * process-wide. */
+#ifndef MG_TAP_H
+#define MG_TAP_H
+#include <stddef.h>
+#include <stdint.h>
+#include "mg_status.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The start of a test program: line-buffered stdout; without a CUDA device,
+ * the plan "1..0 # SKIP no CUDA device" and 0 (the program then exits 0). */
+int mg_tap_start(void);
+
+/* Tokens the CPU reference may process in the whole run: ref_budget_macs
+ * (the reference work at scale 1) times MG_TEST_SCALE (default 1; *scale
+ * gets it) over macs_per_token, at least min_tokens, at most 1e8. */
+int mg_tap_budget(double ref_budget_macs, double macs_per_token, int min_tokens, double *scale);
+
+/* "# " + the formatted text + newline. */
+void mg_tap_diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* One numbered test line: "ok N - TEXT" or "not ok N - TEXT"; returns pass
+ * (so a failure can print diagnostics: if (!mg_tap_ok(...)) mg_tap_diag(...)). */
+int mg_tap_ok(int pass, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "ok N - WHAT # SKIP WHY". */
+void mg_tap_skip(const char *why, const char *what);
+
+/* "Bail out! WHAT: <mg_last_error()>" and exit(1). */
+void mg_tap_bail(const char *what) __attribute__((noreturn));
+
+/* A call that must fail: "ok" when it returned want with a message in
+ * mg_last_error(); the message is printed and cleared. */
+void mg_tap_expect_status(mg_status got, mg_status want, const char *what);
+
+/* The plan "1..N" (printed last), a diagnostic naming the failures if any;
+ * returns the exit status of the program (1 when a test failed). */
+int mg_tap_done(void);
+
+/* Device buffer of n floats (at least one), or bail out. */
+float *mg_tap_dalloc(size_t n);
+/* Upload / download n floats (download synchronizes the device first); bail
+ * out on error. */
+void mg_tap_up(float *d, const float *h, size_t n);
+void mg_tap_down(float *h, const float *d, size_t n);
+/* Host memory (at least one byte), or bail out; _calloc zeroes it. */
+void *mg_tap_malloc(size_t bytes);
+void *mg_tap_calloc(size_t bytes);
+/* x[0..n) ~ N(0, std^2) from mg_rng seeded with seed. */
+void mg_tap_randn(float *x, size_t n, uint64_t seed, float std);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,235 @@
+/* train_tests.h: the tests of NAME_train_test.c that every arch runs word
+ * for word: AdamW vs a CPU implementation in double (test_adamw), a NaN
+ * gradient skips the update (test_adamw_skip), dynamic loss scaling
+ * (test_loss_scaling), a few MSE training steps (test_training). Not a
+ * standalone header: NAME_train_test.c includes it once, after its globals
+ * (blob, inside, tens, n_tens, tr), helpers (FALLOC, DALLOC_H, n_u, n_out,
+ * cmp_ref, run_out, run_alloc, gpu_run, run_free) and the arguments that
+ * differ by arch: NO_STATES (NULL for every state argument of the
+ * library's calls), NO_STATE0 (gpu_run's fresh start), MATRIX_SUFFIXES (the
+ * names of the weights that are matrices). */
+static int is_matrix(const char *nm)
+{
+    static const char *suffix[] = { MATRIX_SUFFIXES };
+    const size_t ln = strlen(nm);
+    for (size_t k = 0; k < sizeof suffix / sizeof suffix[0]; ++k) {
+        const size_t ls = strlen(suffix[k]);
+        if (ln >= ls && strcmp(nm + ln - ls, suffix[k]) == 0) return 1;
+    }
+    return 0;
+}
+
+static void test_adamw(int clip, int matrices_only, uint64_t seed)
+{
+    float *w = FALLOC(WFLOATS), *g = FALLOC(WFLOATS), *m = FALLOC(WFLOATS), *v = FALLOC(WFLOATS);
+    float *w2 = FALLOC(WFLOATS), *m2 = FALLOC(WFLOATS), *v2 = FALLOC(WFLOATS), *stat = FALLOC(2);
+    double *rw = DALLOC_H(WFLOATS), *rm = DALLOC_H(WFLOATS), *rv = DALLOC_H(WFLOATS);
+    memcpy(w, blob, WFLOATS * sizeof(float));
+    mg_tap_randn(g, WFLOATS, seed, 0.01f);
+    mg_tap_randn(m, WFLOATS, seed + 1, 0.001f);
+    mg_tap_randn(v, WFLOATS, seed + 2, 1e-4f);
+    unsigned char *dec = (unsigned char *)mg_tap_calloc(WFLOATS);
+    for (int i = 0; i < n_tens; ++i)
+        memset(dec + tens[i].offset, matrices_only ? is_matrix(tens[i].name) : 1, tens[i].numel);
+    for (size_t i = 0; i < WFLOATS; ++i) {
+        v[i] = v[i] * v[i];
+        if (!inside[i]) { g[i] = 0.0f; w[i] = 0.0f; m[i] = 0.5f; v[i] = 0.25f; }   /* padding sentinels */
+    }
+    double nrm = 0.0;
+    for (size_t i = 0; i < WFLOATS; ++i) nrm += (double)g[i] * g[i];
+    nrm = sqrt(nrm);
+    model_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.lr = 1e-3f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.weight_decay = 0.1f;
+    p.max_grad_norm = clip ? (float)(0.25 * nrm) : 0.0f;
+    p.step = 3;
+    p.wd_matrices_only = matrices_only;
+    /* CPU reference in double (torch.optim.AdamW + clip_grad_norm_) */
+    double sc = 1.0;
+    if (p.max_grad_norm > 0.0f) { sc = (double)p.max_grad_norm / (nrm + 1e-6); if (sc > 1.0) sc = 1.0; }
+    const double bc1 = 1.0 - pow(p.beta1, p.step), bc2 = 1.0 - pow(p.beta2, p.step);
+    for (size_t i = 0; i < WFLOATS; ++i) {
+        if (!inside[i]) { rw[i] = w[i]; rm[i] = m[i]; rv[i] = v[i]; continue; }
+        const double gi = g[i] * sc;
+        double pw = w[i];
+        if (dec[i]) pw *= 1.0 - (double)p.lr * p.weight_decay;
+        rm[i] = p.beta1 * (double)m[i] + (1.0 - p.beta1) * gi;
+        rv[i] = p.beta2 * (double)v[i] + (1.0 - p.beta2) * gi * gi;
+        rw[i] = pw - (double)p.lr / bc1 * rm[i] / (sqrt(rv[i]) / sqrt(bc2) + p.eps);
+    }
+    float *dw = mg_tap_dalloc(WFLOATS), *dg = mg_tap_dalloc(WFLOATS), *dm = mg_tap_dalloc(WFLOATS), *dv = mg_tap_dalloc(WFLOATS);
+    mg_tap_up(dw, w, WFLOATS); mg_tap_up(dg, g, WFLOATS); mg_tap_up(dm, m, WFLOATS); mg_tap_up(dv, v, WFLOATS);
+    mg_status s = model_adamw_step(tr, dw, dg, dm, dv, &p);
+    const char *how = clip ? "clipping active" : "no clipping";
+    const char *wd = matrices_only ? "decay on matrices" : "decay on all";
+    if (mg_tap_ok(s == MG_OK, "adamw_step (%s, %s) runs", how, wd)) {
+        mg_tap_down(w2, dw, WFLOATS); mg_tap_down(m2, dm, WFLOATS); mg_tap_down(v2, dv, WFLOATS);
+        mg_tap_down(stat, model_trainer_grad_norm(tr), 2);
+        char what[160];
+        snprintf(what, sizeof what, "adamw (%s, %s): weights vs CPU double", how, wd);
+        cmp_ref(what, w2, rw, WFLOATS, ADAMW_TOL);
+        snprintf(what, sizeof what, "adamw (%s, %s): m vs CPU double", how, wd);
+        cmp_ref(what, m2, rm, WFLOATS, ADAMW_TOL);
+        snprintf(what, sizeof what, "adamw (%s, %s): v vs CPU double", how, wd);
+        cmp_ref(what, v2, rv, WFLOATS, ADAMW_TOL);
+        mg_tap_diag("grad norm: device %.9g, CPU %.9g; clip scale device %.9g, CPU %.9g", stat[0], nrm, stat[1], sc);
+        mg_tap_ok(fabs(stat[0] - nrm) <= 1e-6 * nrm && fabs(stat[1] - sc) <= 1e-6 * sc,
+               "adamw (%s): device global grad norm and clip scale match the CPU", how);
+        size_t bad = 0;
+        for (size_t i = 0; i < WFLOATS; ++i)
+            if (!inside[i] && (w2[i] != w[i] || m2[i] != m[i] || v2[i] != v[i])) ++bad;
+        mg_tap_ok(bad == 0, "adamw (%s, %s): padding never written (%zu changed)", how, wd, bad);
+    } else {
+        mg_tap_diag("%s", mg_last_error());
+    }
+    mg_dev_free(dw); mg_dev_free(dg); mg_dev_free(dm); mg_dev_free(dv);
+    free(w); free(g); free(m); free(v); free(w2); free(m2); free(v2); free(stat); free(dec);
+    free(rw); free(rm); free(rv);
+}
+
+/* A NaN among the gradients: adamw_step leaves weights and moments as they
+ * were, and the norm it reports is not finite. */
+static void test_adamw_skip(uint64_t seed)
+{
+    float *w = FALLOC(WFLOATS), *g = FALLOC(WFLOATS), *m = FALLOC(WFLOATS), *v = FALLOC(WFLOATS);
+    float *w2 = FALLOC(WFLOATS), *m2 = FALLOC(WFLOATS), *v2 = FALLOC(WFLOATS), stat[2];
+    memcpy(w, blob, WFLOATS * sizeof(float));
+    mg_tap_randn(g, WFLOATS, seed, 0.01f);
+    mg_tap_randn(m, WFLOATS, seed + 1, 0.001f);
+    mg_tap_randn(v, WFLOATS, seed + 2, 0.01f);
+    for (size_t i = 0; i < WFLOATS; ++i) v[i] *= v[i];
+    size_t k = WFLOATS / 2;
+    while (k < WFLOATS && !inside[k]) ++k;   /* an element of a tensor */
+    g[k < WFLOATS ? k : 0] = NAN;
+    float *dw = mg_tap_dalloc(WFLOATS), *dg = mg_tap_dalloc(WFLOATS), *dm = mg_tap_dalloc(WFLOATS), *dv = mg_tap_dalloc(WFLOATS);
+    mg_tap_up(dw, w, WFLOATS); mg_tap_up(dg, g, WFLOATS); mg_tap_up(dm, m, WFLOATS); mg_tap_up(dv, v, WFLOATS);
+    model_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.lr = 1e-3f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.weight_decay = 0.1f;
+    p.max_grad_norm = 1.0f; p.step = 1;
+    mg_status s = model_adamw_step(tr, dw, dg, dm, dv, &p);
+    if (mg_tap_ok(s == MG_OK, "adamw_step with a NaN gradient runs")) {
+        mg_tap_down(w2, dw, WFLOATS); mg_tap_down(m2, dm, WFLOATS); mg_tap_down(v2, dv, WFLOATS);
+        mg_tap_down(stat, model_trainer_grad_norm(tr), 2);
+        mg_tap_ok(memcmp(w, w2, WFLOATS * sizeof(float)) == 0 && memcmp(m, m2, WFLOATS * sizeof(float)) == 0 &&
+               memcmp(v, v2, WFLOATS * sizeof(float)) == 0,
+               "adamw_step with a NaN gradient skips the update (weights, m, v unchanged)");
+        mg_tap_ok(!isfinite(stat[0]) && stat[1] == 0.0f, "... and reports a non-finite norm, clip scale 0 (%g, %g)",
+               stat[0], stat[1]);
+    } else {
+        mg_tap_diag("%s", mg_last_error());
+    }
+    mg_dev_free(dw); mg_dev_free(dg); mg_dev_free(dm); mg_dev_free(dv);
+    free(w); free(g); free(m); free(v); free(w2); free(m2); free(v2);
+}
+
+/* The loss scale's arguments, its growth after finite backward calls and its
+ * back-off after an overflowing one (dout so large that dout * S is inf). */
+static void test_loss_scaling(int B, int T, uint64_t seed)
+{
+    float sc[4];
+    mg_tap_down(sc, model_trainer_loss_scale(tr), 4);
+    mg_tap_ok(sc[0] == (MODEL_LOSS_SCALE_INIT > 0.0f ? MODEL_LOSS_SCALE_INIT : 1.0f) &&
+           sc[3] == (float)MODEL_LOSS_SCALE_GROWTH,
+           "a new trainer's loss scale is the default for " MODEL_PRECISION " (%g, interval %g)", sc[0], sc[3]);
+    static const float bad_s[] = { 3.0f, 0.5f, 33554432.0f, -2.0f, NAN };
+    for (size_t i = 0; i < sizeof bad_s / sizeof bad_s[0]; ++i) {
+        mg_status s = model_trainer_set_loss_scaling(tr, bad_s[i], 10);
+        mg_tap_ok(s == MG_ERR_INVALID_ARG, "set_loss_scaling(%g) -> MG_ERR_INVALID_ARG", (double)bad_s[i]);
+    }
+    mg_tap_ok(model_trainer_set_loss_scaling(tr, 4.0f, 0) == MG_ERR_INVALID_ARG,
+           "set_loss_scaling(growth_interval 0) -> MG_ERR_INVALID_ARG");
+    mg_tap_ok(model_trainer_set_loss_scaling(NULL, 4.0f, 1) == MG_ERR_INVALID_ARG,
+           "set_loss_scaling(NULL trainer) -> MG_ERR_INVALID_ARG");
+
+    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T));
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
+    run_out r;
+    run_alloc(&r, B, T);
+    /* growth: S = 2, interval 2: two finite calls -> 4, a third -> 4 (count 1) */
+    mg_status s = model_trainer_set_loss_scaling(tr, 2.0f, 2);
+    for (int k = 0; k < 3 && s == MG_OK; ++k) {
+        s = gpu_run(B, T, u, NO_STATE0, dout, 1, &r);
+        mg_tap_down(sc, model_trainer_loss_scale(tr), 4);
+        if (k == 1)
+            mg_tap_ok(s == MG_OK && sc[0] == 4.0f && sc[1] == 0.0f,
+                   "loss scale 2, interval 2: doubled after two finite backward calls (%g, %g)", sc[0], sc[1]);
+    }
+    mg_tap_ok(s == MG_OK && sc[0] == 4.0f && sc[1] == 1.0f && sc[2] == 0.0f,
+           "... a third call counts 1 toward the next growth (%g, %g, %g non-finite)", sc[0], sc[1], sc[2]);
+    /* back-off: dout * S overflows f32 */
+    for (size_t i = 0; i < n_out(B, T); ++i) dout[i] = dout[i] < 0.0f ? -1e38f : 1e38f;
+    s = model_trainer_set_loss_scaling(tr, 16777216.0f, 2000);
+    if (s == MG_OK) s = gpu_run(B, T, u, NO_STATE0, dout, 1, &r);
+    mg_tap_down(sc, model_trainer_loss_scale(tr), 4);
+    size_t nonfin = 0;
+    for (size_t i = 0; i < WFLOATS; ++i) nonfin += !isfinite(r.grads[i]);
+    mg_tap_ok(s == MG_OK && nonfin > 0 && sc[0] == 8388608.0f && sc[1] == 0.0f && sc[2] == 1.0f,
+           "an overflowing backward: non-finite gradients (%zu), the scale halves (%g), one non-finite call (%g)",
+           nonfin, sc[0], sc[2]);
+    /* off: S reads 1 and stays */
+    s = model_trainer_set_loss_scaling(tr, 0.0f, 1);
+    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
+    if (s == MG_OK) s = gpu_run(B, T, u, NO_STATE0, dout, 0, &r);
+    mg_tap_down(sc, model_trainer_loss_scale(tr), 4);
+    mg_tap_ok(s == MG_OK && sc[0] == 1.0f && sc[1] == 0.0f, "loss scaling off: the scale reads 1 and does not move");
+    /* back to this precision's default */
+    s = model_trainer_set_loss_scaling(tr, MODEL_LOSS_SCALE_INIT, MODEL_LOSS_SCALE_GROWTH);
+    if (s != MG_OK) mg_tap_bail("set_loss_scaling (default)");
+    run_free(&r);
+    free(u); free(dout);
+}
+
+/* ---------------------------------------------------------------- training */
+static void test_training(int B, int T, int steps, uint64_t seed)
+{
+    float *u = FALLOC(n_u(B, T)), *tgt = FALLOC(n_out(B, T)), *out = FALLOC(n_out(B, T)), *loss = FALLOC(steps);
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(tgt, n_out(B, T), seed + 1, 0.5f);
+    float *dw = mg_tap_dalloc(WFLOATS), *dg = mg_tap_dalloc(WFLOATS), *dm = mg_tap_dalloc(WFLOATS), *dv = mg_tap_dalloc(WFLOATS);
+    float *du = mg_tap_dalloc(n_u(B, T)), *dt = mg_tap_dalloc(n_out(B, T)), *dout = mg_tap_dalloc(n_out(B, T)), *dl = mg_tap_dalloc(steps);
+    mg_tap_up(dw, blob, WFLOATS); mg_tap_up(du, u, n_u(B, T)); mg_tap_up(dt, tgt, n_out(B, T));
+    if (cudaMemset(dm, 0, WFLOATS * sizeof(float)) != cudaSuccess ||
+        cudaMemset(dv, 0, WFLOATS * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
+    mg_status s = model_forward_train(tr, dw, B, T, du, dout, NO_STATES);
+    double hl = 0.0;
+    if (s == MG_OK) {
+        mg_tap_down(out, dout, n_out(B, T));
+        for (size_t i = 0; i < n_out(B, T); ++i) hl += 0.5 * ((double)out[i] - tgt[i]) * ((double)out[i] - tgt[i]);
+        hl /= (double)n_out(B, T);
+    }
+    model_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.lr = 1e-2f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.weight_decay = 0.0f;
+    p.max_grad_norm = 1.0f;
+    /* Per step: the loss, the gradient norm and the loss scale, printed if
+     * the loss does not go down (they show where a run went wrong). */
+    float *gn = FALLOC(steps), *ls = FALLOC(steps), two[2], four[4];
+    for (int k = 0; k < steps && s == MG_OK; ++k) {
+        p.step = k + 1;
+        s = model_train_step_mse(tr, dw, dg, dm, dv, &p, B, T, du, dt, NO_STATES, dl + k);
+        if (s != MG_OK) break;
+        mg_tap_down(two, model_trainer_grad_norm(tr), 2);
+        mg_tap_down(four, model_trainer_loss_scale(tr), 4);
+        gn[k] = two[0];
+        ls[k] = four[0];
+    }
+    if (mg_tap_ok(s == MG_OK, "%d MSE training steps (b=%d T=%d) run", steps, B, T)) {
+        mg_tap_down(loss, dl, steps);
+        int fin = 1;
+        for (int k = 0; k < steps; ++k) fin = fin && isfinite(loss[k]);
+        if (!fin || !(loss[steps - 1] < 0.8 * loss[0]))
+            for (int k = 0; k < steps; ++k)
+                mg_tap_diag("step %2d: loss %.6g, grad norm %.6g, loss scale after it %g", k + 1, loss[k], gn[k], ls[k]);
+        mg_tap_diag("loss: step 1 %.6g, step %d %.6g (host loss of forward_train %.6g)", loss[0], steps, loss[steps - 1], hl);
+        mg_tap_ok(fabs(loss[0] - hl) <= 1e-5 * hl, "device MSE loss equals the host loss of forward_train's output");
+        mg_tap_ok(loss[steps - 1] < 0.8 * loss[0], "training reduces the loss (%.4g -> %.4g)", loss[0], loss[steps - 1]);
+    } else {
+        mg_tap_diag("%s", mg_last_error());
+    }
+    mg_dev_free(dw); mg_dev_free(dg); mg_dev_free(dm); mg_dev_free(dv);
+    mg_dev_free(du); mg_dev_free(dt); mg_dev_free(dout); mg_dev_free(dl);
+    free(u); free(tgt); free(out); free(loss); free(gn); free(ls);
+}
+

@@ -1,0 +1,231 @@
+// NAME_bench.c: the benchmark program of a Mamba-1 library. Times the
+// generated pipeline (prefill; decode unfused, fused and as a CUDA Graph,
+// single-launch eager and as a CUDA Graph when the library has it; the
+// training step eager and as a CUDA Graph) on the GPU with CUDA events
+// (warm-up first, L2 flushed between runs, median of many runs) and reports
+// each figure against the ceilings this GPU measures for itself (device copy
+// bandwidth, cuBLAS GEMM rate), as a table on stdout and as CSV rows
+// (--csv FILE).
+//
+//   ./NAME_bench [--csv FILE] [--iters N]
+//
+// Cost model (per token, from the generator's mg/cost.lua; model_alias.h
+// has the figures of this model): GEMM flops, other flops, bytes moved;
+// weights read per call.
+// The library is named through model_alias.h (model_X = NAME_X, MODEL_X =
+// NAME_X).
+#include "model_alias.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mg_bench.h>
+#include <mg_cuda.h>
+#include <mg_ref_mamba1.h>
+#include <mg_rng.h>
+
+#define GEMM_FLOPS_PER_TOKEN  MODEL_COST_GEMM_FLOPS_PER_TOKEN
+#define OTHER_FLOPS_PER_TOKEN MODEL_COST_OTHER_FLOPS_PER_TOKEN
+#define BYTES_PER_TOKEN       MODEL_COST_BYTES_PER_TOKEN
+#define WEIGHT_BYTES          MODEL_COST_WEIGHT_BYTES
+#define STATE_BYTES_PER_SEQ   MODEL_COST_STATE_BYTES_PER_SEQ
+#define WHAT_WIDTH 22   /* the first column of the table */
+
+#include "bench_util.h"
+
+typedef struct {
+    model_model *m;
+    int batch, seqlen;
+    const float *u;
+    float *out, *cs, *ss;
+} bench_ctx;
+
+static mg_status run_prefill(void *p, cudaStream_t stream)
+{
+    bench_ctx *c = p;
+    (void)stream;
+    return model_prefill(c->m, c->batch, c->seqlen, c->u, c->out, c->cs, c->ss);
+}
+
+static mg_status run_decode(void *p, cudaStream_t stream)
+{
+    bench_ctx *c = p;
+    (void)stream;
+    return model_decode_step(c->m, c->batch, c->u, c->out, c->cs, c->ss);
+}
+
+#if MODEL_TRAINING
+typedef struct {
+    model_trainer *t;
+    float *w, *grads, *m, *v, *target, *loss;
+    model_adamw_params p;
+    bench_ctx c;
+} train_ctx;
+
+static mg_status run_train(void *p, cudaStream_t stream)
+{
+    train_ctx *x = p;
+    (void)stream;
+    return model_train_step_mse(x->t, x->w, x->grads, x->m, x->v, &x->p, x->c.batch, x->c.seqlen,
+                                     x->c.u, x->target, NULL, NULL, x->loss);
+}
+
+static mg_status run_train_graph(void *p, cudaStream_t stream)
+{
+    (void)stream;
+    return model_train_graph_launch((model_train_graph *)p);
+}
+#endif
+
+static mg_status run_graph(void *p, cudaStream_t stream)
+{
+    (void)stream;
+    return model_decode_graph_launch((model_graph *)p);
+}
+
+int main(int argc, char **argv)
+{
+    int iters = 30;
+    int rc = bench_start(argc, argv, &iters);
+    if (rc >= 0) return rc;
+    mg_status s;
+    printf(MODEL_NAME ": mamba1 D=%d E=%d N=%d layers=%d precision=" MODEL_PRECISION "\n",
+           MODEL_D_MODEL, MODEL_D_INNER, MODEL_D_STATE, MODEL_N_LAYERS);
+    mg_bench_print_ceilings(stdout, &ceil_);
+    printf("GEMM ceiling used: %.1f TFLOP/s (" MODEL_PRECISION " storage)\n\n", gemm_ceiling_tflops);
+    printf("%-22s %5s %6s %10s %12s %9s %7s %8s %7s\n", "what", "batch", "seqlen", "ms", "tokens/s",
+           "GB/s", "of copy", "TFLOP/s", "of GEMM");
+
+    /* Weights: the reference path's initialisation, uploaded once. */
+    mg_m1_dims dims = MODEL_REF_DIMS;
+    mg_m1_layout lay;
+    if ((s = mg_ref_mamba1_layout(&dims, &lay)) != MG_OK) die("layout", s);
+    float *hw = malloc(sizeof(float) * lay.total);
+    if (!hw) { fprintf(stderr, MODEL_NAME "_bench: out of host memory\n"); return 1; }
+    if ((s = mg_ref_mamba1_init(&dims, &lay, hw, 1)) != MG_OK) die("init", s);
+    float *w = dalloc(sizeof(float) * lay.total);
+    if (cudaMemcpy(w, hw, sizeof(float) * lay.total, cudaMemcpyHostToDevice) != cudaSuccess) die("upload", MG_ERR_CUDA);
+    free(hw);
+
+    cudaStream_t stream;
+    if (cudaStreamCreate(&stream) != cudaSuccess) die("stream", MG_ERR_CUDA);
+    model_model *m;
+    if ((s = model_create(&m, stream)) != MG_OK) die("create", s);
+    if ((s = model_set_weights(m, w, lay.total)) != MG_OK) die("set_weights", s);
+
+    const int B = MODEL_MAX_BATCH, T = MODEL_MAX_SEQ_LEN;
+    float *u = drandom((size_t)B * T * MODEL_IN_DIM, 2, -1.0f, 1.0f);
+    float *out = dalloc(sizeof(float) * (size_t)B * T * MODEL_D_MODEL);
+    float *cs = drandom(model_conv_state_floats(B), 3, -0.5f, 0.5f);
+    float *ss = drandom(model_ssm_state_floats(B), 4, -0.5f, 0.5f);
+    mg_bench_opts o = {3, iters, 1};
+    static const int prefill[][2] = MODEL_BENCH_PREFILL;   /* {batch, seqlen} of each prefill row */
+    static const int decode[] = MODEL_BENCH_DECODE;        /* batch of each decode row */
+    const size_t n_prefill = sizeof prefill / sizeof prefill[0];
+    mg_bench_stats st;
+
+    /* Prefill: the largest batch, and sequence lengths up to the largest. */
+    for (size_t i = 0; i < n_prefill; ++i) {
+        bench_ctx c = {m, prefill[i][0], prefill[i][1], u, out, cs, ss};
+        if ((s = mg_bench_time(stream, run_prefill, &c, &o, &st)) != MG_OK) die("prefill", s);
+        double tok = (double)c.batch * c.seqlen;
+        report("prefill", c.batch, c.seqlen, &st, tok, WEIGHT_BYTES + tok * BYTES_PER_TOKEN,
+               tok * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+    }
+
+    /* Decode: one token per stream, eager launches (latency bound): the
+     * unfused path (the prefill kernels with seqlen 1), then the fused
+     * single-token path, eager and as a CUDA Graph, then (when the library
+     * has it) the single-launch path, eager and as a CUDA Graph. */
+    for (size_t i = 0; i < sizeof decode / sizeof decode[0]; ++i) {
+        bench_ctx c = {m, decode[i], 1, u, out, cs, ss};
+        if ((s = model_set_decode_fused(m, 0)) != MG_OK) die("set_decode_fused", s);
+        if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode", s);
+        report("decode (unfused)", c.batch, 1, &st, c.batch,
+               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
+               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        if ((s = model_set_decode_fused(m, MODEL_DECODE_FUSED)) != MG_OK) die("set_decode_fused", s);
+        if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode", s);
+        report("decode (eager)", c.batch, 1, &st, c.batch,
+               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
+               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        /* The same step captured once as a CUDA Graph and replayed. */
+        model_graph *g = NULL;
+        if ((s = model_decode_graph_create(m, c.batch, u, out, cs, ss, &g)) != MG_OK) die("graph", s);
+        if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay", s);
+        report("decode (graph)", c.batch, 1, &st, c.batch,
+               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
+               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        model_decode_graph_destroy(g);
+#if MODEL_HAS_DECODE_SINGLE
+        /* The single-launch decode (one cluster kernel for the whole step),
+         * eager and as a CUDA Graph. */
+        if ((s = model_set_decode_fused(m, MODEL_DECODE_SINGLE)) != MG_OK) die("set_decode_fused", s);
+        if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode single", s);
+        report("decode single (eager)", c.batch, 1, &st, c.batch,
+               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
+               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        g = NULL;
+        if ((s = model_decode_graph_create(m, c.batch, u, out, cs, ss, &g)) != MG_OK) die("graph single", s);
+        if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph single replay", s);
+        report("decode single (graph)", c.batch, 1, &st, c.batch,
+               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
+               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        model_decode_graph_destroy(g);
+#endif
+        if ((s = model_set_decode_fused(m, MODEL_DECODE_DEFAULT)) != MG_OK) die("set_decode_fused", s);
+    }
+
+#if MODEL_TRAINING
+    /* Training step: forward_train + MSE loss + backward + AdamW, from a
+     * fresh state, on a copy of the weights (the step updates them). */
+    {
+        train_ctx x;
+        memset(&x, 0, sizeof x);
+        if ((s = model_trainer_create(&x.t, stream)) != MG_OK) die("trainer_create", s);
+        x.w = dalloc(sizeof(float) * lay.total);
+        if (cudaMemcpy(x.w, w, sizeof(float) * lay.total, cudaMemcpyDeviceToDevice) != cudaSuccess) die("copy", MG_ERR_CUDA);
+        x.grads = dalloc(sizeof(float) * lay.total);
+        x.m = dalloc(sizeof(float) * lay.total);
+        x.v = dalloc(sizeof(float) * lay.total);
+        if (cudaMemset(x.m, 0, sizeof(float) * lay.total) != cudaSuccess ||
+            cudaMemset(x.v, 0, sizeof(float) * lay.total) != cudaSuccess) die("memset", MG_ERR_CUDA);
+        x.target = drandom((size_t)B * T * MODEL_D_MODEL, 5, -1.0f, 1.0f);
+        x.loss = dalloc(sizeof(float));
+        x.p.lr = 1e-4f; x.p.beta1 = 0.9f; x.p.beta2 = 0.999f; x.p.eps = 1e-8f;
+        x.p.weight_decay = 0.01f; x.p.max_grad_norm = 1.0f; x.p.step = 1;
+        for (size_t i = 0; i < n_prefill; ++i) {
+            if (prefill[i][0] != MODEL_MAX_BATCH) continue;   /* the largest batch only */
+            x.c.batch = prefill[i][0]; x.c.seqlen = prefill[i][1]; x.c.u = u;
+            if ((s = mg_bench_time(stream, run_train, &x, &o, &st)) != MG_OK) die("train step", s);
+            report("train step", x.c.batch, x.c.seqlen, &st, (double)x.c.batch * x.c.seqlen,
+                   MODEL_COST_TRAIN_WEIGHT_BYTES + (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_BYTES_PER_TOKEN,
+                   (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_FLOPS_PER_TOKEN);
+            /* The same step captured once as a CUDA Graph and replayed (the
+             * AdamW step count advances on the device). */
+            {
+                model_train_graph *tg = NULL;
+                if ((s = model_train_graph_create(x.t, x.w, x.grads, x.m, x.v, &x.p, x.c.batch, x.c.seqlen, u,
+                                                x.target, NULL, NULL, x.loss, &tg)) != MG_OK) die("train graph", s);
+                if ((s = mg_bench_time(stream, run_train_graph, tg, &o, &st)) != MG_OK) die("train graph replay", s);
+                report("train step (graph)", x.c.batch, x.c.seqlen, &st, (double)x.c.batch * x.c.seqlen,
+                       MODEL_COST_TRAIN_WEIGHT_BYTES + (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_BYTES_PER_TOKEN,
+                       (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_FLOPS_PER_TOKEN);
+                model_train_graph_destroy(tg);
+            }
+        }
+        model_trainer_destroy(x.t);
+        mg_dev_free(x.w); mg_dev_free(x.grads); mg_dev_free(x.m); mg_dev_free(x.v);
+        mg_dev_free(x.target); mg_dev_free(x.loss);
+    }
+#endif
+
+    model_destroy(m);
+    mg_dev_free(u); mg_dev_free(out); mg_dev_free(cs); mg_dev_free(ss); mg_dev_free(w);
+    mg_ref_mamba1_layout_free(&lay);
+    cudaStreamDestroy(stream);
+    if (csv) fclose(csv);
+    return 0;
+}

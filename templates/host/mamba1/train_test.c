@@ -1,0 +1,573 @@
+/*
+ * NAME_train_test.c: TAP test of the training path of a Mamba-1 library on the
+ * GPU against the f64 reference (runtime/mg_ref_mamba1):
+ *   - forward_train out and final states vs the reference forward;
+ *   - the gradient of every parameter tensor, of u and of the initial states
+ *     vs mg_ref_mamba1_backward (rel-L2 <= MODEL_GRAD_TOL per tensor; max_abs and
+ *     rel_l2 printed), from a random state and from a fresh start, with a
+ *     length crossing a checkpoint chunk; padding of the gradient blob is 0;
+ *   - two identical runs give bit-identical gradients (and NULL optional
+ *     outputs do not change the parameter gradients);
+ *   - AdamW vs a CPU implementation in double, with clipping inactive and
+ *     active, decay on every tensor and on matrices only; padding untouched;
+ *     a NaN gradient skips the update;
+ *   - dynamic loss scaling: arguments, growth, back-off on overflow, off;
+ *   - a few MSE training steps reduce the loss; the device loss equals the
+ *     host loss of forward_train's output;
+ *   - the training step captured as a CUDA Graph: N replays == N eager
+ *     train_step_mse calls, bit-identical weights, moments, losses, states
+ *     (with a set_params change of the learning rate before the last);
+ *   - when MAX_SEQ_LEN allows, the gradients of one sequence longer than 256
+ *     steps, not a multiple of the checkpoint stride (with the chunk-parallel
+ *     scan backward, when the spec's mode picks it: several spans, the last
+ *     one partial);
+ *   - the chunk-parallel scan backward forced (when emitted) on a call of
+ *     three spans, the last partial: gradients vs the reference (budget
+ *     allowing) and vs the sequential backward, two runs bit-identical;
+ *   - bad calls return the right status with a message.
+ * Case sizes follow the cost of the CPU reference (MODEL_REF_MACS_PER_TOKEN
+ * multiply-adds per token for the forward, about 3x that for the backward); MG_TEST_SCALE
+ * (default 1) scales the budget. Prints "1..0 # SKIP no CUDA device" without a GPU.
+ * The library is named through model_alias.h (model_X = NAME_X, MODEL_X =
+ * NAME_X), the TAP harness is the runtime's (mg_tap.h).
+ */
+#include "model_alias.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mg_cuda.h"
+#include "mg_ref_mamba1.h"
+#include "mg_tap.h"
+
+#define IN_DIM      MODEL_IN_DIM
+#define D_MODEL     MODEL_D_MODEL
+#define N_LAYERS    MODEL_N_LAYERS
+#define MAX_BATCH   MODEL_MAX_BATCH
+#define MAX_SEQ_LEN MODEL_MAX_SEQ_LEN
+#define WFLOATS     ((size_t)MODEL_WEIGHTS_FLOATS)
+#define FWD_TOL     MODEL_CHECK_TOL
+#define GRAD_TOL    MODEL_GRAD_TOL
+#define CKPT        MODEL_CKPT_STRIDE
+#define ADAMW_TOL   2e-6
+#define REF_MACS_PER_TOKEN (4.0 * MODEL_REF_MACS_PER_TOKEN)   /* forward + backward of the reference */
+#define REF_BUDGET_MACS 4.0e9
+/* for train_tests.h: the state arguments of a fresh start (the library's
+ * calls, gpu_run), the weights AdamW may decay with wd_matrices_only */
+#define NO_STATES NULL, NULL
+#define NO_STATE0 NULL, NULL
+#define MATRIX_SUFFIXES "input_proj.weight", "in_proj.weight", "conv1d.weight", "x_proj.weight", "dt_proj.weight", "out_proj.weight"
+
+/* ---------------------------------------------------------------- helpers */
+static mg_m1_dims dims;
+static mg_m1_layout lay;
+static mg_m1_tensor *tens;
+static int n_tens;
+static float *blob, *d_blob;
+static model_trainer *tr;
+
+#define FALLOC(n) ((float *)mg_tap_calloc((size_t)(n) * sizeof(float)))
+#define DALLOC_H(n) ((double *)mg_tap_calloc((size_t)(n) * sizeof(double)))
+
+static int imin(int a, int b) { return a < b ? a : b; }
+static int imax(int a, int b) { return a > b ? a : b; }
+static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
+static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
+
+/* 1 for blob elements inside a tensor, 0 for padding. */
+static unsigned char *inside;
+
+static int cmp_ref(const char *what, const float *got, const double *ref, size_t n, double tol)
+{
+    mg_err e = mg_compare_f32(got, ref, n);
+    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
+    return mg_tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
+}
+
+/* ---------------------------------------------------------------- gradients */
+typedef struct run_out {
+    float *out, *cs, *ss, *grads, *du, *dcs, *dss;
+} run_out;
+
+static void run_alloc(run_out *r, int B, int T)
+{
+    r->out = FALLOC(n_out(B, T));
+    r->cs = FALLOC(model_conv_state_floats(B));
+    r->ss = FALLOC(model_ssm_state_floats(B));
+    r->grads = FALLOC(WFLOATS);
+    r->du = FALLOC(n_u(B, T));
+    r->dcs = FALLOC(model_conv_state_floats(B));
+    r->dss = FALLOC(model_ssm_state_floats(B));
+}
+static void run_free(run_out *r)
+{
+    free(r->out); free(r->cs); free(r->ss); free(r->grads); free(r->du); free(r->dcs); free(r->dss);
+}
+
+/* forward_train + backward on the GPU. cs0/ss0 NULL: fresh start. want_opt:
+ * ask for du and the state gradients. */
+static mg_status gpu_run(int B, int T, const float *u, const float *cs0, const float *ss0,
+                         const float *dout, int want_opt, run_out *r)
+{
+    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    float *du_ = mg_tap_dalloc(n_u(B, T)), *dout_ = mg_tap_dalloc(n_out(B, T)), *dy_ = mg_tap_dalloc(n_out(B, T));
+    float *dcs = cs0 ? mg_tap_dalloc(ncs) : NULL, *dss = ss0 ? mg_tap_dalloc(nss) : NULL;
+    float *dg = mg_tap_dalloc(WFLOATS), *ddu = mg_tap_dalloc(n_u(B, T)), *ddcs = mg_tap_dalloc(ncs), *ddss = mg_tap_dalloc(nss);
+    mg_tap_up(du_, u, n_u(B, T));
+    mg_tap_up(dy_, dout, n_out(B, T));
+    if (cs0) mg_tap_up(dcs, cs0, ncs);
+    if (ss0) mg_tap_up(dss, ss0, nss);
+    /* garbage in the outputs: overwrite semantics */
+    if (cudaMemset(dg, 0x7f, WFLOATS * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
+    mg_status s = model_forward_train(tr, d_blob, B, T, du_, dout_, dcs, dss);
+    if (s == MG_OK)
+        s = model_backward(tr, dy_, dg, want_opt ? ddu : NULL, want_opt ? ddcs : NULL, want_opt ? ddss : NULL);
+    if (s == MG_OK) {
+        mg_tap_down(r->out, dout_, n_out(B, T));
+        if (cs0) mg_tap_down(r->cs, dcs, ncs);
+        if (ss0) mg_tap_down(r->ss, dss, nss);
+        mg_tap_down(r->grads, dg, WFLOATS);
+        if (want_opt) {
+            mg_tap_down(r->du, ddu, n_u(B, T));
+            mg_tap_down(r->dcs, ddcs, ncs);
+            mg_tap_down(r->dss, ddss, nss);
+        }
+    }
+    mg_dev_free(du_); mg_dev_free(dout_); mg_dev_free(dy_); mg_dev_free(dcs); mg_dev_free(dss);
+    mg_dev_free(dg); mg_dev_free(ddu); mg_dev_free(ddcs); mg_dev_free(ddss);
+    return s;
+}
+
+static void test_grads(int B, int T, int with_state, uint64_t seed)
+{
+    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 2, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 3, 0.5f);
+    const char *how = with_state ? "random state" : "fresh start";
+    run_out r;
+    run_alloc(&r, B, T);
+    mg_status s = gpu_run(B, T, u, with_state ? cs0 : NULL, with_state ? ss0 : NULL, dout, 1, &r);
+    if (!mg_tap_ok(s == MG_OK, "forward_train + backward b=%d T=%d (%s) run", B, T, how)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+        run_free(&r); free(u); free(dout); free(cs0); free(ss0);
+        return;
+    }
+    double *rout = DALLOC_H(n_out(B, T)), *rcs = DALLOC_H(ncs), *rss = DALLOC_H(nss);
+    double *rcs0 = DALLOC_H(ncs), *rss0 = DALLOC_H(nss), *rdout = DALLOC_H(n_out(B, T));
+    double *rg = DALLOC_H(lay.total), *rdu = DALLOC_H(n_u(B, T)), *rdcs = DALLOC_H(ncs), *rdss = DALLOC_H(nss);
+    for (size_t i = 0; i < ncs; ++i) rcs[i] = rcs0[i] = with_state ? cs0[i] : 0.0;
+    for (size_t i = 0; i < nss; ++i) rss[i] = rss0[i] = with_state ? ss0[i] : 0.0;
+    for (size_t i = 0; i < n_out(B, T); ++i) rdout[i] = dout[i];
+    if (mg_ref_mamba1_forward(&dims, &lay, blob, B, T, u, rout, rcs, rss) != MG_OK) mg_tap_bail("reference forward");
+    if (mg_ref_mamba1_backward(&dims, &lay, blob, B, T, u, with_state ? rcs0 : NULL, with_state ? rss0 : NULL,
+                               rdout, rg, rdu, rdcs, rdss) != MG_OK) mg_tap_bail("reference backward");
+    char what[200];
+    snprintf(what, sizeof what, "b=%d T=%d %s: forward_train out", B, T, how);
+    cmp_ref(what, r.out, rout, n_out(B, T), FWD_TOL);
+    if (with_state) {
+        snprintf(what, sizeof what, "b=%d T=%d %s: final conv_state", B, T, how);
+        cmp_ref(what, r.cs, rcs, ncs, FWD_TOL);
+        snprintf(what, sizeof what, "b=%d T=%d %s: final ssm_state", B, T, how);
+        cmp_ref(what, r.ss, rss, nss, FWD_TOL);
+    }
+    for (int i = 0; i < n_tens; ++i) {
+        snprintf(what, sizeof what, "b=%d T=%d %s: grad %s", B, T, how, tens[i].name);
+        cmp_ref(what, r.grads + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
+    }
+    snprintf(what, sizeof what, "b=%d T=%d %s: du", B, T, how);
+    cmp_ref(what, r.du, rdu, n_u(B, T), GRAD_TOL);
+    snprintf(what, sizeof what, "b=%d T=%d %s: d conv_state (initial)", B, T, how);
+    cmp_ref(what, r.dcs, rdcs, ncs, GRAD_TOL);
+    snprintf(what, sizeof what, "b=%d T=%d %s: d ssm_state (initial)", B, T, how);
+    cmp_ref(what, r.dss, rdss, nss, GRAD_TOL);
+    size_t bad = 0;
+    for (size_t i = 0; i < WFLOATS; ++i)
+        if (!inside[i] && r.grads[i] != 0.0f) ++bad;
+    mg_tap_ok(bad == 0, "b=%d T=%d %s: gradient blob padding is 0 (%zu nonzero)", B, T, how, bad);
+    run_free(&r);
+    free(u); free(dout); free(cs0); free(ss0);
+    free(rout); free(rcs); free(rss); free(rcs0); free(rss0); free(rdout); free(rg); free(rdu); free(rdcs); free(rdss);
+}
+
+static void test_determinism(int B, int T, uint64_t seed)
+{
+    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 2, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 3, 0.5f);
+    run_out a, b, c;
+    run_alloc(&a, B, T); run_alloc(&b, B, T); run_alloc(&c, B, T);
+    mg_status s1 = gpu_run(B, T, u, cs0, ss0, dout, 1, &a);
+    mg_status s2 = gpu_run(B, T, u, cs0, ss0, dout, 1, &b);
+    mg_status s3 = gpu_run(B, T, u, cs0, ss0, dout, 0, &c);
+    mg_tap_ok(s1 == MG_OK && s2 == MG_OK &&
+           memcmp(a.grads, b.grads, WFLOATS * sizeof(float)) == 0 &&
+           memcmp(a.du, b.du, n_u(B, T) * sizeof(float)) == 0 &&
+           memcmp(a.dcs, b.dcs, ncs * sizeof(float)) == 0 &&
+           memcmp(a.dss, b.dss, nss * sizeof(float)) == 0 &&
+           memcmp(a.out, b.out, n_out(B, T) * sizeof(float)) == 0,
+           "deterministic: two runs (b=%d T=%d) give bit-identical out and gradients", B, T);
+    mg_tap_ok(s3 == MG_OK && memcmp(a.grads, c.grads, WFLOATS * sizeof(float)) == 0,
+           "NULL du / state gradients leave the parameter gradients bit-identical");
+    run_free(&a); run_free(&b); run_free(&c);
+    free(u); free(dout); free(cs0); free(ss0);
+}
+
+/* ---------------------------------------------------------------- chunked scan backward */
+#if MODEL_HAS_CHUNKED_BWD
+static void set_scan(int choice)
+{
+    if (model_trainer_set_scan(tr, choice) != MG_OK) mg_tap_bail("trainer_set_scan");
+}
+
+/* Worst per-tensor rel-L2 of the gradients of a against those of b (every
+ * parameter tensor, du, the initial-state gradients); name of the worst. */
+static double worst_grad_diff(const run_out *a, const run_out *b, int B, int T, const char **worst)
+{
+    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    size_t nmax = n_u(B, T);
+    if (ncs > nmax) nmax = ncs;
+    if (nss > nmax) nmax = nss;
+    for (int i = 0; i < n_tens; ++i)
+        if (tens[i].numel > nmax) nmax = tens[i].numel;
+    double *ref = DALLOC_H(nmax), w = 0.0;
+    *worst = "none";
+    for (int i = -3; i < n_tens; ++i) {
+        const float *x, *y;
+        size_t n;
+        const char *nm;
+        if (i == -3) { x = a->du; y = b->du; n = n_u(B, T); nm = "du"; }
+        else if (i == -2) { x = a->dcs; y = b->dcs; n = ncs; nm = "d conv_state"; }
+        else if (i == -1) { x = a->dss; y = b->dss; n = nss; nm = "d ssm_state"; }
+        else { x = a->grads + tens[i].offset; y = b->grads + tens[i].offset; n = tens[i].numel; nm = tens[i].name; }
+        for (size_t k = 0; k < n; ++k) ref[k] = y[k];
+        mg_err e = mg_compare_f32(x, ref, n);
+        const double r = mg_err_ok(&e, 1e30) ? e.rel_l2 : INFINITY;   /* non-finite: worst */
+        if (!(r <= w)) { w = r; *worst = nm; }
+    }
+    free(ref);
+    return w;
+}
+#endif
+
+/* The chunk-parallel scan backward forced on one call of three spans (the
+ * last one partial and not a multiple of the checkpoint stride), from a
+ * random state: every gradient vs the sequential backward (rel-L2 <=
+ * GRAD_TOL per tensor), two runs bit-identical, and vs the f64 reference
+ * when the budget allows. Forced with trainer_set_scan, so it runs whatever
+ * the auto threshold; the spec's own dispatch is covered by the long test. */
+static void test_chunked_bwd(int budget, uint64_t seed)
+{
+#if MODEL_HAS_CHUNKED_BWD
+    const int span = MODEL_BSCAN_SPAN;
+    int T = imin(MAX_SEQ_LEN, 2 * span + span / 2 + 3);
+    if (T % span == 0) --T;   /* ragged last span */
+    if (T <= span) {
+        mg_tap_skip("MAX_SEQ_LEN allows one span only", "chunked scan backward over several spans");
+        return;
+    }
+    const int B = imin(2, MAX_BATCH);
+    const int nsp = (T + span - 1) / span;
+    mg_tap_diag("chunked scan backward: b=%d T=%d, %d spans of %d steps (last %d)", B, T, nsp, span, T - (nsp - 1) * span);
+    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 2, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 3, 0.5f);
+    run_out c1, c2, sq;
+    run_alloc(&c1, B, T); run_alloc(&c2, B, T); run_alloc(&sq, B, T);
+    set_scan(MODEL_SCAN_CHUNKED);
+    const mg_status s1 = gpu_run(B, T, u, cs0, ss0, dout, 1, &c1);
+    const mg_status s2 = gpu_run(B, T, u, cs0, ss0, dout, 1, &c2);
+    set_scan(MODEL_SCAN_SEQUENTIAL);
+    const mg_status s3 = gpu_run(B, T, u, cs0, ss0, dout, 1, &sq);
+    set_scan(MODEL_SCAN_SPEC);
+    if (mg_tap_ok(s1 == MG_OK && s2 == MG_OK && s3 == MG_OK, "chunked / sequential scan backward b=%d T=%d run", B, T)) {
+        mg_tap_ok(memcmp(c1.grads, c2.grads, WFLOATS * sizeof(float)) == 0 &&
+               memcmp(c1.du, c2.du, n_u(B, T) * sizeof(float)) == 0 &&
+               memcmp(c1.dcs, c2.dcs, ncs * sizeof(float)) == 0 &&
+               memcmp(c1.dss, c2.dss, nss * sizeof(float)) == 0,
+               "chunked scan backward, %d spans: two runs give bit-identical gradients", nsp);
+        const char *worst;
+        const double w = worst_grad_diff(&c1, &sq, B, T, &worst);
+        mg_tap_diag("chunked vs sequential backward: worst rel_l2 %.3e (%s); parameter gradients %s", w, worst,
+             memcmp(c1.grads, sq.grads, WFLOATS * sizeof(float)) == 0 ? "bit-identical" : "differ in rounding");
+        mg_tap_ok(w <= GRAD_TOL, "chunked vs sequential scan backward, %d spans: every gradient rel_l2 <= %g (worst %.3e, %s)",
+               nsp, GRAD_TOL, w, worst);
+    } else {
+        mg_tap_diag("%s", mg_last_error());
+    }
+    run_free(&c1); run_free(&c2); run_free(&sq);
+    free(u); free(dout); free(cs0); free(ss0);
+    if (budget >= T) {
+        set_scan(MODEL_SCAN_CHUNKED);
+        test_grads(1, T, 1, seed + 10);
+        set_scan(MODEL_SCAN_SPEC);
+    } else {
+        mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)",
+                 "chunked scan backward over several spans vs the reference");
+    }
+#else
+    (void)budget;
+    (void)seed;
+    mg_tap_skip("no chunked scan backward in this library (scan.mode " MODEL_SCAN_MODE ", max_seq_len " MODEL_MAX_SEQ_LEN_STR ")",
+             "chunked scan backward over several spans");
+    mg_tap_ok(model_trainer_set_scan(tr, MODEL_SCAN_CHUNKED) == MG_ERR_INVALID_ARG,
+           "trainer_set_scan(CHUNKED) without the kernels: MG_ERR_INVALID_ARG");
+#endif
+}
+
+/* ---------------------------------------------------------------- AdamW */
+#include "train_tests.h"
+
+/* ---------------------------------------------------------------- training graph */
+/* N replays of the training-step graph == N eager train_step_mse calls, bit
+ * for bit (weights, moments, loss of every step, final states), from the
+ * same random state; then new hyperparameters through set_params (a halved
+ * lr, the next step count) for one more step on both sides. */
+static void test_train_graph(int B, int T, int steps, uint64_t seed)
+{
+    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    float *u = FALLOC(n_u(B, T)), *tgt = FALLOC(n_out(B, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(tgt, n_out(B, T), seed + 1, 0.5f);
+    mg_tap_randn(cs0, ncs, seed + 2, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 3, 0.5f);
+    float *ha = FALLOC(WFLOATS), *hb = FALLOC(WFLOATS), *sa = FALLOC(nss), *sb = FALLOC(nss);
+    float *le = FALLOC(steps + 1), *lg = FALLOC(steps + 1);
+    /* e: eager buffers, g: graph buffers (fixed pointers) */
+    float *dwe = mg_tap_dalloc(WFLOATS), *dge = mg_tap_dalloc(WFLOATS), *dme = mg_tap_dalloc(WFLOATS), *dve = mg_tap_dalloc(WFLOATS);
+    float *dwg = mg_tap_dalloc(WFLOATS), *dgg = mg_tap_dalloc(WFLOATS), *dmg = mg_tap_dalloc(WFLOATS), *dvg = mg_tap_dalloc(WFLOATS);
+    float *du = mg_tap_dalloc(n_u(B, T)), *dt = mg_tap_dalloc(n_out(B, T));
+    float *dcse = mg_tap_dalloc(ncs), *dsse = mg_tap_dalloc(nss), *dcsg = mg_tap_dalloc(ncs), *dssg = mg_tap_dalloc(nss);
+    float *dle = mg_tap_dalloc(1), *dlg = mg_tap_dalloc(1);
+    mg_tap_up(dwe, blob, WFLOATS); mg_tap_up(dwg, blob, WFLOATS);
+    mg_tap_up(du, u, n_u(B, T)); mg_tap_up(dt, tgt, n_out(B, T));
+    mg_tap_up(dcse, cs0, ncs); mg_tap_up(dsse, ss0, nss); mg_tap_up(dcsg, cs0, ncs); mg_tap_up(dssg, ss0, nss);
+    if (cudaMemset(dme, 0, WFLOATS * sizeof(float)) != cudaSuccess || cudaMemset(dve, 0, WFLOATS * sizeof(float)) != cudaSuccess ||
+        cudaMemset(dmg, 0, WFLOATS * sizeof(float)) != cudaSuccess || cudaMemset(dvg, 0, WFLOATS * sizeof(float)) != cudaSuccess)
+        mg_tap_bail("cudaMemset");
+    model_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.lr = 1e-2f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.weight_decay = 0.05f;
+    p.max_grad_norm = 1.0f; p.step = 1; p.wd_matrices_only = 1;
+    model_train_graph *g = NULL;
+    mg_status s = model_train_graph_create(tr, dwg, dgg, dmg, dvg, &p, B, T, du, dt, dcsg, dssg, dlg, &g);
+    if (!mg_tap_ok(s == MG_OK, "train_graph_create b=%d T=%d", B, T)) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    if (s == MG_OK) {
+        mg_tap_down(ha, dwg, WFLOATS); mg_tap_down(sa, dssg, nss);
+        mg_tap_ok(memcmp(ha, blob, WFLOATS * sizeof(float)) == 0 && memcmp(sa, ss0, nss * sizeof(float)) == 0,
+               "train_graph_create leaves the weights and the states untouched");
+    }
+    for (int k = 0; k <= steps && s == MG_OK; ++k) {
+        if (k == steps) {   /* new hyperparameters for the last step */
+            p.lr = 5e-3f; p.step = steps + 1;
+            s = model_train_graph_set_params(g, &p);
+            if (s != MG_OK) break;
+        }
+        p.step = k + 1;
+        s = model_train_step_mse(tr, dwe, dge, dme, dve, &p, B, T, du, dt, dcse, dsse, dle);
+        if (s == MG_OK) s = model_train_graph_launch(g);
+        if (s != MG_OK) break;
+        mg_tap_down(le + k, dle, 1);
+        mg_tap_down(lg + k, dlg, 1);
+    }
+    if (g) {
+        if (mg_tap_ok(s == MG_OK, "train graph: %d replays (the last after set_params) and %d eager steps run", steps + 1, steps + 1)) {
+            mg_tap_ok(memcmp(le, lg, (size_t)(steps + 1) * sizeof(float)) == 0,
+                   "train graph replay == eager train_step_mse: loss of every step bit-identical (%.6g -> %.6g)",
+                   le[0], le[steps]);
+            mg_tap_down(ha, dwe, WFLOATS); mg_tap_down(hb, dwg, WFLOATS);
+            int same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            if (!same) { mg_err e = mg_compare_f32f32(hb, ha, WFLOATS); mg_tap_diag("graph vs eager weights: rel_l2 %.3e", e.rel_l2); }
+            mg_tap_ok(same, "train graph replay == eager: weights bit-identical after %d steps", steps + 1);
+            mg_tap_down(ha, dme, WFLOATS); mg_tap_down(hb, dmg, WFLOATS);
+            same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            mg_tap_down(ha, dve, WFLOATS); mg_tap_down(hb, dvg, WFLOATS);
+            same = same && memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            mg_tap_ok(same, "train graph replay == eager: AdamW moments m, v bit-identical");
+            mg_tap_down(sa, dsse, nss); mg_tap_down(sb, dssg, nss);
+            same = memcmp(sa, sb, nss * sizeof(float)) == 0;
+            float *ca = FALLOC(ncs), *cb = FALLOC(ncs);
+            mg_tap_down(ca, dcse, ncs); mg_tap_down(cb, dcsg, ncs);
+            same = same && memcmp(ca, cb, ncs * sizeof(float)) == 0;
+            free(ca); free(cb);
+            mg_tap_ok(same, "train graph replay == eager: final conv / ssm states bit-identical");
+        } else {
+            mg_tap_diag("%s", mg_last_error());
+        }
+        model_train_graph_destroy(g);
+    }
+    mg_dev_free(dwe); mg_dev_free(dge); mg_dev_free(dme); mg_dev_free(dve);
+    mg_dev_free(dwg); mg_dev_free(dgg); mg_dev_free(dmg); mg_dev_free(dvg);
+    mg_dev_free(du); mg_dev_free(dt); mg_dev_free(dcse); mg_dev_free(dsse); mg_dev_free(dcsg); mg_dev_free(dssg);
+    mg_dev_free(dle); mg_dev_free(dlg);
+    free(u); free(tgt); free(cs0); free(ss0); free(ha); free(hb); free(sa); free(sb); free(le); free(lg);
+}
+
+/* ---------------------------------------------------------------- bad calls */
+static void test_bad_calls(void)
+{
+    const int B = imin(2, MAX_BATCH), T = imin(3, MAX_SEQ_LEN);
+    float *du = mg_tap_dalloc(n_u(B, T)), *dout = mg_tap_dalloc(n_out(B, T) + 4), *dg = mg_tap_dalloc(WFLOATS + 4);
+    float *dm = mg_tap_dalloc(WFLOATS), *dv = mg_tap_dalloc(WFLOATS), *dw = mg_tap_dalloc(WFLOATS + 4);
+    mg_tap_up(dw, blob, WFLOATS);
+    model_trainer *fresh = NULL;
+    if (model_trainer_create(&fresh, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
+    mg_tap_expect_status(model_backward(fresh, dout, dg, NULL, NULL, NULL), MG_ERR_STATE, "backward before forward_train");
+    model_trainer_destroy(fresh);
+    mg_tap_expect_status(model_trainer_create(NULL, 0), MG_ERR_INVALID_ARG, "trainer_create(NULL)");
+    mg_tap_expect_status(model_forward_train(NULL, dw, B, T, du, dout, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train NULL trainer");
+    mg_tap_expect_status(model_forward_train(tr, NULL, B, T, du, dout, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train NULL weights");
+    mg_tap_expect_status(model_forward_train(tr, dw, 0, T, du, dout, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train batch = 0");
+    mg_tap_expect_status(model_forward_train(tr, dw, MAX_BATCH + 1, T, du, dout, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train batch = MAX_BATCH + 1");
+    mg_tap_expect_status(model_forward_train(tr, dw, B, MAX_SEQ_LEN + 1, du, dout, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train seqlen = MAX_SEQ_LEN + 1");
+    mg_tap_expect_status(model_forward_train(tr, dw, B, T, NULL, dout, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train u = NULL");
+    mg_tap_expect_status(model_forward_train(tr, dw, B, T, du, dout + 1, NULL, NULL), MG_ERR_ALIGNMENT, "forward_train misaligned out");
+    mg_tap_expect_status(model_forward_train(tr, dw, B, T, du, dout, dg, NULL), MG_ERR_INVALID_ARG, "forward_train conv_state without ssm_state");
+    mg_tap_expect_status(model_backward(NULL, dout, dg, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "backward NULL trainer");
+    mg_tap_expect_status(model_trainer_set_scan(NULL, MODEL_SCAN_SPEC), MG_ERR_INVALID_ARG, "trainer_set_scan NULL trainer");
+    mg_tap_expect_status(model_trainer_set_scan(tr, 3), MG_ERR_INVALID_ARG, "trainer_set_scan unknown choice");
+    if (model_forward_train(tr, dw, B, T, du, dout, NULL, NULL) != MG_OK) mg_tap_bail("forward_train");
+    mg_tap_expect_status(model_backward(tr, NULL, dg, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "backward dout = NULL");
+    mg_tap_expect_status(model_backward(tr, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "backward grads = NULL");
+    mg_tap_expect_status(model_backward(tr, dout, dg + 1, NULL, NULL, NULL), MG_ERR_ALIGNMENT, "backward misaligned grads");
+    mg_tap_expect_status(model_backward(tr, dout, dg, du + 2, NULL, NULL), MG_ERR_ALIGNMENT, "backward misaligned du");
+    model_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.lr = 1e-3f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.step = 1;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, NULL), MG_ERR_INVALID_ARG, "adamw params = NULL");
+    mg_tap_expect_status(model_adamw_step(tr, NULL, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw weights = NULL");
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm + 1, dv, &p), MG_ERR_ALIGNMENT, "adamw misaligned m");
+    p.step = 0;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw step = 0");
+    p.step = 1; p.beta1 = 1.0f;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw beta1 = 1");
+    p.beta1 = 0.9f; p.eps = 0.0f;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw eps = 0");
+    p.eps = 1e-8f; p.lr = -1.0f;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw lr < 0");
+    p.lr = 1e-3f;
+    mg_tap_expect_status(model_train_step_mse(tr, dw, dg, dm, dv, &p, B, T, du, NULL, NULL, NULL, NULL),
+                  MG_ERR_INVALID_ARG, "train_step_mse target = NULL");
+    {
+        model_train_graph *g = NULL;
+        mg_tap_expect_status(model_train_graph_create(tr, dw, dg, dm, dv, &p, B, T, du, dout, NULL, NULL, NULL, NULL),
+                      MG_ERR_INVALID_ARG, "train_graph_create graph pointer NULL");
+        mg_tap_expect_status(model_train_graph_create(tr, dw, dg, dm, dv, &p, B, MAX_SEQ_LEN + 1, du, dout, NULL, NULL, NULL, &g),
+                      MG_ERR_INVALID_ARG, "train_graph_create seqlen = MAX_SEQ_LEN + 1");
+        mg_tap_expect_status(model_train_graph_create(tr, dw, dg, dm, dv, &p, B, T, du, dout, dg, NULL, NULL, &g),
+                      MG_ERR_INVALID_ARG, "train_graph_create conv_state without ssm_state");
+        mg_tap_expect_status(model_train_graph_launch(NULL), MG_ERR_INVALID_ARG, "train_graph_launch NULL");
+        p.step = 0;
+        mg_tap_expect_status(model_train_graph_create(tr, dw, dg, dm, dv, &p, B, T, du, dout, NULL, NULL, NULL, &g),
+                      MG_ERR_INVALID_ARG, "train_graph_create step = 0");
+        mg_tap_expect_status(model_train_graph_set_params(NULL, &p), MG_ERR_INVALID_ARG, "train_graph_set_params NULL graph");
+        p.step = 1;
+    }
+    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dg); mg_dev_free(dm); mg_dev_free(dv); mg_dev_free(dw);
+}
+
+int main(void)
+{
+    if (!mg_tap_start()) return 0;
+    double scale;
+    /* Tokens the CPU reference may process in the whole run. */
+    const int budget = mg_tap_budget(REF_BUDGET_MACS, REF_MACS_PER_TOKEN, 8, &scale);
+    mg_tap_diag(MODEL_NAME " training: layers=%d D=%d E=%d N=%d ckpt stride=%d, workspace %.1f MiB",
+         N_LAYERS, D_MODEL, MODEL_D_INNER, MODEL_D_STATE, CKPT,
+         model_trainer_workspace_bytes() / 1048576.0);
+    mg_tap_diag("reference budget: %d tokens (MG_TEST_SCALE=%g)", budget, scale);
+
+    dims = (mg_m1_dims)MODEL_REF_DIMS;
+    if (mg_ref_mamba1_layout(&dims, &lay) != MG_OK) mg_tap_bail("mg_ref_mamba1_layout");
+    if (lay.total != WFLOATS) { printf("Bail out! blob size %zu vs reference %zu\n", WFLOATS, lay.total); return 1; }
+    n_tens = mg_ref_mamba1_tensors(&dims, &lay, NULL, 0);
+    tens = (mg_m1_tensor *)mg_tap_calloc((size_t)n_tens * sizeof *tens);
+    mg_ref_mamba1_tensors(&dims, &lay, tens, n_tens);
+    inside = (unsigned char *)mg_tap_calloc(WFLOATS);
+    for (int i = 0; i < n_tens; ++i) memset(inside + tens[i].offset, 1, tens[i].numel);
+
+    blob = FALLOC(WFLOATS);
+    if (mg_ref_mamba1_init(&dims, &lay, blob, 20240607ull) != MG_OK) mg_tap_bail("mg_ref_mamba1_init");
+    d_blob = mg_tap_dalloc(WFLOATS + 64);
+    mg_tap_up(d_blob, blob, WFLOATS);
+    if (model_trainer_create(&tr, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
+    test_loss_scaling(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, 5), 808);
+    /* The gradient tests use dout ~ N(0, 1): with loss scaling (the f16
+     * default) a scale that suits it, 2^10, so the comparisons below also
+     * check that the scale is divided out exactly. */
+    if (MODEL_LOSS_SCALE_INIT > 0.0f && model_trainer_set_loss_scaling(tr, 1024.0f, 2000) != MG_OK)
+        mg_tap_bail("set_loss_scaling");
+
+    /* Gradients vs the reference: a length crossing checkpoint chunks and not
+     * a multiple of the stride, from a random state; then a fresh start. */
+    const int ba = imin(2, MAX_BATCH);
+    const int ta = imin(MAX_SEQ_LEN, imin(2 * CKPT + 3, imax(1, budget / 3 / ba)));
+    test_grads(ba, ta, 1, 101);
+    const int bb = imin(3, MAX_BATCH);
+    const int tb = imin(MAX_SEQ_LEN, imin(CKPT + 1, imax(1, budget / 4 / bb)));
+    test_grads(bb, tb, 0, 202);
+    /* A long sequence (> 256 steps, not a multiple of the checkpoint stride):
+     * many checkpoint chunks in the backward scan, one sequence. With the
+     * chunk-parallel backward the spec's dispatch picks it at this length
+     * (chunked: longer than a span; auto: from BSCAN_AUTO_MIN_LEN), over
+     * several spans with a partial last one. */
+    {
+        int tl = 256 + CKPT + 3;
+#if MODEL_HAS_CHUNKED_BWD
+        tl = imax(tl, 2 * MODEL_BSCAN_SPAN + 3);   /* at least three spans */
+#if MODEL_BSCAN_MODE_ID == 2
+        tl = imax(tl, MODEL_BSCAN_AUTO_MIN_LEN);   /* auto: at the threshold or above */
+#endif
+        if (tl % MODEL_BSCAN_SPAN == 0) ++tl;   /* partial last span */
+#endif
+        if (tl % CKPT == 0) ++tl;
+#if MODEL_HAS_CHUNKED_BWD
+        if (MAX_SEQ_LEN >= tl)
+            mg_tap_diag("long sequence T=%d: chunked scan backward, %d spans of %d steps (last %d)", tl,
+                 (tl + MODEL_BSCAN_SPAN - 1) / MODEL_BSCAN_SPAN, MODEL_BSCAN_SPAN,
+                 tl - (tl - 1) / MODEL_BSCAN_SPAN * MODEL_BSCAN_SPAN);
+#endif
+        if (MAX_SEQ_LEN >= tl && budget >= tl)
+            test_grads(1, tl, 1, 212);
+        else
+            mg_tap_skip(MAX_SEQ_LEN >= tl ? "reference too costly at this scale (raise MG_TEST_SCALE)" : "MAX_SEQ_LEN too short",
+                     "gradients of a long sequence (> 256 steps) vs the reference");
+    }
+
+    test_determinism(ba, imin(MAX_SEQ_LEN, 2 * CKPT + 3), 303);
+
+    /* The chunk-parallel scan backward over several spans. */
+    test_chunked_bwd(budget, 313);
+
+    test_adamw(0, 0, 404);
+    test_adamw(1, 1, 505);
+    test_adamw_skip(909);
+
+    /* Training from this precision's default loss scale. */
+    if (model_trainer_set_loss_scaling(tr, MODEL_LOSS_SCALE_INIT, MODEL_LOSS_SCALE_GROWTH) != MG_OK)
+        mg_tap_bail("set_loss_scaling (default)");
+
+    test_training(ba, imin(MAX_SEQ_LEN, 16), 20, 606);
+
+    /* The training step as a CUDA Graph: replays == eager steps, bit for bit. */
+    test_train_graph(ba, imin(MAX_SEQ_LEN, CKPT + 5), 4, 707);
+
+    test_bad_calls();
+
+    model_trainer_destroy(tr);
+    mg_dev_free(d_blob);
+    free(blob); free(tens); free(inside);
+    mg_ref_mamba1_layout_free(&lay);
+    return mg_tap_done();
+}

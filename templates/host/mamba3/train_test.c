@@ -1,0 +1,700 @@
+/*
+ * NAME_train_test.c: TAP test of the training path of a Mamba-3 SISO library on the
+ * GPU against the f64 reference (runtime/mg_ref_mamba3):
+ *   - forward_train out and the four final states vs the reference forward;
+ *   - the gradient of every parameter tensor, of u and of the four initial
+ *     states (ssm, k_prev, v_prev, angle) vs mg_ref_mamba3_backward (rel-L2 <=
+ *     MODEL_GRAD_TOL per tensor; max_abs and rel_l2 printed), from a random
+ *     state and from a fresh start, with a length crossing a checkpoint chunk;
+ *     padding of the gradient blob is 0;
+ *   - two identical runs give bit-identical gradients (and NULL optional
+ *     outputs do not change the parameter gradients);
+ *   - the SSM choice (model_trainer_set_scan): with the chunked backward
+ *     in the library, forced chunked vs forced sequential on a call of
+ *     several chunks (MODEL_BWD_CHUNK), the last partial, from random
+ *     initial states: the gradient of every parameter tensor, of u and of the
+ *     four initial states, and forward_train's out and final states, within
+ *     rel-L2 MODEL_CHUNK_VS_SEQ_TOL; two chunked runs bit-identical; the
+ *     spec's choice (scan.mode MODEL_SCAN_MODE) runs the SSM its header names
+ *     (bit-identical to that one forced); the reference gradient check once
+ *     more with the SSM the spec does not pick; set_scan's bad arguments (and
+ *     CHUNKED without the chunked backward) are refused;
+ *   - AdamW vs a CPU implementation in double, with clipping inactive and
+ *     active, decay on every tensor and on matrices only; padding untouched;
+ *     a NaN gradient skips the update;
+ *   - dynamic loss scaling: arguments, growth, back-off on overflow, off;
+ *   - the training step captured as a CUDA Graph: N replays == N eager
+ *     train_step_mse calls, bit-identical weights, moments, losses, states
+ *     (with a set_params change of the learning rate before the last);
+ *   - a few MSE training steps reduce the loss; the device loss equals the
+ *     host loss of forward_train's output;
+ *   - bad calls return the right status with a message.
+ * Case sizes follow the cost of the CPU reference (MODEL_REF_MACS_PER_TOKEN
+ * multiply-adds per token for the forward, about 3x that for the backward); MG_TEST_SCALE
+ * (default 1) scales the budget. Prints "1..0 # SKIP no CUDA device" without a GPU.
+ * The library is named through model_alias.h (model_X = NAME_X, MODEL_X =
+ * NAME_X), the TAP harness is the runtime's (mg_tap.h).
+ */
+#include "model_alias.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mg_cuda.h"
+#include "mg_rng.h"
+#include "mg_ref_mamba3.h"
+#include "mg_tap.h"
+
+#define IN_DIM      MODEL_IN_DIM
+#define D_MODEL     MODEL_D_MODEL
+#define N_LAYERS    MODEL_N_LAYERS
+#define MAX_BATCH   MODEL_MAX_BATCH
+#define MAX_SEQ_LEN MODEL_MAX_SEQ_LEN
+#define WFLOATS     ((size_t)MODEL_WEIGHTS_FLOATS)
+#define FWD_TOL     MODEL_CHECK_TOL
+#define GRAD_TOL    MODEL_GRAD_TOL
+#define CKPT        MODEL_CKPT_STRIDE
+#define ADAMW_TOL   2e-6
+#define REF_MACS_PER_TOKEN (4.0 * MODEL_REF_MACS_PER_TOKEN)   /* forward + backward of the reference */
+#define REF_BUDGET_MACS 4.0e9
+/* for train_tests.h: the state arguments of a fresh start (the library's
+ * calls, gpu_run), the weights AdamW may decay with wd_matrices_only */
+#define NO_STATES NULL, NULL, NULL, NULL
+#define NO_STATE0 NULL
+#define MATRIX_SUFFIXES "input_proj.weight", "in_proj.weight", "out_proj.weight"
+
+/* ---------------------------------------------------------------- helpers */
+static mg_m3_dims dims;
+static mg_m3_layout lay;
+static mg_m3_param *tens;
+static int n_tens;
+static float *blob, *d_blob;
+static model_trainer *tr;
+
+#define FALLOC(n) ((float *)mg_tap_calloc((size_t)(n) * sizeof(float)))
+#define DALLOC_H(n) ((double *)mg_tap_calloc((size_t)(n) * sizeof(double)))
+
+static int imin(int a, int b) { return a < b ? a : b; }
+static int imax(int a, int b) { return a > b ? a : b; }
+static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
+static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
+
+/* 1 for blob elements inside a tensor, 0 for padding. */
+static unsigned char *inside;
+
+static int cmp_ref(const char *what, const float *got, const double *ref, size_t n, double tol)
+{
+    mg_err e = mg_compare_f32(got, ref, n);
+    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
+    return mg_tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
+}
+
+/* ---------------------------------------------------------------- gradients */
+/* The four recurrent states: ssm, k_prev, v_prev, angle. */
+#define NST 4
+static const char *const st_name[NST] = { "ssm", "k_prev", "v_prev", "angle" };
+static size_t st_floats(int i, int B)
+{
+    switch (i) {
+    case 0: return model_ssm_state_floats(B);
+    case 1: return model_k_prev_state_floats(B);
+    case 2: return model_v_prev_state_floats(B);
+    default: return model_angle_state_floats(B);
+    }
+}
+/* Random initial states: normal(0, 0.5), the angle uniform in [0, 6.28). */
+static void rand_states(float *st[NST], int B, uint64_t seed)
+{
+    for (int i = 0; i < NST; ++i) {
+        if (i == 3) {
+            mg_rng r;
+            mg_rng_seed(&r, seed + (uint64_t)i);
+            mg_rng_fill_uniform(&r, st[i], st_floats(i, B), 0.0f, 6.28f);
+        } else {
+            mg_tap_randn(st[i], st_floats(i, B), seed + (uint64_t)i, 0.5f);
+        }
+    }
+}
+
+typedef struct run_out {
+    float *out, *st[NST], *grads, *du, *dst[NST];
+} run_out;
+
+static void run_alloc(run_out *r, int B, int T)
+{
+    r->out = FALLOC(n_out(B, T));
+    for (int i = 0; i < NST; ++i) {
+        r->st[i] = FALLOC(st_floats(i, B));
+        r->dst[i] = FALLOC(st_floats(i, B));
+    }
+    r->grads = FALLOC(WFLOATS);
+    r->du = FALLOC(n_u(B, T));
+}
+static void run_free(run_out *r)
+{
+    free(r->out); free(r->grads); free(r->du);
+    for (int i = 0; i < NST; ++i) { free(r->st[i]); free(r->dst[i]); }
+}
+
+/* forward_train + backward on the GPU. st0 NULL: fresh start. want_opt:
+ * ask for du and the initial-state gradients. */
+static mg_status gpu_run(int B, int T, const float *u, float *const *st0, const float *dout, int want_opt,
+                         run_out *r)
+{
+    float *du_ = mg_tap_dalloc(n_u(B, T)), *dout_ = mg_tap_dalloc(n_out(B, T)), *dy_ = mg_tap_dalloc(n_out(B, T));
+    float *dst[NST], *ddst[NST];
+    float *dg = mg_tap_dalloc(WFLOATS), *ddu = mg_tap_dalloc(n_u(B, T));
+    for (int i = 0; i < NST; ++i) {
+        dst[i] = st0 ? mg_tap_dalloc(st_floats(i, B)) : NULL;
+        ddst[i] = mg_tap_dalloc(st_floats(i, B));
+        if (st0) mg_tap_up(dst[i], st0[i], st_floats(i, B));
+    }
+    mg_tap_up(du_, u, n_u(B, T));
+    mg_tap_up(dy_, dout, n_out(B, T));
+    /* garbage in the outputs: overwrite semantics */
+    if (cudaMemset(dg, 0x7f, WFLOATS * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
+    for (int i = 0; i < NST; ++i)
+        if (cudaMemset(ddst[i], 0x7f, st_floats(i, B) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
+    mg_status s = model_forward_train(tr, d_blob, B, T, du_, dout_, dst[0], dst[1], dst[2], dst[3]);
+    if (s == MG_OK)
+        s = model_backward(tr, dy_, dg, want_opt ? ddu : NULL, want_opt ? ddst[0] : NULL,
+                          want_opt ? ddst[1] : NULL, want_opt ? ddst[2] : NULL, want_opt ? ddst[3] : NULL);
+    if (s == MG_OK) {
+        mg_tap_down(r->out, dout_, n_out(B, T));
+        mg_tap_down(r->grads, dg, WFLOATS);
+        for (int i = 0; i < NST; ++i) {
+            if (st0) mg_tap_down(r->st[i], dst[i], st_floats(i, B));
+            if (want_opt) mg_tap_down(r->dst[i], ddst[i], st_floats(i, B));
+        }
+        if (want_opt) mg_tap_down(r->du, ddu, n_u(B, T));
+    }
+    mg_dev_free(du_); mg_dev_free(dout_); mg_dev_free(dy_); mg_dev_free(dg); mg_dev_free(ddu);
+    for (int i = 0; i < NST; ++i) { mg_dev_free(dst[i]); mg_dev_free(ddst[i]); }
+    return s;
+}
+
+/* Appended to the names of test_grads' checks (which SSM was forced). */
+static const char *grads_tag = "";
+
+static void test_grads(int B, int T, int with_state, uint64_t seed)
+{
+    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *st0[NST];
+    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
+    rand_states(st0, B, seed + 2);
+    char how[96];
+    snprintf(how, sizeof how, "%s%s", with_state ? "random state" : "fresh start", grads_tag);
+    run_out r;
+    run_alloc(&r, B, T);
+    mg_status s = gpu_run(B, T, u, with_state ? st0 : NULL, dout, 1, &r);
+    if (!mg_tap_ok(s == MG_OK, "forward_train + backward b=%d T=%d (%s) run", B, T, how)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+        run_free(&r); free(u); free(dout);
+        for (int i = 0; i < NST; ++i) free(st0[i]);
+        return;
+    }
+    double *rout = DALLOC_H(n_out(B, T)), *rdout = DALLOC_H(n_out(B, T));
+    double *rg = DALLOC_H(lay.total), *rdu = DALLOC_H(n_u(B, T));
+    double *rst[NST], *rst0[NST], *rdst[NST];
+    for (int i = 0; i < NST; ++i) {
+        const size_t n = st_floats(i, B);
+        rst[i] = DALLOC_H(n); rst0[i] = DALLOC_H(n); rdst[i] = DALLOC_H(n);
+        for (size_t j = 0; j < n; ++j) rst[i][j] = rst0[i][j] = with_state ? st0[i][j] : 0.0;
+    }
+    for (size_t i = 0; i < n_out(B, T); ++i) rdout[i] = dout[i];
+    if (mg_ref_mamba3_forward(&dims, &lay, blob, B, T, u, rout, rst[0], rst[1], rst[2], rst[3]) != MG_OK)
+        mg_tap_bail("reference forward");
+    if (mg_ref_mamba3_backward(&dims, &lay, blob, B, T, u,
+                               with_state ? rst0[0] : NULL, with_state ? rst0[1] : NULL,
+                               with_state ? rst0[2] : NULL, with_state ? rst0[3] : NULL,
+                               rdout, NULL, NULL, NULL, NULL, NULL, rg, rdu,
+                               rdst[0], rdst[1], rdst[2], rdst[3]) != MG_OK)
+        mg_tap_bail("reference backward");
+    char what[200];
+    snprintf(what, sizeof what, "b=%d T=%d %s: forward_train out", B, T, how);
+    cmp_ref(what, r.out, rout, n_out(B, T), FWD_TOL);
+    if (with_state) {
+        for (int i = 0; i < NST; ++i) {
+            snprintf(what, sizeof what, "b=%d T=%d %s: final %s state", B, T, how, st_name[i]);
+            if (i == 3)   /* the angle, θ mod 2π: on the circle of the reference */
+                mg_angle_on_circle(r.st[i], r.st[i], rst[i], NULL, st_floats(i, B));
+            cmp_ref(what, r.st[i], rst[i], st_floats(i, B), FWD_TOL);
+        }
+    }
+    for (int i = 0; i < n_tens; ++i) {
+        snprintf(what, sizeof what, "b=%d T=%d %s: grad %s", B, T, how, tens[i].name);
+        cmp_ref(what, r.grads + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
+    }
+    snprintf(what, sizeof what, "b=%d T=%d %s: du", B, T, how);
+    cmp_ref(what, r.du, rdu, n_u(B, T), GRAD_TOL);
+    for (int i = 0; i < NST; ++i) {
+        snprintf(what, sizeof what, "b=%d T=%d %s: d %s (initial)", B, T, how, st_name[i]);
+        if (!with_state && i == 3) {
+            /* From a fresh start (no state rotated by the initial angle
+             * yet), an offset of every θ cancels in q'·k' (rotary depends
+             * on angle differences only): the exact gradient is 0, and a
+             * relative error is undefined. Hold it absolutely, at the
+             * gradient tolerance times the scale of the input gradient. */
+            double scale = 0, got = 0;
+            for (size_t j = 0; j < n_u(B, T); ++j) scale = fmax(scale, fabs(rdu[j]));
+            for (size_t j = 0; j < st_floats(i, B); ++j) got = fmax(got, fabs((double)r.dst[i][j]));
+            mg_tap_diag("%s: max_abs=%.3e (exact: 0; input-gradient scale %.3e)", what, got, scale);
+            mg_tap_ok(got <= GRAD_TOL * scale, "%s: max_abs <= %g * max|du|", what, GRAD_TOL);
+        } else {
+            cmp_ref(what, r.dst[i], rdst[i], st_floats(i, B), GRAD_TOL);
+        }
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < WFLOATS; ++i)
+        if (!inside[i] && r.grads[i] != 0.0f) ++bad;
+    mg_tap_ok(bad == 0, "b=%d T=%d %s: gradient blob padding is 0 (%zu nonzero)", B, T, how, bad);
+    run_free(&r);
+    free(u); free(dout); free(rout); free(rdout); free(rg); free(rdu);
+    for (int i = 0; i < NST; ++i) { free(st0[i]); free(rst[i]); free(rst0[i]); free(rdst[i]); }
+}
+
+static void test_determinism(int B, int T, uint64_t seed)
+{
+    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *st0[NST];
+    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
+    rand_states(st0, B, seed + 2);
+    run_out a, b, c;
+    run_alloc(&a, B, T); run_alloc(&b, B, T); run_alloc(&c, B, T);
+    mg_status s1 = gpu_run(B, T, u, st0, dout, 1, &a);
+    mg_status s2 = gpu_run(B, T, u, st0, dout, 1, &b);
+    mg_status s3 = gpu_run(B, T, u, st0, dout, 0, &c);
+    int same = s1 == MG_OK && s2 == MG_OK &&
+               memcmp(a.grads, b.grads, WFLOATS * sizeof(float)) == 0 &&
+               memcmp(a.du, b.du, n_u(B, T) * sizeof(float)) == 0 &&
+               memcmp(a.out, b.out, n_out(B, T) * sizeof(float)) == 0;
+    for (int i = 0; i < NST && same; ++i)
+        same = memcmp(a.dst[i], b.dst[i], st_floats(i, B) * sizeof(float)) == 0 &&
+               memcmp(a.st[i], b.st[i], st_floats(i, B) * sizeof(float)) == 0;
+    mg_tap_ok(same, "deterministic: two runs (b=%d T=%d) give bit-identical out, final states and gradients", B, T);
+    mg_tap_ok(s3 == MG_OK && memcmp(a.grads, c.grads, WFLOATS * sizeof(float)) == 0,
+           "NULL du / state gradients leave the parameter gradients bit-identical");
+    run_free(&a); run_free(&b); run_free(&c);
+    free(u); free(dout);
+    for (int i = 0; i < NST; ++i) free(st0[i]);
+}
+
+/* ---------------------------------------------------------------- SSM choice */
+#define CVS_TOL MODEL_CHUNK_VS_SEQ_TOL   /* chunked vs sequential: f32 1e-5; bf16/f16 the check tolerance */
+
+#if MODEL_HAS_CHUNKED_BWD
+static void set_scan(int choice)
+{
+    if (model_trainer_set_scan(tr, choice) != MG_OK) mg_tap_bail("trainer_set_scan");
+}
+
+/* A GPU result against another GPU result (ref), as cmp_ref measures. */
+static int cmp_gpu(const char *what, const float *got, const float *ref, size_t n, double tol)
+{
+    mg_err e = mg_compare_f32f32(got, ref, n);
+    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
+    return mg_tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
+}
+
+/* Whether the spec's choice runs the chunked backward at seqlen T (the
+ * dispatch NAME_train.h promises for the spec's scan.mode). */
+static int spec_picks_chunked(int T)
+{
+#if MODEL_SCAN_MODE_ID == 1
+    (void)T;
+    return 1;
+#else
+    return T >= MODEL_SCAN_AUTO_MIN_LEN;
+#endif
+}
+
+/* 1 if two runs gave bit-identical gradients: parameters, du, the four
+ * initial states. */
+static int same_grads(const run_out *a, const run_out *b, int B, int T)
+{
+    int same = memcmp(a->grads, b->grads, WFLOATS * sizeof(float)) == 0 &&
+               memcmp(a->du, b->du, n_u(B, T) * sizeof(float)) == 0;
+    for (int i = 0; i < NST && same; ++i)
+        same = memcmp(a->dst[i], b->dst[i], st_floats(i, B) * sizeof(float)) == 0;
+    return same;
+}
+#endif
+
+/* The chunked SSM forced vs the sequential one forced (forward_train and the
+ * backward), on one call of several chunks with a partial last one (and a
+ * length that is not a multiple of the checkpoint stride), from random
+ * initial states: every parameter tensor's gradient, du and the four
+ * initial-state gradients within rel-L2 CVS_TOL of the sequential ones (per
+ * tensor), and the forward's out and final states too; a second chunked
+ * run bit-identical. GPU against GPU: no reference, so the length is not
+ * bound by the reference budget. */
+static void test_chunked_bwd(uint64_t seed)
+{
+#if MODEL_HAS_CHUNKED_BWD
+    const int Q = MODEL_BWD_CHUNK;
+    int T = imin(MAX_SEQ_LEN, 3 * Q + Q / 2 + 3);
+    if (T % CKPT == 0) --T;   /* CKPT divides Q: this also leaves the last chunk partial */
+    if (T <= Q) {
+        mg_tap_skip("MAX_SEQ_LEN allows one chunk only", "chunked vs sequential SSM over several chunks");
+        return;
+    }
+    const int B = imin(2, MAX_BATCH);
+    const int nch = (T + Q - 1) / Q;
+    mg_tap_diag("chunked SSM: b=%d T=%d, %d chunks of %d steps (last %d)", B, T, nch, Q, T - (nch - 1) * Q);
+    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *st0[NST];
+    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
+    rand_states(st0, B, seed + 2);
+    run_out c1, c2, sq;
+    run_alloc(&c1, B, T); run_alloc(&c2, B, T); run_alloc(&sq, B, T);
+    set_scan(MODEL_SCAN_CHUNKED);
+    const mg_status s1 = gpu_run(B, T, u, st0, dout, 1, &c1);
+    const mg_status s2 = gpu_run(B, T, u, st0, dout, 1, &c2);
+    set_scan(MODEL_SCAN_SEQUENTIAL);
+    const mg_status s3 = gpu_run(B, T, u, st0, dout, 1, &sq);
+    set_scan(MODEL_SCAN_SPEC);
+    if (mg_tap_ok(s1 == MG_OK && s2 == MG_OK && s3 == MG_OK, "chunked / sequential SSM (forward_train + backward) b=%d T=%d run", B, T)) {
+        int same = same_grads(&c1, &c2, B, T) && memcmp(c1.out, c2.out, n_out(B, T) * sizeof(float)) == 0;
+        for (int i = 0; i < NST && same; ++i)
+            same = memcmp(c1.st[i], c2.st[i], st_floats(i, B) * sizeof(float)) == 0;
+        mg_tap_ok(same, "chunked SSM, %d chunks: two runs give bit-identical gradients (parameters, du, initial "
+               "states), out and final states", nch);
+        char what[200];
+        snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: forward_train out", B, T);
+        cmp_gpu(what, c1.out, sq.out, n_out(B, T), CVS_TOL);
+        for (int i = 0; i < NST; ++i) {
+            snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: final %s state", B, T, st_name[i]);
+            if (i == 3)   /* the angle, θ mod 2π: on the circle of the sequential one */
+                mg_angle_on_circle(c1.st[i], c1.st[i], NULL, sq.st[i], st_floats(i, B));
+            cmp_gpu(what, c1.st[i], sq.st[i], st_floats(i, B), CVS_TOL);
+        }
+        for (int i = 0; i < n_tens; ++i) {
+            snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: grad %s", B, T, tens[i].name);
+            cmp_gpu(what, c1.grads + tens[i].offset, sq.grads + tens[i].offset, tens[i].numel, CVS_TOL);
+        }
+        snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: du", B, T);
+        cmp_gpu(what, c1.du, sq.du, n_u(B, T), CVS_TOL);
+        for (int i = 0; i < NST; ++i) {
+            snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: d %s (initial)", B, T, st_name[i]);
+            cmp_gpu(what, c1.dst[i], sq.dst[i], st_floats(i, B), CVS_TOL);
+        }
+        size_t pad = 0;
+        for (size_t i = 0; i < WFLOATS; ++i)
+            if (!inside[i] && c1.grads[i] != 0.0f) ++pad;
+        mg_tap_ok(pad == 0, "chunked SSM: gradient blob padding is 0 (%zu nonzero)", pad);
+    } else {
+        mg_tap_diag("%s", mg_last_error());
+    }
+    run_free(&c1); run_free(&c2); run_free(&sq);
+    free(u); free(dout);
+    for (int i = 0; i < NST; ++i) free(st0[i]);
+#else
+    (void)seed;
+    mg_tap_skip("no chunked SSM backward in this library (scan.mode " MODEL_SCAN_MODE ", max_seq_len " MODEL_MAX_SEQ_LEN_STR ")",
+             "chunked vs sequential SSM over several chunks");
+#endif
+}
+
+#if MODEL_HAS_CHUNKED_BWD
+/* The spec's choice at seqlen T runs the SSM spec_picks_chunked names: its
+ * out and gradients are bit-identical to that SSM forced. (The two round
+ * differently, so a wrong pick shows; diag says when their gradients happen
+ * to agree bit for bit at this T and the check cannot tell.) */
+static void test_spec_dispatch(int B, int T, uint64_t seed)
+{
+    const int want = spec_picks_chunked(T);
+    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *st0[NST];
+    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
+    rand_states(st0, B, seed + 2);
+    run_out sp, ch, sq;
+    run_alloc(&sp, B, T); run_alloc(&ch, B, T); run_alloc(&sq, B, T);
+    set_scan(MODEL_SCAN_SPEC);
+    const mg_status s1 = gpu_run(B, T, u, st0, dout, 1, &sp);
+    set_scan(MODEL_SCAN_CHUNKED);
+    const mg_status s2 = gpu_run(B, T, u, st0, dout, 1, &ch);
+    set_scan(MODEL_SCAN_SEQUENTIAL);
+    const mg_status s3 = gpu_run(B, T, u, st0, dout, 1, &sq);
+    set_scan(MODEL_SCAN_SPEC);
+    if (s1 == MG_OK && s2 == MG_OK && s3 == MG_OK) {
+        if (same_grads(&ch, &sq, B, T))
+            mg_tap_diag("b=%d T=%d: the chunked and sequential backwards agree bit for bit (the check below cannot tell them apart)", B, T);
+        const run_out *w = want ? &ch : &sq;
+        mg_tap_ok(same_grads(&sp, w, B, T) && memcmp(sp.out, w->out, n_out(B, T) * sizeof(float)) == 0,
+               "scan.mode " MODEL_SCAN_MODE ", b=%d T=%d: the spec's choice runs the %s SSM (out and gradients "
+               "bit-identical to it forced)", B, T, want ? "chunked" : "sequential");
+    } else {
+        mg_tap_ok(0, "scan.mode " MODEL_SCAN_MODE ", b=%d T=%d: the spec's choice runs the %s SSM", B, T,
+               want ? "chunked" : "sequential");
+        mg_tap_diag("%s", mg_last_error());
+    }
+    run_free(&sp); run_free(&ch); run_free(&sq);
+    free(u); free(dout);
+    for (int i = 0; i < NST; ++i) free(st0[i]);
+}
+#endif
+
+/* ---------------------------------------------------------------- AdamW */
+#include "train_tests.h"
+
+/* ---------------------------------------------------------------- training graph */
+/* N replays of the training-step graph == N eager train_step_mse calls, bit
+ * for bit (weights, moments, loss of every step, final states), from the
+ * same random states; then new hyperparameters through set_params (a halved
+ * lr, the next step count) for one more step on both sides. */
+static void test_train_graph(int B, int T, int steps, uint64_t seed)
+{
+    float *u = FALLOC(n_u(B, T)), *tgt = FALLOC(n_out(B, T)), *st0[NST];
+    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(tgt, n_out(B, T), seed + 1, 0.5f);
+    rand_states(st0, B, seed + 2);
+    float *ha = FALLOC(WFLOATS), *hb = FALLOC(WFLOATS);
+    float *le = FALLOC(steps + 1), *lg = FALLOC(steps + 1);
+    /* e: eager buffers, g: graph buffers (fixed pointers) */
+    float *dwe = mg_tap_dalloc(WFLOATS), *dge = mg_tap_dalloc(WFLOATS), *dme = mg_tap_dalloc(WFLOATS), *dve = mg_tap_dalloc(WFLOATS);
+    float *dwg = mg_tap_dalloc(WFLOATS), *dgg = mg_tap_dalloc(WFLOATS), *dmg = mg_tap_dalloc(WFLOATS), *dvg = mg_tap_dalloc(WFLOATS);
+    float *du = mg_tap_dalloc(n_u(B, T)), *dt = mg_tap_dalloc(n_out(B, T)), *dle = mg_tap_dalloc(1), *dlg = mg_tap_dalloc(1);
+    float *dse[NST], *dsg[NST];
+    for (int i = 0; i < NST; ++i) {
+        dse[i] = mg_tap_dalloc(st_floats(i, B));
+        dsg[i] = mg_tap_dalloc(st_floats(i, B));
+        mg_tap_up(dse[i], st0[i], st_floats(i, B));
+        mg_tap_up(dsg[i], st0[i], st_floats(i, B));
+    }
+    mg_tap_up(dwe, blob, WFLOATS); mg_tap_up(dwg, blob, WFLOATS);
+    mg_tap_up(du, u, n_u(B, T)); mg_tap_up(dt, tgt, n_out(B, T));
+    if (cudaMemset(dme, 0, WFLOATS * sizeof(float)) != cudaSuccess || cudaMemset(dve, 0, WFLOATS * sizeof(float)) != cudaSuccess ||
+        cudaMemset(dmg, 0, WFLOATS * sizeof(float)) != cudaSuccess || cudaMemset(dvg, 0, WFLOATS * sizeof(float)) != cudaSuccess)
+        mg_tap_bail("cudaMemset");
+    model_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.lr = 1e-2f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.weight_decay = 0.05f;
+    p.max_grad_norm = 1.0f; p.step = 1; p.wd_matrices_only = 1;
+    model_train_graph *g = NULL;
+    mg_status s = model_train_graph_create(tr, dwg, dgg, dmg, dvg, &p, B, T, du, dt, dsg[0], dsg[1], dsg[2],
+                                         dsg[3], dlg, &g);
+    if (!mg_tap_ok(s == MG_OK, "train_graph_create b=%d T=%d", B, T)) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    if (s == MG_OK) {
+        int same = 1;
+        mg_tap_down(ha, dwg, WFLOATS);
+        same = memcmp(ha, blob, WFLOATS * sizeof(float)) == 0;
+        for (int i = 0; i < NST; ++i) {
+            float *h = FALLOC(st_floats(i, B));
+            mg_tap_down(h, dsg[i], st_floats(i, B));
+            same = same && memcmp(h, st0[i], st_floats(i, B) * sizeof(float)) == 0;
+            free(h);
+        }
+        mg_tap_ok(same, "train_graph_create leaves the weights and the states untouched");
+    }
+    for (int k = 0; k <= steps && s == MG_OK; ++k) {
+        if (k == steps) {   /* new hyperparameters for the last step */
+            p.lr = 5e-3f; p.step = steps + 1;
+            s = model_train_graph_set_params(g, &p);
+            if (s != MG_OK) break;
+        }
+        p.step = k + 1;
+        s = model_train_step_mse(tr, dwe, dge, dme, dve, &p, B, T, du, dt, dse[0], dse[1], dse[2], dse[3], dle);
+        if (s == MG_OK) s = model_train_graph_launch(g);
+        if (s != MG_OK) break;
+        mg_tap_down(le + k, dle, 1);
+        mg_tap_down(lg + k, dlg, 1);
+    }
+    if (g) {
+        if (mg_tap_ok(s == MG_OK, "train graph: %d replays (the last after set_params) and %d eager steps run", steps + 1, steps + 1)) {
+            mg_tap_ok(memcmp(le, lg, (size_t)(steps + 1) * sizeof(float)) == 0,
+                   "train graph replay == eager train_step_mse: loss of every step bit-identical (%.6g -> %.6g)",
+                   le[0], le[steps]);
+            mg_tap_down(ha, dwe, WFLOATS); mg_tap_down(hb, dwg, WFLOATS);
+            int same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            if (!same) { mg_err e = mg_compare_f32f32(hb, ha, WFLOATS); mg_tap_diag("graph vs eager weights: rel_l2 %.3e", e.rel_l2); }
+            mg_tap_ok(same, "train graph replay == eager: weights bit-identical after %d steps", steps + 1);
+            mg_tap_down(ha, dme, WFLOATS); mg_tap_down(hb, dmg, WFLOATS);
+            same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            mg_tap_down(ha, dve, WFLOATS); mg_tap_down(hb, dvg, WFLOATS);
+            same = same && memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            mg_tap_ok(same, "train graph replay == eager: AdamW moments m, v bit-identical");
+            same = 1;
+            for (int i = 0; i < NST; ++i) {
+                float *a = FALLOC(st_floats(i, B)), *b = FALLOC(st_floats(i, B));
+                mg_tap_down(a, dse[i], st_floats(i, B)); mg_tap_down(b, dsg[i], st_floats(i, B));
+                same = same && memcmp(a, b, st_floats(i, B) * sizeof(float)) == 0;
+                free(a); free(b);
+            }
+            mg_tap_ok(same, "train graph replay == eager: final ssm / k_prev / v_prev / angle states bit-identical");
+        } else {
+            mg_tap_diag("%s", mg_last_error());
+        }
+        model_train_graph_destroy(g);
+    }
+    mg_dev_free(dwe); mg_dev_free(dge); mg_dev_free(dme); mg_dev_free(dve);
+    mg_dev_free(dwg); mg_dev_free(dgg); mg_dev_free(dmg); mg_dev_free(dvg);
+    mg_dev_free(du); mg_dev_free(dt); mg_dev_free(dle); mg_dev_free(dlg);
+    for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); free(st0[i]); }
+    free(u); free(tgt); free(ha); free(hb); free(le); free(lg);
+}
+
+/* ---------------------------------------------------------------- bad calls */
+static void test_bad_calls(void)
+{
+    const int B = imin(2, MAX_BATCH), T = imin(3, MAX_SEQ_LEN);
+    float *du = mg_tap_dalloc(n_u(B, T)), *dout = mg_tap_dalloc(n_out(B, T) + 4), *dg = mg_tap_dalloc(WFLOATS + 4);
+    float *dm = mg_tap_dalloc(WFLOATS), *dv = mg_tap_dalloc(WFLOATS), *dw = mg_tap_dalloc(WFLOATS + 4);
+    mg_tap_up(dw, blob, WFLOATS);
+    model_trainer *fresh = NULL;
+    if (model_trainer_create(&fresh, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
+    mg_tap_expect_status(model_backward(fresh, dout, dg, NULL, NULL, NULL, NULL, NULL), MG_ERR_STATE, "backward before forward_train");
+    model_trainer_destroy(fresh);
+    mg_tap_expect_status(model_trainer_create(NULL, 0), MG_ERR_INVALID_ARG, "trainer_create(NULL)");
+    mg_tap_expect_status(model_forward_train(NULL, dw, B, T, du, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train NULL trainer");
+    mg_tap_expect_status(model_forward_train(tr, NULL, B, T, du, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train NULL weights");
+    mg_tap_expect_status(model_forward_train(tr, dw, 0, T, du, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train batch = 0");
+    mg_tap_expect_status(model_forward_train(tr, dw, MAX_BATCH + 1, T, du, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train batch = MAX_BATCH + 1");
+    mg_tap_expect_status(model_forward_train(tr, dw, B, MAX_SEQ_LEN + 1, du, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train seqlen = MAX_SEQ_LEN + 1");
+    mg_tap_expect_status(model_forward_train(tr, dw, B, T, NULL, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train u = NULL");
+    mg_tap_expect_status(model_forward_train(tr, dw, B, T, du, dout + 1, NULL, NULL, NULL, NULL), MG_ERR_ALIGNMENT, "forward_train misaligned out");
+    mg_tap_expect_status(model_forward_train(tr, dw, B, T, du, dout, dg, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train ssm without k_prev, v_prev, angle");
+    mg_tap_expect_status(model_forward_train(tr, dw, B, T, du, dout, dg, dm, dv, dw + 1), MG_ERR_ALIGNMENT, "forward_train misaligned angle");
+    mg_tap_expect_status(model_backward(NULL, dout, dg, NULL, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "backward NULL trainer");
+    mg_tap_expect_status(model_trainer_set_scan(NULL, MODEL_SCAN_SPEC), MG_ERR_INVALID_ARG, "trainer_set_scan NULL trainer");
+    mg_tap_expect_status(model_trainer_set_scan(tr, 3), MG_ERR_INVALID_ARG, "trainer_set_scan unknown choice 3");
+    mg_tap_expect_status(model_trainer_set_scan(tr, -1), MG_ERR_INVALID_ARG, "trainer_set_scan unknown choice -1");
+#if !MODEL_HAS_CHUNKED_BWD
+    mg_tap_expect_status(model_trainer_set_scan(tr, MODEL_SCAN_CHUNKED), MG_ERR_INVALID_ARG,
+                  "trainer_set_scan(CHUNKED) without the chunked SSM backward");
+#endif
+    mg_tap_ok(model_trainer_set_scan(tr, MODEL_SCAN_SEQUENTIAL) == MG_OK &&
+           model_trainer_set_scan(tr, MODEL_SCAN_CHUNKED) == (MODEL_HAS_CHUNKED_BWD ? MG_OK : MG_ERR_INVALID_ARG) &&
+           model_trainer_set_scan(tr, MODEL_SCAN_SPEC) == MG_OK,
+           "trainer_set_scan accepts SEQUENTIAL, SPEC%s", MODEL_HAS_CHUNKED_BWD ? " and CHUNKED" : "");
+    mg_clear_error();
+    if (model_forward_train(tr, dw, B, T, du, dout, NULL, NULL, NULL, NULL) != MG_OK) mg_tap_bail("forward_train");
+    mg_tap_expect_status(model_backward(tr, NULL, dg, NULL, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "backward dout = NULL");
+    mg_tap_expect_status(model_backward(tr, dout, NULL, NULL, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "backward grads = NULL");
+    mg_tap_expect_status(model_backward(tr, dout, dg + 1, NULL, NULL, NULL, NULL, NULL), MG_ERR_ALIGNMENT, "backward misaligned grads");
+    mg_tap_expect_status(model_backward(tr, dout, dg, du + 2, NULL, NULL, NULL, NULL), MG_ERR_ALIGNMENT, "backward misaligned du");
+    mg_tap_expect_status(model_backward(tr, dout, dg, NULL, NULL, NULL, NULL, dm + 1), MG_ERR_ALIGNMENT, "backward misaligned dangle");
+    model_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.lr = 1e-3f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.step = 1;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, NULL), MG_ERR_INVALID_ARG, "adamw params = NULL");
+    mg_tap_expect_status(model_adamw_step(tr, NULL, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw weights = NULL");
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm + 1, dv, &p), MG_ERR_ALIGNMENT, "adamw misaligned m");
+    p.step = 0;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw step = 0");
+    p.step = 1; p.beta1 = 1.0f;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw beta1 = 1");
+    p.beta1 = 0.9f; p.eps = 0.0f;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw eps = 0");
+    p.eps = 1e-8f; p.lr = -1.0f;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw lr < 0");
+    p.lr = 1e-3f;
+    mg_tap_expect_status(model_train_step_mse(tr, dw, dg, dm, dv, &p, B, T, du, NULL, NULL, NULL, NULL, NULL, NULL),
+                  MG_ERR_INVALID_ARG, "train_step_mse target = NULL");
+    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dg); mg_dev_free(dm); mg_dev_free(dv); mg_dev_free(dw);
+}
+
+int main(void)
+{
+    if (!mg_tap_start()) return 0;
+    double scale;
+    /* Tokens the CPU reference may process in the whole run. */
+    const int budget = mg_tap_budget(REF_BUDGET_MACS, REF_MACS_PER_TOKEN, 8, &scale);
+    mg_tap_diag(MODEL_NAME " training: layers=%d D=%d E=%d N=%d P=%d H=%d ckpt stride=%d, workspace %.1f MiB",
+         N_LAYERS, D_MODEL, MODEL_D_INNER, MODEL_D_STATE, MODEL_HEADDIM, MODEL_N_HEADS, CKPT,
+         model_trainer_workspace_bytes() / 1048576.0);
+    mg_tap_diag("reference budget: %d tokens (MG_TEST_SCALE=%g)", budget, scale);
+
+    dims = (mg_m3_dims)MODEL_REF_DIMS;
+    if (mg_ref_mamba3_layout(&dims, &lay) != MG_OK) mg_tap_bail("mg_ref_mamba3_layout");
+    if (lay.total != WFLOATS) { printf("Bail out! blob size %zu vs reference %zu\n", WFLOATS, lay.total); return 1; }
+    size_t count = 0;
+    if (mg_ref_mamba3_params(&dims, &lay, NULL, 0, &count) != MG_OK) mg_tap_bail("mg_ref_mamba3_params");
+    n_tens = (int)count;
+    tens = (mg_m3_param *)mg_tap_calloc(count * sizeof *tens);
+    if (mg_ref_mamba3_params(&dims, &lay, tens, count, &count) != MG_OK) mg_tap_bail("mg_ref_mamba3_params");
+    inside = (unsigned char *)mg_tap_calloc(WFLOATS);
+    for (int i = 0; i < n_tens; ++i) memset(inside + tens[i].offset, 1, tens[i].numel);
+
+    blob = FALLOC(WFLOATS);
+    if (mg_ref_mamba3_init(&dims, &lay, blob, 20240607ull) != MG_OK) mg_tap_bail("mg_ref_mamba3_init");
+    d_blob = mg_tap_dalloc(WFLOATS + 64);
+    mg_tap_up(d_blob, blob, WFLOATS);
+    if (model_trainer_create(&tr, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
+    test_loss_scaling(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, 5), 808);
+    /* The gradient tests use dout ~ N(0, 1): with loss scaling (the f16
+     * default) a scale that suits it, 2^10, so the comparisons below also
+     * check that the scale is divided out exactly. */
+    if (MODEL_LOSS_SCALE_INIT > 0.0f && model_trainer_set_loss_scaling(tr, 1024.0f, 2000) != MG_OK)
+        mg_tap_bail("set_loss_scaling");
+
+    /* Gradients vs the reference: a length crossing checkpoint chunks and not
+     * a multiple of the stride, from a random state; then a fresh start. */
+    const int ba = imin(2, MAX_BATCH);
+    const int ta = imin(MAX_SEQ_LEN, imin(2 * CKPT + 3, imax(1, budget / 3 / ba)));
+    test_grads(ba, ta, 1, 101);
+    const int bb = imin(3, MAX_BATCH);
+    const int tb = imin(MAX_SEQ_LEN, imin(CKPT + 1, imax(1, budget / 4 / bb)));
+    test_grads(bb, tb, 0, 202);
+
+    test_determinism(ba, imin(MAX_SEQ_LEN, 2 * CKPT + 3), 303);
+
+    /* The SSM choice: chunked vs sequential over several chunks and two
+     * chunked runs; the spec's dispatch; the reference gradient check once
+     * more with the SSM the spec does not pick (over a chunk boundary when
+     * the budget allows, else at the first check's length). */
+    test_chunked_bwd(313);
+#if MODEL_HAS_CHUNKED_BWD
+#if MODEL_SCAN_MODE_ID == 1
+    test_spec_dispatch(1, imin(MAX_SEQ_LEN, CKPT + 3), 323);   /* chunked: at any length */
+#else
+    test_spec_dispatch(1, MODEL_SCAN_AUTO_MIN_LEN - 1, 323);   /* auto: below the threshold */
+    test_spec_dispatch(1, MODEL_SCAN_AUTO_MIN_LEN, 324);       /* at it (MAX_SEQ_LEN reaches it) */
+#endif
+    {
+        const int Q = MODEL_BWD_CHUNK;
+        /* the first check's batch: a parameter gradient sums over the
+         * batch's tokens, and with one short sequence a tensor of a few
+         * entries (dt_bias at 2 heads) can cancel to a fraction of its
+         * terms, which rel-L2 then magnifies in bf16 */
+        int bo = ba, to = imin(MAX_SEQ_LEN, Q + Q / 2 + 3);
+        if (to % CKPT == 0) --to;
+        if (to <= Q || budget < bo * to) to = ta;
+        const int other = spec_picks_chunked(to) ? MODEL_SCAN_SEQUENTIAL : MODEL_SCAN_CHUNKED;
+        mg_tap_diag("reference check with the %s SSM forced: b=%d T=%d", other == MODEL_SCAN_CHUNKED ? "chunked" : "sequential", bo, to);
+        set_scan(other);
+        grads_tag = other == MODEL_SCAN_CHUNKED ? ", chunked SSM forced" : ", sequential SSM forced";
+        test_grads(bo, to, 1, 333);
+        grads_tag = "";
+        set_scan(MODEL_SCAN_SPEC);
+    }
+#endif
+
+    test_adamw(0, 0, 404);
+    test_adamw(1, 1, 505);
+    test_adamw_skip(909);
+
+    /* Training from this precision's default loss scale. */
+    if (model_trainer_set_loss_scaling(tr, MODEL_LOSS_SCALE_INIT, MODEL_LOSS_SCALE_GROWTH) != MG_OK)
+        mg_tap_bail("set_loss_scaling (default)");
+
+    test_training(ba, imin(MAX_SEQ_LEN, 16), 20, 606);
+
+    /* The training step as a CUDA Graph: replays == eager steps, bit for bit. */
+    test_train_graph(ba, imin(MAX_SEQ_LEN, CKPT + 5), 4, 707);
+
+    test_bad_calls();
+
+    model_trainer_destroy(tr);
+    mg_dev_free(d_blob);
+    free(blob); free(tens); free(inside);
+    mg_ref_mamba3_layout_free(&lay);
+    return mg_tap_done();
+}
