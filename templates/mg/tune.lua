@@ -57,7 +57,8 @@ M.TEMPLATE = { mamba1 = "mamba1/tune_scan.cu.tmpl", mamba3_siso = "mamba3/tune_s
 -- are part of the set.
 M.TEMPLATE_SETS = {
   mamba1 = {
-    "kernels/mamba1/scan_body.cuh", "kernels/mamba1/tune_args.h", "mamba1/tune_scan.cu.tmpl",
+    "kernels/common/dtype.cuh", "kernels/mamba1/scan_body.cuh", "kernels/mamba1/tune_args.h",
+    "mamba1/tune_scan.cu.tmpl",
     "mg/derive.lua", "mg/derive_mamba1.lua", "mg/tune.lua",
   },
   mamba3_siso = {

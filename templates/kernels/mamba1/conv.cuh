@@ -33,15 +33,7 @@ conv_silu_kernel(int seqlen, const act_t *__restrict__ xz, const float *__restri
     for (int k = 0; k < K - 1; ++k) win[k] = state_in ? state_in[st + k] : 0.0f;
     const act_t *xp = xz + b * (size_t)seqlen * E2 + e;
     act_t *op = xc + b * (size_t)seqlen * E + e;
-    for (int t = 0; t < seqlen; ++t) {
-        win[K - 1] = to_f32(xp[(size_t)t * E2]);
-        float acc = bias;
-#pragma unroll
-        for (int k = 0; k < K; ++k) acc += w[k] * win[k];
-        op[(size_t)t * E] = from_f32<act_t>(silu(acc));
-#pragma unroll
-        for (int k = 0; k < K - 1; ++k) win[k] = win[k + 1];
-    }
+    conv_steps(0, seqlen, xp, op, w, win, bias);
     if (state_out) {
 #pragma unroll
         for (int k = 0; k < K - 1; ++k) state_out[st + k] = win[k];
@@ -80,15 +72,7 @@ conv_chunked_kernel(int seqlen, const act_t *__restrict__ xz, const float *__res
         const int t = t0 - (K - 1) + k;
         win[k] = t >= 0 ? to_f32(xp[(size_t)t * E2]) : (state_in ? state_in[st + (K - 1) + t] : 0.0f);
     }
-    for (int t = t0; t < t1; ++t) {
-        win[K - 1] = to_f32(xp[(size_t)t * E2]);
-        float acc = bias;
-#pragma unroll
-        for (int k = 0; k < K; ++k) acc += w[k] * win[k];
-        op[(size_t)t * E] = from_f32<act_t>(silu(acc));
-#pragma unroll
-        for (int k = 0; k < K - 1; ++k) win[k] = win[k + 1];
-    }
+    conv_steps(t0, t1, xp, op, w, win, bias);
 }
 
 // conv_state_kernel: state[b][e][:] = the last K-1 inputs of the sequence,

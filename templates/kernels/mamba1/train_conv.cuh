@@ -24,15 +24,7 @@ conv_fwd_kernel(int seqlen, const act_t *__restrict__ xz, const float *__restric
     for (int k = 0; k < KM1; ++k) win[k] = cs0[st + k];
     const act_t *xp = xz + b * (size_t)seqlen * E2 + e;
     act_t *op = xc + b * (size_t)seqlen * E + e;
-    for (int t = 0; t < seqlen; ++t) {
-        win[K - 1] = to_f32(xp[(size_t)t * E2]);
-        float acc = bias;
-#pragma unroll
-        for (int k = 0; k < K; ++k) acc += w[k] * win[k];
-        op[(size_t)t * E] = from_f32<act_t>(silu(acc));
-#pragma unroll
-        for (int k = 0; k < KM1; ++k) win[k] = win[k + 1];
-    }
+    conv_steps(0, seqlen, xp, op, w, win, bias);
     if (state_out) {
 #pragma unroll
         for (int k = 0; k < KM1; ++k) state_out[st + k] = win[k];
