@@ -270,7 +270,7 @@ if ok then
     -- the training half (emit.training)
     "mamba3_rl_train.h<mamba3/train.h.tmpl", "mamba3_rl_backward.cu<mamba3/backward.cu.tmpl",
     "mamba3_rl_train.c<mamba3/train.c.tmpl", "mamba3_rl_train_test.c<host/mamba3/train_test.c",
-    "test_adamw_skip.h<host/common/test_adamw_skip.h" }
+    "train_tests.h<host/common/train_tests.h" }
   local have = {}
   for _, nm in ipairs(names) do have[nm] = true end
   for _, nm in ipairs(want) do check(have[nm], "emit: mamba3 file " .. nm) end
