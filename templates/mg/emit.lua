@@ -29,6 +29,7 @@ E.FILES = {
     { path = "mg_m1_scan_fwd.cuh", copy = "kernels/mamba1/scan_fwd.cuh", prefix = "//" },
     { path = "mg_m1_decode.cuh",   copy = "kernels/mamba1/decode.cuh",   prefix = "//" },
     { path = "mg_m1_launch.cuh",   copy = "kernels/mamba1/launch.cuh",   prefix = "//" },
+    { path = "mg_m1_launch.h",     copy = "kernels/mamba1/launch.h",     prefix = "//" },
     { path = "%s.c",          template = "mamba1/model.c.tmpl",    prefix = "//" },
     -- the test and bench programs (plain C; model_alias.h names the model)
     { path = "model_alias.h", template = "common/model_alias.h.tmpl", prefix = "//" },
@@ -43,6 +44,7 @@ E.FILES = {
     { path = "mg_m1_scan_bwd.cuh",     copy = "kernels/mamba1/scan_bwd.cuh",     prefix = "//", when = "training" },
     { path = "mg_m1_adamw.cuh",        copy = "kernels/mamba1/adamw.cuh",        prefix = "//", when = "training" },
     { path = "mg_m1_launch_train.cuh", copy = "kernels/mamba1/launch_train.cuh", prefix = "//", when = "training" },
+    { path = "mg_m1_launch_train.h",   copy = "kernels/mamba1/launch_train.h",   prefix = "//", when = "training" },
     { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh",    prefix = "//", when = "training" },
     { path = "mg_grad_norm.cuh",       copy = "kernels/common/grad_norm.cuh",    prefix = "//", when = "training" },
     { path = "mg_loss.cuh",            copy = "kernels/common/loss.cuh",         prefix = "//", when = "training" },

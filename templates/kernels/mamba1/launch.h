@@ -1,0 +1,60 @@
+/* launch.h: the prototypes of the Mamba-1 forward kernel launchers
+ * (defined in kernels/mamba1/launch.cuh, compiled into NAME_kernels.cu),
+ * called by the host pipeline NAME.c. Not part of the API: NAME.h includes
+ * it under NAME_INTERNAL, inside its extern "C" block, after defining
+ * MG_LAUNCH(fn) as NAME_launch_fn; declared once so that both compilers check
+ * one prototype. The launchers of optional kernels (chunked scan,
+ * single-launch decode, weight copy) exist only in the libraries that have
+ * them (NAME.h: NAME_HAS_*). Activation buffers (the storage dtype) are
+ * passed as void pointers; the residual stream, weights and states are f32.
+ * Each returns the launch status. Plain C, includes nothing itself. */
+
+/* h[rows][D] = input_proj.bias broadcast over rows (before the input GEMM). */
+cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int rows, cudaStream_t stream);
+/* y[rows][D] = rmsnorm(h[rows][D]) * w; y has type act (out_f32 = 0) or f32. */
+cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_f32,
+                        int rows, cudaStream_t stream);
+/* Causal depthwise conv + SiLU over x = xz[:, 0:E]; conv state in/out
+ * (state_in NULL: zeros; state_out NULL: not written). */
+cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *conv_w,
+                     const float *conv_b, const float *state_in, float *state_out,
+                     void *xc, cudaStream_t stream);
+/* Selective scan + D skip + SiLU(z) gate -> g[tokens][E]. */
+cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *xc, const void *dt,
+                     const void *dbl, const void *xz, const float *dt_bias,
+                     const float *A_log, const float *Dskip, const float *state_in,
+                     float *state_out, void *g, cudaStream_t stream);
+/* Fused decode of one layer's mixer for one token per sequence: conv step
+ * (conv_state in place), x_proj partials part [batch][CONV_BLOCKS][XP] f32,
+ * then dt_proj + scan step (ssm_state in place) + gate -> g [batch][E].
+ * x_proj_w / dt_proj_w are the GEMM weights (storage dtype). States NULL:
+ * zeros in, nothing out. Two launches. */
+cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *xz, const float *conv_w,
+                             const float *conv_b, float *conv_state, const void *x_proj_w,
+                             const void *dt_proj_w, const float *dt_bias,
+                             const float *A_log, const float *Dskip, float *ssm_state,
+                             void *xc, float *part, void *g, cudaStream_t stream);
+/* The single-launch decode step of the whole backbone: u [batch][IN_DIM] ->
+ * out [batch][D]; w the f32 blob, wg the GEMM weights (storage dtype, blob
+ * offsets); states [N_LAYERS][batch][...] in place (NULL: zeros in, nothing
+ * out). One cluster launch (cudaLaunchKernelEx), capturable in a graph. */
+cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, float *out, const float *w,
+                                  const void *wg, float *conv_state, float *ssm_state,
+                                  cudaStream_t stream);
+/* y[r][D] = rmsnorm(h[r*in_stride + in_off]) * w, f32 out (burn-in: last rows). */
+cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
+                             int in_stride, int in_off, cudaStream_t stream);
+/* Conv + SiLU parallel over time chunks (same bits as launch_conv), then the new
+ * conv state in place (state NULL: zeros in, nothing out). */
+cudaError_t MG_LAUNCH(conv_chunked)(int batch, int seqlen, const void *xz, const float *conv_w,
+                             const float *conv_b, float *state, void *xc,
+                             cudaStream_t stream);
+/* Chunked scan (three launches); cstate [batch][nc][E][N], dsum [batch][nc][E]
+ * f32 workspace, nc = ceil(seqlen / SCAN_CHUNK). state_in/out may alias. */
+cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *xc, const void *dt,
+                             const void *dbl, const void *xz, const float *dt_bias,
+                             const float *A_log, const float *Dskip,
+                             const float *state_in, float *state_out, float *cstate,
+                             float *dsum, void *g, cudaStream_t stream);
+/* wa[i] = (storage dtype) w[i], i < n (round to nearest). */
+cudaError_t MG_LAUNCH(convert)(const float *w, void *wa, size_t n, cudaStream_t stream);

@@ -1,0 +1,42 @@
+/* launch_train.h: the prototypes of the Mamba-1 training kernel launchers
+ * (defined in kernels/mamba1/launch_train.cuh, compiled into
+ * NAME_backward.cu), called by the trainer NAME_train.c. Not part of the
+ * API: NAME_train.h includes it under NAME_INTERNAL, inside its extern "C"
+ * block (MG_LAUNCH(fn) is NAME_launch_fn, NAME.h). The launchers whose
+ * arguments name the model's types (AdamW) and those every arch shares
+ * (NAME_kt_*) are declared in NAME_train.h. Activations (the storage dtype)
+ * as void pointers. Plain C, includes nothing itself. */
+
+cudaError_t MG_LAUNCH(train_bias_rows)(float *h, const float *bias, int rows, cudaStream_t st);
+cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
+                               float *rstd, int rows, cudaStream_t st);
+cudaError_t MG_LAUNCH(conv_fwd)(int batch, int seqlen, const void *xz, const float *cw,
+                            const float *cb, const float *cs0, float *state_out, void *xc,
+                            cudaStream_t st);
+cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *xc, const void *dt,
+                            const void *dbl, const void *xz, const float *dt_bias,
+                            const float *A_log, const float *Dskip, const float *state_in,
+                            float *state_out, float *ckpt, void *y, void *g, cudaStream_t st);
+cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w, const float *rstd,
+                               const float *dy, const float *dscale, int accumulate, float *dh,
+                               void *dh_act, float *part, cudaStream_t st);
+cudaError_t MG_LAUNCH(colsum_part)(int rows, const float *x, float *part, cudaStream_t st);
+cudaError_t MG_LAUNCH(reduce_parts)(const float *part, int nparts, size_t pstride, int n,
+                                float *out, cudaStream_t st);
+cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const void *y, const void *xz, const float *dg,
+                            void *g, float *dy, void *dxz, cudaStream_t st);
+/* nspans 1: the sequential scan backward (span_p, span_ds unused, may be
+ * NULL); nspans = ceil(seqlen / BSCAN_SPAN) > 1: the chunk-parallel one
+ * (HAS_CHUNKED_BWD only), span_p / span_ds [batch][nspans][E][N] scratch.
+ * part_A [batch*nspans][E][N], part_D / part_dtb [batch*nspans][E]. */
+cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, int nspans, const void *xc, const void *dt,
+                            const void *dbl, const float *dt_bias, const float *A_log,
+                            const float *Dskip, const float *ckpt, const float *dy,
+                            float *dxc, void *ddt, float *part_bc, float *part_A,
+                            float *part_D, float *part_dtb, float *span_p, float *span_ds,
+                            float *dss, cudaStream_t st);
+cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, void *ddbl, cudaStream_t st);
+cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,
+                            const float *cb, const float *cs0, const float *dxc, void *dxz,
+                            float *dcs, float *part_w, float *part_b, cudaStream_t st);
+cudaError_t MG_LAUNCH(train_convert)(const float *w, void *wa, cudaStream_t st);
