@@ -8,6 +8,7 @@
  * functions dispatch on tg_dims.m3. */
 #include "gen/xstr.h"
 #include "templates/kernels/mamba1/tune_args.h"
+#include "templates/kernels/mamba3/tune_args.h"
 #include "tune_gpu.h"
 
 #include <math.h>
@@ -406,8 +407,8 @@ static dim3 dim3_make(unsigned x, unsigned y, unsigned z)
     return d;
 }
 
-/* A parameter of a Mamba-1 candidate kernel (templates/kernels/mamba1/
- * tune_args.h) as tg_launch's argument: launch values are its locals,
+/* A parameter of a candidate kernel (templates/kernels/mamba1/tune_args.h,
+ * kernels/mamba3/tune_args.h) as tg_launch's argument: launch values are its locals,
  * buffers the fields of tg_data of the same name. */
 #define TG_ARG_I(name) &name
 #define TG_ARG_CA(name) &t->name
@@ -431,8 +432,7 @@ static cudaError_t tg_launch(tg_data *t, tg_kernels *k, const tg_cand *c, int ba
         *what = "tune_m3_chunked";
         /* (the last entry: the generic's struct tune_dims; a specialized
          * kernel has one parameter less and never reads it) */
-        void *args[] = {&seqlen, &t->proj, &t->k, &t->q, &t->mdt, &t->adt, &t->lam, &t->mD, &t->state_in,
-                        &t->kp_in, &t->vp_in, &t->state_out, &t->kp_out, &t->vp_out, &t->y, gargs};
+        void *args[] = {MG_M3_TUNE_CHUNKED_PARAMS(TG_ARG_FIRST, TG_ARG_NEXT), gargs};
         return cudaLaunchKernel((const void *)k->m3, dim3_make((unsigned)d->H, (unsigned)batch, 1),
                                 dim3_make((unsigned)c->threads, 1, 1), args, (size_t)c->smem, stream);
     }

@@ -62,6 +62,7 @@ E.FILES = {
     { path = "mg_m3_angles.cuh", copy = "kernels/mamba3/angles.cuh", prefix = "//" },
     { path = "mg_m3_scan.cuh", copy = "kernels/mamba3/scan.cuh", prefix = "//" },
     { path = "mg_m3_tiles.cuh", copy = "kernels/mamba3/tiles.cuh", prefix = "//" },
+    { path = "mg_m3_chunked_body.cuh", copy = "kernels/mamba3/chunked_body.cuh", prefix = "//" },
     { path = "mg_m3_chunked_fwd.cuh", copy = "kernels/mamba3/chunked_fwd.cuh", prefix = "//" },
     { path = "mg_m3_convert.cuh", copy = "kernels/mamba3/convert.cuh", prefix = "//" },
     { path = "mg_m3_gate.cuh", copy = "kernels/mamba3/gate.cuh", prefix = "//" },

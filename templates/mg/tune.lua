@@ -62,8 +62,8 @@ M.TEMPLATE_SETS = {
     "mg/derive.lua", "mg/derive_mamba1.lua", "mg/tune.lua",
   },
   mamba3_siso = {
-    "mamba3/common.cuh.tmpl", "mamba3/kernels.cu.tmpl", "kernels/mamba3/tiles.cuh",
-    "kernels/mamba3/chunked_fwd.cuh", "mamba3/tune_scan.cu.tmpl",
+    "kernels/mamba3/tiles.cuh", "kernels/mamba3/chunked_body.cuh", "kernels/mamba3/tune_args.h",
+    "mamba3/tune_scan.cu.tmpl",
     "mg/derive.lua", "mg/derive_mamba3.lua", "mg/tune.lua",
   },
 }
@@ -209,6 +209,25 @@ function M.m1_dims(d, channels)
   }
 end
 
+-- The Mamba-3 dims policy of a candidate (kernels/mamba3/chunked_body.cuh)
+-- with the ck_* shape v: the members of its struct tune_dims, in order; the
+-- specialized candidates make them constants, the generic one kernel
+-- arguments.
+function M.m3_dims(d, v)
+  return {
+    arg("N", d.N, "d_state"),
+    arg("P", d.P, "headdim"),
+    arg("H", d.H, "nheads"),
+    arg("E", d.E, "d_inner = H * P (row stride of y)"),
+    arg("NP", d.in_proj_out, "in_proj outputs (row stride of proj)"),
+    arg("OFF_X", d.split_x, "column of x (v) in the in_proj output"),
+    arg("nw", v.ck_nw, "state columns per warp (<= NW_MAX)"),
+    arg("pw", v.ck_pw, "output columns per item (<= PW_MAX)"),
+    arg("ny", v.ck_ny, "output items per chunk"),
+    arg("ldn", v.ck_ldn, "row stride of the staged N-wide tiles = N + CK_PAD"),
+  }
+end
+
 function M.generic(spec, d, cands)
   local own_chunk = spec.arch == "mamba3_siso" and d.ck_chunk or d.scan_chunk
   local own_threads = spec.arch == "mamba3_siso" and d.ck_threads or d.scan_threads
@@ -231,18 +250,7 @@ function M.generic(spec, d, cands)
     assert(v.ck_nw <= M.GENERIC_M3_NW_MAX and v.ck_pw <= M.GENERIC_M3_PW_MAX, "tune: generic bounds")
     g.ck, g.smem = v, v.ck_smem_bytes
     g.nw_max, g.pw_max = M.GENERIC_M3_NW_MAX, M.GENERIC_M3_PW_MAX
-    g.args = {
-      arg("N", d.N, "d_state"),
-      arg("P", d.P, "headdim"),
-      arg("H", d.H, "nheads"),
-      arg("E", d.E, "d_inner = H * P (row stride of y)"),
-      arg("NP", d.in_proj_out, "in_proj outputs (row stride of proj)"),
-      arg("OFF_X", d.split_x, "column of x (v) in the in_proj output"),
-      arg("nw", v.ck_nw, "state columns per warp (<= CK_NW_MAX)"),
-      arg("pw", v.ck_pw, "output columns per item (<= CK_PW_MAX)"),
-      arg("ny", v.ck_ny, "output items per chunk"),
-      arg("ldn", v.ck_ldn, "row stride of the staged N-wide tiles = N + CK_PAD"),
-    }
+    g.args = M.m3_dims(d, v)
   else
     assert(d.scan_npt <= M.GENERIC_M1_NPT_MAX, "tune: generic bound")
     g.smem = d.scan_smem_bytes   -- the B/C stage, now dynamic shared memory
@@ -420,6 +428,7 @@ function M.sources_m3(spec, d, args, template, cands, skipped)
     end })
     local env = emit.env(spec, td, args, template)
     env.cand = c
+    env.dims = c.args or M.m3_dims(d, c.ck)
     local path = "tune_" .. c.id .. ".cu"
     files[#files + 1] = { path = path, content = tmpl.render(template, env), template = template }
     man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s %d", c.id, c.mode, c.chunk, c.threads,

@@ -123,9 +123,13 @@ local m3src = f3["tune_generic.cu"]
 check(m3src ~= nil and m3src:find("GENERIC VARIANT", 1, true) ~= nil, "mamba3 sources: tune_generic.cu, commented")
 check(m3src:find("constexpr int N =", 1, true) == nil and m3src:find("const int N = dm.N", 1, true) ~= nil,
   "mamba3 generic: N is a kernel argument")
-check(m3src:find("float hs[CK_NW_MAX / 8][4];", 1, true) ~= nil, "mamba3 generic: the state tile has the bound")
-check(m3src:find("tile_mma<", 1, true) == nil, "mamba3 generic: tile_mma strides are arguments")
-check(f3["tune_c64_t256.cu"]:find("tune_dims", 1, true) == nil, "mamba3 specialized: no trace of the generic")
+check(m3src:find("float hs[Dm::NW_MAX / 8][4];", 1, true) ~= nil and
+  m3src:find("static constexpr int NW_MAX = 128;", 1, true) ~= nil, "mamba3 generic: the state tile has the bound")
+check(m3src:find("    int ldn;", 1, true) ~= nil and m3src:find("static constexpr bool FIXED = false;", 1, true) ~= nil,
+  "mamba3 generic: the N-wide tile stride is an argument")
+local m3s = f3["tune_c64_t256.cu"]
+check(m3s:find("static constexpr bool FIXED = true;", 1, true) ~= nil and m3s:find("static constexpr int N = ", 1, true) ~= nil
+  and m3s:find("GENERIC", 1, true) == nil, "mamba3 specialized: the same body, the dims as constants")
 check(f3["manifest.txt"]:find("\ngeneric_same_as " .. g3.same_as .. "\ngeneric_args N=64 ", 1, true) ~= nil,
   "mamba3 manifest: generic lines")
 -- own shape left out of the sweep (chunk 32 only)

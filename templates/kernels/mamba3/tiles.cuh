@@ -32,9 +32,11 @@ static_assert(sizeof(op_t) == sizeof(act_t), "staged operands have the storage t
 // The transposed forms let the backward multiply by a staged matrix's
 // transpose without staging a second copy. k runs 0..15 in order for every
 // form (fixed summation order).
-// f32 operands: FMA from shared memory.
-template <bool AT, bool BK, int LDA, int LDB>
-__device__ __forceinline__ void tile_mma_x(float c[4], const float *a, const float *b, int lane)
+// The row strides LDA, LDB are arguments of the core forms (tile_mma_x
+// below passes its template arguments; the generic tune candidate runtime
+// values). f32 operands: FMA from shared memory.
+template <bool AT, bool BK>
+__device__ __forceinline__ void tile_mma_core(float c[4], const float *a, const float *b, int lane, int LDA, int LDB)
 {
     const int g = lane >> 2, cc = (lane & 3) * 2;
     if (!AT && !BK) {
@@ -99,10 +101,9 @@ __device__ __forceinline__ void mma_16816(float c[4], unsigned a0, unsigned a1, 
 }
 
 // 16-bit operands (T = __nv_bfloat16 or __half): ldmatrix + mma.sync.
-template <bool AT, bool BK, int LDA, int LDB, typename T>
-__device__ __forceinline__ void tile_mma_x(float c[4], const T *a, const T *b, int lane)
+template <bool AT, bool BK, typename T>
+__device__ __forceinline__ void tile_mma_core(float c[4], const T *a, const T *b, int lane, int LDA, int LDB)
 {
-    static_assert(LDA % 8 == 0 && LDB % 8 == 0, "ldmatrix rows are 16-byte aligned");
     const int r = lane & 7, i = lane >> 3;
     unsigned a0, a1, a2, a3, b0, b1;
     if (!AT) {   // stored [m][k]: block i at rows 8*(i&1), k 8*(i>>1)
@@ -126,9 +127,21 @@ __device__ __forceinline__ void tile_mma_x(float c[4], const T *a, const T *b, i
     mma_16816(c, a0, a1, a2, a3, b0, b1, a);
 }
 
+template <bool AT, bool BK, int LDA, int LDB, typename T>
+__device__ __forceinline__ void tile_mma_x(float c[4], const T *a, const T *b, int lane)
+{
+    static_assert(sizeof(T) == 4 || (LDA % 8 == 0 && LDB % 8 == 0), "ldmatrix rows are 16-byte aligned");
+    tile_mma_core<AT, BK>(c, a, b, lane, LDA, LDB);
+}
+
 // The forward's form: A [m][k], B^T [n][k].
 template <int LDA, int LDB>
 __device__ __forceinline__ void tile_mma(float c[4], const op_t *a, const op_t *bt, int lane)
 {
     tile_mma_x<false, false, LDA, LDB>(c, a, bt, lane);
+}
+// ... with the row strides as runtime values (the generic tune candidate).
+__device__ __forceinline__ void tile_mma_rt(float c[4], const op_t *a, const op_t *bt, int lane, int lda, int ldb)
+{
+    tile_mma_core<false, false>(c, a, bt, lane, lda, ldb);
 }

@@ -1,0 +1,328 @@
+// mg_m3_chunked_body.cuh: the body of the chunked SSM scan of the Mamba-3
+// SISO forward, written once against a dims policy `Dm` so that the shipped
+// kernel (mg_m3_chunked_fwd.cuh: inference, and the forward for training,
+// which also saves the state entering every chunk as the chunked backward's
+// checkpoint) and the autotuner's candidates compile the same code:
+//   - the shipped kernel and the specialized tune candidates pass a policy
+//     whose members are compile-time constants (FIXED = true);
+//   - the generic tune candidate passes its struct tune_dims, whose members
+//     are kernel arguments (a library with runtime dimensions).
+// A policy has the int members N, P, H, E, NP, OFF_X (as in NAME_common.cuh),
+// nw, pw, ny, ldn (CK_NW, CK_PW, CK_NY, CK_LDN: the state split, the output
+// items, the staged row stride, which follow from N and P; their order is
+// that of mg/tune.lua m3_dims), and the compile-time bounds NW_MAX >= nw,
+// PW_MAX >= pw of the register arrays: loops over them run to the bound
+// with a guard (folded away when the member is a constant). The launch shape (CK_Q, CK_WARPS,
+// CK_THREADS, CK_LDQ, CK_LDW) is whatever CK_* constants are in scope where
+// it is included: NAME_common.cuh's for inference; NAME_backward.cu
+// includes it in a namespace of its own with the chunked backward's chunk.
+// Also needed from the includer: act_t, op_t, to_f32, from_f32, FULL_MASK
+// and mg_m3_tiles.cuh. Included inside the anonymous namespace of the
+// package's .cu files (or inlined into a tune candidate): it includes
+// nothing itself.
+
+// ===========================================================================
+// Chunked scan: math.md "Chunked form", chunk length CK_Q.
+//
+// Decomposition. One block per (sequence b, head h) (grid (H, batch)) walks
+// the chunks in order; the P x N state stays on chip (f32, in the
+// accumulator registers of the warps) from the first chunk to the last, so
+// no chunk state ever goes through device memory. Per chunk:
+//   A  stage q' and k' ([CK_Q][N]), v ([P][CK_Q], transposed) and the
+//      per-token scalars (A*dt, gamma = lam*dt, the next token's
+//      (1-lam)*dt) in shared memory (rows past the end of the sequence are
+//      zeros);
+//   B  warp 0: cs_t = prefix sum of A*dt in the chunk (fixed shuffle order),
+//      exp(cs_t), scale_s = gamma_s + (1-lam_{s+1}) dt_{s+1}, and the state
+//      weights w_s = exp(cs_end - cs_s) scale_s;
+//   C  Kw[n][s] = w_s k'_s[n] (transposed), and the outputs, per work item
+//      of 16 rows t x CK_PW columns p:
+//        y_t = exp(cs_t) Hs_c q'_t                          (inter-chunk)
+//            + sum_{s<=t} W[t][s] v_s + D v_t,              (intra-chunk)
+//        W[t][s] = (q'_t . k'_s) exp(cs_t - cs_s) scale_s  (s < t),
+//        W[t][t] = gamma_t (q'_t . k'_t),
+//      with Q'K'^T computed 16 x 16 at a time (only the causal blocks),
+//      masked and weighted in registers, staged per warp, then times V;
+//   D  Hs_{c+1} = exp(cs_end) Hs_c + V^T Kw (each warp its 16 x CK_NW tile),
+//      and the entering state of the next chunk is staged for C.
+// Why this split: the intra-chunk products are the flops (Q x Q x N and
+// Q x Q x P per chunk) and run on tiles; the sequential dependency left is
+// one P x N multiply-add per chunk, on chip. A three-pass form (local
+// states, a combine over chunks, a correction pass) would parallelise over
+// chunks as well, but it writes and reads a P x N f32 state per chunk and
+// head through device memory (as many bytes as the chunk's q' and k' at
+// Q = N/2) and runs the chunk products twice over; with batch x heads
+// blocks (H per sequence) the GPU is already filled at the shapes this
+// targets.
+// The initial state enters as Hs_init + (1-lam_0) dt_0 v_prev k_prev^T;
+// the final state is the last Hs, k_prev = k' and v_prev = v of the last
+// token (read from the f32 / storage inputs, so they are exact).
+//
+// Tiles: 16 x 8 x 16 products in the fragment layout of mma.m16n8k16 (lane
+// l: g = l/4 and c = 2*(l%4); accumulator c[0], c[1] at row g, columns c,
+// c+1; c[2], c[3] at row g+8). With bf16/f16 storage they run on the tensor
+// cores (mma.sync, operands rounded to the storage dtype, f32 accumulate);
+// with f32 storage the same tiles run as f32 FMA from shared memory (f32
+// means f32: no TF32). State, accumulators, cumulative sums and the
+// exponentials are f32. Every operand is stored [row][k] (k contiguous),
+// rows padded by 16 bytes, so the fragment loads (8 rows x 4 words) hit 32
+// different banks. The order of every sum is fixed: bit-identical reruns.
+// ===========================================================================
+
+// The tile products with the staged N-wide operands (row stride ldn): a
+// template argument when the policy is fixed, a runtime one otherwise.
+template <class Dm>
+__device__ __forceinline__ void ck_mma_ldn(float c[4], const op_t *a, const op_t *bt, int lane, const Dm dm)
+{
+    if constexpr (Dm::FIXED)
+        tile_mma<Dm::ldn, Dm::ldn>(c, a, bt, lane);
+    else
+        tile_mma_rt(c, a, bt, lane, dm.ldn, dm.ldn);
+}
+
+// ---- The chunked scan (design above), one block per (head, sequence):
+// grid (H, batch), CK_THREADS threads, the policy's shared memory. ckpt
+// (training only, else NULL) receives the state entering every chunk, f32
+// [b][h][ckpt_slots][P][N] at slot c0/ckpt_step.
+template <class Dm>
+__device__ __forceinline__ void
+ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
+            const float *__restrict__ q, const float *__restrict__ dt,
+            const float *__restrict__ adt, const float *__restrict__ lam,
+            const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
+            const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
+            float *__restrict__ y, float *__restrict__ ckpt, int ckpt_step, int ckpt_slots, const Dm dm)
+{
+    const int N = dm.N, P = dm.P, H = dm.H, E = dm.E, NP = dm.NP, OFF_X = dm.OFF_X;
+    const int CK_NW = dm.nw, CK_PW = dm.pw, CK_NY = dm.ny, CK_LDN = dm.ldn;
+    extern __shared__ __align__(16) unsigned char ck_smem[];
+    op_t *Qs = reinterpret_cast<op_t *>(ck_smem);   // [CK_Q][CK_LDN]  q'_t
+    op_t *Ks = Qs + CK_Q * CK_LDN;                    // [CK_Q][CK_LDN]  k'_s
+    op_t *Kw = Ks + CK_Q * CK_LDN;                    // [N][CK_LDQ]     w_s k'_s[n] (transposed)
+    op_t *Vt = Kw + N * CK_LDQ;                       // [P][CK_LDQ]     v_s[p] (transposed)
+    op_t *Hb = Vt + P * CK_LDQ;                       // [P][CK_LDN]     state entering the chunk
+    op_t *Wt = Hb + P * CK_LDN;                       // [CK_WARPS][16][CK_LDW]  per-warp W tile
+    float *fs = reinterpret_cast<float *>(Wt + CK_WARPS * 16 * CK_LDW);
+    float *s_adt = fs, *s_gam = fs + CK_Q, *s_nx = fs + 2 * CK_Q, *s_cs = fs + 3 * CK_Q;
+    float *s_ecs = fs + 4 * CK_Q, *s_scl = fs + 5 * CK_Q, *s_w = fs + 6 * CK_Q, *s_misc = fs + 7 * CK_Q;
+
+    if (seqlen <= 0) return;
+    const int h = blockIdx.x;
+    const size_t b = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, cc = (lane & 3) * 2;
+    const size_t bh = b * H + h;
+    const size_t row0 = b * (size_t)seqlen;   // first token of the sequence
+    op_t *Ww = Wt + warp * 16 * CK_LDW;
+
+    // This warp's state tile: rows p0s.., columns n0s..; hs[j][r] holds
+    // (p0s + g + 8*(r/2), n0s + 8j + cc + r%2).
+    const int p0s = (warp % (P / 16)) * 16, n0s = (warp / (P / 16)) * CK_NW;
+    float hs[Dm::NW_MAX / 8][4];
+    {
+        const size_t t0 = row0 * H + h;
+        const float w0 = (kp_in && vp_in) ? (1.0f - lam[t0]) * dt[t0] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int p = p0s + g + 8 * (r >> 1), n = n0s + 8 * j + cc + (r & 1);
+                float v = ssm_in ? ssm_in[(bh * P + p) * N + n] : 0.0f;
+                if (kp_in && vp_in) v += w0 * vp_in[bh * P + p] * kp_in[bh * N + n];
+                hs[j][r] = v;
+                Hb[p * CK_LDN + n] = from_f32<op_t>(v);
+            }
+    }
+    const float dsk = Dskip[h];
+
+    for (int c0 = 0; c0 < seqlen; c0 += CK_Q) {
+        const int len = min(CK_Q, seqlen - c0);
+        if (ckpt) {
+            // training: the state entering the chunk (shifted form, f32) for
+            // the chunked backward, slot c0 / ckpt_step of this (b, h)
+            float *cp = ckpt + (bh * ckpt_slots + c0 / ckpt_step) * (size_t)(P * N);
+#pragma unroll
+            for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+                    cp[(p0s + g + 8 * (r >> 1)) * N + n0s + 8 * j + cc + (r & 1)] = hs[j][r];
+        }
+        __syncthreads();   // the previous chunk is done with the stage; Hb is written
+        // ---- A: stage the chunk ----
+        for (int i = tid; i < CK_Q; i += CK_THREADS) {
+            float a = 0.0f, ga = 0.0f, nx = 0.0f;
+            if (i < len) {
+                const size_t th = (row0 + c0 + i) * H + h;
+                a = adt[th];
+                ga = lam[th] * dt[th];
+                if (c0 + i + 1 < seqlen) nx = (1.0f - lam[th + H]) * dt[th + H];
+            }
+            s_adt[i] = a; s_gam[i] = ga; s_nx[i] = nx;
+        }
+#pragma unroll 4
+        for (int idx = tid; idx < CK_Q * (N / 4); idx += CK_THREADS) {
+            const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
+            float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
+            if (i < len) {
+                const size_t o = ((row0 + c0 + i) * H + h) * N + n;
+                qv = *reinterpret_cast<const float4 *>(q + o);
+                kv = *reinterpret_cast<const float4 *>(k + o);
+            }
+            op_st4(Qs + i * CK_LDN + n, qv);
+            op_st4(Ks + i * CK_LDN + n, kv);
+        }
+#pragma unroll 4
+        for (int idx = tid; idx < CK_Q * P; idx += CK_THREADS) {
+            const int i = idx / P, p = idx % P;
+            const float v = i < len ? to_f32(proj[(row0 + c0 + i) * NP + OFF_X + h * P + p]) : 0.0f;
+            Vt[p * CK_LDQ + i] = from_f32<op_t>(v);
+        }
+        __syncthreads();
+        // ---- B: cumulative decay and weights (warp 0, fixed order) ----
+        if (warp == 0) {
+            float carry = 0.0f;
+            for (int seg = 0; seg < CK_Q; seg += 32) {
+                const int i = seg + lane;
+                float x = i < CK_Q ? s_adt[i] : 0.0f;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const float yv = __shfl_up_sync(FULL_MASK, x, o);
+                    if (lane >= o) x += yv;
+                }
+                x += carry;
+                if (i < CK_Q) s_cs[i] = x;
+                carry = __shfl_sync(FULL_MASK, x, 31);
+            }
+            // carry = cs at the end of the chunk (padding rows add 0)
+            for (int i = lane; i < CK_Q; i += 32) {
+                const float cs = s_cs[i], sc = s_gam[i] + s_nx[i];
+                s_ecs[i] = expf(cs);
+                s_scl[i] = sc;
+                s_w[i] = expf(carry - cs) * sc;
+            }
+            if (lane == 0) s_misc[0] = expf(carry);
+        }
+        __syncthreads();
+        // The next chunk's rows of q', k' and v into L2 while this one
+        // computes (one 128-byte line per prefetch): its staging then waits
+        // on L2 rather than on HBM.
+        if (c0 + CK_Q < seqlen) {
+            const int LQ = N * 4 / 128 > 0 ? N * 4 / 128 : 1;
+            const int LV = P * (int)sizeof(act_t) / 128 > 0 ? P * (int)sizeof(act_t) / 128 : 1;
+            const int nxt = min(CK_Q, seqlen - c0 - CK_Q);
+            for (int i = tid; i < nxt * (2 * LQ + LV); i += CK_THREADS) {
+                const int t = i % nxt, w = i / nxt;
+                const size_t tok = row0 + c0 + CK_Q + t;
+                const char *pf;
+                if (w < LQ) pf = reinterpret_cast<const char *>(q + (tok * H + h) * N) + 128 * w;
+                else if (w < 2 * LQ) pf = reinterpret_cast<const char *>(k + (tok * H + h) * N) + 128 * (w - LQ);
+                else pf = reinterpret_cast<const char *>(proj + tok * NP + OFF_X + h * P) + 128 * (w - 2 * LQ);
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
+            }
+        }
+        // ---- C: Kw = w_s k'_s (transposed), and the outputs ----
+        for (int idx = tid; idx < CK_Q * N; idx += CK_THREADS) {
+            const int i = idx % CK_Q, n = idx / CK_Q;
+            Kw[n * CK_LDQ + i] = from_f32<op_t>(to_f32(Ks[i * CK_LDN + n]) * s_w[i]);
+        }
+        for (int it = warp; it < CK_NY; it += CK_WARPS) {
+            const int mt = it % (CK_Q / 16), t0 = mt * 16, p0 = (it / (CK_Q / 16)) * CK_PW;
+            float acc[Dm::PW_MAX / 8][4];
+#pragma unroll
+            for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+            // inter-chunk: exp(cs_t) * (Q' Hs^T)[t][p]
+#pragma unroll 2
+            for (int ks = 0; ks < N; ks += 16)
+#pragma unroll
+                for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
+                    ck_mma_ldn(acc[j], Qs + t0 * CK_LDN + ks, Hb + (p0 + 8 * j) * CK_LDN + ks, lane, dm);
+            {
+                const float e0 = s_ecs[t0 + g], e1 = s_ecs[t0 + g + 8];
+#pragma unroll
+                for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8) {
+                    acc[j][0] *= e0; acc[j][1] *= e0; acc[j][2] *= e1; acc[j][3] *= e1;
+                }
+            }
+            // intra-chunk: the causal 16 x 16 blocks of W, times V
+            const float cst0 = s_cs[t0 + g], cst1 = s_cs[t0 + g + 8];
+            const float gam0 = s_gam[t0 + g], gam1 = s_gam[t0 + g + 8];
+            for (int sb = 0; sb <= mt; ++sb) {
+                const int s0 = sb * 16;
+                float sq[2][4];
+#pragma unroll
+                for (int jj = 0; jj < 2; ++jj) sq[jj][0] = sq[jj][1] = sq[jj][2] = sq[jj][3] = 0.0f;
+#pragma unroll 2
+                for (int ks = 0; ks < N; ks += 16)
+#pragma unroll
+                    for (int jj = 0; jj < 2; ++jj)
+                        ck_mma_ldn(sq[jj], Qs + t0 * CK_LDN + ks, Ks + (s0 + 8 * jj) * CK_LDN + ks, lane, dm);
+#pragma unroll
+                for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        const int tr = t0 + g + 8 * (r >> 1), sc = s0 + 8 * jj + cc + (r & 1);
+                        float wv = 0.0f;
+                        if (sc < tr)
+                            wv = sq[jj][r] * expf(((r >> 1) ? cst1 : cst0) - s_cs[sc]) * s_scl[sc];
+                        else if (sc == tr)
+                            wv = sq[jj][r] * ((r >> 1) ? gam1 : gam0);
+                        Ww[(g + 8 * (r >> 1)) * CK_LDW + 8 * jj + cc + (r & 1)] = from_f32<op_t>(wv);
+                    }
+                __syncwarp();
+#pragma unroll
+                for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
+                    tile_mma<CK_LDW, CK_LDQ>(acc[j], Ww, Vt + (p0 + 8 * j) * CK_LDQ + s0, lane);
+                __syncwarp();
+            }
+            // + D v_t; store the rows inside the sequence (f32, pairs of p)
+#pragma unroll
+            for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+                    const int tr = t0 + g + 8 * rr, p = p0 + 8 * j + cc;
+                    if (tr < len) {
+                        float2 o;
+                        o.x = acc[j][2 * rr] + dsk * to_f32(Vt[p * CK_LDQ + tr]);
+                        o.y = acc[j][2 * rr + 1] + dsk * to_f32(Vt[(p + 1) * CK_LDQ + tr]);
+                        *reinterpret_cast<float2 *>(y + (row0 + c0 + tr) * E + h * P + p) = o;
+                    }
+                }
+        }
+        __syncthreads();   // Kw is complete; every read of Hb is done
+        // ---- D: Hs <- exp(cs_end) Hs + V^T Kw; stage it for the next chunk ----
+        {
+            const float ech = s_misc[0];
+#pragma unroll
+            for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8) {
+                hs[j][0] *= ech; hs[j][1] *= ech; hs[j][2] *= ech; hs[j][3] *= ech;
+            }
+#pragma unroll 2
+            for (int ks = 0; ks < CK_Q; ks += 16)
+#pragma unroll
+                for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
+                    tile_mma<CK_LDQ, CK_LDQ>(hs[j], Vt + p0s * CK_LDQ + ks, Kw + (n0s + 8 * j) * CK_LDQ + ks, lane);
+#pragma unroll
+            for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+                    Hb[(p0s + g + 8 * (r >> 1)) * CK_LDN + n0s + 8 * j + cc + (r & 1)] = from_f32<op_t>(hs[j][r]);
+        }
+    }
+    // Final state. Every read of the initial state happened before the first
+    // barrier of the loop, so out may alias in.
+    __syncthreads();
+    if (ssm_out) {
+#pragma unroll
+        for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int p = p0s + g + 8 * (r >> 1), n = n0s + 8 * j + cc + (r & 1);
+                ssm_out[(bh * P + p) * N + n] = hs[j][r];
+            }
+    }
+    const size_t last = row0 + seqlen - 1;
+    if (kp_out)
+        for (int n = tid; n < N; n += CK_THREADS) kp_out[bh * N + n] = k[(last * H + h) * N + n];
+    if (vp_out)
+        for (int p = tid; p < P; p += CK_THREADS) vp_out[bh * P + p] = to_f32(proj[last * NP + OFF_X + h * P + p]);
+}
