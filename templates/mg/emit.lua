@@ -67,6 +67,7 @@ E.FILES = {
     { path = "mg_m3_convert.cuh", copy = "kernels/mamba3/convert.cuh", prefix = "//" },
     { path = "mg_m3_gate.cuh", copy = "kernels/mamba3/gate.cuh", prefix = "//" },
     { path = "mg_m3_launch_fwd.cuh", copy = "kernels/mamba3/launch_fwd.cuh", prefix = "//" },
+    { path = "mg_m3_launch.h", copy = "kernels/mamba3/launch.h", prefix = "//" },
     { path = "%s_kernels.cu", template = "mamba3/kernels.cu.tmpl", prefix = "//" },
     { path = "%s.c",          template = "mamba3/model.c.tmpl",    prefix = "//" },
     -- the test and bench programs (plain C; model_alias.h names the model)
@@ -87,6 +88,7 @@ E.FILES = {
     { path = "mg_m3_prep_bwd.cuh",    copy = "kernels/mamba3/prep_bwd.cuh",    prefix = "//", when = "training" },
     { path = "mg_m3_adamw.cuh",       copy = "kernels/mamba3/adamw.cuh",       prefix = "//", when = "training" },
     { path = "mg_m3_launch_train.cuh", copy = "kernels/mamba3/launch_train.cuh", prefix = "//", when = "training" },
+    { path = "mg_m3_launch_train.h", copy = "kernels/mamba3/launch_train.h", prefix = "//", when = "training" },
     { path = "%s_backward.cu",   template = "mamba3/backward.cu.tmpl",  prefix = "//", when = "training" },
     -- the training kernels every arch shares (templates/kernels/common/, train_optim parts)
     { path = "mg_grad_norm.cuh", copy = "kernels/common/grad_norm.cuh", prefix = "//", when = "training" },

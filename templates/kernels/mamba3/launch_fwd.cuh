@@ -1,8 +1,9 @@
 // mg_m3_launch_fwd.cuh: the launchers of the Mamba-3 SISO inference kernels
-// (C linkage, prototypes in NAME.h under NAME_INTERNAL; MG_LAUNCH(fn) of
-// NAME_common.cuh names them NAME_launch_fn). Argument ranges are checked by
-// the host pipeline before any launch. Included by NAME_kernels.cu after
-// its anonymous namespace (the kernels): it includes nothing itself.
+// (C linkage, prototypes in mg_m3_launch.h; MG_LAUNCH(fn) of NAME.h names
+// them NAME_launch_fn). Argument ranges are checked by the host pipeline
+// before any launch. Included by NAME_kernels.cu after its anonymous
+// namespace (the kernels): it includes nothing itself.
+
 extern "C" cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int rows, cudaStream_t stream)
 {
     const size_t n4 = (size_t)rows * (D / 4);

@@ -1,6 +1,6 @@
 // mg_m3_launch_train.cuh: the launchers of the Mamba-3 SISO training kernels
-// (C linkage, prototypes in NAME_train.h under NAME_INTERNAL; MG_LAUNCH(fn)
-// of NAME_common.cuh names them NAME_launch_fn; the four whose inference
+// (C linkage, prototypes in mg_m3_launch_train.h and NAME_train.h; MG_LAUNCH(fn)
+// of NAME.h names them NAME_launch_fn; the four whose inference
 // twin has the same job end in _train). Arguments are checked by
 // NAME_train.c before any launch. Included by NAME_backward.cu after its
 // anonymous namespace (the kernels): it includes nothing itself.
