@@ -31,6 +31,7 @@ E.FILES = {
     { path = "mg_m1_launch.cuh",   copy = "kernels/mamba1/launch.cuh",   prefix = "//" },
     { path = "mg_m1_launch.h",     copy = "kernels/mamba1/launch.h",     prefix = "//" },
     { path = "%s.c",          template = "mamba1/model.c.tmpl",    prefix = "//" },
+    { path = "mg_m1_pipeline.h", copy = "host/mamba1/pipeline.h", prefix = "//" },
     -- the test and bench programs (plain C; model_alias.h names the model)
     { path = "model_alias.h", template = "common/model_alias.h.tmpl", prefix = "//" },
     { path = "%s_test.c",     copy = "host/mamba1/test.c",     prefix = "//" },
