@@ -809,10 +809,7 @@ mg_status mg_ref_mamba1_forward(const mg_m1_dims *d, const mg_m1_layout *l,
 
 mg_status mg_ref_mamba1_backward_f64(const mg_m1_dims *d, const mg_m1_layout *l,
                                      const double *blob, int batch, int seqlen,
-                                     const double *u, const double *conv_state_in,
-                                     const double *ssm_state_in, const double *dout,
-                                     double *grad_blob, double *du,
-                                     double *dconv_state_in, double *dssm_state_in)
+                                     const double *u, MG_M1_BWD_STATES)
 {
     const char *fn = "mg_ref_mamba1_backward";
     mg_status st = check_call(d, l, blob, batch, seqlen, u, dout, "dout", fn);
@@ -924,10 +921,7 @@ done:
 
 mg_status mg_ref_mamba1_backward(const mg_m1_dims *d, const mg_m1_layout *l,
                                  const float *blob, int batch, int seqlen,
-                                 const float *u, const double *conv_state_in,
-                                 const double *ssm_state_in, const double *dout,
-                                 double *grad_blob, double *du,
-                                 double *dconv_state_in, double *dssm_state_in)
+                                 const float *u, MG_M1_BWD_STATES)
 {
     double *w = NULL, *ud = NULL;
     mg_status s = widen_call(d, l, blob, batch, seqlen, u, dout, "dout",

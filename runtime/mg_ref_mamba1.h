@@ -85,19 +85,19 @@ mg_status mg_ref_mamba1_forward_f64(const mg_m1_dims *d, const mg_m1_layout *l,
  *   du         [batch][seqlen][input_dim or D], may be NULL;
  *   dconv_state_in, dssm_state_in: gradients w.r.t. the initial state, same
  *              shapes as the states, may be NULL (computed either way).
- * The final state gets no gradient (the loss depends on out only). */
+ * The final state gets no gradient (the loss depends on out only).
+ * MG_M1_BWD_STATES: the parameters after u, the same for the f32 entry and
+ * the f64 one (which differ in the precision of blob and u only). */
+#define MG_M1_BWD_STATES                                                     \
+    const double *conv_state_in, const double *ssm_state_in,                 \
+    const double *dout, double *grad_blob, double *du,                       \
+    double *dconv_state_in, double *dssm_state_in
 mg_status mg_ref_mamba1_backward(const mg_m1_dims *d, const mg_m1_layout *l,
                                  const float *blob, int batch, int seqlen,
-                                 const float *u, const double *conv_state_in,
-                                 const double *ssm_state_in, const double *dout,
-                                 double *grad_blob, double *du,
-                                 double *dconv_state_in, double *dssm_state_in);
+                                 const float *u, MG_M1_BWD_STATES);
 mg_status mg_ref_mamba1_backward_f64(const mg_m1_dims *d, const mg_m1_layout *l,
                                      const double *blob, int batch, int seqlen,
-                                     const double *u, const double *conv_state_in,
-                                     const double *ssm_state_in, const double *dout,
-                                     double *grad_blob, double *du,
-                                     double *dconv_state_in, double *dssm_state_in);
+                                     const double *u, MG_M1_BWD_STATES);
 
 /* The two sequence kernels of the mixer, for one sequence, exposed so tests
  * can hold them against naive loops.

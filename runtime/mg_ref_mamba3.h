@@ -124,30 +124,25 @@ mg_status mg_ref_mamba3_forward_f64(const mg_m3_dims *d, const mg_m3_layout *l,
  *   du      [batch][seqlen][input_dim or D]
  *   dssm0, dk_prev0, dv_prev0, dangle0: d loss / d initial state, same
  *   layouts as the state.
- * The a_floor clamp passes no gradient when active; mod 2pi has derivative 1. */
+ * The a_floor clamp passes no gradient when active; mod 2pi has derivative 1.
+ * MG_M3_BWD_STATES: the parameters after u, the same for the f32 entry and
+ * the f64 one (which differ in the precision of blob and u only). */
+#define MG_M3_BWD_STATES                                                     \
+    const double *ssm0, const double *k_prev0,                               \
+    const double *v_prev0, const double *angle0,                             \
+    const double *dout,                                                      \
+    const double *dssm_T, const double *dk_prev_T,                           \
+    const double *dv_prev_T, const double *dangle_T,                         \
+    double *out, double *dblob, double *du,                                  \
+    double *dssm0, double *dk_prev0,                                         \
+    double *dv_prev0, double *dangle0
 mg_status mg_ref_mamba3_backward(const mg_m3_dims *d, const mg_m3_layout *l,
                                  const float *blob, int batch, int seqlen,
-                                 const float *u,
-                                 const double *ssm0, const double *k_prev0,
-                                 const double *v_prev0, const double *angle0,
-                                 const double *dout,
-                                 const double *dssm_T, const double *dk_prev_T,
-                                 const double *dv_prev_T, const double *dangle_T,
-                                 double *out, double *dblob, double *du,
-                                 double *dssm0, double *dk_prev0,
-                                 double *dv_prev0, double *dangle0);
+                                 const float *u, MG_M3_BWD_STATES);
 
 mg_status mg_ref_mamba3_backward_f64(const mg_m3_dims *d, const mg_m3_layout *l,
                                      const double *blob, int batch, int seqlen,
-                                     const double *u,
-                                     const double *ssm0, const double *k_prev0,
-                                     const double *v_prev0, const double *angle0,
-                                     const double *dout,
-                                     const double *dssm_T, const double *dk_prev_T,
-                                     const double *dv_prev_T, const double *dangle_T,
-                                     double *out, double *dblob, double *du,
-                                     double *dssm0, double *dk_prev0,
-                                     double *dv_prev0, double *dangle0);
+                                     const double *u, MG_M3_BWD_STATES);
 
 /* The SSM core of one layer (math.md steps 8-10), on precomputed per-token
  * inputs. Per (batch b, token t, head h):

@@ -207,14 +207,7 @@ static mg_status layer_backward(const mg_m3_dims *d, const mg_m3_layer_off *o,
 
 mg_status mg_ref_mamba3_backward(const mg_m3_dims *d, const mg_m3_layout *l,
                                  const float *blob, int batch, int seqlen,
-                                 const float *u, const double *ssm0,
-                                 const double *k_prev0, const double *v_prev0,
-                                 const double *angle0, const double *dout,
-                                 const double *dssm_T, const double *dk_prev_T,
-                                 const double *dv_prev_T, const double *dangle_T,
-                                 double *out, double *dblob, double *du,
-                                 double *dssm0, double *dk_prev0,
-                                 double *dv_prev0, double *dangle0)
+                                 const float *u, MG_M3_BWD_STATES)
 {
     mg_status rc = m3_check_call(d, l, blob, batch, seqlen, u);
     if (rc != MG_OK) return rc;
@@ -232,14 +225,7 @@ mg_status mg_ref_mamba3_backward(const mg_m3_dims *d, const mg_m3_layout *l,
 
 mg_status mg_ref_mamba3_backward_f64(const mg_m3_dims *d, const mg_m3_layout *l,
                                      const double *blob, int batch, int seqlen,
-                                     const double *u, const double *ssm0,
-                                     const double *k_prev0, const double *v_prev0,
-                                     const double *angle0, const double *dout,
-                                     const double *dssm_T, const double *dk_prev_T,
-                                     const double *dv_prev_T, const double *dangle_T,
-                                     double *out, double *dblob, double *du,
-                                     double *dssm0, double *dk_prev0,
-                                     double *dv_prev0, double *dangle0)
+                                     const double *u, MG_M3_BWD_STATES)
 {
     mg_status rc = m3_check_call(d, l, blob, batch, seqlen, u);
     if (rc != MG_OK) return rc;
