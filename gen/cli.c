@@ -13,6 +13,7 @@
 #include <lua.h>
 #include <yaml.h>
 
+#include "cli_util.h"
 #include "gpu_query.h"
 #include "lua_host.h"
 #include "outdir.h"
@@ -70,20 +71,13 @@ static void cli_usage(FILE *fp)
 
 static int cli_usage_error(const char *fmt, const char *arg)
 {
-    fputs("mamba-gen: ", stderr);
-    fprintf(stderr, fmt, arg);
-    fputs("\nTry 'mamba-gen --help' for more information.\n", stderr);
-    return CLI_USAGE;
+    return cu_usage_error("mamba-gen", CLI_USAGE, fmt, arg);
 }
 
-/* Flushes stdout; a failed write (e.g. a full disk) must not look like success. */
+/* Flushes stdout; a failed write (e.g. a full disk) is CLI_SPEC_ERROR. */
 static int cli_finish_stdout(int status)
 {
-    if (fflush(stdout) != 0 || ferror(stdout)) {
-        perror("mamba-gen: error writing to standard output");
-        return status == CLI_OK ? CLI_SPEC_ERROR : status;
-    }
-    return status;
+    return cu_finish_stdout("mamba-gen", status);
 }
 
 /* Returns -1 to continue, or an exit status. */
@@ -123,14 +117,7 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
         case OPT_GPU: o->gpu = optarg; break;
         case OPT_TUNE_CACHE: o->tune_cache = optarg; break;
         case OPT_VERSION: version = 1; break;
-        case ':':
-            return cli_usage_error("option '%s' requires an argument", argv[optind - 1]);
-        default:
-            if (optopt) {
-                char opt[3] = {'-', (char)optopt, '\0'};
-                return cli_usage_error("unknown option '%s'", opt);
-            }
-            return cli_usage_error("unknown option '%s'", argv[optind - 1]);
+        default: return cu_getopt_error("mamba-gen", CLI_USAGE, c, argv);
         }
     }
     if (help) {

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gen/cli_util.h"
 #include "gen/lua_host.h"
 #include "gen/outdir.h"
 #include "gen/spec_yaml.h"
@@ -81,10 +82,7 @@ static void tm_usage(FILE *fp)
 
 static int tm_usage_error(const char *fmt, const char *arg)
 {
-    fputs("mamba-tune: ", stderr);
-    fprintf(stderr, fmt, arg);
-    fputs("\nTry 'mamba-tune --help' for more information.\n", stderr);
-    return TM_USAGE;
+    return cu_usage_error("mamba-tune", TM_USAGE, fmt, arg);
 }
 
 /* "a,b,c" of integers in [lo, hi] into OUT (at most TM_MAX_LIST). */
@@ -207,13 +205,7 @@ static int tm_parse(int argc, char **argv, tm_opts *o)
         case 'q': o->quiet = 1; break;
         case 'h': tm_usage(stdout); return TM_OK;
         case O_VERSION: printf("mamba-tune (mamba-gen) %s\n", MG_VERSION); return TM_OK;
-        case ':': return tm_usage_error("option '%s' requires an argument", argv[optind - 1]);
-        default:
-            if (optopt) {
-                char s[3] = {'-', (char)optopt, '\0'};
-                return tm_usage_error("unknown option '%s'", s);
-            }
-            return tm_usage_error("unknown option '%s'", argv[optind - 1]);
+        default: return cu_getopt_error("mamba-tune", TM_USAGE, c, argv);
         }
     }
     if (optind == argc)
@@ -465,10 +457,5 @@ int main(int argc, char **argv)
     tm_manifest_free(&run.m);
     lh_result_free(&run.r);
     lh_free(run.h);
-    if (fflush(stdout) != 0 || ferror(stdout)) {
-        perror("mamba-tune: error writing to standard output");
-        if (status == TM_OK)
-            status = TM_FAIL;
-    }
-    return status;
+    return cu_finish_stdout("mamba-tune", status);   /* a failed write: TM_FAIL */
 }
