@@ -50,6 +50,7 @@ E.FILES = {
     { path = "mg_grad_norm.cuh",       copy = "kernels/common/grad_norm.cuh",    prefix = "//", when = "training" },
     { path = "mg_loss.cuh",            copy = "kernels/common/loss.cuh",         prefix = "//", when = "training" },
     { path = "%s_train.c",       template = "mamba1/train.c.tmpl",      prefix = "//", when = "training" },
+    { path = "mg_m1_train_pipeline.h", copy = "host/mamba1/train_pipeline.h", prefix = "//", when = "training" },
     { path = "%s_train_test.c",  copy = "host/mamba1/train_test.c", prefix = "//", when = "training" },
     { path = "train_tests.h", copy = "host/common/train_tests.h", prefix = "//", when = "training" },
     { path = "Makefile",      template = "common/Makefile.tmpl",   prefix = "#" },

@@ -1,0 +1,526 @@
+/* train_pipeline.h (emitted as mg_m1_train_pipeline.h): the host pipeline
+ * of the Mamba-1 training path, the body of NAME_train.c up to the training
+ * graph: the trainer and its workspace, forward_train, backward, the AdamW
+ * step and the MSE training step. It names no model: NAME_train.c defines,
+ * before including it once, this model's constants (dimensions, blob
+ * offsets, workspace sizes) and the names the pipeline uses (model_X is
+ * NAME_X, MODEL_X is NAME_X in capitals, MODEL_NAME "NAME" for messages, and
+ * the spec values quoted in messages). Plain C11; what the pipeline does is
+ * described at the top of NAME_train.c. */
+
+struct model_trainer {
+    cudaStream_t stream;
+    mg_blas *blas;
+    model_model *model;   /* attached model (low-precision copy refresh), or NULL */
+    void *ws;
+    /* state of the last forward_train */
+    int have_fwd, batch, seqlen;
+    const float *w;
+    /* saved activations */
+    float *h;      /* [L+1][MAX_TOKENS][D] residual stream at each layer input; [L] = norm_f input */
+    float *rstd;   /* [L+1][MAX_TOKENS] */
+    float *ckpt;   /* [L][MAX_BATCH*MAX_CKPTS*E*N] */
+    float *cs0;    /* [L][MAX_BATCH*E*(K-1)] */
+    float *u;      /* [MAX_TOKENS][IN_DIM] (input_dim > 0) */
+    char *hn, *xz, *xc, *dbl, *dt, *y;   /* act, [L][MAX_TOKENS][...] */
+    /* scratch */
+    char *g;       /* act [MAX_TOKENS][E]: out_proj input (forward and backward) */
+    char *dh_act;  /* act [MAX_TOKENS][D] (LOWP only) */
+    char *ddt, *ddbl, *dxz;   /* act */
+    char *wa;      /* act [WEIGHTS_FLOATS] GEMM weights (LOWP only) */
+    float *dh, *dhn, *dg, *dy, *dxc;
+    float *part_bc, *part_A, *part_D, *part_dtb, *part_cw, *part_cb, *part_rows;
+    float *span_p, *span_ds;       /* chunked scan backward: per span products / adjoints (or NULL) */
+    int scan_choice;               /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED (the backward's walk) */
+    float *outbuf, *dout, *stat, *loss;
+    double *gpart;
+    float *scaler;                 /* loss scaling state (device, see kt_scaler_init) */
+    int scaling;                   /* backward applies the loss scale */
+    int hold_scale;                /* backward leaves the scale as it is (graph warm-up) */
+    model_adamw_params *hp;   /* the hyperparameters of the last eager AdamW step (device) */
+    float *coef;                   /* its derived factors: decay, step size, sqrt(bc2) (device) */
+};
+
+static size_t ws_bytes(size_t elems, size_t elem_size)
+{
+    return (elems * elem_size + 255u) & ~(size_t)255u;
+}
+
+/* Carve the workspace (p != NULL) or size it (p == NULL). */
+static size_t carve(model_trainer *t, char *p)
+{
+    size_t off = 0;
+#define TAKE(field, type, elems, esize) do { size_t b_ = ws_bytes((elems), (esize)); \
+        if (p) { t->field = (type)(void *)(p + off); } \
+        off += b_; } while (0)
+    const size_t L = N_LAYERS, MT = MAX_TOKENS, E = D_INNER, MB = MAX_BATCH;
+    TAKE(h, float *, (L + 1) * MT * D_MODEL, 4);
+    TAKE(rstd, float *, (L + 1) * MT, 4);
+    TAKE(ckpt, float *, L * MB * MAX_CKPTS * E * D_STATE, 4);
+    TAKE(cs0, float *, L * MB * CS_PER_SEQ, 4);
+    TAKE(u, float *, HAS_INPUT_PROJ ? MT * IN_DIM : 1, 4);
+    TAKE(hn, char *, L * MT * D_MODEL, ACT_SIZE);
+    TAKE(xz, char *, L * MT * XZ_DIM, ACT_SIZE);
+    TAKE(xc, char *, L * MT * E, ACT_SIZE);
+    TAKE(dbl, char *, L * MT * XP_DIM, ACT_SIZE);
+    TAKE(dt, char *, L * MT * E, ACT_SIZE);
+    TAKE(y, char *, L * MT * E, ACT_SIZE);
+    TAKE(g, char *, MT * E, ACT_SIZE);
+    TAKE(dh_act, char *, LOWP ? MT * D_MODEL : 1, ACT_SIZE);
+    TAKE(ddt, char *, MT * E, ACT_SIZE);
+    TAKE(ddbl, char *, MT * XP_DIM, ACT_SIZE);
+    TAKE(dxz, char *, MT * XZ_DIM, ACT_SIZE);
+    TAKE(wa, char *, LOWP ? WEIGHTS_FLOATS : 1, ACT_SIZE);
+    TAKE(dh, float *, MT * D_MODEL, 4);
+    TAKE(dhn, float *, MT * D_MODEL, 4);
+    TAKE(dg, float *, MT * E, 4);
+    TAKE(dy, float *, MT * E, 4);
+    TAKE(dxc, float *, MT * E, 4);
+    TAKE(part_bc, float *, SCAN_BLOCKS * MT * 2 * D_STATE, 4);
+    /* scan-backward partials per (sequence, span): BSCAN_PARTS spans at most */
+    TAKE(part_A, float *, MB * BSCAN_PARTS * E * D_STATE, 4);
+    TAKE(part_D, float *, MB * BSCAN_PARTS * E, 4);
+    TAKE(part_dtb, float *, MB * BSCAN_PARTS * E, 4);
+#if HAS_CHUNKED_BWD
+    TAKE(span_p, float *, (size_t)BSCAN_SPAN_FLOATS, 4);    /* [MB][max spans][E][N] */
+    TAKE(span_ds, float *, (size_t)BSCAN_SPAN_FLOATS, 4);
+#endif
+    TAKE(part_cw, float *, MB * E * D_CONV, 4);
+    TAKE(part_cb, float *, MB * E, 4);
+    TAKE(part_rows, float *, NORMB_MAX_BLOCKS * D_MODEL, 4);
+    TAKE(outbuf, float *, MT * D_MODEL, 4);
+    TAKE(dout, float *, MT * D_MODEL, 4);
+    TAKE(stat, float *, 2, 4);
+    TAKE(loss, float *, 1, 4);
+    TAKE(gpart, double *, GNORM_BLOCKS, 8);
+    TAKE(scaler, float *, 4, 4);
+    TAKE(hp, model_adamw_params *, 1, sizeof(model_adamw_params));
+    TAKE(coef, float *, 4, 4);
+#undef TAKE
+    return off;
+}
+
+size_t model_trainer_workspace_bytes(void)
+{
+    return carve(NULL, NULL);
+}
+
+mg_status model_trainer_create(model_trainer **out, cudaStream_t stream)
+{
+    if (!out) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_create: trainer pointer is NULL");
+    *out = NULL;
+    if (mg_device_count() == 0)
+        return mg_fail(MG_ERR_NO_DEVICE, MODEL_NAME "_trainer_create: no CUDA device");
+    model_trainer *t = (model_trainer *)calloc(1, sizeof *t);
+    if (!t) return mg_fail(MG_ERR_OUT_OF_MEMORY, MODEL_NAME "_trainer_create: out of host memory");
+    t->stream = stream;
+    t->scan_choice = MODEL_SCAN_SPEC;
+    mg_status s = mg_blas_create(&t->blas, stream);
+    if (s != MG_OK) { free(t); return s; }
+    const size_t total = carve(t, NULL);
+    s = mg_dev_alloc(&t->ws, total, MODEL_NAME " training workspace");
+    if (s != MG_OK) { mg_blas_destroy(t->blas); free(t); return s; }
+    carve(t, (char *)t->ws);
+    /* The statistics read by adamw before any norm was computed: zero. */
+    cudaError_t ce = cudaMemsetAsync(t->stat, 0, 2 * sizeof(float), stream);
+    if (ce == cudaSuccess) {
+        const float s0 = MODEL_LOSS_SCALE_INIT;
+        t->scaling = s0 > 0.0f;
+        ce = model_kt_scaler_init(t->scaler, t->scaling ? s0 : 1.0f, MODEL_LOSS_SCALE_GROWTH, stream);
+    }
+    if (ce != cudaSuccess) {
+        s = mg_cuda_check(ce, MODEL_NAME "_trainer_create: initialising the statistics");
+        model_trainer_destroy(t);
+        return s;
+    }
+    *out = t;
+    return MG_OK;
+}
+
+void model_trainer_destroy(model_trainer *t)
+{
+    if (!t) return;
+    mg_dev_free(t->ws);
+    mg_blas_destroy(t->blas);
+    free(t);
+}
+
+mg_status model_trainer_set_stream(model_trainer *t, cudaStream_t stream)
+{
+    if (!t) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_set_stream: trainer is NULL");
+    mg_status s = mg_blas_set_stream(t->blas, stream);
+    if (s != MG_OK) return s;
+    t->stream = stream;
+    return MG_OK;
+}
+
+mg_status model_trainer_set_scan(model_trainer *t, int choice)
+{
+    static const char fn[] = MODEL_NAME "_trainer_set_scan";
+    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    if (choice != MODEL_SCAN_SPEC && choice != MODEL_SCAN_SEQUENTIAL && choice != MODEL_SCAN_CHUNKED)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: unknown choice %d (0 spec, 1 sequential, 2 chunked)", fn, choice);
+    if (choice == MODEL_SCAN_CHUNKED && !HAS_CHUNKED_BWD)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: this library has no chunked scan backward "
+                       "(spec scan.mode \"" SCAN_MODE_NAME "\", max_seq_len " MAX_SEQ_LEN_STR "; auto emits it from seqlen " BSCAN_AUTO_MIN_LEN_STR ")", fn);
+    t->scan_choice = choice;
+    return MG_OK;
+}
+
+/* Spans of the scan backward of a call of seqlen steps: 1 = the sequential
+ * walk; more = the chunk-parallel backward with spans of BSCAN_SPAN steps. */
+static int bwd_spans(const model_trainer *t, int seqlen)
+{
+#if HAS_CHUNKED_BWD
+    int chunked;
+    if (t->scan_choice == MODEL_SCAN_SEQUENTIAL) chunked = 0;
+    else if (t->scan_choice == MODEL_SCAN_CHUNKED) chunked = 1;
+    else
+#if BSCAN_MODE_ID == 1
+        chunked = seqlen > BSCAN_SPAN;   /* one span: the sequential walk computes the same */
+#else
+        chunked = seqlen >= BSCAN_AUTO_MIN_LEN;
+#endif
+    return chunked ? (seqlen + BSCAN_SPAN - 1) / BSCAN_SPAN : 1;
+#else
+    (void)t;
+    (void)seqlen;
+    return 1;
+#endif
+}
+
+mg_status model_trainer_attach_model(model_trainer *t, model_model *m)
+{
+    if (!t) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_attach_model: trainer is NULL");
+    t->model = m;
+    return MG_OK;
+}
+
+const float *model_trainer_grad_norm(const model_trainer *t)
+{
+    return t ? t->stat : NULL;
+}
+
+
+/* ---- argument checks ---- */
+static mg_status need_ptr(const char *fn, const void *p, const char *what, int required)
+{
+    if (!p) {
+        if (required) return mg_fail(MG_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);
+        return MG_OK;
+    }
+    if (!mg_aligned(p, 16)) return mg_fail(MG_ERR_ALIGNMENT, "%s: %s %p is not 16-byte aligned", fn, what, p);
+    return MG_OK;
+}
+
+#define CHECK(x) do { mg_status s_ = (x); if (s_ != MG_OK) return s_; } while (0)
+
+/* Checks of a forward-for-training call shared by forward_train, the MSE
+ * step and the training graph. */
+static mg_status check_forward(const char *fn, const float *w, int batch, int seqlen, const float *u,
+                               const float *cs, const float *ss)
+{
+    if (batch < 1 || batch > MAX_BATCH)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: batch = %d is out of range 1..%d", fn, batch, MAX_BATCH);
+    if (seqlen < 1 || seqlen > MAX_SEQ_LEN)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: seqlen = %d is out of range 1..%d", fn, seqlen, MAX_SEQ_LEN);
+    CHECK(need_ptr(fn, w, "weights", 1));
+    CHECK(need_ptr(fn, u, "u", 1));
+    if ((cs == NULL) != (ss == NULL))
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: conv_state and ssm_state must both be given or both be NULL", fn);
+    CHECK(need_ptr(fn, cs, "conv_state", 0));
+    CHECK(need_ptr(fn, ss, "ssm_state", 0));
+    return MG_OK;
+}
+
+/* Activation buffers of layer l. */
+static char *act_l(char *base, int l, size_t per_token)
+{
+    return base + (size_t)l * MAX_TOKENS * per_token * ACT_SIZE;
+}
+
+static const void *gemm_w(const model_trainer *t)
+{
+#if LOWP
+    return t->wa;
+#else
+    return t->w;
+#endif
+}
+
+/* Element offset in the GEMM weights (same offsets in both dtypes). */
+static const void *wptr(const void *base, size_t off)
+{
+    return (const char *)base + off * ACT_SIZE;
+}
+
+static mg_status forward_train(model_trainer *t, const float *w, int batch, int seqlen,
+                               const float *u, float *out, float *cs, float *ss)
+{
+    const int tokens = batch * seqlen;
+    const cudaStream_t st = t->stream;
+    const size_t E = D_INNER;
+    t->have_fwd = 0;
+    t->w = w;
+    t->batch = batch;
+    t->seqlen = seqlen;
+#if LOWP
+    MG_CUDA(model_launch_train_convert(w, t->wa, st));
+#endif
+    const void *wa = gemm_w(t);
+
+#if HAS_INPUT_PROJ
+    MG_CUDA(cudaMemcpyAsync(t->u, u, (size_t)tokens * IN_DIM * sizeof(float), cudaMemcpyDeviceToDevice, st));
+    MG_CUDA(model_launch_train_bias_rows(t->h, w + OFF_INPUT_PROJ_B, tokens, st));
+    CHECK(mg_linear(t->blas, tokens, D_MODEL, IN_DIM, MG_F32, u, IN_DIM, w + OFF_INPUT_PROJ_W, IN_DIM,
+                    MG_F32, t->h, D_MODEL, 1.0f, 1.0f));
+#else
+    MG_CUDA(cudaMemcpyAsync(t->h, u, (size_t)tokens * D_MODEL * sizeof(float), cudaMemcpyDeviceToDevice, st));
+#endif
+    for (int l = 0; l < N_LAYERS; ++l) {
+        const float *lw = w + (size_t)l * LAYER_STRIDE;
+        const void *law = wptr(wa, (size_t)l * LAYER_STRIDE);
+        float *h_l = t->h + (size_t)l * MAX_TOKENS * D_MODEL;
+        float *h_n = h_l + MAX_TOKENS * D_MODEL;
+        float *rstd_l = t->rstd + (size_t)l * MAX_TOKENS;
+        char *hn = act_l(t->hn, l, D_MODEL), *xz = act_l(t->xz, l, XZ_DIM), *xc = act_l(t->xc, l, E);
+        char *dbl = act_l(t->dbl, l, XP_DIM), *dt = act_l(t->dt, l, E), *y = act_l(t->y, l, E);
+        float *ckpt = t->ckpt + (size_t)l * MAX_BATCH * MAX_CKPTS * E * D_STATE;
+        float *cs0 = t->cs0 + (size_t)l * MAX_BATCH * CS_PER_SEQ;
+        float *cs_l = cs ? cs + (size_t)l * batch * CS_PER_SEQ : NULL;
+        float *ss_l = ss ? ss + (size_t)l * batch * SS_PER_SEQ : NULL;
+
+        MG_CUDA(model_launch_rmsnorm_fwd(h_l, lw + L0_NORM_W, hn, 0, rstd_l, tokens, st));
+        CHECK(mg_linear(t->blas, tokens, XZ_DIM, D_MODEL, ACT, hn, D_MODEL, wptr(law, L0_IN_PROJ_W), D_MODEL,
+                        ACT, xz, XZ_DIM, 1.0f, 0.0f));
+        if (cs_l)
+            MG_CUDA(cudaMemcpyAsync(cs0, cs_l, (size_t)batch * CS_PER_SEQ * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        else
+            MG_CUDA(cudaMemsetAsync(cs0, 0, (size_t)batch * CS_PER_SEQ * sizeof(float), st));
+        MG_CUDA(model_launch_conv_fwd(batch, seqlen, xz, lw + L0_CONV_W, lw + L0_CONV_B, cs0, cs_l, xc, st));
+        CHECK(mg_linear(t->blas, tokens, XP_DIM, D_INNER, ACT, xc, D_INNER, wptr(law, L0_X_PROJ_W), D_INNER,
+                        ACT, dbl, XP_DIM, 1.0f, 0.0f));
+        CHECK(mg_linear(t->blas, tokens, D_INNER, DT_RANK, ACT, dbl, XP_DIM, wptr(law, L0_DT_PROJ_W), DT_RANK,
+                        ACT, dt, D_INNER, 1.0f, 0.0f));
+        MG_CUDA(model_launch_scan_fwd(batch, seqlen, xc, dt, dbl, xz, lw + L0_DT_PROJ_B, lw + L0_A_LOG,
+                                       lw + L0_D, ss_l, ss_l, ckpt, y, t->g, st));
+        MG_CUDA(cudaMemcpyAsync(h_n, h_l, (size_t)tokens * D_MODEL * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        CHECK(mg_linear(t->blas, tokens, D_MODEL, D_INNER, ACT, t->g, D_INNER, wptr(law, L0_OUT_PROJ_W), D_INNER,
+                        MG_F32, h_n, D_MODEL, 1.0f, 1.0f));
+    }
+    MG_CUDA(model_launch_rmsnorm_fwd(t->h + (size_t)N_LAYERS * MAX_TOKENS * D_MODEL, w + OFF_NORM_F_W, out, 1,
+                                      t->rstd + (size_t)N_LAYERS * MAX_TOKENS, tokens, st));
+    t->have_fwd = 1;
+    return MG_OK;
+}
+
+mg_status model_forward_train(model_trainer *t, const float *d_weights, int batch, int seqlen,
+                            const float *d_u, float *d_out, float *d_conv_state, float *d_ssm_state)
+{
+    static const char fn[] = MODEL_NAME "_forward_train";
+    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    CHECK(check_forward(fn, d_weights, batch, seqlen, d_u, d_conv_state, d_ssm_state));
+    CHECK(need_ptr(fn, d_out, "out", 1));
+    return forward_train(t, d_weights, batch, seqlen, d_u, d_out, d_conv_state, d_ssm_state);
+}
+
+static mg_status backward(model_trainer *t, const float *dout, float *gr, float *du, float *dcs, float *dss)
+{
+    const int batch = t->batch, seqlen = t->seqlen, tokens = batch * seqlen;
+    const int nrb = (tokens + NORMB_ROWS - 1) / NORMB_ROWS;   /* row blocks of the norm partials */
+    const int nsp = bwd_spans(t, seqlen);   /* spans of the scan backward (1: sequential) */
+    const int nparts = batch * nsp;         /* scan-backward partials per parameter */
+    const cudaStream_t st = t->stream;
+    const float *w = t->w;
+    const void *wa = gemm_w(t);
+    const size_t E = D_INNER;
+#if LOWP
+    void *dhA = t->dh_act;   /* act copy of dh for the out_proj GEMMs */
+#else
+    void *dhA = t->dh;
+#endif
+    void *dhA_out = LOWP ? dhA : NULL;
+
+    /* Overwrite semantics: every tensor is written below; the padding is 0. */
+    MG_CUDA(cudaMemsetAsync(gr, 0, WEIGHTS_FLOATS * sizeof(float), st));
+
+    /* out = rmsnorm(h_L) * norm_f.weight */
+    MG_CUDA(model_launch_rmsnorm_bwd(tokens, t->h + (size_t)N_LAYERS * MAX_TOKENS * D_MODEL, w + OFF_NORM_F_W,
+                                      t->rstd + (size_t)N_LAYERS * MAX_TOKENS, dout, t->scaling ? t->scaler : NULL,
+                                      0, t->dh, dhA_out,
+                                      t->part_rows, st));
+    MG_CUDA(model_launch_reduce_parts(t->part_rows, nrb, D_MODEL, D_MODEL, gr + OFF_NORM_F_W, st));
+
+    for (int l = N_LAYERS - 1; l >= 0; --l) {
+        const float *lw = w + (size_t)l * LAYER_STRIDE;
+        float *gl = gr + (size_t)l * LAYER_STRIDE;
+        const void *law = wptr(wa, (size_t)l * LAYER_STRIDE);
+        const float *h_l = t->h + (size_t)l * MAX_TOKENS * D_MODEL;
+        const float *rstd_l = t->rstd + (size_t)l * MAX_TOKENS;
+        char *hn = act_l(t->hn, l, D_MODEL), *xz = act_l(t->xz, l, XZ_DIM), *xc = act_l(t->xc, l, E);
+        char *dbl = act_l(t->dbl, l, XP_DIM), *dt = act_l(t->dt, l, E), *y = act_l(t->y, l, E);
+        const float *ckpt = t->ckpt + (size_t)l * MAX_BATCH * MAX_CKPTS * E * D_STATE;
+        const float *cs0 = t->cs0 + (size_t)l * MAX_BATCH * CS_PER_SEQ;
+        float *dcs_l = dcs ? dcs + (size_t)l * batch * CS_PER_SEQ : NULL;
+        float *dss_l = dss ? dss + (size_t)l * batch * SS_PER_SEQ : NULL;
+
+        /* out_proj and the gate */
+        CHECK(mg_linear_dx(t->blas, tokens, D_MODEL, D_INNER, ACT, dhA, D_MODEL, wptr(law, L0_OUT_PROJ_W), D_INNER,
+                           MG_F32, t->dg, D_INNER, 0.0f));
+        MG_CUDA(model_launch_gate_bwd(tokens, y, xz, t->dg, t->g, t->dy, t->dxz, st));
+        CHECK(mg_linear_dw(t->blas, tokens, D_MODEL, D_INNER, ACT, dhA, D_MODEL, t->g, D_INNER,
+                           MG_F32, gl + L0_OUT_PROJ_W, D_INNER, 0.0f));
+        /* selective scan */
+        MG_CUDA(model_launch_scan_bwd(batch, seqlen, nsp, xc, dt, dbl, lw + L0_DT_PROJ_B, lw + L0_A_LOG, lw + L0_D,
+                                       ckpt, t->dy, t->dxc, t->ddt, t->part_bc, t->part_A, t->part_D, t->part_dtb,
+                                       t->span_p, t->span_ds, dss_l, st));
+        /* partials [sequence][span]: summed in that order */
+        MG_CUDA(model_launch_reduce_parts(t->part_A, nparts, E * D_STATE, (int)(E * D_STATE), gl + L0_A_LOG, st));
+        MG_CUDA(model_launch_reduce_parts(t->part_D, nparts, E, (int)E, gl + L0_D, st));
+        MG_CUDA(model_launch_reduce_parts(t->part_dtb, nparts, E, (int)E, gl + L0_DT_PROJ_B, st));
+        MG_CUDA(model_launch_bc_reduce(tokens, t->part_bc, t->ddbl, st));
+        /* dt_proj (input: dbl[:, :R]), then x_proj */
+        CHECK(mg_linear_dw(t->blas, tokens, D_INNER, DT_RANK, ACT, t->ddt, D_INNER, dbl, XP_DIM,
+                           MG_F32, gl + L0_DT_PROJ_W, DT_RANK, 0.0f));
+        CHECK(mg_linear_dx(t->blas, tokens, D_INNER, DT_RANK, ACT, t->ddt, D_INNER, wptr(law, L0_DT_PROJ_W), DT_RANK,
+                           ACT, t->ddbl, XP_DIM, 0.0f));
+        CHECK(mg_linear_dw(t->blas, tokens, XP_DIM, D_INNER, ACT, t->ddbl, XP_DIM, xc, D_INNER,
+                           MG_F32, gl + L0_X_PROJ_W, D_INNER, 0.0f));
+        CHECK(mg_linear_dx(t->blas, tokens, XP_DIM, D_INNER, ACT, t->ddbl, XP_DIM, wptr(law, L0_X_PROJ_W), D_INNER,
+                           MG_F32, t->dxc, D_INNER, 1.0f));
+        /* conv + SiLU */
+        MG_CUDA(model_launch_conv_bwd(batch, seqlen, xz, lw + L0_CONV_W, lw + L0_CONV_B, cs0, t->dxc, t->dxz,
+                                       dcs_l, t->part_cw, t->part_cb, st));
+        MG_CUDA(model_launch_reduce_parts(t->part_cw, batch, E * D_CONV, (int)(E * D_CONV), gl + L0_CONV_W, st));
+        MG_CUDA(model_launch_reduce_parts(t->part_cb, batch, E, (int)E, gl + L0_CONV_B, st));
+        /* in_proj, then the block's RMSNorm (adds into the residual gradient) */
+        CHECK(mg_linear_dw(t->blas, tokens, XZ_DIM, D_MODEL, ACT, t->dxz, XZ_DIM, hn, D_MODEL,
+                           MG_F32, gl + L0_IN_PROJ_W, D_MODEL, 0.0f));
+        CHECK(mg_linear_dx(t->blas, tokens, XZ_DIM, D_MODEL, ACT, t->dxz, XZ_DIM, wptr(law, L0_IN_PROJ_W), D_MODEL,
+                           MG_F32, t->dhn, D_MODEL, 0.0f));
+        MG_CUDA(model_launch_rmsnorm_bwd(tokens, h_l, lw + L0_NORM_W, rstd_l, t->dhn, NULL, 1, t->dh, dhA_out,
+                                          t->part_rows, st));
+        MG_CUDA(model_launch_reduce_parts(t->part_rows, nrb, D_MODEL, D_MODEL, gl + L0_NORM_W, st));
+    }
+
+#if HAS_INPUT_PROJ
+    CHECK(mg_linear_dw(t->blas, tokens, D_MODEL, IN_DIM, MG_F32, t->dh, D_MODEL, t->u, IN_DIM,
+                       MG_F32, gr + OFF_INPUT_PROJ_W, IN_DIM, 0.0f));
+    MG_CUDA(model_launch_colsum_part(tokens, t->dh, t->part_rows, st));
+    MG_CUDA(model_launch_reduce_parts(t->part_rows, nrb, D_MODEL, D_MODEL, gr + OFF_INPUT_PROJ_B, st));
+    if (du)
+        CHECK(mg_linear_dx(t->blas, tokens, D_MODEL, IN_DIM, MG_F32, t->dh, D_MODEL, w + OFF_INPUT_PROJ_W, IN_DIM,
+                           MG_F32, du, IN_DIM, 0.0f));
+#else
+    if (du)
+        MG_CUDA(cudaMemcpyAsync(du, t->dh, (size_t)tokens * D_MODEL * sizeof(float), cudaMemcpyDeviceToDevice, st));
+#endif
+    if (t->scaling) {
+        /* Everything above carries the loss scale S: divide it out (exact),
+         * count non-finite parameter gradients, and adapt S. */
+        MG_CUDA(model_kt_unscale(WEIGHTS_FLOATS, gr, t->scaler, t->gpart, st));
+        if (du) MG_CUDA(model_kt_unscale((size_t)tokens * IN_DIM, du, t->scaler, NULL, st));
+        if (dcs) MG_CUDA(model_kt_unscale((size_t)N_LAYERS * batch * CS_PER_SEQ, dcs, t->scaler, NULL, st));
+        if (dss) MG_CUDA(model_kt_unscale((size_t)N_LAYERS * batch * SS_PER_SEQ, dss, t->scaler, NULL, st));
+        if (!t->hold_scale) MG_CUDA(model_kt_scaler_update(t->gpart, t->scaler, st));
+    }
+    return MG_OK;
+}
+
+mg_status model_backward(model_trainer *t, const float *d_dout, float *d_grads,
+                       float *d_du, float *d_dconv_state, float *d_dssm_state)
+{
+    static const char fn[] = MODEL_NAME "_backward";
+    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    if (!t->have_fwd)
+        return mg_fail(MG_ERR_STATE, "%s: no saved activations (" MODEL_NAME "_forward_train first)", fn);
+    CHECK(need_ptr(fn, d_dout, "dout", 1));
+    CHECK(need_ptr(fn, d_grads, "grads", 1));
+    CHECK(need_ptr(fn, d_du, "du", 0));
+    CHECK(need_ptr(fn, d_dconv_state, "dconv_state", 0));
+    CHECK(need_ptr(fn, d_dssm_state, "dssm_state", 0));
+    return backward(t, d_dout, d_grads, d_du, d_dconv_state, d_dssm_state);
+}
+
+/* The AdamW phase (arguments checked): prep (hyperparameters p by value,
+ * or the device copy *next of a training graph), global norm, update, and
+ * the attached model's low-precision copy. The trainer's own GEMM copy of
+ * the weights is refreshed by the next forward_train. */
+static mg_status adamw(model_trainer *t, float *w, const float *g, float *m, float *v,
+                       const model_adamw_params *p, model_adamw_params *next,
+                       model_adamw_params *cur, float *coef)
+{
+    MG_CUDA(model_kt_adamw_prep(p, next, cur, coef, t->stream));
+    MG_CUDA(model_kt_grad_norm(g, cur, t->gpart, t->stat, t->stream));
+    MG_CUDA(model_launch_adamw(w, g, m, v, t->stat, cur, coef, NULL, t->stream));
+    if (t->model) CHECK(model__convert_weights_on(t->model, t->stream));
+    return MG_OK;
+}
+
+static int finite_f(float x) { return x == x && x - x == 0.0f; }
+
+static mg_status check_adamw(const char *fn, const model_adamw_params *p)
+{
+    if (!p) return mg_fail(MG_ERR_INVALID_ARG, "%s: params is NULL", fn);
+    if (!finite_f(p->lr) || p->lr < 0.0f)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: lr = %g (need a finite value >= 0)", fn, (double)p->lr);
+    if (!(p->beta1 >= 0.0f && p->beta1 < 1.0f) || !(p->beta2 >= 0.0f && p->beta2 < 1.0f))
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: beta1 = %g, beta2 = %g (need [0, 1))", fn,
+                       (double)p->beta1, (double)p->beta2);
+    if (!finite_f(p->eps) || p->eps <= 0.0f)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: eps = %g (need a finite value > 0)", fn, (double)p->eps);
+    if (!finite_f(p->weight_decay) || p->weight_decay < 0.0f)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: weight_decay = %g (need a finite value >= 0)", fn,
+                       (double)p->weight_decay);
+    if (p->max_grad_norm != p->max_grad_norm)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: max_grad_norm is NaN", fn);
+    if (p->step < 1) return mg_fail(MG_ERR_INVALID_ARG, "%s: step = %d (1-based, need >= 1)", fn, p->step);
+    if (p->wd_matrices_only != 0 && p->wd_matrices_only != 1)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: wd_matrices_only = %d (0 or 1)", fn, p->wd_matrices_only);
+    return MG_OK;
+}
+
+mg_status model_adamw_step(model_trainer *t, float *d_weights, const float *d_grads,
+                         float *d_m, float *d_v, const model_adamw_params *p)
+{
+    static const char fn[] = MODEL_NAME "_adamw_step";
+    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    CHECK(check_adamw(fn, p));
+    CHECK(need_ptr(fn, d_weights, "weights", 1));
+    CHECK(need_ptr(fn, d_grads, "grads", 1));
+    CHECK(need_ptr(fn, d_m, "m", 1));
+    CHECK(need_ptr(fn, d_v, "v", 1));
+    return adamw(t, d_weights, d_grads, d_m, d_v, p, NULL, t->hp, t->coef);
+}
+
+/* One MSE training step (arguments checked); AdamW hyperparameters as in adamw(). */
+static mg_status train_step(model_trainer *t, float *w, float *grads, float *m, float *v,
+                            const model_adamw_params *p, model_adamw_params *next,
+                            model_adamw_params *cur, float *coef, int batch, int seqlen,
+                            const float *u, const float *target, float *cs, float *ss, float *loss)
+{
+    CHECK(forward_train(t, w, batch, seqlen, u, t->outbuf, cs, ss));
+    const size_t n = (size_t)batch * seqlen * D_MODEL;
+    MG_CUDA(model_kt_mse(n, t->outbuf, target, t->dout, t->gpart, loss ? loss : t->loss, t->stream));
+    CHECK(backward(t, t->dout, grads, NULL, NULL, NULL));
+    return adamw(t, w, grads, m, v, p, next, cur, coef);
+}
+
+mg_status model_train_step_mse(model_trainer *t, float *d_weights, float *d_grads,
+                             float *d_m, float *d_v, const model_adamw_params *p,
+                             int batch, int seqlen, const float *d_u, const float *d_target,
+                             float *d_conv_state, float *d_ssm_state, float *d_loss)
+{
+    static const char fn[] = MODEL_NAME "_train_step_mse";
+    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    CHECK(check_adamw(fn, p));
+    CHECK(need_ptr(fn, d_target, "target", 1));
+    CHECK(need_ptr(fn, d_grads, "grads", 1));
+    CHECK(need_ptr(fn, d_m, "m", 1));
+    CHECK(need_ptr(fn, d_v, "v", 1));
+    if (d_loss && !mg_aligned(d_loss, 4))
+        return mg_fail(MG_ERR_ALIGNMENT, "%s: loss %p is not 4-byte aligned", fn, (void *)d_loss);
+    CHECK(check_forward(fn, d_weights, batch, seqlen, d_u, d_conv_state, d_ssm_state));
+    return train_step(t, d_weights, d_grads, d_m, d_v, p, NULL, t->hp, t->coef, batch, seqlen, d_u, d_target,
+                      d_conv_state, d_ssm_state, d_loss);
+}
