@@ -1,9 +1,17 @@
 /* bench_util.h: what the bench programs of every arch share (included
  * once by NAME_bench.c, after model_alias.h, mg_bench.h, mg_cuda.h and
- * mg_rng.h): the CSV file and the ceilings the rows are quoted against,
- * errors that end the program, random device buffers, one row of the
- * report (the program defines WHAT_WIDTH, the width of its first column),
- * the command line. */
+ * mg_rng.h, and after its bench_ctx, the arguments of one prefill or decode
+ * call): the cost model's figures, the CSV file and the ceilings the rows
+ * are quoted against, errors that end the program, random device buffers,
+ * one row of the report (the program defines WHAT_WIDTH, the width of its
+ * first column), the command line, the model on the device, the graph
+ * replays, the training rows' buffers. */
+#define GEMM_FLOPS_PER_TOKEN  MODEL_COST_GEMM_FLOPS_PER_TOKEN
+#define OTHER_FLOPS_PER_TOKEN MODEL_COST_OTHER_FLOPS_PER_TOKEN
+#define BYTES_PER_TOKEN       MODEL_COST_BYTES_PER_TOKEN
+#define WEIGHT_BYTES          MODEL_COST_WEIGHT_BYTES
+#define STATE_BYTES_PER_SEQ   MODEL_COST_STATE_BYTES_PER_SEQ
+
 static FILE *csv;
 static mg_ceilings ceil_;
 static double gemm_ceiling_tflops;   /* the GEMM rate of this spec's storage dtype */
@@ -22,11 +30,17 @@ static void *dalloc(size_t bytes)
     return p;
 }
 
+static float *hmalloc(size_t n)
+{
+    float *h = malloc(n * sizeof *h);
+    if (!h) { fprintf(stderr, MODEL_NAME "_bench: out of host memory\n"); exit(1); }
+    return h;
+}
+
 /* Random device data (never zeros: they would flatter the timings). */
 static float *drandom(size_t n, uint64_t seed, float lo, float hi)
 {
-    float *h = malloc(n * sizeof *h), *d = dalloc(n * sizeof *d);
-    if (!h) { fprintf(stderr, MODEL_NAME "_bench: out of host memory\n"); exit(1); }
+    float *h = hmalloc(n), *d = dalloc(n * sizeof *d);
     mg_rng r;
     mg_rng_seed(&r, seed);
     mg_rng_fill_uniform(&r, h, n, lo, hi);
@@ -48,6 +62,14 @@ static void report(const char *what, int batch, int seqlen, const mg_bench_stats
         fprintf(csv, MODEL_NAME "," MODEL_PRECISION ",%s,%d,%d,%.6f,%.6f,%.1f,%.2f,%.4f,%.4f,%.4f\n", what,
                 batch, seqlen, st->median_ms, st->min_ms, tokens / s, gbps, gbps / ceil_.copy_gbps,
                 tflops, tflops / gemm_ceiling_tflops);
+}
+
+/* A decode row: one token for each of batch streams (weights read once,
+ * every stream's state read and written). */
+static void report_decode(const char *what, int batch, const mg_bench_stats *st)
+{
+    report(what, batch, 1, st, batch, WEIGHT_BYTES + batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
+           batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
 }
 
 /* The command line (--csv FILE, --iters N), a device, its ceilings and the
@@ -76,3 +98,70 @@ static int bench_start(int argc, char **argv, int *iters)
     gemm_ceiling_tflops = MODEL_F32_STORAGE ? ceil_.f32_tflops : ceil_.bf16_tflops;
     return -1;
 }
+
+/* The model on the device: the weights hw (n floats, the reference path's
+ * initialisation; freed here) uploaded once to *w, a stream, the model
+ * created on it with those weights. */
+static model_model *bench_model(float *hw, size_t n, float **w, cudaStream_t *stream)
+{
+    mg_status s;
+    *w = dalloc(sizeof(float) * n);
+    if (cudaMemcpy(*w, hw, sizeof(float) * n, cudaMemcpyHostToDevice) != cudaSuccess) die("upload", MG_ERR_CUDA);
+    free(hw);
+    if (cudaStreamCreate(stream) != cudaSuccess) die("stream", MG_ERR_CUDA);
+    model_model *m;
+    if ((s = model_create(&m, *stream)) != MG_OK) die("create", s);
+    if ((s = model_set_weights(m, *w, n)) != MG_OK) die("set_weights", s);
+    return m;
+}
+
+static mg_status run_graph(void *p, cudaStream_t stream)
+{
+    (void)stream;
+    return model_decode_graph_launch((model_graph *)p);
+}
+
+#if MODEL_TRAINING
+/* The training rows: a trainer, a copy of the weights (the step updates
+ * them), their gradient, the AdamW moments, the MSE target, the loss, the
+ * hyperparameters, the call's shape (c), and dout for the arch's
+ * forward_train + backward row (NULL where it has none). */
+typedef struct {
+    model_trainer *t;
+    float *w, *grads, *m, *v, *target, *loss, *dout;
+    model_adamw_params p;
+    bench_ctx c;
+} train_ctx;
+
+/* x's buffers for the weights w (n floats) and targets of B x T tokens. */
+static void train_start(train_ctx *x, cudaStream_t stream, const float *w, size_t n, int B, int T)
+{
+    mg_status s;
+    memset(x, 0, sizeof *x);
+    if ((s = model_trainer_create(&x->t, stream)) != MG_OK) die("trainer_create", s);
+    x->w = dalloc(sizeof(float) * n);
+    if (cudaMemcpy(x->w, w, sizeof(float) * n, cudaMemcpyDeviceToDevice) != cudaSuccess) die("copy", MG_ERR_CUDA);
+    x->grads = dalloc(sizeof(float) * n);
+    x->m = dalloc(sizeof(float) * n);
+    x->v = dalloc(sizeof(float) * n);
+    if (cudaMemset(x->m, 0, sizeof(float) * n) != cudaSuccess ||
+        cudaMemset(x->v, 0, sizeof(float) * n) != cudaSuccess) die("memset", MG_ERR_CUDA);
+    x->target = drandom((size_t)B * T * MODEL_D_MODEL, 5, -1.0f, 1.0f);
+    x->loss = dalloc(sizeof(float));
+    x->p.lr = 1e-4f; x->p.beta1 = 0.9f; x->p.beta2 = 0.999f; x->p.eps = 1e-8f;
+    x->p.weight_decay = 0.01f; x->p.max_grad_norm = 1.0f; x->p.step = 1;
+}
+
+static void train_end(train_ctx *x)
+{
+    model_trainer_destroy(x->t);
+    mg_dev_free(x->w); mg_dev_free(x->grads); mg_dev_free(x->m); mg_dev_free(x->v);
+    mg_dev_free(x->target); mg_dev_free(x->dout); mg_dev_free(x->loss);
+}
+
+static mg_status run_train_graph(void *p, cudaStream_t stream)
+{
+    (void)stream;
+    return model_train_graph_launch((model_train_graph *)p);
+}
+#endif

@@ -26,14 +26,7 @@
 #include <mg_ref_mamba1.h>
 #include <mg_rng.h>
 
-#define GEMM_FLOPS_PER_TOKEN  MODEL_COST_GEMM_FLOPS_PER_TOKEN
-#define OTHER_FLOPS_PER_TOKEN MODEL_COST_OTHER_FLOPS_PER_TOKEN
-#define BYTES_PER_TOKEN       MODEL_COST_BYTES_PER_TOKEN
-#define WEIGHT_BYTES          MODEL_COST_WEIGHT_BYTES
-#define STATE_BYTES_PER_SEQ   MODEL_COST_STATE_BYTES_PER_SEQ
 #define WHAT_WIDTH 22   /* the first column of the table */
-
-#include "bench_util.h"
 
 typedef struct {
     model_model *m;
@@ -41,6 +34,8 @@ typedef struct {
     const float *u;
     float *out, *cs, *ss;
 } bench_ctx;
+
+#include "bench_util.h"
 
 static mg_status run_prefill(void *p, cudaStream_t stream)
 {
@@ -57,13 +52,6 @@ static mg_status run_decode(void *p, cudaStream_t stream)
 }
 
 #if MODEL_TRAINING
-typedef struct {
-    model_trainer *t;
-    float *w, *grads, *m, *v, *target, *loss;
-    model_adamw_params p;
-    bench_ctx c;
-} train_ctx;
-
 static mg_status run_train(void *p, cudaStream_t stream)
 {
     train_ctx *x = p;
@@ -71,19 +59,7 @@ static mg_status run_train(void *p, cudaStream_t stream)
     return model_train_step_mse(x->t, x->w, x->grads, x->m, x->v, &x->p, x->c.batch, x->c.seqlen,
                                      x->c.u, x->target, NULL, NULL, x->loss);
 }
-
-static mg_status run_train_graph(void *p, cudaStream_t stream)
-{
-    (void)stream;
-    return model_train_graph_launch((model_train_graph *)p);
-}
 #endif
-
-static mg_status run_graph(void *p, cudaStream_t stream)
-{
-    (void)stream;
-    return model_decode_graph_launch((model_graph *)p);
-}
 
 int main(int argc, char **argv)
 {
@@ -99,21 +75,13 @@ int main(int argc, char **argv)
            "GB/s", "of copy", "TFLOP/s", "of GEMM");
 
     /* Weights: the reference path's initialisation, uploaded once. */
+    cudaStream_t stream;
     mg_m1_dims dims = MODEL_REF_DIMS;
     mg_m1_layout lay;
     if ((s = mg_ref_mamba1_layout(&dims, &lay)) != MG_OK) die("layout", s);
-    float *hw = malloc(sizeof(float) * lay.total);
-    if (!hw) { fprintf(stderr, MODEL_NAME "_bench: out of host memory\n"); return 1; }
+    float *hw = hmalloc(lay.total), *w;
     if ((s = mg_ref_mamba1_init(&dims, &lay, hw, 1)) != MG_OK) die("init", s);
-    float *w = dalloc(sizeof(float) * lay.total);
-    if (cudaMemcpy(w, hw, sizeof(float) * lay.total, cudaMemcpyHostToDevice) != cudaSuccess) die("upload", MG_ERR_CUDA);
-    free(hw);
-
-    cudaStream_t stream;
-    if (cudaStreamCreate(&stream) != cudaSuccess) die("stream", MG_ERR_CUDA);
-    model_model *m;
-    if ((s = model_create(&m, stream)) != MG_OK) die("create", s);
-    if ((s = model_set_weights(m, w, lay.total)) != MG_OK) die("set_weights", s);
+    model_model *m = bench_model(hw, lay.total, &w, &stream);
 
     const int B = MODEL_MAX_BATCH, T = MODEL_MAX_SEQ_LEN;
     float *u = drandom((size_t)B * T * MODEL_IN_DIM, 2, -1.0f, 1.0f);
@@ -143,36 +111,26 @@ int main(int argc, char **argv)
         bench_ctx c = {m, decode[i], 1, u, out, cs, ss};
         if ((s = model_set_decode_fused(m, 0)) != MG_OK) die("set_decode_fused", s);
         if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode", s);
-        report("decode (unfused)", c.batch, 1, &st, c.batch,
-               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
-               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        report_decode("decode (unfused)", c.batch, &st);
         if ((s = model_set_decode_fused(m, MODEL_DECODE_FUSED)) != MG_OK) die("set_decode_fused", s);
         if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode", s);
-        report("decode (eager)", c.batch, 1, &st, c.batch,
-               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
-               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        report_decode("decode (eager)", c.batch, &st);
         /* The same step captured once as a CUDA Graph and replayed. */
         model_graph *g = NULL;
         if ((s = model_decode_graph_create(m, c.batch, u, out, cs, ss, &g)) != MG_OK) die("graph", s);
         if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay", s);
-        report("decode (graph)", c.batch, 1, &st, c.batch,
-               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
-               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        report_decode("decode (graph)", c.batch, &st);
         model_decode_graph_destroy(g);
 #if MODEL_HAS_DECODE_SINGLE
         /* The single-launch decode (one cluster kernel for the whole step),
          * eager and as a CUDA Graph. */
         if ((s = model_set_decode_fused(m, MODEL_DECODE_SINGLE)) != MG_OK) die("set_decode_fused", s);
         if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode single", s);
-        report("decode single (eager)", c.batch, 1, &st, c.batch,
-               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
-               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        report_decode("decode single (eager)", c.batch, &st);
         g = NULL;
         if ((s = model_decode_graph_create(m, c.batch, u, out, cs, ss, &g)) != MG_OK) die("graph single", s);
         if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph single replay", s);
-        report("decode single (graph)", c.batch, 1, &st, c.batch,
-               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
-               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        report_decode("decode single (graph)", c.batch, &st);
         model_decode_graph_destroy(g);
 #endif
         if ((s = model_set_decode_fused(m, MODEL_DECODE_DEFAULT)) != MG_OK) die("set_decode_fused", s);
@@ -183,19 +141,7 @@ int main(int argc, char **argv)
      * fresh state, on a copy of the weights (the step updates them). */
     {
         train_ctx x;
-        memset(&x, 0, sizeof x);
-        if ((s = model_trainer_create(&x.t, stream)) != MG_OK) die("trainer_create", s);
-        x.w = dalloc(sizeof(float) * lay.total);
-        if (cudaMemcpy(x.w, w, sizeof(float) * lay.total, cudaMemcpyDeviceToDevice) != cudaSuccess) die("copy", MG_ERR_CUDA);
-        x.grads = dalloc(sizeof(float) * lay.total);
-        x.m = dalloc(sizeof(float) * lay.total);
-        x.v = dalloc(sizeof(float) * lay.total);
-        if (cudaMemset(x.m, 0, sizeof(float) * lay.total) != cudaSuccess ||
-            cudaMemset(x.v, 0, sizeof(float) * lay.total) != cudaSuccess) die("memset", MG_ERR_CUDA);
-        x.target = drandom((size_t)B * T * MODEL_D_MODEL, 5, -1.0f, 1.0f);
-        x.loss = dalloc(sizeof(float));
-        x.p.lr = 1e-4f; x.p.beta1 = 0.9f; x.p.beta2 = 0.999f; x.p.eps = 1e-8f;
-        x.p.weight_decay = 0.01f; x.p.max_grad_norm = 1.0f; x.p.step = 1;
+        train_start(&x, stream, w, lay.total, B, T);
         for (size_t i = 0; i < n_prefill; ++i) {
             if (prefill[i][0] != MODEL_MAX_BATCH) continue;   /* the largest batch only */
             x.c.batch = prefill[i][0]; x.c.seqlen = prefill[i][1]; x.c.u = u;
@@ -216,9 +162,7 @@ int main(int argc, char **argv)
                 model_train_graph_destroy(tg);
             }
         }
-        model_trainer_destroy(x.t);
-        mg_dev_free(x.w); mg_dev_free(x.grads); mg_dev_free(x.m); mg_dev_free(x.v);
-        mg_dev_free(x.target); mg_dev_free(x.loss);
+        train_end(&x);
     }
 #endif
 

@@ -39,21 +39,11 @@
 #include <mg_ref_mamba3.h>
 #include <mg_rng.h>
 
-#define GEMM_FLOPS_PER_TOKEN  MODEL_COST_GEMM_FLOPS_PER_TOKEN
-#define OTHER_FLOPS_PER_TOKEN MODEL_COST_OTHER_FLOPS_PER_TOKEN
-#define BYTES_PER_TOKEN       MODEL_COST_BYTES_PER_TOKEN
-#define WEIGHT_BYTES          MODEL_COST_WEIGHT_BYTES
-#define STATE_BYTES_PER_SEQ   MODEL_COST_STATE_BYTES_PER_SEQ
-#define CORE_FLOPS_PER_TOKEN  MODEL_COST_CORE_FLOPS_PER_TOKEN
-#define CORE_SEQ_FLOPS_PER_TOKEN MODEL_COST_CORE_SEQ_FLOPS_PER_TOKEN
-#define CORE_BYTES_PER_TOKEN  MODEL_COST_CORE_BYTES_PER_TOKEN
 #define NP_DIM  MODEL_IN_PROJ_DIM
 #define N_HEADS MODEL_N_HEADS
 #define D_STATE MODEL_D_STATE
 #define D_INNER MODEL_D_INNER
 #define WHAT_WIDTH 26   /* the first column of the table */
-
-#include "bench_util.h"
 
 typedef struct {
     model_model *m;
@@ -61,6 +51,8 @@ typedef struct {
     const float *u;
     float *out, *ssm, *kp, *vp, *ang;
 } bench_ctx;
+
+#include "bench_util.h"
 
 static mg_status run_prefill(void *p, cudaStream_t stream)
 {
@@ -76,20 +68,7 @@ static mg_status run_decode(void *p, cudaStream_t stream)
     return model_decode_step(c->m, c->batch, c->u, c->out, c->ssm, c->kp, c->vp, c->ang);
 }
 
-static mg_status run_graph(void *p, cudaStream_t stream)
-{
-    (void)stream;
-    return model_decode_graph_launch((model_graph *)p);
-}
-
 #if MODEL_TRAINING
-typedef struct {
-    model_trainer *t;
-    float *w, *grads, *m, *v, *target, *loss, *dout;
-    model_adamw_params p;
-    bench_ctx c;
-} train_ctx;
-
 static mg_status run_train(void *p, cudaStream_t stream)
 {
     train_ctx *x = p;
@@ -108,12 +87,6 @@ static mg_status run_fwd_bwd(void *p, cudaStream_t stream)
                                     NULL, NULL, NULL, NULL);
     if (s != MG_OK) return s;
     return model_backward(x->t, x->dout, x->grads, NULL, NULL, NULL, NULL, NULL);
-}
-
-static mg_status run_train_graph(void *p, cudaStream_t stream)
-{
-    (void)stream;
-    return model_train_graph_launch((model_train_graph *)p);
 }
 #endif
 
@@ -238,22 +211,14 @@ int main(int argc, char **argv)
            "GB/s", "of copy", "TFLOP/s", "of GEMM");
 
     /* Weights: the reference path's initialisation, uploaded once. */
+    cudaStream_t stream;
     mg_m3_dims dims = MODEL_REF_DIMS;
     mg_m3_layout lay;
     memset(&lay, 0, sizeof lay);
     if ((s = mg_ref_mamba3_layout(&dims, &lay)) != MG_OK) die("layout", s);
-    float *hw = malloc(sizeof(float) * lay.total);
-    if (!hw) { fprintf(stderr, MODEL_NAME "_bench: out of host memory\n"); return 1; }
+    float *hw = hmalloc(lay.total), *w;
     if ((s = mg_ref_mamba3_init(&dims, &lay, hw, 1)) != MG_OK) die("init", s);
-    float *w = dalloc(sizeof(float) * lay.total);
-    if (cudaMemcpy(w, hw, sizeof(float) * lay.total, cudaMemcpyHostToDevice) != cudaSuccess) die("upload", MG_ERR_CUDA);
-    free(hw);
-
-    cudaStream_t stream;
-    if (cudaStreamCreate(&stream) != cudaSuccess) die("stream", MG_ERR_CUDA);
-    model_model *m;
-    if ((s = model_create(&m, stream)) != MG_OK) die("create", s);
-    if ((s = model_set_weights(m, w, lay.total)) != MG_OK) die("set_weights", s);
+    model_model *m = bench_model(hw, lay.total, &w, &stream);
 
     const int B = MODEL_MAX_BATCH, T = MODEL_MAX_SEQ_LEN;
     const size_t maxtok = (size_t)B * T;
@@ -325,8 +290,8 @@ int main(int argc, char **argv)
                 c.chunked = runs[r].chunked;
                 if ((s = run_core(&c, stream)) != MG_OK) die(runs[r].what, s);   /* k, q valid for parts alone */
                 if ((s = mg_bench_time(stream, run_core, &c, &o, &st)) != MG_OK) die(runs[r].what, s);
-                const double fl = runs[r].whole ? (c.chunked ? CORE_FLOPS_PER_TOKEN : CORE_SEQ_FLOPS_PER_TOKEN) : 0.0;
-                report(runs[r].what, c.batch, c.seqlen, &st, tok, runs[r].whole ? tok * CORE_BYTES_PER_TOKEN : 0.0,
+                const double fl = runs[r].whole ? (c.chunked ? MODEL_COST_CORE_FLOPS_PER_TOKEN : MODEL_COST_CORE_SEQ_FLOPS_PER_TOKEN) : 0.0;
+                report(runs[r].what, c.batch, c.seqlen, &st, tok, runs[r].whole ? tok * MODEL_COST_CORE_BYTES_PER_TOKEN : 0.0,
                        tok * fl);
             }
         }
@@ -409,16 +374,12 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof decode / sizeof decode[0]; ++i) {
         bench_ctx c = {m, decode[i], 1, u, out, ssm, kp, vp, ang};
         if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode", s);
-        report("decode (eager)", c.batch, 1, &st, c.batch,
-               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
-               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        report_decode("decode (eager)", c.batch, &st);
         /* the same step captured once as a CUDA Graph and replayed */
         model_graph *g = NULL;
         if ((s = model_decode_graph_create(m, c.batch, u, out, ssm, kp, vp, ang, &g)) != MG_OK) die("graph", s);
         if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay", s);
-        report("decode (graph)", c.batch, 1, &st, c.batch,
-               WEIGHT_BYTES + c.batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
-               c.batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        report_decode("decode (graph)", c.batch, &st);
         model_decode_graph_destroy(g);
     }
 
@@ -428,20 +389,8 @@ int main(int argc, char **argv)
      * weights (the step updates them). */
     {
         train_ctx x;
-        memset(&x, 0, sizeof x);
-        if ((s = model_trainer_create(&x.t, stream)) != MG_OK) die("trainer_create", s);
-        x.w = dalloc(sizeof(float) * lay.total);
-        if (cudaMemcpy(x.w, w, sizeof(float) * lay.total, cudaMemcpyDeviceToDevice) != cudaSuccess) die("copy", MG_ERR_CUDA);
-        x.grads = dalloc(sizeof(float) * lay.total);
-        x.m = dalloc(sizeof(float) * lay.total);
-        x.v = dalloc(sizeof(float) * lay.total);
-        if (cudaMemset(x.m, 0, sizeof(float) * lay.total) != cudaSuccess ||
-            cudaMemset(x.v, 0, sizeof(float) * lay.total) != cudaSuccess) die("memset", MG_ERR_CUDA);
-        x.target = drandom((size_t)B * T * MODEL_D_MODEL, 5, -1.0f, 1.0f);
+        train_start(&x, stream, w, lay.total, B, T);
         x.dout = drandom((size_t)B * T * MODEL_D_MODEL, 6, -1e-3f, 1e-3f);
-        x.loss = dalloc(sizeof(float));
-        x.p.lr = 1e-4f; x.p.beta1 = 0.9f; x.p.beta2 = 0.999f; x.p.eps = 1e-8f;
-        x.p.weight_decay = 0.01f; x.p.max_grad_norm = 1.0f; x.p.step = 1;
         for (size_t i = 0; i < n_prefill; ++i) {
             if (prefill[i][0] != MODEL_MAX_BATCH) continue;   /* the largest batch only */
             x.c.batch = prefill[i][0]; x.c.seqlen = prefill[i][1]; x.c.u = u; x.c.out = out;
@@ -460,9 +409,7 @@ int main(int argc, char **argv)
             report("train step (graph)", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
             model_train_graph_destroy(tg);
         }
-        model_trainer_destroy(x.t);
-        mg_dev_free(x.w); mg_dev_free(x.grads); mg_dev_free(x.m); mg_dev_free(x.v);
-        mg_dev_free(x.target); mg_dev_free(x.dout); mg_dev_free(x.loss);
+        train_end(&x);
     }
 #endif
 
