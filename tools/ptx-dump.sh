@@ -9,8 +9,9 @@
 # For each spec: generate the package with MAMBA_GEN into OUTDIR/NAME/pkg,
 # compile each of its .cu files to PTX with the emitted Makefile's flags
 # (-std=c++17 -O3, the spec's target) and write OUTDIR/NAME/FILE.ptx with
-# comments dropped, the per-file hash of anonymous-namespace names replaced
-# by ANON, and the functions sorted by name (so moving a kernel within or
+# comments dropped, the per-file hashes of anonymous-namespace and internal
+# names replaced by ANON / INTERNAL, label numbers (which count functions in
+# file order) dropped, and the functions sorted by name (so moving a kernel within or
 # across files of the package shows no difference). Then
 #   diff -r -x pkg BEFORE AFTER
 # says whether two trees emit the same device code for these specs.
@@ -26,7 +27,12 @@ norm() {  # normalize PTX on stdin
   python3 -c '
 import re, sys
 t = sys.stdin.read()
-t = re.sub(r"_GLOBAL__N__[0-9a-f]+_[0-9]+_[A-Za-z0-9_]+?_cu_[0-9a-f]+", "ANON", t)
+# per-file hashes in the names of anonymous-namespace and internal symbols
+t = re.sub(r"_GLOBAL__N__[0-9a-f]{8}_[0-9]+_[A-Za-z0-9_]+?_cu_[0-9a-f]{8}", "ANON", t)
+t = re.sub(r"_INTERNAL_[0-9a-f]{8}_[0-9]+_[A-Za-z0-9_]+?_cu_[0-9a-f]{8}", "INTERNAL", t)
+# label and local-depot numbers count functions in file order
+t = re.sub(r"\$L__BB[0-9]+_", "$L__BB_", t)
+t = re.sub(r"__local_depot[0-9]+", "__local_depot", t)
 t = re.sub(r"//[^\n]*", "", t)
 lines = [l.rstrip() for l in t.split("\n") if l.strip()]
 head, funcs, cur = [], [], None
