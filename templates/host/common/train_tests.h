@@ -1,13 +1,61 @@
-/* train_tests.h: the tests of NAME_train_test.c that every arch runs word
- * for word: AdamW vs a CPU implementation in double (test_adamw), a NaN
+/* train_tests.h: what NAME_train_test.c shares with the training test of
+ * every other arch. Not a standalone header: the program includes it twice.
+ *
+ * First, right after its own #includes (part 1): the sizes and tolerances,
+ * the globals every arch has (blob, d_blob, inside, n_tens, tr), the
+ * allocation and comparison helpers (FALLOC, DALLOC_H, imin, imax, n_u,
+ * n_out, cmp_ref).
+ *
+ * Then, after its arch's globals (dims, lay, tens) and helpers (run_out,
+ * run_alloc, gpu_run, run_free) and the arguments that differ by arch:
+ * NO_STATES (NULL for every state argument of the library's calls),
+ * NO_STATE0 (gpu_run's fresh start), MATRIX_SUFFIXES (the names of the
+ * weights that are matrices) (part 2): the tests every arch runs word for
+ * word: AdamW vs a CPU implementation in double (test_adamw), a NaN
  * gradient skips the update (test_adamw_skip), dynamic loss scaling
- * (test_loss_scaling), a few MSE training steps (test_training). Not a
- * standalone header: NAME_train_test.c includes it once, after its globals
- * (blob, inside, tens, n_tens, tr), helpers (FALLOC, DALLOC_H, n_u, n_out,
- * cmp_ref, run_out, run_alloc, gpu_run, run_free) and the arguments that
- * differ by arch: NO_STATES (NULL for every state argument of the
- * library's calls), NO_STATE0 (gpu_run's fresh start), MATRIX_SUFFIXES (the
- * names of the weights that are matrices). */
+ * (test_loss_scaling), a few MSE training steps (test_training), AdamW's
+ * bad arguments (test_bad_adamw); and the first and last steps of main
+ * (train_start, train_end) around the arch's own tests. */
+#ifndef MG_TRAIN_TESTS_PART1
+#define MG_TRAIN_TESTS_PART1
+
+#define IN_DIM      MODEL_IN_DIM
+#define D_MODEL     MODEL_D_MODEL
+#define N_LAYERS    MODEL_N_LAYERS
+#define MAX_BATCH   MODEL_MAX_BATCH
+#define MAX_SEQ_LEN MODEL_MAX_SEQ_LEN
+#define WFLOATS     ((size_t)MODEL_WEIGHTS_FLOATS)
+#define FWD_TOL     MODEL_CHECK_TOL
+#define GRAD_TOL    MODEL_GRAD_TOL
+#define CKPT        MODEL_CKPT_STRIDE
+#define ADAMW_TOL   2e-6
+#define REF_MACS_PER_TOKEN (4.0 * MODEL_REF_MACS_PER_TOKEN)   /* forward + backward of the reference */
+#define REF_BUDGET_MACS 4.0e9
+
+static int n_tens;
+static float *blob, *d_blob;
+static model_trainer *tr;
+
+#define FALLOC(n) ((float *)mg_tap_calloc((size_t)(n) * sizeof(float)))
+#define DALLOC_H(n) ((double *)mg_tap_calloc((size_t)(n) * sizeof(double)))
+
+static int imin(int a, int b) { return a < b ? a : b; }
+static int imax(int a, int b) { return a > b ? a : b; }
+static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
+static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
+
+/* 1 for blob elements inside a tensor, 0 for padding. */
+static unsigned char *inside;
+
+static int cmp_ref(const char *what, const float *got, const double *ref, size_t n, double tol)
+{
+    mg_err e = mg_compare_f32(got, ref, n);
+    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
+    return mg_tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
+}
+
+#else /* part 2 */
+
 static int is_matrix(const char *nm)
 {
     static const char *suffix[] = { MATRIX_SUFFIXES };
@@ -233,3 +281,76 @@ static void test_training(int B, int T, int steps, uint64_t seed)
     free(u); free(tgt); free(out); free(loss); free(gn); free(ls);
 }
 
+/* AdamW's bad arguments (dw, dg, dm, dv: device weights, gradient, moments;
+ * du: a B x T input). *p is left at the valid hyperparameters of the
+ * last call, for the caller's further checks. */
+static void test_bad_adamw(float *dw, float *dg, float *dm, float *dv, float *du, int B, int T, model_adamw_params *pp)
+{
+    model_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.lr = 1e-3f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.step = 1;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, NULL), MG_ERR_INVALID_ARG, "adamw params = NULL");
+    mg_tap_expect_status(model_adamw_step(tr, NULL, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw weights = NULL");
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm + 1, dv, &p), MG_ERR_ALIGNMENT, "adamw misaligned m");
+    p.step = 0;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw step = 0");
+    p.step = 1; p.beta1 = 1.0f;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw beta1 = 1");
+    p.beta1 = 0.9f; p.eps = 0.0f;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw eps = 0");
+    p.eps = 1e-8f; p.lr = -1.0f;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw lr < 0");
+    p.lr = 1e-3f;
+    mg_tap_expect_status(model_train_step_mse(tr, dw, dg, dm, dv, &p, B, T, du, NULL, NO_STATES, NULL),
+                  MG_ERR_INVALID_ARG, "train_step_mse target = NULL");
+    *pp = p;
+}
+
+/* main's first step once the program has the weights (blob, from the
+ * reference's initialisation) and their tensors (tens, n_tens): the padding
+ * map, the device copy, the trainer, the loss-scaling test; then the loss
+ * scale of the gradient tests. The gradient tests use dout ~ N(0, 1): with
+ * loss scaling (the f16 default) a scale that suits it, 2^10, so the
+ * comparisons also check that the scale is divided out exactly. */
+static void train_start(void)
+{
+    inside = (unsigned char *)mg_tap_calloc(WFLOATS);
+    for (int i = 0; i < n_tens; ++i) memset(inside + tens[i].offset, 1, tens[i].numel);
+    d_blob = mg_tap_dalloc(WFLOATS + 64);
+    mg_tap_up(d_blob, blob, WFLOATS);
+    if (model_trainer_create(&tr, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
+    test_loss_scaling(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, 5), 808);
+    if (MODEL_LOSS_SCALE_INIT > 0.0f && model_trainer_set_loss_scaling(tr, 1024.0f, 2000) != MG_OK)
+        mg_tap_bail("set_loss_scaling");
+}
+
+/* The program defines these two after this part. */
+static void test_train_graph(int B, int T, int steps, uint64_t seed);
+static void test_bad_calls(void);
+
+/* main's last tests (ba: the batch of the first gradient check), once the
+ * arch's own are done, and the end of the program but for the reference's
+ * layout (the program frees it). */
+static void train_end(int ba)
+{
+    test_adamw(0, 0, 404);
+    test_adamw(1, 1, 505);
+    test_adamw_skip(909);
+
+    /* Training from this precision's default loss scale. */
+    if (model_trainer_set_loss_scaling(tr, MODEL_LOSS_SCALE_INIT, MODEL_LOSS_SCALE_GROWTH) != MG_OK)
+        mg_tap_bail("set_loss_scaling (default)");
+
+    test_training(ba, imin(MAX_SEQ_LEN, 16), 20, 606);
+
+    /* The training step as a CUDA Graph: replays == eager steps, bit for bit. */
+    test_train_graph(ba, imin(MAX_SEQ_LEN, CKPT + 5), 4, 707);
+
+    test_bad_calls();
+
+    model_trainer_destroy(tr);
+    mg_dev_free(d_blob);
+    free(blob); free(tens); free(inside);
+}
+
+#endif /* part 2 */

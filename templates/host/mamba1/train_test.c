@@ -43,18 +43,8 @@
 #include "mg_ref_mamba1.h"
 #include "mg_tap.h"
 
-#define IN_DIM      MODEL_IN_DIM
-#define D_MODEL     MODEL_D_MODEL
-#define N_LAYERS    MODEL_N_LAYERS
-#define MAX_BATCH   MODEL_MAX_BATCH
-#define MAX_SEQ_LEN MODEL_MAX_SEQ_LEN
-#define WFLOATS     ((size_t)MODEL_WEIGHTS_FLOATS)
-#define FWD_TOL     MODEL_CHECK_TOL
-#define GRAD_TOL    MODEL_GRAD_TOL
-#define CKPT        MODEL_CKPT_STRIDE
-#define ADAMW_TOL   2e-6
-#define REF_MACS_PER_TOKEN (4.0 * MODEL_REF_MACS_PER_TOKEN)   /* forward + backward of the reference */
-#define REF_BUDGET_MACS 4.0e9
+#include "train_tests.h"   /* part 1: sizes, tolerances, common globals and helpers */
+
 /* for train_tests.h: the state arguments of a fresh start (the library's
  * calls, gpu_run), the weights AdamW may decay with wd_matrices_only */
 #define NO_STATES NULL, NULL
@@ -65,27 +55,6 @@
 static mg_m1_dims dims;
 static mg_m1_layout lay;
 static mg_m1_tensor *tens;
-static int n_tens;
-static float *blob, *d_blob;
-static model_trainer *tr;
-
-#define FALLOC(n) ((float *)mg_tap_calloc((size_t)(n) * sizeof(float)))
-#define DALLOC_H(n) ((double *)mg_tap_calloc((size_t)(n) * sizeof(double)))
-
-static int imin(int a, int b) { return a < b ? a : b; }
-static int imax(int a, int b) { return a > b ? a : b; }
-static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
-static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
-
-/* 1 for blob elements inside a tensor, 0 for padding. */
-static unsigned char *inside;
-
-static int cmp_ref(const char *what, const float *got, const double *ref, size_t n, double tol)
-{
-    mg_err e = mg_compare_f32(got, ref, n);
-    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
-    return mg_tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
-}
 
 /* ---------------------------------------------------------------- gradients */
 typedef struct run_out {
@@ -105,6 +74,19 @@ static void run_alloc(run_out *r, int B, int T)
 static void run_free(run_out *r)
 {
     free(r->out); free(r->cs); free(r->ss); free(r->grads); free(r->du); free(r->dcs); free(r->dss);
+}
+
+/* The random inputs of a B x T call: u ~ N(0, 1) (seed), y ~ N(0, ysd)
+ * (seed + 1: dout, or the MSE target), initial conv and ssm states
+ * ~ N(0, 0.5) (seed + 2, seed + 3). */
+static void rand_call(int B, int T, uint64_t seed, float ysd, float **u, float **y, float **cs0, float **ss0)
+{
+    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    *u = FALLOC(n_u(B, T)); *y = FALLOC(n_out(B, T)); *cs0 = FALLOC(ncs); *ss0 = FALLOC(nss);
+    mg_tap_randn(*u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(*y, n_out(B, T), seed + 1, ysd);
+    mg_tap_randn(*cs0, ncs, seed + 2, 0.5f);
+    mg_tap_randn(*ss0, nss, seed + 3, 0.5f);
 }
 
 /* forward_train + backward on the GPU. cs0/ss0 NULL: fresh start. want_opt:
@@ -144,11 +126,8 @@ static mg_status gpu_run(int B, int T, const float *u, const float *cs0, const f
 static void test_grads(int B, int T, int with_state, uint64_t seed)
 {
     const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
-    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
-    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
-    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
-    mg_tap_randn(cs0, ncs, seed + 2, 0.5f);
-    mg_tap_randn(ss0, nss, seed + 3, 0.5f);
+    float *u, *dout, *cs0, *ss0;
+    rand_call(B, T, seed, 1.0f, &u, &dout, &cs0, &ss0);
     const char *how = with_state ? "random state" : "fresh start";
     run_out r;
     run_alloc(&r, B, T);
@@ -198,11 +177,8 @@ static void test_grads(int B, int T, int with_state, uint64_t seed)
 static void test_determinism(int B, int T, uint64_t seed)
 {
     const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
-    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
-    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
-    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
-    mg_tap_randn(cs0, ncs, seed + 2, 0.5f);
-    mg_tap_randn(ss0, nss, seed + 3, 0.5f);
+    float *u, *dout, *cs0, *ss0;
+    rand_call(B, T, seed, 1.0f, &u, &dout, &cs0, &ss0);
     run_out a, b, c;
     run_alloc(&a, B, T); run_alloc(&b, B, T); run_alloc(&c, B, T);
     mg_status s1 = gpu_run(B, T, u, cs0, ss0, dout, 1, &a);
@@ -278,11 +254,8 @@ static void test_chunked_bwd(int budget, uint64_t seed)
     const int nsp = (T + span - 1) / span;
     mg_tap_diag("chunked scan backward: b=%d T=%d, %d spans of %d steps (last %d)", B, T, nsp, span, T - (nsp - 1) * span);
     const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
-    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
-    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
-    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
-    mg_tap_randn(cs0, ncs, seed + 2, 0.5f);
-    mg_tap_randn(ss0, nss, seed + 3, 0.5f);
+    float *u, *dout, *cs0, *ss0;
+    rand_call(B, T, seed, 1.0f, &u, &dout, &cs0, &ss0);
     run_out c1, c2, sq;
     run_alloc(&c1, B, T); run_alloc(&c2, B, T); run_alloc(&sq, B, T);
     set_scan(MODEL_SCAN_CHUNKED);
@@ -337,11 +310,8 @@ static void test_chunked_bwd(int budget, uint64_t seed)
 static void test_train_graph(int B, int T, int steps, uint64_t seed)
 {
     const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
-    float *u = FALLOC(n_u(B, T)), *tgt = FALLOC(n_out(B, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
-    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
-    mg_tap_randn(tgt, n_out(B, T), seed + 1, 0.5f);
-    mg_tap_randn(cs0, ncs, seed + 2, 0.5f);
-    mg_tap_randn(ss0, nss, seed + 3, 0.5f);
+    float *u, *tgt, *cs0, *ss0;
+    rand_call(B, T, seed, 0.5f, &u, &tgt, &cs0, &ss0);
     float *ha = FALLOC(WFLOATS), *hb = FALLOC(WFLOATS), *sa = FALLOC(nss), *sb = FALLOC(nss);
     float *le = FALLOC(steps + 1), *lg = FALLOC(steps + 1);
     /* e: eager buffers, g: graph buffers (fixed pointers) */
@@ -443,22 +413,7 @@ static void test_bad_calls(void)
     mg_tap_expect_status(model_backward(tr, dout, dg + 1, NULL, NULL, NULL), MG_ERR_ALIGNMENT, "backward misaligned grads");
     mg_tap_expect_status(model_backward(tr, dout, dg, du + 2, NULL, NULL), MG_ERR_ALIGNMENT, "backward misaligned du");
     model_adamw_params p;
-    memset(&p, 0, sizeof p);
-    p.lr = 1e-3f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.step = 1;
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, NULL), MG_ERR_INVALID_ARG, "adamw params = NULL");
-    mg_tap_expect_status(model_adamw_step(tr, NULL, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw weights = NULL");
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm + 1, dv, &p), MG_ERR_ALIGNMENT, "adamw misaligned m");
-    p.step = 0;
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw step = 0");
-    p.step = 1; p.beta1 = 1.0f;
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw beta1 = 1");
-    p.beta1 = 0.9f; p.eps = 0.0f;
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw eps = 0");
-    p.eps = 1e-8f; p.lr = -1.0f;
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw lr < 0");
-    p.lr = 1e-3f;
-    mg_tap_expect_status(model_train_step_mse(tr, dw, dg, dm, dv, &p, B, T, du, NULL, NULL, NULL, NULL),
-                  MG_ERR_INVALID_ARG, "train_step_mse target = NULL");
+    test_bad_adamw(dw, dg, dm, dv, du, B, T, &p);
     {
         model_train_graph *g = NULL;
         mg_tap_expect_status(model_train_graph_create(tr, dw, dg, dm, dv, &p, B, T, du, dout, NULL, NULL, NULL, NULL),
@@ -494,20 +449,9 @@ int main(void)
     n_tens = mg_ref_mamba1_tensors(&dims, &lay, NULL, 0);
     tens = (mg_m1_tensor *)mg_tap_calloc((size_t)n_tens * sizeof *tens);
     mg_ref_mamba1_tensors(&dims, &lay, tens, n_tens);
-    inside = (unsigned char *)mg_tap_calloc(WFLOATS);
-    for (int i = 0; i < n_tens; ++i) memset(inside + tens[i].offset, 1, tens[i].numel);
-
     blob = FALLOC(WFLOATS);
     if (mg_ref_mamba1_init(&dims, &lay, blob, 20240607ull) != MG_OK) mg_tap_bail("mg_ref_mamba1_init");
-    d_blob = mg_tap_dalloc(WFLOATS + 64);
-    mg_tap_up(d_blob, blob, WFLOATS);
-    if (model_trainer_create(&tr, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
-    test_loss_scaling(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, 5), 808);
-    /* The gradient tests use dout ~ N(0, 1): with loss scaling (the f16
-     * default) a scale that suits it, 2^10, so the comparisons below also
-     * check that the scale is divided out exactly. */
-    if (MODEL_LOSS_SCALE_INIT > 0.0f && model_trainer_set_loss_scaling(tr, 1024.0f, 2000) != MG_OK)
-        mg_tap_bail("set_loss_scaling");
+    train_start();   /* the device copy, the trainer, the loss-scaling test */
 
     /* Gradients vs the reference: a length crossing checkpoint chunks and not
      * a multiple of the stride, from a random state; then a fresh start. */
@@ -550,24 +494,7 @@ int main(void)
     /* The chunk-parallel scan backward over several spans. */
     test_chunked_bwd(budget, 313);
 
-    test_adamw(0, 0, 404);
-    test_adamw(1, 1, 505);
-    test_adamw_skip(909);
-
-    /* Training from this precision's default loss scale. */
-    if (model_trainer_set_loss_scaling(tr, MODEL_LOSS_SCALE_INIT, MODEL_LOSS_SCALE_GROWTH) != MG_OK)
-        mg_tap_bail("set_loss_scaling (default)");
-
-    test_training(ba, imin(MAX_SEQ_LEN, 16), 20, 606);
-
-    /* The training step as a CUDA Graph: replays == eager steps, bit for bit. */
-    test_train_graph(ba, imin(MAX_SEQ_LEN, CKPT + 5), 4, 707);
-
-    test_bad_calls();
-
-    model_trainer_destroy(tr);
-    mg_dev_free(d_blob);
-    free(blob); free(tens); free(inside);
+    train_end(ba);   /* AdamW, training, the training graph, bad calls */
     mg_ref_mamba1_layout_free(&lay);
     return mg_tap_done();
 }

@@ -48,18 +48,8 @@
 #include "mg_ref_mamba3.h"
 #include "mg_tap.h"
 
-#define IN_DIM      MODEL_IN_DIM
-#define D_MODEL     MODEL_D_MODEL
-#define N_LAYERS    MODEL_N_LAYERS
-#define MAX_BATCH   MODEL_MAX_BATCH
-#define MAX_SEQ_LEN MODEL_MAX_SEQ_LEN
-#define WFLOATS     ((size_t)MODEL_WEIGHTS_FLOATS)
-#define FWD_TOL     MODEL_CHECK_TOL
-#define GRAD_TOL    MODEL_GRAD_TOL
-#define CKPT        MODEL_CKPT_STRIDE
-#define ADAMW_TOL   2e-6
-#define REF_MACS_PER_TOKEN (4.0 * MODEL_REF_MACS_PER_TOKEN)   /* forward + backward of the reference */
-#define REF_BUDGET_MACS 4.0e9
+#include "train_tests.h"   /* part 1: sizes, tolerances, common globals and helpers */
+
 /* for train_tests.h: the state arguments of a fresh start (the library's
  * calls, gpu_run), the weights AdamW may decay with wd_matrices_only */
 #define NO_STATES NULL, NULL, NULL, NULL
@@ -70,27 +60,6 @@
 static mg_m3_dims dims;
 static mg_m3_layout lay;
 static mg_m3_param *tens;
-static int n_tens;
-static float *blob, *d_blob;
-static model_trainer *tr;
-
-#define FALLOC(n) ((float *)mg_tap_calloc((size_t)(n) * sizeof(float)))
-#define DALLOC_H(n) ((double *)mg_tap_calloc((size_t)(n) * sizeof(double)))
-
-static int imin(int a, int b) { return a < b ? a : b; }
-static int imax(int a, int b) { return a > b ? a : b; }
-static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
-static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
-
-/* 1 for blob elements inside a tensor, 0 for padding. */
-static unsigned char *inside;
-
-static int cmp_ref(const char *what, const float *got, const double *ref, size_t n, double tol)
-{
-    mg_err e = mg_compare_f32(got, ref, n);
-    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
-    return mg_tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
-}
 
 /* ---------------------------------------------------------------- gradients */
 /* The four recurrent states: ssm, k_prev, v_prev, angle. */
@@ -117,6 +86,18 @@ static void rand_states(float *st[NST], int B, uint64_t seed)
             mg_tap_randn(st[i], st_floats(i, B), seed + (uint64_t)i, 0.5f);
         }
     }
+}
+
+/* The random inputs of a B x T call: u ~ N(0, 1) (seed), y ~ N(0, ysd)
+ * (seed + 1: dout, or the MSE target), the initial states (seed + 2 on,
+ * rand_states). */
+static void rand_call(int B, int T, uint64_t seed, float ysd, float **u, float **y, float *st0[NST])
+{
+    *u = FALLOC(n_u(B, T)); *y = FALLOC(n_out(B, T));
+    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
+    mg_tap_randn(*u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(*y, n_out(B, T), seed + 1, ysd);
+    rand_states(st0, B, seed + 2);
 }
 
 typedef struct run_out {
@@ -181,11 +162,8 @@ static const char *grads_tag = "";
 
 static void test_grads(int B, int T, int with_state, uint64_t seed)
 {
-    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *st0[NST];
-    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
-    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
-    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
-    rand_states(st0, B, seed + 2);
+    float *u, *dout, *st0[NST];
+    rand_call(B, T, seed, 1.0f, &u, &dout, st0);
     char how[96];
     snprintf(how, sizeof how, "%s%s", with_state ? "random state" : "fresh start", grads_tag);
     run_out r;
@@ -259,11 +237,8 @@ static void test_grads(int B, int T, int with_state, uint64_t seed)
 
 static void test_determinism(int B, int T, uint64_t seed)
 {
-    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *st0[NST];
-    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
-    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
-    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
-    rand_states(st0, B, seed + 2);
+    float *u, *dout, *st0[NST];
+    rand_call(B, T, seed, 1.0f, &u, &dout, st0);
     run_out a, b, c;
     run_alloc(&a, B, T); run_alloc(&b, B, T); run_alloc(&c, B, T);
     mg_status s1 = gpu_run(B, T, u, st0, dout, 1, &a);
@@ -346,11 +321,8 @@ static void test_chunked_bwd(uint64_t seed)
     const int B = imin(2, MAX_BATCH);
     const int nch = (T + Q - 1) / Q;
     mg_tap_diag("chunked SSM: b=%d T=%d, %d chunks of %d steps (last %d)", B, T, nch, Q, T - (nch - 1) * Q);
-    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *st0[NST];
-    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
-    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
-    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
-    rand_states(st0, B, seed + 2);
+    float *u, *dout, *st0[NST];
+    rand_call(B, T, seed, 1.0f, &u, &dout, st0);
     run_out c1, c2, sq;
     run_alloc(&c1, B, T); run_alloc(&c2, B, T); run_alloc(&sq, B, T);
     set_scan(MODEL_SCAN_CHUNKED);
@@ -409,13 +381,10 @@ static void test_chunked_bwd(uint64_t seed)
 static void test_spec_dispatch(int B, int T, uint64_t seed)
 {
     const int want = spec_picks_chunked(T);
-    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T)), *st0[NST];
-    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
-    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
-    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
-    rand_states(st0, B, seed + 2);
     run_out sp, ch, sq;
     run_alloc(&sp, B, T); run_alloc(&ch, B, T); run_alloc(&sq, B, T);
+    float *u, *dout, *st0[NST];
+    rand_call(B, T, seed, 1.0f, &u, &dout, st0);
     set_scan(MODEL_SCAN_SPEC);
     const mg_status s1 = gpu_run(B, T, u, st0, dout, 1, &sp);
     set_scan(MODEL_SCAN_CHUNKED);
@@ -451,11 +420,8 @@ static void test_spec_dispatch(int B, int T, uint64_t seed)
  * lr, the next step count) for one more step on both sides. */
 static void test_train_graph(int B, int T, int steps, uint64_t seed)
 {
-    float *u = FALLOC(n_u(B, T)), *tgt = FALLOC(n_out(B, T)), *st0[NST];
-    for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
-    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
-    mg_tap_randn(tgt, n_out(B, T), seed + 1, 0.5f);
-    rand_states(st0, B, seed + 2);
+    float *u, *tgt, *st0[NST];
+    rand_call(B, T, seed, 0.5f, &u, &tgt, st0);
     float *ha = FALLOC(WFLOATS), *hb = FALLOC(WFLOATS);
     float *le = FALLOC(steps + 1), *lg = FALLOC(steps + 1);
     /* e: eager buffers, g: graph buffers (fixed pointers) */
@@ -582,22 +548,7 @@ static void test_bad_calls(void)
     mg_tap_expect_status(model_backward(tr, dout, dg, du + 2, NULL, NULL, NULL, NULL), MG_ERR_ALIGNMENT, "backward misaligned du");
     mg_tap_expect_status(model_backward(tr, dout, dg, NULL, NULL, NULL, NULL, dm + 1), MG_ERR_ALIGNMENT, "backward misaligned dangle");
     model_adamw_params p;
-    memset(&p, 0, sizeof p);
-    p.lr = 1e-3f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.step = 1;
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, NULL), MG_ERR_INVALID_ARG, "adamw params = NULL");
-    mg_tap_expect_status(model_adamw_step(tr, NULL, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw weights = NULL");
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm + 1, dv, &p), MG_ERR_ALIGNMENT, "adamw misaligned m");
-    p.step = 0;
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw step = 0");
-    p.step = 1; p.beta1 = 1.0f;
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw beta1 = 1");
-    p.beta1 = 0.9f; p.eps = 0.0f;
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw eps = 0");
-    p.eps = 1e-8f; p.lr = -1.0f;
-    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw lr < 0");
-    p.lr = 1e-3f;
-    mg_tap_expect_status(model_train_step_mse(tr, dw, dg, dm, dv, &p, B, T, du, NULL, NULL, NULL, NULL, NULL, NULL),
-                  MG_ERR_INVALID_ARG, "train_step_mse target = NULL");
+    test_bad_adamw(dw, dg, dm, dv, du, B, T, &p);
     mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dg); mg_dev_free(dm); mg_dev_free(dv); mg_dev_free(dw);
 }
 
@@ -620,20 +571,9 @@ int main(void)
     n_tens = (int)count;
     tens = (mg_m3_param *)mg_tap_calloc(count * sizeof *tens);
     if (mg_ref_mamba3_params(&dims, &lay, tens, count, &count) != MG_OK) mg_tap_bail("mg_ref_mamba3_params");
-    inside = (unsigned char *)mg_tap_calloc(WFLOATS);
-    for (int i = 0; i < n_tens; ++i) memset(inside + tens[i].offset, 1, tens[i].numel);
-
     blob = FALLOC(WFLOATS);
     if (mg_ref_mamba3_init(&dims, &lay, blob, 20240607ull) != MG_OK) mg_tap_bail("mg_ref_mamba3_init");
-    d_blob = mg_tap_dalloc(WFLOATS + 64);
-    mg_tap_up(d_blob, blob, WFLOATS);
-    if (model_trainer_create(&tr, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
-    test_loss_scaling(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, 5), 808);
-    /* The gradient tests use dout ~ N(0, 1): with loss scaling (the f16
-     * default) a scale that suits it, 2^10, so the comparisons below also
-     * check that the scale is divided out exactly. */
-    if (MODEL_LOSS_SCALE_INIT > 0.0f && model_trainer_set_loss_scaling(tr, 1024.0f, 2000) != MG_OK)
-        mg_tap_bail("set_loss_scaling");
+    train_start();   /* the device copy, the trainer, the loss-scaling test */
 
     /* Gradients vs the reference: a length crossing checkpoint chunks and not
      * a multiple of the stride, from a random state; then a fresh start. */
@@ -677,24 +617,7 @@ int main(void)
     }
 #endif
 
-    test_adamw(0, 0, 404);
-    test_adamw(1, 1, 505);
-    test_adamw_skip(909);
-
-    /* Training from this precision's default loss scale. */
-    if (model_trainer_set_loss_scaling(tr, MODEL_LOSS_SCALE_INIT, MODEL_LOSS_SCALE_GROWTH) != MG_OK)
-        mg_tap_bail("set_loss_scaling (default)");
-
-    test_training(ba, imin(MAX_SEQ_LEN, 16), 20, 606);
-
-    /* The training step as a CUDA Graph: replays == eager steps, bit for bit. */
-    test_train_graph(ba, imin(MAX_SEQ_LEN, CKPT + 5), 4, 707);
-
-    test_bad_calls();
-
-    model_trainer_destroy(tr);
-    mg_dev_free(d_blob);
-    free(blob); free(tens); free(inside);
+    train_end(ba);   /* AdamW, training, the training graph, bad calls */
     mg_ref_mamba3_layout_free(&lay);
     return mg_tap_done();
 }
