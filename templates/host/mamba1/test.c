@@ -110,6 +110,36 @@ static int cmp_gpu(const char *what, const float *got, const float *ref, size_t 
     return mg_tap_ok(mg_err_ok(&e, TOL), "%s: rel_l2 <= %g", what, TOL);
 }
 
+/* A random initial state of `batch` streams, conv ~ N(0, 0.5) (seed) and
+ * ssm ~ N(0, 0.5) (seed + 1), in cs0/ss0 and in the copies a and b that
+ * two runs from it update. */
+static void rand_state2(int batch, uint64_t seed, float *cs0, float *ss0, float *csa, float *ssa, float *csb,
+                        float *ssb)
+{
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
+    mg_tap_randn(cs0, ncs, seed, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 1, 0.5f);
+    memcpy(csa, cs0, ncs * sizeof(float)); memcpy(ssa, ss0, nss * sizeof(float));
+    memcpy(csb, cs0, ncs * sizeof(float)); memcpy(ssb, ss0, nss * sizeof(float));
+}
+
+/* A decode check's three comparisons, in this order: got = {out of every
+ * step (nout floats), conv_state, ssm_state} of `batch` streams against
+ * another GPU run's (gpu), or when gpu is NULL the reference's (ref); named
+ * "CASE: out (every step)", "CASE: conv_state", "CASE: ssm_state". */
+static void cmp_decode(const char *what_case, size_t nout, int batch, const float *const got[3],
+                       const float *const gpu[3], const double *const ref[3])
+{
+    static const char *const label[3] = { "out (every step)", "conv_state", "ssm_state" };
+    const size_t n[3] = { nout, model_conv_state_floats(batch), model_ssm_state_floats(batch) };
+    char what[160];
+    for (int i = 0; i < 3; ++i) {
+        snprintf(what, sizeof what, "%s: %s", what_case, label[i]);
+        if (gpu) cmp_gpu(what, got[i], gpu[i], n[i]);
+        else cmp_ref(what, got[i], ref[i], n[i]);
+    }
+}
+
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
 
@@ -275,12 +305,9 @@ static void test_decode(int batch, int T, uint64_t seed)
     if (!mg_tap_ok(s == MG_OK, "decode: %d steps of batch %d and prefill run", T, batch)) {
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
-        snprintf(what, sizeof what, "decode x%d vs prefill %d: out (every step)", T, T);
-        cmp_gpu(what, dout, pout, n_out(batch, T));
-        snprintf(what, sizeof what, "decode x%d vs prefill %d: conv_state", T, T);
-        cmp_gpu(what, dcs_h, pcs, ncs);
-        snprintf(what, sizeof what, "decode x%d vs prefill %d: ssm_state", T, T);
-        cmp_gpu(what, dss_h, pss, nss);
+        snprintf(what, sizeof what, "decode x%d vs prefill %d", T, T);
+        cmp_decode(what, n_out(batch, T), batch, (const float *const[3]){ dout, dcs_h, dss_h },
+                   (const float *const[3]){ pout, pcs, pss }, NULL);
     }
     mg_dev_free(du); mg_dev_free(dout_t); mg_dev_free(dcs); mg_dev_free(dss);
     free(u); free(pout); free(dout); free(ut); free(ot); free(pcs); free(pss); free(dcs_h); free(dss_h);
@@ -329,12 +356,9 @@ static void test_decode_fused(int batch, int T, uint64_t seed)
                memcmp(csu, csp, ncs * sizeof(float)) == 0 && memcmp(ssu, ssp, nss * sizeof(float)) == 0,
                "unfused decode == prefill with seqlen 1: out and states bit-identical");
         char what[160];
-        snprintf(what, sizeof what, "fused vs unfused decode x%d (batch %d): out (every step)", T, batch);
-        cmp_gpu(what, of, ou, n_out(batch, 1) * T);
-        snprintf(what, sizeof what, "fused vs unfused decode x%d (batch %d): conv_state", T, batch);
-        cmp_gpu(what, csf, csu, ncs);
-        snprintf(what, sizeof what, "fused vs unfused decode x%d (batch %d): ssm_state", T, batch);
-        cmp_gpu(what, ssf, ssu, nss);
+        snprintf(what, sizeof what, "fused vs unfused decode x%d (batch %d)", T, batch);
+        cmp_decode(what, n_out(batch, 1) * T, batch, (const float *const[3]){ of, csf, ssf },
+                   (const float *const[3]){ ou, csu, ssu }, NULL);
     }
     for (int k = 0; k < 3; ++k) { mg_dev_free(dcs[k]); mg_dev_free(dss[k]); }
     mg_dev_free(du); mg_dev_free(dout);
@@ -388,20 +412,13 @@ static void test_decode_single(int batch, int T, uint64_t seed)
         mg_tap_down(css, dcs[0], ncs); mg_tap_down(sss, dss[0], nss);
         mg_tap_down(csf, dcs[1], ncs); mg_tap_down(ssf, dss[1], nss);
         char what[160];
-        snprintf(what, sizeof what, "single-launch vs fused decode x%d (batch %d): out (every step)", T, batch);
-        cmp_gpu(what, os, of, n_out(batch, T));
-        snprintf(what, sizeof what, "single-launch vs fused decode x%d (batch %d): conv_state", T, batch);
-        cmp_gpu(what, css, csf, ncs);
-        snprintf(what, sizeof what, "single-launch vs fused decode x%d (batch %d): ssm_state", T, batch);
-        cmp_gpu(what, sss, ssf, nss);
+        const float *const single[3] = { os, css, sss };
+        snprintf(what, sizeof what, "single-launch vs fused decode x%d (batch %d)", T, batch);
+        cmp_decode(what, n_out(batch, T), batch, single, (const float *const[3]){ of, csf, ssf }, NULL);
         if ((double)batch * T <= REF_BUDGET_MACS / REF_MACS_PER_TOKEN / 8.0) {
             ref_prefill(batch, T, u, cs0, ss0, rout, rcs, rss);
-            snprintf(what, sizeof what, "single-launch decode x%d (batch %d) vs reference: out (every step)", T, batch);
-            cmp_ref(what, os, rout, n_out(batch, T));
-            snprintf(what, sizeof what, "single-launch decode x%d (batch %d) vs reference: conv_state", T, batch);
-            cmp_ref(what, css, rcs, ncs);
-            snprintf(what, sizeof what, "single-launch decode x%d (batch %d) vs reference: ssm_state", T, batch);
-            cmp_ref(what, sss, rss, nss);
+            snprintf(what, sizeof what, "single-launch decode x%d (batch %d) vs reference", T, batch);
+            cmp_decode(what, n_out(batch, T), batch, single, NULL, (const double *const[3]){ rout, rcs, rss });
         }
     }
     for (int k = 0; k < 2; ++k) { mg_dev_free(dcs[k]); mg_dev_free(dss[k]); }
@@ -463,10 +480,7 @@ static void test_chunked(int batch, int T, int with_ref, uint64_t seed)
     float *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *csc = FALLOC(ncs), *ssc = FALLOC(nss);
     float *css = FALLOC(ncs), *sss = FALLOC(nss);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
-    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
-    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
-    memcpy(csc, cs0, ncs * sizeof(float)); memcpy(ssc, ss0, nss * sizeof(float));
-    memcpy(css, cs0, ncs * sizeof(float)); memcpy(sss, ss0, nss * sizeof(float));
+    rand_state2(batch, seed + 1, cs0, ss0, csc, ssc, css, sss);
     set_scan_or_bail(MODEL_SCAN_CHUNKED);
     mg_status s1 = gpu_prefill(batch, T, u, oc, csc, ssc);
     set_scan_or_bail(MODEL_SCAN_SEQUENTIAL);
@@ -528,10 +542,7 @@ static void test_burn_in(int batch, int T, int with_ref, uint64_t seed)
     float *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *pcs = FALLOC(ncs), *pss = FALLOC(nss);
     float *bcs = FALLOC(ncs), *bss = FALLOC(nss);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
-    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
-    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
-    memcpy(pcs, cs0, ncs * sizeof(float)); memcpy(pss, ss0, nss * sizeof(float));
-    memcpy(bcs, cs0, ncs * sizeof(float)); memcpy(bss, ss0, nss * sizeof(float));
+    rand_state2(batch, seed + 1, cs0, ss0, pcs, pss, bcs, bss);
     mg_status s1 = gpu_prefill(batch, T, u, pout, pcs, pss);
 
     float *du = mg_tap_dalloc(n_u(batch, T)), *dlast = mg_tap_dalloc(n_out(batch, 1));
