@@ -87,8 +87,7 @@ typedef struct rstate { int batch; double *s[NST]; } rstate;
 
 static hstate hs_new(int batch)
 {
-    hstate h;
-    h.batch = batch;
+    hstate h = { batch, { NULL } };
     for (int i = 0; i < NST; ++i) h.s[i] = FALLOC(st_floats(i, batch));
     return h;
 }
@@ -108,6 +107,13 @@ static void hs_rand(hstate *h, uint64_t seed)
     mg_rng r;
     mg_rng_seed(&r, seed + 3);
     mg_rng_fill_uniform(&r, h->s[3], st_floats(3, h->batch), 0.0f, 6.2831850f);
+}
+/* hs_rand, and the copies a and (when not NULL) b that runs from it update. */
+static void hs_rand_copies(hstate *h, uint64_t seed, hstate *a, hstate *b)
+{
+    hs_rand(h, seed);
+    hs_copy(a, h);
+    if (b) hs_copy(b, h);
 }
 static rstate rs_new(int batch)
 {
@@ -175,39 +181,38 @@ static int cmp_gpu(const char *what, const float *got, const float *ref, size_t 
 /* The angle state is θ mod 2π: compared on the circle (mg_angle_on_circle). */
 #define ANGLE_STATE 3
 
-/* The four states vs the reference (prefix names the case). */
-static void cmp_ref_states(const char *prefix, const hstate *got, const rstate *ref)
+/* The four states against the reference's (ref) or, when ref is NULL,
+ * another GPU run's (gpu); prefix names the case. */
+static void cmp_states(const char *prefix, const hstate *got, const rstate *ref, const hstate *gpu)
 {
     char what[200];
     for (int i = 0; i < NST; ++i) {
         const size_t n = st_floats(i, got->batch);
+        const float *g = got->s[i];
+        float *w = NULL;
         snprintf(what, sizeof what, "%s: %s", prefix, st_name[i]);
-        if (i == ANGLE_STATE) {
-            float *w = FALLOC(n ? n : 1);
-            mg_angle_on_circle(w, got->s[i], ref->s[i], NULL, n);
-            cmp_ref(what, w, ref->s[i], n);
-            free(w);
-        } else {
-            cmp_ref(what, got->s[i], ref->s[i], n);
+        if (i == ANGLE_STATE) {   /* on the circle of the other side */
+            w = FALLOC(n ? n : 1);
+            mg_angle_on_circle(w, got->s[i], ref ? ref->s[i] : NULL, ref ? NULL : gpu->s[i], n);
+            g = w;
         }
+        if (ref) cmp_ref(what, g, ref->s[i], n);
+        else cmp_gpu(what, g, gpu->s[i], n);
+        free(w);
     }
 }
+static void cmp_ref_states(const char *prefix, const hstate *got, const rstate *ref) { cmp_states(prefix, got, ref, NULL); }
+static void cmp_gpu_states(const char *prefix, const hstate *got, const hstate *gpu) { cmp_states(prefix, got, NULL, gpu); }
 
-static void cmp_gpu_states(const char *prefix, const hstate *got, const hstate *ref)
+/* A prefill from a random state against the reference: "CASE: out" and
+ * the four states. */
+static void cmp_ref_prefill(const char *what_case, const float *out, const double *rout, size_t nout,
+                            const hstate *st, const rstate *rs)
 {
-    char what[200];
-    for (int i = 0; i < NST; ++i) {
-        const size_t n = st_floats(i, got->batch);
-        snprintf(what, sizeof what, "%s: %s", prefix, st_name[i]);
-        if (i == ANGLE_STATE) {
-            float *w = FALLOC(n ? n : 1);
-            mg_angle_on_circle(w, got->s[i], NULL, ref->s[i], n);
-            cmp_gpu(what, w, ref->s[i], n);
-            free(w);
-        } else {
-            cmp_gpu(what, got->s[i], ref->s[i], n);
-        }
-    }
+    char what[240];
+    snprintf(what, sizeof what, "%s: out", what_case);
+    cmp_ref(what, out, rout, nout);
+    cmp_ref_states(what_case, st, rs);
 }
 
 static int imin(int a, int b) { return a < b ? a : b; }
@@ -262,8 +267,7 @@ static void test_prefill(int batch, int T, int with_state, uint64_t seed)
     hstate st = hs_new(batch), st0 = hs_new(batch);
     rstate rs = rs_new(batch);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
-    hs_rand(&st0, seed + 1);
-    hs_copy(&st, &st0);
+    hs_rand_copies(&st0, seed + 1, &st, NULL);
     char what[200];
     const char *how = with_state ? "from a random state" : "fresh start (NULL states)";
     mg_status s = gpu_prefill(batch, T, u, out, with_state ? &st : NULL);
@@ -294,9 +298,7 @@ static void test_windows(int batch, int nwin, const int *lens, uint64_t seed)
     hstate st0 = hs_new(batch), st = hs_new(batch), stw = hs_new(batch);
     rstate rs = rs_new(batch);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
-    hs_rand(&st0, seed + 1);
-    hs_copy(&st, &st0);
-    hs_copy(&stw, &st0);
+    hs_rand_copies(&st0, seed + 1, &st, &stw);
     char desc[96] = "", what[240];
     for (int w = 0, len = 0; w < nwin; ++w)
         len += snprintf(desc + len, sizeof desc - (size_t)len, w ? "+%d" : "%d", lens[w]);
@@ -314,10 +316,8 @@ static void test_windows(int batch, int nwin, const int *lens, uint64_t seed)
         mg_tap_diag("%s", mg_last_error());
     } else {
         ref_prefill(batch, T, u, &st0, rout, &rs);
-        snprintf(what, sizeof what, "windows %s vs reference %d: out", desc, T);
-        cmp_ref(what, split, rout, n_out(batch, T));
         snprintf(what, sizeof what, "windows %s vs reference %d", desc, T);
-        cmp_ref_states(what, &st, &rs);
+        cmp_ref_prefill(what, split, rout, n_out(batch, T), &st, &rs);
         snprintf(what, sizeof what, "windows %s vs one prefill of %d: out", desc, T);
         cmp_gpu(what, split, whole, n_out(batch, T));
         snprintf(what, sizeof what, "windows %s vs one prefill of %d", desc, T);
@@ -334,8 +334,7 @@ static void test_decode(int batch, int T, uint64_t seed)
     float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
     hstate pst = hs_new(batch), dst = hs_new(batch);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
-    hs_rand(&pst, seed + 1);
-    hs_copy(&dst, &pst);
+    hs_rand_copies(&pst, seed + 1, &dst, NULL);
     mg_status s = gpu_prefill(batch, T, u, pout, &pst);
 
     float *du = mg_tap_dalloc(n_u(batch, 1)), *dout_t = mg_tap_dalloc(n_out(batch, 1));
@@ -378,8 +377,7 @@ static void test_determinism(int batch, int T, uint64_t seed)
     float *o3 = FALLOC(n_out(batch, T));
     hstate s1st = hs_new(batch), s2st = hs_new(batch);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
-    hs_rand(&s1st, seed + 1);
-    hs_copy(&s2st, &s1st);
+    hs_rand_copies(&s1st, seed + 1, &s2st, NULL);
     mg_status s1 = gpu_prefill(batch, T, u, o1, &s1st);
     mg_status s2 = gpu_prefill(batch, T, u, o2, &s2st);
     int same = s1 == MG_OK && s2 == MG_OK && memcmp(o1, o2, n_out(batch, T) * sizeof(float)) == 0;
@@ -403,9 +401,7 @@ static void test_burn_in(int batch, int T, int with_state, int with_ref, uint64_
     float *plast = FALLOC(n_out(batch, 1));
     hstate st0 = hs_new(batch), pst = hs_new(batch), bst = hs_new(batch);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
-    hs_rand(&st0, seed + 1);
-    hs_copy(&pst, &st0);
-    hs_copy(&bst, &st0);
+    hs_rand_copies(&st0, seed + 1, &pst, &bst);
     const char *how = with_state ? "from a random state" : "fresh start (NULL states)";
     mg_status s1 = gpu_prefill(batch, T, u, pout, with_state ? &pst : NULL);
 
@@ -546,9 +542,7 @@ static void test_chunked_vs_sequential(int batch, int T, uint64_t seed)
     hstate st0 = hs_new(batch), sc = hs_new(batch), ss = hs_new(batch);
     rstate rs = rs_new(batch);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
-    hs_rand(&st0, seed + 1);
-    hs_copy(&sc, &st0);
-    hs_copy(&ss, &st0);
+    hs_rand_copies(&st0, seed + 1, &sc, &ss);
     set_scan(MODEL_SCAN_CHUNKED);
     mg_status s1 = gpu_prefill(batch, T, u, oc, &sc);
     set_scan(MODEL_SCAN_SEQUENTIAL);
@@ -560,10 +554,8 @@ static void test_chunked_vs_sequential(int batch, int T, uint64_t seed)
         mg_tap_diag("%s", mg_last_error());
     } else {
         ref_prefill(batch, T, u, &st0, rout, &rs);
-        snprintf(what, sizeof what, "chunked b=%d T=%d vs reference: out", batch, T);
-        cmp_ref(what, oc, rout, n_out(batch, T));
         snprintf(what, sizeof what, "chunked b=%d T=%d vs reference", batch, T);
-        cmp_ref_states(what, &sc, &rs);
+        cmp_ref_prefill(what, oc, rout, n_out(batch, T), &sc, &rs);
         snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: out", batch, T);
         cmp_gpu_tol(what, oc, os, n_out(batch, T), MODEL_CHUNK_VS_SEQ_TOL);
         for (int i = 0; i < NST; ++i) {
