@@ -72,6 +72,7 @@ E.FILES = {
     { path = "mg_m3_launch.h", copy = "kernels/mamba3/launch.h", prefix = "//" },
     { path = "%s_kernels.cu", template = "mamba3/kernels.cu.tmpl", prefix = "//" },
     { path = "%s.c",          template = "mamba3/model.c.tmpl",    prefix = "//" },
+    { path = "mg_m3_pipeline.h", copy = "host/mamba3/pipeline.h", prefix = "//" },
     -- the test and bench programs (plain C; model_alias.h names the model)
     { path = "model_alias.h", template = "common/model_alias.h.tmpl", prefix = "//" },
     { path = "%s_test.c",     copy = "host/mamba3/test.c",     prefix = "//" },
