@@ -209,7 +209,7 @@ static void cmp_gpu_states(const char *prefix, const hstate *got, const hstate *
 static void cmp_ref_prefill(const char *what_case, const float *out, const double *rout, size_t nout,
                             const hstate *st, const rstate *rs)
 {
-    char what[240];
+    char what[256];   /* room for any case name the callers format */
     snprintf(what, sizeof what, "%s: out", what_case);
     cmp_ref(what, out, rout, nout);
     cmp_ref_states(what_case, st, rs);
