@@ -10,97 +10,94 @@ local validate = require("mg.validate")
 
 local E = {}
 
--- The file set per arch: output path pattern (NAME = spec.name), template,
--- comment prefix of the provenance line. An entry with `copy` instead of
+-- The file set: one list for every arch, in the order of the output. An
+-- entry: output path pattern (NAME = spec.name), template, comment prefix of
+-- the provenance line ("//" unless given), `when = "training"` for the
+-- training half (spec.emit.training only). An entry with `copy` instead of
 -- `template` names a plain source file under the template root (kernel
 -- bodies in templates/kernels/, host programs in templates/host/): it is
 -- emitted as it is, under the provenance line, with no substitution.
+-- {dir} in a source stands for the arch's template directory and {k} in a
+-- path for the prefix of its plain headers (E.ARCHES); a group
+-- `{ arch = ..., entry, ... }` holds entries of that arch only.
+E.ARCHES = {
+  mamba1 = { dir = "mamba1", k = "m1" },
+  mamba3_siso = { dir = "mamba3", k = "m3" },
+}
+
 E.FILES = {
-  mamba1 = {
-    { path = "%s.h",          template = "mamba1/model.h.tmpl",    prefix = "//" },
-    { path = "%s_common.cuh", template = "mamba1/common.cuh.tmpl", prefix = "//" },
-    { path = "%s_kernels.cu", template = "mamba1/kernels.cu.tmpl", prefix = "//" },
-    -- the kernel bodies (plain CUDA, one header per phase)
-    { path = "mg_dtype.cuh",       copy = "kernels/common/dtype.cuh",    prefix = "//" },
-    { path = "mg_m1_util.cuh",     copy = "kernels/mamba1/util.cuh",     prefix = "//" },
-    { path = "mg_m1_norm.cuh",     copy = "kernels/mamba1/norm.cuh",     prefix = "//" },
-    { path = "mg_m1_conv.cuh",     copy = "kernels/mamba1/conv.cuh",     prefix = "//" },
-    { path = "mg_m1_scan_body.cuh", copy = "kernels/mamba1/scan_body.cuh", prefix = "//" },
-    { path = "mg_m1_scan_fwd.cuh", copy = "kernels/mamba1/scan_fwd.cuh", prefix = "//" },
-    { path = "mg_m1_decode.cuh",   copy = "kernels/mamba1/decode.cuh",   prefix = "//" },
-    { path = "mg_m1_launch.cuh",   copy = "kernels/mamba1/launch.cuh",   prefix = "//" },
-    { path = "mg_m1_launch.h",     copy = "kernels/mamba1/launch.h",     prefix = "//" },
-    { path = "%s.c",          template = "mamba1/model.c.tmpl",    prefix = "//" },
-    { path = "mg_m1_pipeline.h", copy = "host/mamba1/pipeline.h", prefix = "//" },
-    -- the test and bench programs (plain C; model_alias.h names the model)
-    { path = "model_alias.h", template = "common/model_alias.h.tmpl", prefix = "//" },
-    { path = "%s_test.c",     copy = "host/mamba1/test.c",     prefix = "//" },
-    { path = "%s_bench.c",    copy = "host/mamba1/bench.c",    prefix = "//" },
-    { path = "bench_util.h",  copy = "host/common/bench_util.h", prefix = "//" },
-    -- training half (spec.emit.training only)
-    { path = "%s_train.h",       template = "mamba1/train.h.tmpl",      prefix = "//", when = "training" },
-    { path = "%s_backward.cu",   template = "mamba1/backward.cu.tmpl",  prefix = "//", when = "training" },
-    { path = "mg_m1_train_norm.cuh",   copy = "kernels/mamba1/train_norm.cuh",   prefix = "//", when = "training" },
-    { path = "mg_m1_train_conv.cuh",   copy = "kernels/mamba1/train_conv.cuh",   prefix = "//", when = "training" },
-    { path = "mg_m1_scan_bwd.cuh",     copy = "kernels/mamba1/scan_bwd.cuh",     prefix = "//", when = "training" },
-    { path = "mg_m1_adamw.cuh",        copy = "kernels/mamba1/adamw.cuh",        prefix = "//", when = "training" },
-    { path = "mg_m1_launch_train.cuh", copy = "kernels/mamba1/launch_train.cuh", prefix = "//", when = "training" },
-    { path = "mg_m1_launch_train.h",   copy = "kernels/mamba1/launch_train.h",   prefix = "//", when = "training" },
-    { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh",    prefix = "//", when = "training" },
-    { path = "mg_grad_norm.cuh",       copy = "kernels/common/grad_norm.cuh",    prefix = "//", when = "training" },
-    { path = "mg_loss.cuh",            copy = "kernels/common/loss.cuh",         prefix = "//", when = "training" },
-    { path = "%s_train.c",       template = "mamba1/train.c.tmpl",      prefix = "//", when = "training" },
-    { path = "mg_m1_train_pipeline.h", copy = "host/mamba1/train_pipeline.h", prefix = "//", when = "training" },
-    { path = "%s_train_test.c",  copy = "host/mamba1/train_test.c", prefix = "//", when = "training" },
-    { path = "train_tests.h", copy = "host/common/train_tests.h", prefix = "//", when = "training" },
-    { path = "Makefile",      template = "common/Makefile.tmpl",   prefix = "#" },
+  { path = "%s.h",          template = "{dir}/model.h.tmpl" },
+  { path = "%s_common.cuh", template = "{dir}/common.cuh.tmpl" },
+  { arch = "mamba1",   -- the kernels, then the kernel bodies they include (plain CUDA, one header per phase)
+    { path = "%s_kernels.cu",        template = "mamba1/kernels.cu.tmpl" },
+    { path = "mg_dtype.cuh",         copy = "kernels/common/dtype.cuh" },
+    { path = "mg_m1_util.cuh",       copy = "kernels/mamba1/util.cuh" },
+    { path = "mg_m1_norm.cuh",       copy = "kernels/mamba1/norm.cuh" },
+    { path = "mg_m1_conv.cuh",       copy = "kernels/mamba1/conv.cuh" },
+    { path = "mg_m1_scan_body.cuh",  copy = "kernels/mamba1/scan_body.cuh" },
+    { path = "mg_m1_scan_fwd.cuh",   copy = "kernels/mamba1/scan_fwd.cuh" },
+    { path = "mg_m1_decode.cuh",     copy = "kernels/mamba1/decode.cuh" },
+    { path = "mg_m1_launch.cuh",     copy = "kernels/mamba1/launch.cuh" },
+    { path = "mg_m1_launch.h",       copy = "kernels/mamba1/launch.h" },
   },
-  mamba3_siso = {
-    { path = "%s.h",          template = "mamba3/model.h.tmpl",    prefix = "//" },
-    { path = "%s_common.cuh", template = "mamba3/common.cuh.tmpl", prefix = "//" },
-    -- kernel bodies (plain CUDA, templates/kernels/mamba3/), #included by the .cu files
-    { path = "mg_m3_norm.cuh", copy = "kernels/mamba3/norm.cuh", prefix = "//" },
-    { path = "mg_m3_prep.cuh", copy = "kernels/mamba3/prep.cuh", prefix = "//" },
-    { path = "mg_m3_angles.cuh", copy = "kernels/mamba3/angles.cuh", prefix = "//" },
-    { path = "mg_m3_scan.cuh", copy = "kernels/mamba3/scan.cuh", prefix = "//" },
-    { path = "mg_m3_tiles.cuh", copy = "kernels/mamba3/tiles.cuh", prefix = "//" },
-    { path = "mg_m3_chunked_body.cuh", copy = "kernels/mamba3/chunked_body.cuh", prefix = "//" },
-    { path = "mg_m3_chunked_fwd.cuh", copy = "kernels/mamba3/chunked_fwd.cuh", prefix = "//" },
-    { path = "mg_m3_convert.cuh", copy = "kernels/mamba3/convert.cuh", prefix = "//" },
-    { path = "mg_m3_gate.cuh", copy = "kernels/mamba3/gate.cuh", prefix = "//" },
-    { path = "mg_m3_launch_fwd.cuh", copy = "kernels/mamba3/launch_fwd.cuh", prefix = "//" },
-    { path = "mg_m3_launch.h", copy = "kernels/mamba3/launch.h", prefix = "//" },
-    { path = "%s_kernels.cu", template = "mamba3/kernels.cu.tmpl", prefix = "//" },
-    { path = "%s.c",          template = "mamba3/model.c.tmpl",    prefix = "//" },
-    { path = "mg_m3_pipeline.h", copy = "host/mamba3/pipeline.h", prefix = "//" },
-    -- the test and bench programs (plain C; model_alias.h names the model)
-    { path = "model_alias.h", template = "common/model_alias.h.tmpl", prefix = "//" },
-    { path = "%s_test.c",     copy = "host/mamba3/test.c",     prefix = "//" },
-    { path = "%s_bench.c",    copy = "host/mamba3/bench.c",    prefix = "//" },
-    { path = "bench_util.h",  copy = "host/common/bench_util.h", prefix = "//" },
-    -- training half (spec.emit.training only)
-    { path = "%s_train.h",       template = "mamba3/train.h.tmpl",      prefix = "//", when = "training" },
-    { path = "mg_m3_angles_bwd.cuh",  copy = "kernels/mamba3/angles_bwd.cuh",  prefix = "//", when = "training" },
-    { path = "mg_block_sum.cuh",      copy = "kernels/common/block_sum.cuh",   prefix = "//", when = "training" },
-    { path = "mg_m3_train_util.cuh",  copy = "kernels/mamba3/train_util.cuh",  prefix = "//", when = "training" },
-    { path = "mg_m3_train_fwd.cuh",   copy = "kernels/mamba3/train_fwd.cuh",   prefix = "//", when = "training" },
-    { path = "mg_m3_norm_bwd.cuh",    copy = "kernels/mamba3/norm_bwd.cuh",    prefix = "//", when = "training" },
-    { path = "mg_m3_gate_bwd.cuh",    copy = "kernels/mamba3/gate_bwd.cuh",    prefix = "//", when = "training" },
-    { path = "mg_m3_scan_bwd.cuh",    copy = "kernels/mamba3/scan_bwd.cuh",    prefix = "//", when = "training" },
-    { path = "mg_m3_chunked_bwd.cuh", copy = "kernels/mamba3/chunked_bwd.cuh", prefix = "//", when = "training" },
-    { path = "mg_m3_prep_bwd.cuh",    copy = "kernels/mamba3/prep_bwd.cuh",    prefix = "//", when = "training" },
-    { path = "mg_m3_adamw.cuh",       copy = "kernels/mamba3/adamw.cuh",       prefix = "//", when = "training" },
-    { path = "mg_m3_launch_train.cuh", copy = "kernels/mamba3/launch_train.cuh", prefix = "//", when = "training" },
-    { path = "mg_m3_launch_train.h", copy = "kernels/mamba3/launch_train.h", prefix = "//", when = "training" },
-    { path = "%s_backward.cu",   template = "mamba3/backward.cu.tmpl",  prefix = "//", when = "training" },
-    -- the training kernels every arch shares (templates/kernels/common/, train_optim parts)
-    { path = "mg_grad_norm.cuh", copy = "kernels/common/grad_norm.cuh", prefix = "//", when = "training" },
-    { path = "mg_loss.cuh",      copy = "kernels/common/loss.cuh",      prefix = "//", when = "training" },
-    { path = "%s_train.c",       template = "mamba3/train.c.tmpl",      prefix = "//", when = "training" },
-    { path = "%s_train_test.c",  copy = "host/mamba3/train_test.c", prefix = "//", when = "training" },
-    { path = "train_tests.h", copy = "host/common/train_tests.h", prefix = "//", when = "training" },
-    { path = "Makefile",      template = "common/Makefile.tmpl",   prefix = "#" },
+  { arch = "mamba3_siso",   -- the kernel bodies (templates/kernels/mamba3/), then the kernels that include them
+    { path = "mg_m3_norm.cuh",         copy = "kernels/mamba3/norm.cuh" },
+    { path = "mg_m3_prep.cuh",         copy = "kernels/mamba3/prep.cuh" },
+    { path = "mg_m3_angles.cuh",       copy = "kernels/mamba3/angles.cuh" },
+    { path = "mg_m3_scan.cuh",         copy = "kernels/mamba3/scan.cuh" },
+    { path = "mg_m3_tiles.cuh",        copy = "kernels/mamba3/tiles.cuh" },
+    { path = "mg_m3_chunked_body.cuh", copy = "kernels/mamba3/chunked_body.cuh" },
+    { path = "mg_m3_chunked_fwd.cuh",  copy = "kernels/mamba3/chunked_fwd.cuh" },
+    { path = "mg_m3_convert.cuh",      copy = "kernels/mamba3/convert.cuh" },
+    { path = "mg_m3_gate.cuh",         copy = "kernels/mamba3/gate.cuh" },
+    { path = "mg_m3_launch_fwd.cuh",   copy = "kernels/mamba3/launch_fwd.cuh" },
+    { path = "mg_m3_launch.h",         copy = "kernels/mamba3/launch.h" },
+    { path = "%s_kernels.cu",          template = "mamba3/kernels.cu.tmpl" },
   },
+  { path = "%s.c",              template = "{dir}/model.c.tmpl" },
+  { path = "mg_{k}_pipeline.h", copy = "host/{dir}/pipeline.h" },
+  -- the test and bench programs (plain C; model_alias.h names the model)
+  { path = "model_alias.h", template = "common/model_alias.h.tmpl" },
+  { path = "%s_test.c",     copy = "host/{dir}/test.c" },
+  { path = "%s_bench.c",    copy = "host/{dir}/bench.c" },
+  { path = "bench_util.h",  copy = "host/common/bench_util.h" },
+  -- training half (spec.emit.training only)
+  { path = "%s_train.h", template = "{dir}/train.h.tmpl", when = "training" },
+  { arch = "mamba1", when = "training",
+    { path = "%s_backward.cu",         template = "mamba1/backward.cu.tmpl" },
+    { path = "mg_m1_train_norm.cuh",   copy = "kernels/mamba1/train_norm.cuh" },
+    { path = "mg_m1_train_conv.cuh",   copy = "kernels/mamba1/train_conv.cuh" },
+    { path = "mg_m1_scan_bwd.cuh",     copy = "kernels/mamba1/scan_bwd.cuh" },
+    { path = "mg_m1_adamw.cuh",        copy = "kernels/mamba1/adamw.cuh" },
+    { path = "mg_m1_launch_train.cuh", copy = "kernels/mamba1/launch_train.cuh" },
+    { path = "mg_m1_launch_train.h",   copy = "kernels/mamba1/launch_train.h" },
+    { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh" },
+  },
+  { arch = "mamba3_siso", when = "training",
+    { path = "mg_m3_angles_bwd.cuh",   copy = "kernels/mamba3/angles_bwd.cuh" },
+    { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh" },
+    { path = "mg_m3_train_util.cuh",   copy = "kernels/mamba3/train_util.cuh" },
+    { path = "mg_m3_train_fwd.cuh",    copy = "kernels/mamba3/train_fwd.cuh" },
+    { path = "mg_m3_norm_bwd.cuh",     copy = "kernels/mamba3/norm_bwd.cuh" },
+    { path = "mg_m3_gate_bwd.cuh",     copy = "kernels/mamba3/gate_bwd.cuh" },
+    { path = "mg_m3_scan_bwd.cuh",     copy = "kernels/mamba3/scan_bwd.cuh" },
+    { path = "mg_m3_chunked_bwd.cuh",  copy = "kernels/mamba3/chunked_bwd.cuh" },
+    { path = "mg_m3_prep_bwd.cuh",     copy = "kernels/mamba3/prep_bwd.cuh" },
+    { path = "mg_m3_adamw.cuh",        copy = "kernels/mamba3/adamw.cuh" },
+    { path = "mg_m3_launch_train.cuh", copy = "kernels/mamba3/launch_train.cuh" },
+    { path = "mg_m3_launch_train.h",   copy = "kernels/mamba3/launch_train.h" },
+    { path = "%s_backward.cu",         template = "mamba3/backward.cu.tmpl" },
+  },
+  -- the training kernels every arch shares (templates/kernels/common/, train_optim parts)
+  { path = "mg_grad_norm.cuh", copy = "kernels/common/grad_norm.cuh", when = "training" },
+  { path = "mg_loss.cuh",      copy = "kernels/common/loss.cuh",      when = "training" },
+  { path = "%s_train.c",       template = "{dir}/train.c.tmpl",       when = "training" },
+  { arch = "mamba1", when = "training",
+    { path = "mg_m1_train_pipeline.h", copy = "host/mamba1/train_pipeline.h" },
+  },
+  { path = "%s_train_test.c",  copy = "host/{dir}/train_test.c",      when = "training" },
+  { path = "train_tests.h",    copy = "host/common/train_tests.h",    when = "training" },
+  { path = "Makefile",         template = "common/Makefile.tmpl", prefix = "#" },
 }
 
 -- A C float literal for x that reads back to exactly float(x): the shortest
@@ -173,16 +170,40 @@ function E.plain(path)
   return text
 end
 
+-- The entries of E.FILES this spec emits, in order, with {dir} and {k}
+-- filled in: {path=, template= or copy=, prefix=}.
+function E.entries(spec, arch)
+  local list = {}
+  local function walk(entries, when)
+    for _, f in ipairs(entries) do
+      -- `when = "training"`: emitted only when spec.emit.training is true
+      local w = f.when or when
+      if w and not spec.emit[w] then
+        -- not emitted
+      elseif f.path then
+        list[#list + 1] = {
+          path = f.path:gsub("{k}", arch.k),
+          template = f.template and f.template:gsub("{dir}", arch.dir),
+          copy = f.copy and f.copy:gsub("{dir}", arch.dir),
+          prefix = f.prefix or "//",
+        }
+      elseif f.arch == spec.arch then
+        walk(f, w)
+      end
+    end
+  end
+  walk(E.FILES)
+  return list
+end
+
 function E.files(spec, d, args, pos)
-  local set = E.FILES[spec.arch]
-  if not set then
+  local arch = E.ARCHES[spec.arch]
+  if not arch then
     validate.spec_error(pos, "arch",
       "arch " .. spec.arch .. ": code generation is not available yet in this version")
   end
   local out = {}
-  for _, f in ipairs(set) do
-    -- `when = "training"`: emitted only when spec.emit.training is true
-    if f.when and not spec.emit[f.when] then goto continue end
+  for _, f in ipairs(E.entries(spec, arch)) do
     local src = f.template or f.copy
     local env = E.env(spec, d, args, src)
     local content
@@ -196,7 +217,6 @@ function E.files(spec, d, args, pos)
       end
     end
     out[#out + 1] = { path = string.format(f.path, spec.name), content = content, template = src }
-    ::continue::
   end
   return out
 end
