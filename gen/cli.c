@@ -69,10 +69,8 @@ static void cli_usage(FILE *fp)
           fp);
 }
 
-static int cli_usage_error(const char *fmt, const char *arg)
-{
-    return cu_usage_error("mamba-gen", CLI_USAGE, fmt, arg);
-}
+/* A usage error: the message, the --help hint, CLI_USAGE. */
+#define cli_usage_error(fmt, arg) cu_usage_error("mamba-gen", CLI_USAGE, fmt, arg)
 
 /* Flushes stdout; a failed write (e.g. a full disk) is CLI_SPEC_ERROR. */
 static int cli_finish_stdout(int status)

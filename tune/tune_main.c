@@ -80,10 +80,8 @@ static void tm_usage(FILE *fp)
           fp);
 }
 
-static int tm_usage_error(const char *fmt, const char *arg)
-{
-    return cu_usage_error("mamba-tune", TM_USAGE, fmt, arg);
-}
+/* A usage error: the message, the --help hint, TM_USAGE. */
+#define tm_usage_error(fmt, arg) cu_usage_error("mamba-tune", TM_USAGE, fmt, arg)
 
 /* "a,b,c" of integers in [lo, hi] into OUT (at most TM_MAX_LIST). */
 static int tm_parse_list(const char *opt, const char *s, int lo, int hi, int *out, int *n)
