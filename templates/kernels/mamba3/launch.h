@@ -12,40 +12,40 @@
 cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int rows, cudaStream_t stream);
 /* y[rows][D] = rmsnorm(h[rows][D]) * w; y has type act (out_f32 = 0) or f32. */
 cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_f32,
-                          int rows, cudaStream_t stream);
+                               int rows, cudaStream_t stream);
 /* y[r][D] = rmsnorm(h[r*in_stride + in_off]) * w, f32 out (burn-in: last rows). */
 cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
-                               int in_stride, int in_off, cudaStream_t stream);
+                                    int in_stride, int in_off, cudaStream_t stream);
 /* Per token, from the in_proj output proj [tokens][IN_PROJ_DIM]:
  * dt, adt (= A*dt), lam [tokens][H]; unrotated k = BCNorm(B)+B_bias and
  * q = BCNorm(C)+C_bias, [tokens][H][N]. */
 cudaError_t MG_LAUNCH(prep)(int tokens, const void *proj, const float *dt_bias,
-                       const float *B_norm_w, const float *C_norm_w, const float *B_bias,
-                       const float *C_bias, float *dt, float *adt, float *lam, float *k,
-                       float *q, cudaStream_t stream);
+                            const float *B_norm_w, const float *C_norm_w, const float *B_bias,
+                            const float *C_bias, float *dt, float *adt, float *lam, float *k,
+                            float *q, cudaStream_t stream);
 /* Angle recurrence (sequential in t) and rotary of k and q in place.
  * angle_in NULL: zeros; angle_out NULL: not written (may alias angle_in). */
 cudaError_t MG_LAUNCH(angles)(int batch, int seqlen, const void *proj, const float *dt,
-                         const float *angle_in, float *angle_out, float *k, float *q,
-                         cudaStream_t stream);
+                              const float *angle_in, float *angle_out, float *k, float *q,
+                              cudaStream_t stream);
 /* The SSM (exponential-trapezoidal recurrence) -> y [tokens][E] (f32).
  * Each state pointer: NULL in = zeros, NULL out = not written; out may alias in. */
 cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *proj, const float *k,
-                       const float *q, const float *dt, const float *adt, const float *lam,
-                       const float *Dskip, const float *ssm_in, const float *kp_in,
-                       const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                       float *y, cudaStream_t stream);
+                            const float *q, const float *dt, const float *adt, const float *lam,
+                            const float *Dskip, const float *ssm_in, const float *kp_in,
+                            const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
+                            float *y, cudaStream_t stream);
 /* Gate: g = y*silu(z), or per head y*rms(y)*norm_gate_w*silu(z) -> g [tokens][E] (act). */
 cudaError_t MG_LAUNCH(gate)(int tokens, const float *y, const void *proj, const float *norm_gate_w,
-                       void *g, cudaStream_t stream);
+                            void *g, cudaStream_t stream);
 /* The chunked form of the same SSM (one launch; same arguments and state
  * semantics as scan; defined when the model has the chunked
  * scan, MG_M3_CHUNKED). */
 cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *proj, const float *k,
-                               const float *q, const float *dt, const float *adt, const float *lam,
-                               const float *Dskip, const float *ssm_in, const float *kp_in,
-                               const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                               float *y, cudaStream_t stream);
+                                    const float *q, const float *dt, const float *adt, const float *lam,
+                                    const float *Dskip, const float *ssm_in, const float *kp_in,
+                                    const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
+                                    float *y, cudaStream_t stream);
 /* wa[i] = (storage dtype) w[i], i < n (round to nearest); defined with a
  * 16-bit storage dtype (MG_M3_LOWP). */
 cudaError_t MG_LAUNCH(convert)(const float *w, void *wa, size_t n, cudaStream_t stream);

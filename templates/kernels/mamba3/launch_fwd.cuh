@@ -15,7 +15,7 @@ extern "C" cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int row
 }
 
 extern "C" cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_f32,
-                                     int rows, cudaStream_t stream)
+                                          int rows, cudaStream_t stream)
 {
     if (out_f32)
         rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<float *>(y), 1, 0);
@@ -25,16 +25,16 @@ extern "C" cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *
 }
 
 extern "C" cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
-                                          int in_stride, int in_off, cudaStream_t stream)
+                                               int in_stride, int in_off, cudaStream_t stream)
 {
     rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, y, in_stride, in_off);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t MG_LAUNCH(prep)(int tokens, const void *proj, const float *dt_bias,
-                                  const float *B_norm_w, const float *C_norm_w, const float *B_bias,
-                                  const float *C_bias, float *dt, float *adt, float *lam, float *k,
-                                  float *q, cudaStream_t stream)
+                                       const float *B_norm_w, const float *C_norm_w, const float *B_bias,
+                                       const float *C_bias, float *dt, float *adt, float *lam, float *k,
+                                       float *q, cudaStream_t stream)
 {
     prep_kernel<<<tokens, PREP_THREADS, 0, stream>>>(
         static_cast<const act_t *>(proj), dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, dt, adt, lam, k, q);
@@ -42,8 +42,8 @@ extern "C" cudaError_t MG_LAUNCH(prep)(int tokens, const void *proj, const float
 }
 
 extern "C" cudaError_t MG_LAUNCH(angles)(int batch, int seqlen, const void *proj, const float *dt,
-                                    const float *angle_in, float *angle_out, float *k, float *q,
-                                    cudaStream_t stream)
+                                         const float *angle_in, float *angle_out, float *k, float *q,
+                                         cudaStream_t stream)
 {
     const dim3 grid(ANGLE_BLOCKS, batch);
     angles_kernel<<<grid, ANGLE_THREADS, 0, stream>>>(
@@ -52,10 +52,10 @@ extern "C" cudaError_t MG_LAUNCH(angles)(int batch, int seqlen, const void *proj
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *proj, const float *k,
-                                  const float *q, const float *dt, const float *adt, const float *lam,
-                                  const float *Dskip, const float *ssm_in, const float *kp_in,
-                                  const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                                  float *y, cudaStream_t stream)
+                                       const float *q, const float *dt, const float *adt, const float *lam,
+                                       const float *Dskip, const float *ssm_in, const float *kp_in,
+                                       const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
+                                       float *y, cudaStream_t stream)
 {
     const dim3 grid(H, batch);
     scan_kernel<<<grid, SCAN_THREADS, 0, stream>>>(
@@ -65,7 +65,7 @@ extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *proj, 
 }
 
 extern "C" cudaError_t MG_LAUNCH(gate)(int tokens, const float *y, const void *proj,
-                                  const float *norm_gate_w, void *g, cudaStream_t stream)
+                                       const float *norm_gate_w, void *g, cudaStream_t stream)
 {
     gate_kernel<<<tokens, GATE_THREADS, 0, stream>>>(
         y, static_cast<const act_t *>(proj), norm_gate_w, static_cast<act_t *>(g));
@@ -74,10 +74,10 @@ extern "C" cudaError_t MG_LAUNCH(gate)(int tokens, const float *y, const void *p
 #if MG_M3_CHUNKED
 
 extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *proj, const float *k,
-                                          const float *q, const float *dt, const float *adt,
-                                          const float *lam, const float *Dskip, const float *ssm_in,
-                                          const float *kp_in, const float *vp_in, float *ssm_out,
-                                          float *kp_out, float *vp_out, float *y, cudaStream_t stream)
+                                               const float *q, const float *dt, const float *adt,
+                                               const float *lam, const float *Dskip, const float *ssm_in,
+                                               const float *kp_in, const float *vp_in, float *ssm_out,
+                                               float *kp_out, float *vp_out, float *y, cudaStream_t stream)
 {
     // Dynamic shared memory above 48 KiB needs the opt-in, once per process
     // (a function-local static: initialised once, thread-safe).

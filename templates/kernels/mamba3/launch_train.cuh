@@ -12,7 +12,7 @@ extern "C" cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, i
 }
 
 extern "C" cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
-                                          float *rstd, int rows, cudaStream_t st)
+                                              float *rstd, int rows, cudaStream_t st)
 {
     if (out_f32)
         rmsnorm_fwd_kernel<float><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<float *>(y), rstd);
@@ -22,9 +22,9 @@ extern "C" cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, vo
 }
 
 extern "C" cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias,
-                                   const float *B_norm_w, const float *C_norm_w, const float *B_bias,
-                                   const float *C_bias, float *dt, float *adt, float *lam, float *k,
-                                   float *q, cudaStream_t st)
+                                             const float *B_norm_w, const float *C_norm_w, const float *B_bias,
+                                             const float *C_bias, float *dt, float *adt, float *lam, float *k,
+                                             float *q, cudaStream_t st)
 {
     prep_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt_bias, B_norm_w,
                                                  C_norm_w, B_bias, C_bias, dt, adt, lam, k, q);
@@ -32,8 +32,8 @@ extern "C" cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const
 }
 
 extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt,
-                                     const float *angle_in, float *angle_out, float *k, float *q,
-                                     float *cs, cudaStream_t st)
+                                               const float *angle_in, float *angle_out, float *k, float *q,
+                                               float *cs, cudaStream_t st)
 {
     angles_kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
         seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, cs);
@@ -41,11 +41,11 @@ extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const float *k,
-                                       const float *q, const float *dt, const float *adt,
-                                       const float *lam, const float *Dskip, const float *ssm_in,
-                                       const float *kp_in, const float *vp_in, float *ssm_out,
-                                       float *kp_out, float *vp_out, float *ckpt, float *y,
-                                       cudaStream_t st)
+                                           const float *q, const float *dt, const float *adt,
+                                           const float *lam, const float *Dskip, const float *ssm_in,
+                                           const float *kp_in, const float *vp_in, float *ssm_out,
+                                           float *kp_out, float *vp_out, float *ckpt, float *y,
+                                           cudaStream_t st)
 {
     scan_fwd_kernel<<<dim3(H, batch), BTHREADS, 0, st>>>(
         seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
@@ -54,17 +54,17 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *pr
 }
 
 extern "C" cudaError_t MG_LAUNCH(gate_fwd)(int tokens, const float *y, const void *proj,
-                                       const float *norm_gate_w, void *g, cudaStream_t st)
+                                           const float *norm_gate_w, void *g, cudaStream_t st)
 {
-    gate_fwd_kernel<<<tokens, GATE_THREADS, 0, st>>>(y, static_cast<const act_t *>(proj), norm_gate_w,
+    gate_kernel<<<tokens, GATE_THREADS, 0, st>>>(y, static_cast<const act_t *>(proj), norm_gate_w,
                                                      static_cast<act_t *>(g));
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w,
-                                          const float *rstd, const float *dy, const float *dscale,
-                                          int accumulate, float *dh, void *dh_act, float *part,
-                                          cudaStream_t st)
+                                              const float *rstd, const float *dy, const float *dscale,
+                                              int accumulate, float *dh, void *dh_act, float *part,
+                                              cudaStream_t st)
 {
     const int blocks = (rows + NORMB_ROWS - 1) / NORMB_ROWS;
     rmsnorm_bwd_kernel<<<blocks, NORM_THREADS, 0, st>>>(rows, h, w, rstd, dy, dscale, accumulate, dh,
@@ -73,7 +73,7 @@ extern "C" cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const fl
 }
 
 extern "C" cudaError_t MG_LAUNCH(colsum_part)(int rows, int width, const float *x, float *part,
-                                          cudaStream_t st)
+                                              cudaStream_t st)
 {
     const int blocks = (rows + NORMB_ROWS - 1) / NORMB_ROWS;
     int cb = (width + RED_THREADS - 1) / RED_THREADS;
@@ -83,15 +83,15 @@ extern "C" cudaError_t MG_LAUNCH(colsum_part)(int rows, int width, const float *
 }
 
 extern "C" cudaError_t MG_LAUNCH(reduce_parts)(const float *part, int nparts, size_t pstride, int n,
-                                           float *out, cudaStream_t st)
+                                               float *out, cudaStream_t st)
 {
     reduce_parts_kernel<<<(n + RED_THREADS - 1) / RED_THREADS, RED_THREADS, 0, st>>>(part, nparts, pstride, n, out);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const float *y, const void *proj,
-                                       const float *norm_gate_w, const float *dg, void *g, float *dy,
-                                       void *dproj, float *part_gw, cudaStream_t st)
+                                           const float *norm_gate_w, const float *dg, void *g, float *dy,
+                                           void *dproj, float *part_gw, cudaStream_t st)
 {
     const int blocks = (tokens + NORMB_ROWS - 1) / NORMB_ROWS;
     gate_bwd_kernel<<<blocks, GATE_THREADS, 0, st>>>(tokens, y, static_cast<const act_t *>(proj),
@@ -101,12 +101,12 @@ extern "C" cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const float *y, const voi
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const float *k,
-                                       const float *q, const float *dt, const float *adt,
-                                       const float *lam, const float *Dskip, const float *ckpt,
-                                       const float *kp0, const float *vp0, const float *dy, float *dk,
-                                       float *dq, float *dv, float *dadt, float *ddt, float *dlam,
-                                       float *part_D, float *dssm0, float *dkp0, float *dvp0,
-                                       cudaStream_t st)
+                                           const float *q, const float *dt, const float *adt,
+                                           const float *lam, const float *Dskip, const float *ckpt,
+                                           const float *kp0, const float *vp0, const float *dy, float *dk,
+                                           float *dq, float *dv, float *dadt, float *ddt, float *dlam,
+                                           float *part_D, float *dssm0, float *dkp0, float *dvp0,
+                                           cudaStream_t st)
 {
     scan_bwd_kernel<<<dim3(H, batch), BTHREADS, 0, st>>>(
         seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
@@ -116,12 +116,12 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *pr
 
 #if MG_M3_CKB
 extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const float *k,
-                                               const float *q, const float *dt, const float *adt,
-                                               const float *lam, const float *Dskip, const float *ckpt,
-                                               const float *kp0, const float *vp0, const float *dy,
-                                               float *dk, float *dq, float *dv, float *dadt, float *ddt,
-                                               float *dlam, float *part_D, float *dssm0, float *dkp0,
-                                               float *dvp0, cudaStream_t st)
+                                                   const float *q, const float *dt, const float *adt,
+                                                   const float *lam, const float *Dskip, const float *ckpt,
+                                                   const float *kp0, const float *vp0, const float *dy,
+                                                   float *dk, float *dq, float *dv, float *dadt, float *ddt,
+                                                   float *dlam, float *part_D, float *dssm0, float *dkp0,
+                                                   float *dvp0, cudaStream_t st)
 {
     // Dynamic shared memory above 48 KiB needs the opt-in, once per process.
     static const cudaError_t attr = CKB_SMEM_BYTES > 48 * 1024
@@ -135,14 +135,15 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const float *k,
-                                               const float *q, const float *dt, const float *adt,
-                                               const float *lam, const float *Dskip, const float *ssm_in,
-                                               const float *kp_in, const float *vp_in, float *ssm_out,
-                                               float *kp_out, float *vp_out, float *ckpt, float *y,
-                                               cudaStream_t st)
+                                                   const float *q, const float *dt, const float *adt,
+                                                   const float *lam, const float *Dskip, const float *ssm_in,
+                                                   const float *kp_in, const float *vp_in, float *ssm_out,
+                                                   float *kp_out, float *vp_out, float *ckpt, float *y,
+                                                   cudaStream_t st)
 {
     static const cudaError_t attr = ckpt_fwd::CK_SMEM_BYTES > 48 * 1024
-        ? cudaFuncSetAttribute(ckpt_fwd::scan_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ckpt_fwd::CK_SMEM_BYTES)
+        ? cudaFuncSetAttribute(ckpt_fwd::scan_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               ckpt_fwd::CK_SMEM_BYTES)
         : cudaSuccess;
     if (attr != cudaSuccess) return attr;
     const int slots = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;   // the sequential path's checkpoint layout
@@ -154,8 +155,8 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const 
 #endif
 
 extern "C" cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const float *k, const float *q,
-                                         const float *cs, float *dk, float *dq, float *gth,
-                                         float *dangle0, cudaStream_t st)
+                                             const float *cs, float *dk, float *dq, float *gth,
+                                             float *dangle0, cudaStream_t st)
 {
     angles_bwd_kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, k, q, cs, dk, dq, gth,
                                                                           dangle0);
@@ -163,11 +164,11 @@ extern "C" cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const float 
 }
 
 extern "C" cudaError_t MG_LAUNCH(prep_bwd)(int tokens, const void *proj, const float *dt,
-                                       const float *lam, const float *dt_bias, const float *B_norm_w,
-                                       const float *C_norm_w, const float *dk, const float *dq,
-                                       const float *dv, const float *dadt, const float *ddt,
-                                       const float *dlam, const float *gth, void *dproj, float *gdtb,
-                                       float *gBn, float *gCn, cudaStream_t st)
+                                           const float *lam, const float *dt_bias, const float *B_norm_w,
+                                           const float *C_norm_w, const float *dk, const float *dq,
+                                           const float *dv, const float *dadt, const float *ddt,
+                                           const float *dlam, const float *gth, void *dproj, float *gdtb,
+                                           float *gBn, float *gCn, cudaStream_t st)
 {
     prep_bwd_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt, lam, dt_bias,
                                                      B_norm_w, C_norm_w, dk, dq, dv, dadt, ddt, dlam, gth,

@@ -11,61 +11,61 @@
 
 cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cudaStream_t st);
 cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
-                               float *rstd, int rows, cudaStream_t st);
+                                   float *rstd, int rows, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias, const float *B_norm_w,
-                        const float *C_norm_w, const float *B_bias, const float *C_bias,
-                        float *dt, float *adt, float *lam, float *k, float *q, cudaStream_t st);
+                                  const float *C_norm_w, const float *B_bias, const float *C_bias,
+                                  float *dt, float *adt, float *lam, float *k, float *q, cudaStream_t st);
 cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt,
-                          const float *angle_in, float *angle_out, float *k, float *q,
-                          float *cs, cudaStream_t st);
+                                    const float *angle_in, float *angle_out, float *k, float *q,
+                                    float *cs, cudaStream_t st);
 cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const float *k,
-                            const float *q, const float *dt, const float *adt, const float *lam,
-                            const float *Dskip, const float *ssm_in, const float *kp_in,
-                            const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                            float *ckpt, float *y, cudaStream_t st);
+                                const float *q, const float *dt, const float *adt, const float *lam,
+                                const float *Dskip, const float *ssm_in, const float *kp_in,
+                                const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
+                                float *ckpt, float *y, cudaStream_t st);
 cudaError_t MG_LAUNCH(gate_fwd)(int tokens, const float *y, const void *proj,
-                            const float *norm_gate_w, void *g, cudaStream_t st);
+                                const float *norm_gate_w, void *g, cudaStream_t st);
 cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w, const float *rstd,
-                               const float *dy, const float *dscale, int accumulate, float *dh,
-                               void *dh_act, float *part, cudaStream_t st);
+                                   const float *dy, const float *dscale, int accumulate, float *dh,
+                                   void *dh_act, float *part, cudaStream_t st);
 cudaError_t MG_LAUNCH(colsum_part)(int rows, int width, const float *x, float *part,
-                               cudaStream_t st);
+                                   cudaStream_t st);
 cudaError_t MG_LAUNCH(reduce_parts)(const float *part, int nparts, size_t pstride, int n,
-                                float *out, cudaStream_t st);
+                                    float *out, cudaStream_t st);
 cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const float *y, const void *proj,
-                            const float *norm_gate_w, const float *dg, void *g, float *dy,
-                            void *dproj, float *part_gw, cudaStream_t st);
+                                const float *norm_gate_w, const float *dg, void *g, float *dy,
+                                void *dproj, float *part_gw, cudaStream_t st);
 cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const float *k,
-                            const float *q, const float *dt, const float *adt, const float *lam,
-                            const float *Dskip, const float *ckpt, const float *kp0,
-                            const float *vp0, const float *dy, float *dk, float *dq, float *dv,
-                            float *dadt, float *ddt, float *dlam, float *part_D,
-                            float *dssm0, float *dkp0, float *dvp0, cudaStream_t st);
+                                const float *q, const float *dt, const float *adt, const float *lam,
+                                const float *Dskip, const float *ckpt, const float *kp0,
+                                const float *vp0, const float *dy, float *dk, float *dq, float *dv,
+                                float *dadt, float *ddt, float *dlam, float *part_D,
+                                float *dssm0, float *dkp0, float *dvp0, cudaStream_t st);
 /* The chunked SSM backward (chunks of CKB_Q steps; defined when the model has
  * it, MG_M3_CKB): the arguments, outputs and layouts of scan_bwd, with the
  * checkpoints of scan_fwd_chunked. */
 cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const float *k,
-                                    const float *q, const float *dt, const float *adt, const float *lam,
-                                    const float *Dskip, const float *ckpt, const float *kp0,
-                                    const float *vp0, const float *dy, float *dk, float *dq, float *dv,
-                                    float *dadt, float *ddt, float *dlam, float *part_D,
-                                    float *dssm0, float *dkp0, float *dvp0, cudaStream_t st);
+                                        const float *q, const float *dt, const float *adt, const float *lam,
+                                        const float *Dskip, const float *ckpt, const float *kp0,
+                                        const float *vp0, const float *dy, float *dk, float *dq, float *dv,
+                                        float *dadt, float *ddt, float *dlam, float *part_D,
+                                        float *dssm0, float *dkp0, float *dvp0, cudaStream_t st);
 /* The chunked forward for training: scan_fwd's arguments; ckpt receives
  * the state entering every chunk (the shifted form of the chunked scan) at
  * slot chunk_start / CKPT_STRIDE, for scan_bwd_chunked. */
 cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const float *k,
-                                    const float *q, const float *dt, const float *adt, const float *lam,
-                                    const float *Dskip, const float *ssm_in, const float *kp_in,
-                                    const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                                    float *ckpt, float *y, cudaStream_t st);
+                                        const float *q, const float *dt, const float *adt, const float *lam,
+                                        const float *Dskip, const float *ssm_in, const float *kp_in,
+                                        const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
+                                        float *ckpt, float *y, cudaStream_t st);
 cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const float *k, const float *q,
-                              const float *cs, float *dk, float *dq, float *gth,
-                              float *dangle0, cudaStream_t st);
+                                  const float *cs, float *dk, float *dq, float *gth,
+                                  float *dangle0, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_bwd)(int tokens, const void *proj, const float *dt, const float *lam,
-                            const float *dt_bias, const float *B_norm_w, const float *C_norm_w,
-                            const float *dk, const float *dq, const float *dv,
-                            const float *dadt, const float *ddt, const float *dlam,
-                            const float *gth, void *dproj, float *gdtb, float *gBn,
-                            float *gCn, cudaStream_t st);
+                                const float *dt_bias, const float *B_norm_w, const float *C_norm_w,
+                                const float *dk, const float *dq, const float *dv,
+                                const float *dadt, const float *ddt, const float *dlam,
+                                const float *gth, void *dproj, float *gdtb, float *gBn,
+                                float *gCn, cudaStream_t st);
 /* wa = the blob in the storage dtype (the trainer's GEMM copy of the weights). */
 cudaError_t MG_LAUNCH(convert_train)(const float *w, void *wa, cudaStream_t st);

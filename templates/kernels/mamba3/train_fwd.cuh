@@ -1,7 +1,8 @@
 // mg_m3_train_fwd.cuh: the Mamba-3 SISO forward for training, where it differs
 // from inference: the bias rows, the RMSNorm that saves 1/rms, the sequential
-// scan that saves a state checkpoint every CKPT_STRIDE steps, and the gate.
-// (prep and angles are the inference kernels: mg_m3_prep.cuh, mg_m3_angles.cuh.)
+// scan that saves a state checkpoint every CKPT_STRIDE steps. (prep,
+// angles and the gate are the inference kernels: mg_m3_prep.cuh,
+// mg_m3_angles.cuh, mg_m3_gate.cuh.)
 // Included inside the anonymous namespace of NAME_backward.cu, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
@@ -164,44 +165,6 @@ scan_fwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restr
             if (ssm_out) {
 #pragma unroll
                 for (int i = 0; i < BNPT; ++i) ssm_out[(bh * P + p) * N + lane + i * BL] = hs[j][i];
-            }
-        }
-    }
-}
-
-// Gate (math.md step 11), one block per token, warp w handling heads w,
-// w+GATE_WARPS, ...: g = y*silu(z), or y*rms(y over the head)*norm_gate_w*silu(z).
-__global__ void __launch_bounds__(GATE_THREADS)
-gate_fwd_kernel(const float *__restrict__ y, const act_t *__restrict__ proj,
-                const float *__restrict__ ngw, act_t *__restrict__ g)
-{
-    const size_t tok = blockIdx.x;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float *yt = y + tok * E;
-    const act_t *zt = proj + tok * NP + OFF_Z;
-    act_t *gt = g + tok * E;
-    for (int h = warp; h < H; h += GATE_WARPS) {
-        float yv[GATE_VPL];
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GATE_VPL; ++i) {
-            const int p = lane + 32 * i;
-            yv[i] = p < P ? yt[h * P + p] : 0.0f;
-            ss += yv[i] * yv[i];
-        }
-        float r = 1.0f;
-        if (OUTPROJ_NORM) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
-            r = 1.0f / sqrtf(ss / (float)P + EPS);
-        }
-#pragma unroll
-        for (int i = 0; i < GATE_VPL; ++i) {
-            const int p = lane + 32 * i;
-            if (p < P) {
-                const int e = h * P + p;
-                const float gw = OUTPROJ_NORM ? r * ngw[e] : 1.0f;
-                gt[e] = from_f32<act_t>(yv[i] * gw * silu(to_f32(zt[e])));
             }
         }
     }
