@@ -19,11 +19,22 @@ local E = {}
 -- emitted as it is, under the provenance line, with no substitution.
 -- {dir} in a source stands for the arch's template directory and {k} in a
 -- path for the prefix of its plain headers (E.ARCHES); a group
--- `{ arch = ..., entry, ... }` holds entries of that arch only.
+-- `{ arch = ..., entry, ... }` holds entries of that arch only (one
+-- without arch, such as bodies(), entries of every arch).
 E.ARCHES = {
   mamba1 = { dir = "mamba1", k = "m1" },
   mamba3_siso = { dir = "mamba3", k = "m3" },
 }
+
+-- A group of the arch's plain kernel headers, in the order named (NAME ...,
+-- space-separated): kernels/{dir}/NAME copied as mg_{k}_NAME.
+local function bodies(names)
+  local group = {}
+  for n in names:gmatch("%S+") do
+    group[#group + 1] = { path = "mg_{k}_" .. n, copy = "kernels/{dir}/" .. n }
+  end
+  return group
+end
 
 E.FILES = {
   { path = "%s.h",          template = "{dir}/model.h.tmpl" },
@@ -31,27 +42,11 @@ E.FILES = {
   { arch = "mamba1",   -- the kernels, then the kernel bodies they include (plain CUDA, one header per phase)
     { path = "%s_kernels.cu",        template = "mamba1/kernels.cu.tmpl" },
     { path = "mg_dtype.cuh",         copy = "kernels/common/dtype.cuh" },
-    { path = "mg_m1_util.cuh",       copy = "kernels/mamba1/util.cuh" },
-    { path = "mg_m1_norm.cuh",       copy = "kernels/mamba1/norm.cuh" },
-    { path = "mg_m1_conv.cuh",       copy = "kernels/mamba1/conv.cuh" },
-    { path = "mg_m1_scan_body.cuh",  copy = "kernels/mamba1/scan_body.cuh" },
-    { path = "mg_m1_scan_fwd.cuh",   copy = "kernels/mamba1/scan_fwd.cuh" },
-    { path = "mg_m1_decode.cuh",     copy = "kernels/mamba1/decode.cuh" },
-    { path = "mg_m1_launch.cuh",     copy = "kernels/mamba1/launch.cuh" },
-    { path = "mg_m1_launch.h",       copy = "kernels/mamba1/launch.h" },
+    bodies("util.cuh norm.cuh conv.cuh scan_body.cuh scan_fwd.cuh decode.cuh launch.cuh launch.h"),
   },
   { arch = "mamba3_siso",   -- the kernel bodies (templates/kernels/mamba3/), then the kernels that include them
-    { path = "mg_m3_norm.cuh",         copy = "kernels/mamba3/norm.cuh" },
-    { path = "mg_m3_prep.cuh",         copy = "kernels/mamba3/prep.cuh" },
-    { path = "mg_m3_angles.cuh",       copy = "kernels/mamba3/angles.cuh" },
-    { path = "mg_m3_scan.cuh",         copy = "kernels/mamba3/scan.cuh" },
-    { path = "mg_m3_tiles.cuh",        copy = "kernels/mamba3/tiles.cuh" },
-    { path = "mg_m3_chunked_body.cuh", copy = "kernels/mamba3/chunked_body.cuh" },
-    { path = "mg_m3_chunked_fwd.cuh",  copy = "kernels/mamba3/chunked_fwd.cuh" },
-    { path = "mg_m3_convert.cuh",      copy = "kernels/mamba3/convert.cuh" },
-    { path = "mg_m3_gate.cuh",         copy = "kernels/mamba3/gate.cuh" },
-    { path = "mg_m3_launch_fwd.cuh",   copy = "kernels/mamba3/launch_fwd.cuh" },
-    { path = "mg_m3_launch.h",         copy = "kernels/mamba3/launch.h" },
+    bodies("norm.cuh prep.cuh angles.cuh scan.cuh tiles.cuh chunked_body.cuh chunked_fwd.cuh convert.cuh gate.cuh"
+        .. " launch_fwd.cuh launch.h"),
     { path = "%s_kernels.cu",          template = "mamba3/kernels.cu.tmpl" },
   },
   { path = "%s.c",              template = "{dir}/model.c.tmpl" },
@@ -65,27 +60,14 @@ E.FILES = {
   { path = "%s_train.h", template = "{dir}/train.h.tmpl", when = "training" },
   { arch = "mamba1", when = "training",
     { path = "%s_backward.cu",         template = "mamba1/backward.cu.tmpl" },
-    { path = "mg_m1_train_norm.cuh",   copy = "kernels/mamba1/train_norm.cuh" },
-    { path = "mg_m1_train_conv.cuh",   copy = "kernels/mamba1/train_conv.cuh" },
-    { path = "mg_m1_scan_bwd.cuh",     copy = "kernels/mamba1/scan_bwd.cuh" },
-    { path = "mg_m1_adamw.cuh",        copy = "kernels/mamba1/adamw.cuh" },
-    { path = "mg_m1_launch_train.cuh", copy = "kernels/mamba1/launch_train.cuh" },
-    { path = "mg_m1_launch_train.h",   copy = "kernels/mamba1/launch_train.h" },
+    bodies("train_norm.cuh train_conv.cuh scan_bwd.cuh adamw.cuh launch_train.cuh launch_train.h"),
     { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh" },
   },
   { arch = "mamba3_siso", when = "training",
-    { path = "mg_m3_angles_bwd.cuh",   copy = "kernels/mamba3/angles_bwd.cuh" },
+    bodies("angles_bwd.cuh"),
     { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh" },
-    { path = "mg_m3_train_util.cuh",   copy = "kernels/mamba3/train_util.cuh" },
-    { path = "mg_m3_train_fwd.cuh",    copy = "kernels/mamba3/train_fwd.cuh" },
-    { path = "mg_m3_norm_bwd.cuh",     copy = "kernels/mamba3/norm_bwd.cuh" },
-    { path = "mg_m3_gate_bwd.cuh",     copy = "kernels/mamba3/gate_bwd.cuh" },
-    { path = "mg_m3_scan_bwd.cuh",     copy = "kernels/mamba3/scan_bwd.cuh" },
-    { path = "mg_m3_chunked_bwd.cuh",  copy = "kernels/mamba3/chunked_bwd.cuh" },
-    { path = "mg_m3_prep_bwd.cuh",     copy = "kernels/mamba3/prep_bwd.cuh" },
-    { path = "mg_m3_adamw.cuh",        copy = "kernels/mamba3/adamw.cuh" },
-    { path = "mg_m3_launch_train.cuh", copy = "kernels/mamba3/launch_train.cuh" },
-    { path = "mg_m3_launch_train.h",   copy = "kernels/mamba3/launch_train.h" },
+    bodies("train_util.cuh train_fwd.cuh norm_bwd.cuh gate_bwd.cuh scan_bwd.cuh chunked_bwd.cuh prep_bwd.cuh adamw.cuh"
+        .. " launch_train.cuh launch_train.h"),
     { path = "%s_backward.cu",         template = "mamba3/backward.cu.tmpl" },
   },
   -- the training kernels every arch shares (templates/kernels/common/, train_optim parts)
@@ -187,7 +169,7 @@ function E.entries(spec, arch)
           copy = f.copy and f.copy:gsub("{dir}", arch.dir),
           prefix = f.prefix or "//",
         }
-      elseif f.arch == spec.arch then
+      elseif f.arch == nil or f.arch == spec.arch then   -- a group
         walk(f, w)
       end
     end
