@@ -45,7 +45,7 @@ E.FILES = {
     bodies("util.cuh norm.cuh conv.cuh scan_body.cuh scan_fwd.cuh decode.cuh launch.cuh launch.h"),
   },
   { arch = "mamba3_siso",   -- the kernel bodies (templates/kernels/mamba3/), then the kernels that include them
-    bodies("norm.cuh prep.cuh angles.cuh scan.cuh tiles.cuh chunked_body.cuh chunked_fwd.cuh convert.cuh gate.cuh"
+    bodies("rms_row.cuh norm.cuh prep.cuh angles.cuh scan.cuh tiles.cuh chunked_body.cuh chunked_fwd.cuh convert.cuh gate.cuh"
         .. " launch_fwd.cuh launch.h"),
     { path = "%s_kernels.cu",          template = "mamba3/kernels.cu.tmpl" },
   },

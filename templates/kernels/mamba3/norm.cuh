@@ -33,33 +33,8 @@ rmsnorm_kernel(const float *__restrict__ h, const float *__restrict__ w, OutT *_
                int in_stride, int in_off)
 {
     const size_t row = blockIdx.x;
-    const float4 *hr = reinterpret_cast<const float4 *>(h + (row * in_stride + in_off) * D);
-    float4 v[NORM_ITERS];
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NORM_ITERS; ++i) {
-        const int c = threadIdx.x + i * NORM_THREADS;
-        v[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
     __shared__ float part[NORM_WARPS];
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NORM_WARPS; ++i) tot += part[i];
-    const float r = 1.0f / sqrtf(tot / (float)D + EPS);
-    const float4 *w4 = reinterpret_cast<const float4 *>(w);
-    OutT *yr = y + row * D;
-#pragma unroll
-    for (int i = 0; i < NORM_ITERS; ++i) {
-        const int c = threadIdx.x + i * NORM_THREADS;
-        if (c < NORM_VECS) {
-            const float4 g = w4[c];
-            store4(yr + 4 * c, make_float4(v[i].x * r * g.x, v[i].y * r * g.y,
-                                           v[i].z * r * g.z, v[i].w * r * g.w));
-        }
-    }
+    float4 v[NORM_ITERS];
+    const float r = rms_load(reinterpret_cast<const float4 *>(h + (row * in_stride + in_off) * D), v, part);
+    rms_store(y, row, w, v, r);
 }

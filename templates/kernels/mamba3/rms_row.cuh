@@ -1,0 +1,46 @@
+// mg_m3_rms_row.cuh: the row of the Mamba-3 SISO RMSNorm kernels (inference
+// and training): one block of NORM_THREADS threads per row of D floats,
+// NORM_ITERS float4 vectors per thread kept in registers, the sum of squares
+// reduced in f32 by a warp shuffle butterfly, then across the NORM_WARPS
+// warps in index order, so every thread computes the same, deterministic
+// scale. One copy, so both paths normalise with the same bits.
+// Included inside the anonymous namespace of the package's .cu files, after
+// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+
+// Loads row hr into v and returns r = 1/sqrt(mean(row^2) + eps), the same in
+// every thread. part: the kernel's __shared__ float[NORM_WARPS].
+__device__ __forceinline__ float rms_load(const float4 *hr, float4 (&v)[NORM_ITERS], float *part)
+{
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_ITERS; ++i) {
+        const int c = threadIdx.x + i * NORM_THREADS;
+        v[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_WARPS; ++i) tot += part[i];
+    return 1.0f / sqrtf(tot / (float)D + EPS);
+}
+
+// y[row][:] = v * r * w in the output type (the storage dtype or f32).
+template <typename OutT>
+__device__ __forceinline__ void rms_store(OutT *y, size_t row, const float *w, const float4 (&v)[NORM_ITERS], float r)
+{
+    const float4 *w4 = reinterpret_cast<const float4 *>(w);
+    OutT *yr = y + row * D;
+#pragma unroll
+    for (int i = 0; i < NORM_ITERS; ++i) {
+        const int c = threadIdx.x + i * NORM_THREADS;
+        if (c < NORM_VECS) {
+            const float4 g = w4[c];
+            store4(yr + 4 * c, make_float4(v[i].x * r * g.x, v[i].y * r * g.y,
+                                           v[i].z * r * g.z, v[i].w * r * g.w));
+        }
+    }
+}
