@@ -802,8 +802,7 @@ mg_status mg_ref_mamba1_forward(const mg_m1_dims *d, const mg_m1_layout *l,
         return s;
     m1 m = m1_of(d);
     s = forward_all(&m, l, w, batch, seqlen, ud, out, conv_state, ssm_state, NULL);
-    free(w);
-    free(ud);
+    free(w); free(ud);
     return s;
 }
 
@@ -931,7 +930,6 @@ mg_status mg_ref_mamba1_backward(const mg_m1_dims *d, const mg_m1_layout *l,
     s = mg_ref_mamba1_backward_f64(d, l, w, batch, seqlen, ud, conv_state_in,
                                    ssm_state_in, dout, grad_blob, du,
                                    dconv_state_in, dssm_state_in);
-    free(w);
-    free(ud);
+    free(w); free(ud);
     return s;
 }

@@ -31,6 +31,21 @@ static void rms_bwd(size_t n, const double *x, double r, const double *w,
     }
 }
 
+/* Backward of y = W x for W [rows][cols] at w: dW += dy x^T (into dw) and
+ * dx += W^T dy, row by row. */
+static void linear_bwd(const double *w, double *dw, const double *x, const double *dy, double *dx,
+                       size_t rows, size_t cols)
+{
+    for (size_t i = 0; i < rows; i++) {
+        const double *wr = w + i * cols;
+        double *dwr = dw + i * cols;
+        for (size_t e = 0; e < cols; e++) {
+            dwr[e] += dy[i] * x[e];
+            dx[e] += wr[e] * dy[i];
+        }
+    }
+}
+
 /* Backward of one layer. dh [BT][D]: in: d loss/d layer output; out:
  * d loss/d layer input. */
 static mg_status layer_backward(const mg_m3_dims *d, const mg_m3_layer_off *o,
@@ -38,11 +53,7 @@ static mg_status layer_backward(const mg_m3_dims *d, const mg_m3_layer_off *o,
                                 m3_lstate st0, m3_lstate dstT, m3_lstate dst0,
                                 double *dh, double *dw)
 {
-    const m3_sizes sz = m3_sizes_of(d, B, T);
-    const size_t D = sz.D, E = sz.E, N = sz.N, H = sz.H, G = sz.G, S = sz.S,
-                 P = sz.P, NP = sz.NP, BT = sz.BT, HG = sz.HG, oB = sz.oB,
-                 oC = sz.oC, oDT = sz.oDT, oA = sz.oA, oTR = sz.oTR,
-                 oANG = sz.oANG;
+    M3_SIZES(d, B, T);
     double *dproj, *dy, *dq, *dk, *dv, *dadt, *ddt, *dlam, *Dd, *tmp;
     size_t sizes[] = {BT * NP, BT * E, BT * H * N, BT * H * N, BT * E, BT * H,
                       BT * H, BT * H};
@@ -69,14 +80,7 @@ static mg_status layer_backward(const mg_m3_dims *d, const mg_m3_layer_off *o,
                      *z = a->proj + bt * NP;
         double *dz = dproj + bt * NP, *dyt = dy + bt * E;
         for (size_t e = 0; e < E; e++) dgv[e] = 0.0;
-        for (size_t i = 0; i < D; i++) {
-            const double *wr = w + o->out_proj_w + i * E;
-            double *dwr = dw + o->out_proj_w + i * E;
-            for (size_t e = 0; e < E; e++) {
-                dwr[e] += dmo[i] * g[e];
-                dgv[e] += wr[e] * dmo[i];
-            }
-        }
+        linear_bwd(w + o->out_proj_w, dw + o->out_proj_w, g, dmo, dgv, D, E);
         for (size_t hh = 0; hh < H; hh++) {
             if (d->outproj_norm) {
                 double ry = a->ry[bt * H + hh];
@@ -190,37 +194,12 @@ static mg_status layer_backward(const mg_m3_dims *d, const mg_m3_layer_off *o,
         /* in_proj */
         const double *hn = a->hn + bt * D;
         for (size_t i = 0; i < D; i++) dhn[i] = 0.0;
-        for (size_t j = 0; j < NP; j++) {
-            const double *wr = w + o->in_proj_w + j * D;
-            double *dwr = dw + o->in_proj_w + j * D;
-            for (size_t i = 0; i < D; i++) {
-                dwr[i] += dp[j] * hn[i];
-                dhn[i] += wr[i] * dp[j];
-            }
-        }
+        linear_bwd(w + o->in_proj_w, dw + o->in_proj_w, hn, dp, dhn, NP, D);
         rms_bwd(D, a->hin + bt * D, a->rin[bt], w + o->norm_w, dhn,
                 dw + o->norm_w, dh + bt * D, 1);
     }
     free(mem);
     return MG_OK;
-}
-
-mg_status mg_ref_mamba3_backward(const mg_m3_dims *d, const mg_m3_layout *l,
-                                 const float *blob, int batch, int seqlen,
-                                 const float *u, MG_M3_BWD_STATES)
-{
-    mg_status rc = m3_check_call(d, l, blob, batch, seqlen, u);
-    if (rc != MG_OK) return rc;
-    double *wb, *ub;
-    rc = m3_widen(d, l, blob, batch, seqlen, u, &wb, &ub);
-    if (rc != MG_OK) return rc;
-    rc = mg_ref_mamba3_backward_f64(d, l, wb, batch, seqlen, ub, ssm0, k_prev0,
-                                    v_prev0, angle0, dout, dssm_T, dk_prev_T,
-                                    dv_prev_T, dangle_T, out, dblob, du, dssm0,
-                                    dk_prev0, dv_prev0, dangle0);
-    free(wb);
-    free(ub);
-    return rc;
 }
 
 mg_status mg_ref_mamba3_backward_f64(const mg_m3_dims *d, const mg_m3_layout *l,
@@ -303,5 +282,21 @@ done:
     free(acts);
     free(h);
     free(stm);
+    return rc;
+}
+
+mg_status mg_ref_mamba3_backward(const mg_m3_dims *d, const mg_m3_layout *l,
+                                 const float *blob, int batch, int seqlen,
+                                 const float *u, MG_M3_BWD_STATES)
+{
+    double *wb, *ub;
+    mg_status rc = m3_widen(d, l, blob, batch, seqlen, u, &wb, &ub);
+    if (rc != MG_OK) return rc;
+    rc = mg_ref_mamba3_backward_f64(d, l, wb, batch, seqlen, ub, ssm0, k_prev0,
+                                    v_prev0, angle0, dout, dssm_T, dk_prev_T,
+                                    dv_prev_T, dangle_T, out, dblob, du, dssm0,
+                                    dk_prev0, dv_prev0, dangle0);
+    free(wb);
+    free(ub);
     return rc;
 }

@@ -98,11 +98,7 @@ static mg_status layer_forward(const mg_m3_dims *d, const mg_m3_layer_off *o,
                                m3_lstate st, m3_acts *a,
                                double *Dd, double *tmp)
 {
-    const m3_sizes sz = m3_sizes_of(d, B, T);
-    const size_t D = sz.D, E = sz.E, N = sz.N, H = sz.H, G = sz.G, S = sz.S,
-                 P = sz.P, NP = sz.NP, BT = sz.BT, HG = sz.HG, oB = sz.oB,
-                 oC = sz.oC, oDT = sz.oDT, oA = sz.oA, oTR = sz.oTR,
-                 oANG = sz.oANG;
+    M3_SIZES(d, B, T);
     const double eps = d->norm_eps;
     for (size_t bt = 0; bt < BT; bt++) {
         const double *x = h + bt * D;
@@ -281,11 +277,15 @@ mg_status m3_check_call(const mg_m3_dims *d, const mg_m3_layout *l,
     return MG_OK;
 }
 
-/* f32 -> f64 copies of the blob and the input (the f32 entry points). */
+/* The f32 entry points' call checked (m3_check_call), then f64 copies of
+ * the blob and the input. */
 mg_status m3_widen(const mg_m3_dims *d, const mg_m3_layout *l,
                    const float *blob, int batch, int seqlen, const float *u,
                    double **wb, double **ub)
 {
+    *wb = *ub = NULL;
+    mg_status rc = m3_check_call(d, l, blob, batch, seqlen, u);
+    if (rc != MG_OK) return rc;
     size_t nu = (size_t)batch * seqlen *
                 (size_t)(d->input_dim > 0 ? d->input_dim : d->d_model);
     *wb = malloc((l->total ? l->total : 1) * sizeof **wb);
@@ -306,10 +306,8 @@ mg_status mg_ref_mamba3_forward(const mg_m3_dims *d, const mg_m3_layout *l,
                                 const float *u, double *out, double *ssm,
                                 double *k_prev, double *v_prev, double *angle)
 {
-    mg_status rc = m3_check_call(d, l, blob, batch, seqlen, u);
-    if (rc != MG_OK) return rc;
     double *wb, *ub;
-    rc = m3_widen(d, l, blob, batch, seqlen, u, &wb, &ub);
+    mg_status rc = m3_widen(d, l, blob, batch, seqlen, u, &wb, &ub);
     if (rc != MG_OK) return rc;
     rc = mg_ref_mamba3_forward_f64(d, l, wb, batch, seqlen, ub, out, ssm, k_prev,
                                    v_prev, angle);

@@ -68,6 +68,15 @@ typedef struct m3_sizes {
     size_t oB, oC, oDT, oA, oTR, oANG;
 } m3_sizes;
 
+/* The sizes of a B x T call as locals named like the fields (the layer
+ * code's notation: D, E, N, ..., oANG). */
+#define M3_SIZES(d, B, T)                                                    \
+    const m3_sizes sz = m3_sizes_of(d, B, T);                                \
+    const size_t D = sz.D, E = sz.E, N = sz.N, H = sz.H, G = sz.G, S = sz.S, \
+                 P = sz.P, NP = sz.NP, BT = sz.BT, HG = sz.HG, oB = sz.oB,   \
+                 oC = sz.oC, oDT = sz.oDT, oA = sz.oA, oTR = sz.oTR,         \
+                 oANG = sz.oANG
+
 static inline m3_sizes m3_sizes_of(const mg_m3_dims *d, int B, int T)
 {
     m3_sizes z;
@@ -149,7 +158,8 @@ M3_HIDDEN mg_status m3_forward_run(const mg_m3_dims *d, const mg_m3_layout *l,
 M3_HIDDEN mg_status m3_check_call(const mg_m3_dims *d, const mg_m3_layout *l,
                                   const void *blob, int batch, int seqlen,
                                   const void *u);
-/* f32 -> f64 copies of the blob and the input (the f32 entry points). */
+/* The f32 entry points: the call checked (m3_check_call), then f64 copies
+ * of the blob and the input (*wb, *ub NULL on failure). */
 M3_HIDDEN mg_status m3_widen(const mg_m3_dims *d, const mg_m3_layout *l,
                              const float *blob, int batch, int seqlen, const float *u,
                              double **wb, double **ub);
