@@ -123,6 +123,23 @@ static void rand_state2(int batch, uint64_t seed, float *cs0, float *ss0, float 
     memcpy(csb, cs0, ncs * sizeof(float)); memcpy(ssb, ss0, nss * sizeof(float));
 }
 
+/* The last step's out of each stream: out [batch][T][D] -> last [batch][D]
+ * (elements of elem bytes: f32 from the GPU, f64 from the reference). */
+static void last_step(void *last, const void *out, int batch, int T, size_t elem)
+{
+    for (int b = 0; b < batch; ++b)
+        memcpy((char *)last + n_out(b, 1) * elem, (const char *)out + (n_out(b, T) + n_out(1, T - 1)) * elem,
+               n_out(1, 1) * elem);
+}
+
+/* The states of n decode runs back from the device: dcs[k], dss[k] into
+ * cs[k], ss[k] (ncs, nss floats), k = 0 .. n-1. */
+static void down_states(int n, float *const cs[], float *const ss[], float *const dcs[], float *const dss[],
+                        size_t ncs, size_t nss)
+{
+    for (int k = 0; k < n; ++k) { mg_tap_down(cs[k], dcs[k], ncs); mg_tap_down(ss[k], dss[k], nss); }
+}
+
 /* A decode check's three comparisons, in this order: got = {out of every
  * step (nout floats), conv_state, ssm_state} of `batch` streams against
  * another GPU run's (gpu), or when gpu is NULL the reference's (ref); named
@@ -349,9 +366,7 @@ static void test_decode_fused(int batch, int T, uint64_t seed)
     if (!mg_tap_ok(s == MG_OK, "fused / unfused decode and prefill(seqlen 1): %d steps of batch %d run", T, batch)) {
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
-        mg_tap_down(csf, dcs[0], ncs); mg_tap_down(ssf, dss[0], nss);
-        mg_tap_down(csu, dcs[1], ncs); mg_tap_down(ssu, dss[1], nss);
-        mg_tap_down(csp, dcs[2], ncs); mg_tap_down(ssp, dss[2], nss);
+        down_states(3, (float *const[]){ csf, csu, csp }, (float *const[]){ ssf, ssu, ssp }, dcs, dss, ncs, nss);
         mg_tap_ok(memcmp(ou, op, n_out(batch, 1) * T * sizeof(float)) == 0 &&
                memcmp(csu, csp, ncs * sizeof(float)) == 0 && memcmp(ssu, ssp, nss * sizeof(float)) == 0,
                "unfused decode == prefill with seqlen 1: out and states bit-identical");
@@ -409,8 +424,7 @@ static void test_decode_single(int batch, int T, uint64_t seed)
     if (!mg_tap_ok(s == MG_OK, "single-launch / fused decode: %d steps of batch %d run", T, batch)) {
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
-        mg_tap_down(css, dcs[0], ncs); mg_tap_down(sss, dss[0], nss);
-        mg_tap_down(csf, dcs[1], ncs); mg_tap_down(ssf, dss[1], nss);
+        down_states(2, (float *const[]){ css, csf }, (float *const[]){ sss, ssf }, dcs, dss, ncs, nss);
         char what[160];
         const float *const single[3] = { os, css, sss };
         snprintf(what, sizeof what, "single-launch vs fused decode x%d (batch %d)", T, batch);
@@ -554,8 +568,7 @@ static void test_burn_in(int batch, int T, int with_ref, uint64_t seed)
     if (!mg_tap_ok(s1 == MG_OK && s2 == MG_OK, "burn_in b=%d T=%d and prefill run", batch, T)) {
         mg_tap_diag("%s", mg_last_error());
     } else {
-        for (int b = 0; b < batch; ++b)
-            memcpy(plast + n_out(b, 1), pout + n_out(b, T) + n_out(1, T - 1), n_out(1, 1) * sizeof(float));
+        last_step(plast, pout, batch, T, sizeof *plast);
         snprintf(what, sizeof what, "burn_in b=%d T=%d vs prefill's last step: last_out", batch, T);
         cmp_gpu(what, last, plast, n_out(batch, 1));
         snprintf(what, sizeof what, "burn_in b=%d T=%d vs prefill: conv_state", batch, T);
@@ -566,8 +579,7 @@ static void test_burn_in(int batch, int T, int with_ref, uint64_t seed)
             double *rout = DALLOC_H(n_out(batch, T)), *rlast = DALLOC_H(n_out(batch, 1));
             double *rcs = DALLOC_H(ncs), *rss = DALLOC_H(nss);
             ref_prefill(batch, T, u, cs0, ss0, rout, rcs, rss);
-            for (int b = 0; b < batch; ++b)
-                memcpy(rlast + n_out(b, 1), rout + n_out(b, T) + n_out(1, T - 1), n_out(1, 1) * sizeof(double));
+            last_step(rlast, rout, batch, T, sizeof *rlast);
             snprintf(what, sizeof what, "burn_in b=%d T=%d vs reference: last_out", batch, T);
             cmp_ref(what, last, rlast, n_out(batch, 1));
             snprintf(what, sizeof what, "burn_in b=%d T=%d vs reference: ssm_state", batch, T);

@@ -204,14 +204,15 @@ static void cmp_states(const char *prefix, const hstate *got, const rstate *ref,
 static void cmp_ref_states(const char *prefix, const hstate *got, const rstate *ref) { cmp_states(prefix, got, ref, NULL); }
 static void cmp_gpu_states(const char *prefix, const hstate *got, const hstate *gpu) { cmp_states(prefix, got, NULL, gpu); }
 
-/* A prefill from a random state against the reference: "CASE: out" and
- * the four states. */
-static void cmp_ref_prefill(const char *what_case, const float *out, const double *rout, size_t nout,
-                            const hstate *st, const rstate *rs)
+/* A GPU prefill of u from the state st0 (out, final states st) against
+ * the reference's (computed into rout, rs): "CASE: out" and the four states. */
+static void cmp_ref_prefill(const char *what_case, int batch, int T, const float *u, const hstate *st0,
+                            const float *out, const hstate *st, double *rout, rstate *rs)
 {
     char what[256];   /* room for any case name the callers format */
+    ref_prefill(batch, T, u, st0, rout, rs);
     snprintf(what, sizeof what, "%s: out", what_case);
-    cmp_ref(what, out, rout, nout);
+    cmp_ref(what, out, rout, n_out(batch, T));
     cmp_ref_states(what_case, st, rs);
 }
 
@@ -315,9 +316,8 @@ static void test_windows(int batch, int nwin, const int *lens, uint64_t seed)
     if (!mg_tap_ok(s == MG_OK && s3 == MG_OK, "windows b=%d: prefills %s and one prefill of %d run", batch, desc, T)) {
         mg_tap_diag("%s", mg_last_error());
     } else {
-        ref_prefill(batch, T, u, &st0, rout, &rs);
         snprintf(what, sizeof what, "windows %s vs reference %d", desc, T);
-        cmp_ref_prefill(what, split, rout, n_out(batch, T), &st, &rs);
+        cmp_ref_prefill(what, batch, T, u, &st0, split, &st, rout, &rs);
         snprintf(what, sizeof what, "windows %s vs one prefill of %d: out", desc, T);
         cmp_gpu(what, split, whole, n_out(batch, T));
         snprintf(what, sizeof what, "windows %s vs one prefill of %d", desc, T);
@@ -395,6 +395,16 @@ static void test_determinism(int batch, int T, uint64_t seed)
 
 /* Burn-in: last-step output and final states vs prefill (and the reference),
  * from a random state (with_state) or a fresh start (NULL states). */
+/* burn_in's final states (bst) against the reference's (ref) or, when ref
+ * is NULL, prefill's (gpu): "burn_in b=B T=T vs VS: <state>". */
+static void cmp_burn_in_states(int batch, int T, const char *vs, const hstate *bst, const rstate *ref,
+                               const hstate *gpu)
+{
+    char what[200];
+    snprintf(what, sizeof what, "burn_in b=%d T=%d vs %s", batch, T, vs);
+    cmp_states(what, bst, ref, gpu);
+}
+
 static void test_burn_in(int batch, int T, int with_state, int with_ref, uint64_t seed)
 {
     float *u = FALLOC(n_u(batch, T)), *pout = FALLOC(n_out(batch, T)), *last = FALLOC(n_out(batch, 1));
@@ -427,10 +437,7 @@ static void test_burn_in(int batch, int T, int with_state, int with_ref, uint64_
             memcpy(plast + n_out(b, 1), pout + n_out(b, T) + n_out(1, T - 1), n_out(1, 1) * sizeof(float));
         snprintf(what, sizeof what, "burn_in b=%d T=%d %s vs prefill's last step: last_out", batch, T, how);
         cmp_gpu(what, last, plast, n_out(batch, 1));
-        if (with_state) {
-            snprintf(what, sizeof what, "burn_in b=%d T=%d vs prefill", batch, T);
-            cmp_gpu_states(what, &bst, &pst);
-        }
+        if (with_state) cmp_burn_in_states(batch, T, "prefill", &bst, NULL, &pst);
         if (with_ref) {
             double *rout = DALLOC_H(n_out(batch, T)), *rlast = DALLOC_H(n_out(batch, 1));
             rstate rs = rs_new(batch);
@@ -439,10 +446,7 @@ static void test_burn_in(int batch, int T, int with_state, int with_ref, uint64_
                 memcpy(rlast + n_out(b, 1), rout + n_out(b, T) + n_out(1, T - 1), n_out(1, 1) * sizeof(double));
             snprintf(what, sizeof what, "burn_in b=%d T=%d %s vs reference: last_out", batch, T, how);
             cmp_ref(what, last, rlast, n_out(batch, 1));
-            if (with_state) {
-                snprintf(what, sizeof what, "burn_in b=%d T=%d vs reference", batch, T);
-                cmp_ref_states(what, &bst, &rs);
-            }
+            if (with_state) cmp_burn_in_states(batch, T, "reference", &bst, &rs, NULL);
             free(rout); free(rlast); rs_free(&rs);
         }
     }
@@ -553,9 +557,8 @@ static void test_chunked_vs_sequential(int batch, int T, uint64_t seed)
                 MODEL_SCAN_CHUNK)) {
         mg_tap_diag("%s", mg_last_error());
     } else {
-        ref_prefill(batch, T, u, &st0, rout, &rs);
         snprintf(what, sizeof what, "chunked b=%d T=%d vs reference", batch, T);
-        cmp_ref_prefill(what, oc, rout, n_out(batch, T), &sc, &rs);
+        cmp_ref_prefill(what, batch, T, u, &st0, oc, &sc, rout, &rs);
         snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: out", batch, T);
         cmp_gpu_tol(what, oc, os, n_out(batch, T), MODEL_CHUNK_VS_SEQ_TOL);
         for (int i = 0; i < NST; ++i) {
