@@ -10,12 +10,16 @@
  * run_alloc, gpu_run, run_free) and the arguments that differ by arch:
  * NO_STATES (NULL for every state argument of the library's calls),
  * NO_STATE0 (gpu_run's fresh start), MATRIX_SUFFIXES (the names of the
- * weights that are matrices) (part 2): the tests every arch runs word for
- * word: AdamW vs a CPU implementation in double (test_adamw), a NaN
- * gradient skips the update (test_adamw_skip), dynamic loss scaling
- * (test_loss_scaling), a few MSE training steps (test_training), AdamW's
- * bad arguments (test_bad_adamw); and the first and last steps of main
- * (train_start, train_end) around the arch's own tests. */
+ * weights that are matrices), and for the training graph: NST, st_floats,
+ * RAND_CALL, STATE_ARGS, CREATE_CHECKS_STATE, STATE_NAMES (part 2): the
+ * tests every arch runs word for word: AdamW vs a CPU implementation in
+ * double (test_adamw), a NaN gradient skips the update (test_adamw_skip),
+ * dynamic loss scaling (test_loss_scaling), a few MSE training steps
+ * (test_training), the training step as a CUDA Graph (test_train_graph),
+ * AdamW's bad arguments (test_bad_adamw); and the steps of main around the
+ * arch's own tests (train_budget, train_start, test_grads_first,
+ * train_end). The chunked-backward tests' call (chunked_call) is in part
+ * 1. */
 #ifndef MG_TRAIN_TESTS_PART1
 #define MG_TRAIN_TESTS_PART1
 
@@ -53,6 +57,30 @@ static int cmp_ref(const char *what, const float *got, const double *ref, size_t
     mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
     return mg_tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
 }
+
+#if MODEL_HAS_CHUNKED_BWD
+/* The call of a chunked-backward test (NAME in its checks, DIAG_NAME in
+ * its diag line) over chunks of q steps (UNIT): B = min(2, MAX_BATCH), T =
+ * t0 less one when a multiple of stride, *n chunks. 0 (a TAP skip) when T
+ * is one chunk at most, else 1. */
+static int chunked_call(int t0, int q, int stride, const char *name, const char *diag_name, const char *unit,
+                        int *B, int *T, int *n)
+{
+    *T = t0;
+    if (*T % stride == 0) --*T;
+    if (*T <= q) {
+        char why[64], what[128];
+        snprintf(why, sizeof why, "MAX_SEQ_LEN allows one %s only", unit);
+        snprintf(what, sizeof what, "%s over several %ss", name, unit);
+        mg_tap_skip(why, what);
+        return 0;
+    }
+    *B = imin(2, MAX_BATCH);
+    *n = (*T + q - 1) / q;
+    mg_tap_diag("%s: b=%d T=%d, %d %ss of %d steps (last %d)", diag_name, *B, *T, *n, unit, q, *T - (*n - 1) * q);
+    return 1;
+}
+#endif
 
 #else /* part 2 */
 
@@ -324,8 +352,139 @@ static void train_start(void)
         mg_tap_bail("set_loss_scaling");
 }
 
-/* The program defines these two after this part. */
-static void test_train_graph(int B, int T, int steps, uint64_t seed);
+/* Tokens the CPU reference may process in the whole run (MG_TEST_SCALE
+ * scales the budget), said in a diag line. */
+static int train_budget(void)
+{
+    double scale;
+    const int budget = mg_tap_budget(REF_BUDGET_MACS, REF_MACS_PER_TOKEN, 8, &scale);
+    mg_tap_diag("reference budget: %d tokens (MG_TEST_SCALE=%g)", budget, scale);
+    return budget;
+}
+
+/* The first gradient checks vs the reference: batch *ba, a length *ta
+ * crossing checkpoint chunks and not a multiple of the stride, from a
+ * random state; then a fresh start. */
+static void test_grads_first(int budget, int *ba, int *ta)
+{
+    *ba = imin(2, MAX_BATCH);
+    *ta = imin(MAX_SEQ_LEN, imin(2 * CKPT + 3, imax(1, budget / 3 / *ba)));
+    test_grads(*ba, *ta, 1, 101);
+    const int bb = imin(3, MAX_BATCH);
+    const int tb = imin(MAX_SEQ_LEN, imin(CKPT + 1, imax(1, budget / 4 / bb)));
+    test_grads(bb, tb, 0, 202);
+}
+
+/* N replays of the training-step graph == N eager train_step_mse calls, bit
+ * for bit (weights, moments, loss of every step, final states), from the
+ * same random states; then new hyperparameters through set_params (a halved
+ * lr, the next step count) for one more step on both sides. */
+static void test_train_graph(int B, int T, int steps, uint64_t seed)
+{
+    float *u, *tgt, *st0[NST];
+    RAND_CALL(B, T, seed, 0.5f, &u, &tgt, st0);
+    float *ha = FALLOC(WFLOATS), *hb = FALLOC(WFLOATS);
+    float *le = FALLOC(steps + 1), *lg = FALLOC(steps + 1);
+    /* e: eager buffers, g: graph buffers (fixed pointers) */
+    float *dwe = mg_tap_dalloc(WFLOATS), *dge = mg_tap_dalloc(WFLOATS), *dme = mg_tap_dalloc(WFLOATS), *dve = mg_tap_dalloc(WFLOATS);
+    float *dwg = mg_tap_dalloc(WFLOATS), *dgg = mg_tap_dalloc(WFLOATS), *dmg = mg_tap_dalloc(WFLOATS), *dvg = mg_tap_dalloc(WFLOATS);
+    float *du = mg_tap_dalloc(n_u(B, T)), *dt = mg_tap_dalloc(n_out(B, T)), *dle = mg_tap_dalloc(1), *dlg = mg_tap_dalloc(1);
+    float *dse[NST], *dsg[NST];
+    for (int i = 0; i < NST; ++i) {
+        dse[i] = mg_tap_dalloc(st_floats(i, B));
+        dsg[i] = mg_tap_dalloc(st_floats(i, B));
+        mg_tap_up(dse[i], st0[i], st_floats(i, B));
+        mg_tap_up(dsg[i], st0[i], st_floats(i, B));
+    }
+    mg_tap_up(dwe, blob, WFLOATS); mg_tap_up(dwg, blob, WFLOATS);
+    mg_tap_up(du, u, n_u(B, T)); mg_tap_up(dt, tgt, n_out(B, T));
+    if (cudaMemset(dme, 0, WFLOATS * sizeof(float)) != cudaSuccess || cudaMemset(dve, 0, WFLOATS * sizeof(float)) != cudaSuccess ||
+        cudaMemset(dmg, 0, WFLOATS * sizeof(float)) != cudaSuccess || cudaMemset(dvg, 0, WFLOATS * sizeof(float)) != cudaSuccess)
+        mg_tap_bail("cudaMemset");
+    model_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.lr = 1e-2f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.weight_decay = 0.05f;
+    p.max_grad_norm = 1.0f; p.step = 1; p.wd_matrices_only = 1;
+    model_train_graph *g = NULL;
+    mg_status s = model_train_graph_create(tr, dwg, dgg, dmg, dvg, &p, B, T, du, dt, STATE_ARGS(dsg), dlg, &g);
+    if (!mg_tap_ok(s == MG_OK, "train_graph_create b=%d T=%d", B, T)) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    if (s == MG_OK) {
+        int same = 1;
+        mg_tap_down(ha, dwg, WFLOATS);
+        same = memcmp(ha, blob, WFLOATS * sizeof(float)) == 0;
+        for (int i = 0; i < NST; ++i) {
+            if (!CREATE_CHECKS_STATE(i)) continue;
+            float *h = FALLOC(st_floats(i, B));
+            mg_tap_down(h, dsg[i], st_floats(i, B));
+            same = same && memcmp(h, st0[i], st_floats(i, B) * sizeof(float)) == 0;
+            free(h);
+        }
+        mg_tap_ok(same, "train_graph_create leaves the weights and the states untouched");
+    }
+    for (int k = 0; k <= steps && s == MG_OK; ++k) {
+        if (k == steps) {   /* new hyperparameters for the last step */
+            p.lr = 5e-3f; p.step = steps + 1;
+            s = model_train_graph_set_params(g, &p);
+            if (s != MG_OK) break;
+        }
+        p.step = k + 1;
+        s = model_train_step_mse(tr, dwe, dge, dme, dve, &p, B, T, du, dt, STATE_ARGS(dse), dle);
+        if (s == MG_OK) s = model_train_graph_launch(g);
+        if (s != MG_OK) break;
+        mg_tap_down(le + k, dle, 1);
+        mg_tap_down(lg + k, dlg, 1);
+    }
+    if (g) {
+        if (mg_tap_ok(s == MG_OK, "train graph: %d replays (the last after set_params) and %d eager steps run", steps + 1, steps + 1)) {
+            mg_tap_ok(memcmp(le, lg, (size_t)(steps + 1) * sizeof(float)) == 0,
+                   "train graph replay == eager train_step_mse: loss of every step bit-identical (%.6g -> %.6g)",
+                   le[0], le[steps]);
+            mg_tap_down(ha, dwe, WFLOATS); mg_tap_down(hb, dwg, WFLOATS);
+            int same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            if (!same) { mg_err e = mg_compare_f32f32(hb, ha, WFLOATS); mg_tap_diag("graph vs eager weights: rel_l2 %.3e", e.rel_l2); }
+            mg_tap_ok(same, "train graph replay == eager: weights bit-identical after %d steps", steps + 1);
+            mg_tap_down(ha, dme, WFLOATS); mg_tap_down(hb, dmg, WFLOATS);
+            same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            mg_tap_down(ha, dve, WFLOATS); mg_tap_down(hb, dvg, WFLOATS);
+            same = same && memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            mg_tap_ok(same, "train graph replay == eager: AdamW moments m, v bit-identical");
+            same = 1;
+            for (int i = 0; i < NST; ++i) {
+                float *a = FALLOC(st_floats(i, B)), *b = FALLOC(st_floats(i, B));
+                mg_tap_down(a, dse[i], st_floats(i, B)); mg_tap_down(b, dsg[i], st_floats(i, B));
+                same = same && memcmp(a, b, st_floats(i, B) * sizeof(float)) == 0;
+                free(a); free(b);
+            }
+            mg_tap_ok(same, "train graph replay == eager: final " STATE_NAMES " states bit-identical");
+        } else {
+            mg_tap_diag("%s", mg_last_error());
+        }
+        model_train_graph_destroy(g);
+    }
+    mg_dev_free(dwe); mg_dev_free(dge); mg_dev_free(dme); mg_dev_free(dve);
+    mg_dev_free(dwg); mg_dev_free(dgg); mg_dev_free(dmg); mg_dev_free(dvg);
+    mg_dev_free(du); mg_dev_free(dt); mg_dev_free(dle); mg_dev_free(dlg);
+    for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); free(st0[i]); }
+    free(u); free(tgt); free(ha); free(hb); free(le); free(lg);
+}
+
+/* The start of the bad-call tests: device buffers for a B x T call (dout,
+ * dg and dw 4 floats longer, for a misaligned pointer), the weights in dw;
+ * a fresh trainer refuses backward before forward_train, trainer_create
+ * refuses NULL. */
+static void bad_calls_start(int B, int T, float **du, float **dout, float **dg, float **dm, float **dv, float **dw)
+{
+    *du = mg_tap_dalloc(n_u(B, T)); *dout = mg_tap_dalloc(n_out(B, T) + 4); *dg = mg_tap_dalloc(WFLOATS + 4);
+    *dm = mg_tap_dalloc(WFLOATS); *dv = mg_tap_dalloc(WFLOATS); *dw = mg_tap_dalloc(WFLOATS + 4);
+    mg_tap_up(*dw, blob, WFLOATS);
+    model_trainer *fresh = NULL;
+    if (model_trainer_create(&fresh, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
+    mg_tap_expect_status(model_backward(fresh, *dout, *dg, NULL, NO_STATES), MG_ERR_STATE, "backward before forward_train");
+    model_trainer_destroy(fresh);
+    mg_tap_expect_status(model_trainer_create(NULL, 0), MG_ERR_INVALID_ARG, "trainer_create(NULL)");
+}
+
+/* The program defines this one after this part. */
 static void test_bad_calls(void);
 
 /* main's last tests (ba: the batch of the first gradient check), once the

@@ -244,15 +244,10 @@ static void test_chunked_bwd(int budget, uint64_t seed)
 {
 #if MODEL_HAS_CHUNKED_BWD
     const int span = MODEL_BSCAN_SPAN;
-    int T = imin(MAX_SEQ_LEN, 2 * span + span / 2 + 3);
-    if (T % span == 0) --T;   /* ragged last span */
-    if (T <= span) {
-        mg_tap_skip("MAX_SEQ_LEN allows one span only", "chunked scan backward over several spans");
+    int B, T, nsp;   /* T: a ragged last span */
+    if (!chunked_call(imin(MAX_SEQ_LEN, 2 * span + span / 2 + 3), span, span, "chunked scan backward",
+                      "chunked scan backward", "span", &B, &T, &nsp))
         return;
-    }
-    const int B = imin(2, MAX_BATCH);
-    const int nsp = (T + span - 1) / span;
-    mg_tap_diag("chunked scan backward: b=%d T=%d, %d spans of %d steps (last %d)", B, T, nsp, span, T - (nsp - 1) * span);
     const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
     float *u, *dout, *cs0, *ss0;
     rand_call(B, T, seed, 1.0f, &u, &dout, &cs0, &ss0);
@@ -299,103 +294,27 @@ static void test_chunked_bwd(int budget, uint64_t seed)
 #endif
 }
 
-/* ---------------------------------------------------------------- AdamW */
-#include "train_tests.h"
-
 /* ---------------------------------------------------------------- training graph */
-/* N replays of the training-step graph == N eager train_step_mse calls, bit
- * for bit (weights, moments, loss of every step, final states), from the
- * same random state; then new hyperparameters through set_params (a halved
- * lr, the next step count) for one more step on both sides. */
-static void test_train_graph(int B, int T, int steps, uint64_t seed)
-{
-    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
-    float *u, *tgt, *cs0, *ss0;
-    rand_call(B, T, seed, 0.5f, &u, &tgt, &cs0, &ss0);
-    float *ha = FALLOC(WFLOATS), *hb = FALLOC(WFLOATS), *sa = FALLOC(nss), *sb = FALLOC(nss);
-    float *le = FALLOC(steps + 1), *lg = FALLOC(steps + 1);
-    /* e: eager buffers, g: graph buffers (fixed pointers) */
-    float *dwe = mg_tap_dalloc(WFLOATS), *dge = mg_tap_dalloc(WFLOATS), *dme = mg_tap_dalloc(WFLOATS), *dve = mg_tap_dalloc(WFLOATS);
-    float *dwg = mg_tap_dalloc(WFLOATS), *dgg = mg_tap_dalloc(WFLOATS), *dmg = mg_tap_dalloc(WFLOATS), *dvg = mg_tap_dalloc(WFLOATS);
-    float *du = mg_tap_dalloc(n_u(B, T)), *dt = mg_tap_dalloc(n_out(B, T));
-    float *dcse = mg_tap_dalloc(ncs), *dsse = mg_tap_dalloc(nss), *dcsg = mg_tap_dalloc(ncs), *dssg = mg_tap_dalloc(nss);
-    float *dle = mg_tap_dalloc(1), *dlg = mg_tap_dalloc(1);
-    mg_tap_up(dwe, blob, WFLOATS); mg_tap_up(dwg, blob, WFLOATS);
-    mg_tap_up(du, u, n_u(B, T)); mg_tap_up(dt, tgt, n_out(B, T));
-    mg_tap_up(dcse, cs0, ncs); mg_tap_up(dsse, ss0, nss); mg_tap_up(dcsg, cs0, ncs); mg_tap_up(dssg, ss0, nss);
-    if (cudaMemset(dme, 0, WFLOATS * sizeof(float)) != cudaSuccess || cudaMemset(dve, 0, WFLOATS * sizeof(float)) != cudaSuccess ||
-        cudaMemset(dmg, 0, WFLOATS * sizeof(float)) != cudaSuccess || cudaMemset(dvg, 0, WFLOATS * sizeof(float)) != cudaSuccess)
-        mg_tap_bail("cudaMemset");
-    model_adamw_params p;
-    memset(&p, 0, sizeof p);
-    p.lr = 1e-2f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.weight_decay = 0.05f;
-    p.max_grad_norm = 1.0f; p.step = 1; p.wd_matrices_only = 1;
-    model_train_graph *g = NULL;
-    mg_status s = model_train_graph_create(tr, dwg, dgg, dmg, dvg, &p, B, T, du, dt, dcsg, dssg, dlg, &g);
-    if (!mg_tap_ok(s == MG_OK, "train_graph_create b=%d T=%d", B, T)) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
-    if (s == MG_OK) {
-        mg_tap_down(ha, dwg, WFLOATS); mg_tap_down(sa, dssg, nss);
-        mg_tap_ok(memcmp(ha, blob, WFLOATS * sizeof(float)) == 0 && memcmp(sa, ss0, nss * sizeof(float)) == 0,
-               "train_graph_create leaves the weights and the states untouched");
-    }
-    for (int k = 0; k <= steps && s == MG_OK; ++k) {
-        if (k == steps) {   /* new hyperparameters for the last step */
-            p.lr = 5e-3f; p.step = steps + 1;
-            s = model_train_graph_set_params(g, &p);
-            if (s != MG_OK) break;
-        }
-        p.step = k + 1;
-        s = model_train_step_mse(tr, dwe, dge, dme, dve, &p, B, T, du, dt, dcse, dsse, dle);
-        if (s == MG_OK) s = model_train_graph_launch(g);
-        if (s != MG_OK) break;
-        mg_tap_down(le + k, dle, 1);
-        mg_tap_down(lg + k, dlg, 1);
-    }
-    if (g) {
-        if (mg_tap_ok(s == MG_OK, "train graph: %d replays (the last after set_params) and %d eager steps run", steps + 1, steps + 1)) {
-            mg_tap_ok(memcmp(le, lg, (size_t)(steps + 1) * sizeof(float)) == 0,
-                   "train graph replay == eager train_step_mse: loss of every step bit-identical (%.6g -> %.6g)",
-                   le[0], le[steps]);
-            mg_tap_down(ha, dwe, WFLOATS); mg_tap_down(hb, dwg, WFLOATS);
-            int same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
-            if (!same) { mg_err e = mg_compare_f32f32(hb, ha, WFLOATS); mg_tap_diag("graph vs eager weights: rel_l2 %.3e", e.rel_l2); }
-            mg_tap_ok(same, "train graph replay == eager: weights bit-identical after %d steps", steps + 1);
-            mg_tap_down(ha, dme, WFLOATS); mg_tap_down(hb, dmg, WFLOATS);
-            same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
-            mg_tap_down(ha, dve, WFLOATS); mg_tap_down(hb, dvg, WFLOATS);
-            same = same && memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
-            mg_tap_ok(same, "train graph replay == eager: AdamW moments m, v bit-identical");
-            mg_tap_down(sa, dsse, nss); mg_tap_down(sb, dssg, nss);
-            same = memcmp(sa, sb, nss * sizeof(float)) == 0;
-            float *ca = FALLOC(ncs), *cb = FALLOC(ncs);
-            mg_tap_down(ca, dcse, ncs); mg_tap_down(cb, dcsg, ncs);
-            same = same && memcmp(ca, cb, ncs * sizeof(float)) == 0;
-            free(ca); free(cb);
-            mg_tap_ok(same, "train graph replay == eager: final conv / ssm states bit-identical");
-        } else {
-            mg_tap_diag("%s", mg_last_error());
-        }
-        model_train_graph_destroy(g);
-    }
-    mg_dev_free(dwe); mg_dev_free(dge); mg_dev_free(dme); mg_dev_free(dve);
-    mg_dev_free(dwg); mg_dev_free(dgg); mg_dev_free(dmg); mg_dev_free(dvg);
-    mg_dev_free(du); mg_dev_free(dt); mg_dev_free(dcse); mg_dev_free(dsse); mg_dev_free(dcsg); mg_dev_free(dssg);
-    mg_dev_free(dle); mg_dev_free(dlg);
-    free(u); free(tgt); free(cs0); free(ss0); free(ha); free(hb); free(sa); free(sb); free(le); free(lg);
-}
+/* For train_tests.h's test_train_graph: the states as an array (conv,
+ * ssm), their sizes, a call's random inputs with them, the state arguments
+ * of the library's calls, the states train_graph_create is checked not to
+ * touch (the ssm state), their names in the last check. */
+#define NST 2
+static size_t st_floats(int i, int B) { return i == 0 ? model_conv_state_floats(B) : model_ssm_state_floats(B); }
+#define RAND_CALL(B, T, seed, ysd, u, y, st) rand_call(B, T, seed, ysd, u, y, &(st)[0], &(st)[1])
+#define STATE_ARGS(a) (a)[0], (a)[1]
+#define CREATE_CHECKS_STATE(i) ((i) == 1)
+#define STATE_NAMES "conv / ssm"
+
+/* ---------------------------------------------------------------- AdamW */
+#include "train_tests.h"   /* part 2: AdamW, training, the training graph, main's first and last steps */
 
 /* ---------------------------------------------------------------- bad calls */
 static void test_bad_calls(void)
 {
     const int B = imin(2, MAX_BATCH), T = imin(3, MAX_SEQ_LEN);
-    float *du = mg_tap_dalloc(n_u(B, T)), *dout = mg_tap_dalloc(n_out(B, T) + 4), *dg = mg_tap_dalloc(WFLOATS + 4);
-    float *dm = mg_tap_dalloc(WFLOATS), *dv = mg_tap_dalloc(WFLOATS), *dw = mg_tap_dalloc(WFLOATS + 4);
-    mg_tap_up(dw, blob, WFLOATS);
-    model_trainer *fresh = NULL;
-    if (model_trainer_create(&fresh, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
-    mg_tap_expect_status(model_backward(fresh, dout, dg, NULL, NULL, NULL), MG_ERR_STATE, "backward before forward_train");
-    model_trainer_destroy(fresh);
-    mg_tap_expect_status(model_trainer_create(NULL, 0), MG_ERR_INVALID_ARG, "trainer_create(NULL)");
+    float *du, *dout, *dg, *dm, *dv, *dw;
+    bad_calls_start(B, T, &du, &dout, &dg, &dm, &dv, &dw);
     mg_tap_expect_status(model_forward_train(NULL, dw, B, T, du, dout, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train NULL trainer");
     mg_tap_expect_status(model_forward_train(tr, NULL, B, T, du, dout, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train NULL weights");
     mg_tap_expect_status(model_forward_train(tr, dw, 0, T, du, dout, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train batch = 0");
@@ -435,13 +354,10 @@ static void test_bad_calls(void)
 int main(void)
 {
     if (!mg_tap_start()) return 0;
-    double scale;
-    /* Tokens the CPU reference may process in the whole run. */
-    const int budget = mg_tap_budget(REF_BUDGET_MACS, REF_MACS_PER_TOKEN, 8, &scale);
     mg_tap_diag(MODEL_NAME " training: layers=%d D=%d E=%d N=%d ckpt stride=%d, workspace %.1f MiB",
          N_LAYERS, D_MODEL, MODEL_D_INNER, MODEL_D_STATE, CKPT,
          model_trainer_workspace_bytes() / 1048576.0);
-    mg_tap_diag("reference budget: %d tokens (MG_TEST_SCALE=%g)", budget, scale);
+    const int budget = train_budget();
 
     dims = (mg_m1_dims)MODEL_REF_DIMS;
     if (mg_ref_mamba1_layout(&dims, &lay) != MG_OK) mg_tap_bail("mg_ref_mamba1_layout");
@@ -453,14 +369,8 @@ int main(void)
     if (mg_ref_mamba1_init(&dims, &lay, blob, 20240607ull) != MG_OK) mg_tap_bail("mg_ref_mamba1_init");
     train_start();   /* the device copy, the trainer, the loss-scaling test */
 
-    /* Gradients vs the reference: a length crossing checkpoint chunks and not
-     * a multiple of the stride, from a random state; then a fresh start. */
-    const int ba = imin(2, MAX_BATCH);
-    const int ta = imin(MAX_SEQ_LEN, imin(2 * CKPT + 3, imax(1, budget / 3 / ba)));
-    test_grads(ba, ta, 1, 101);
-    const int bb = imin(3, MAX_BATCH);
-    const int tb = imin(MAX_SEQ_LEN, imin(CKPT + 1, imax(1, budget / 4 / bb)));
-    test_grads(bb, tb, 0, 202);
+    int ba, ta;
+    test_grads_first(budget, &ba, &ta);
     /* A long sequence (> 256 steps, not a multiple of the checkpoint stride):
      * many checkpoint chunks in the backward scan, one sequence. With the
      * chunk-parallel backward the spec's dispatch picks it at this length

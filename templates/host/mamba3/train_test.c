@@ -312,15 +312,10 @@ static void test_chunked_bwd(uint64_t seed)
 {
 #if MODEL_HAS_CHUNKED_BWD
     const int Q = MODEL_BWD_CHUNK;
-    int T = imin(MAX_SEQ_LEN, 3 * Q + Q / 2 + 3);
-    if (T % CKPT == 0) --T;   /* CKPT divides Q: this also leaves the last chunk partial */
-    if (T <= Q) {
-        mg_tap_skip("MAX_SEQ_LEN allows one chunk only", "chunked vs sequential SSM over several chunks");
+    int B, T, nch;   /* T not a multiple of CKPT, which divides Q: the last chunk partial */
+    if (!chunked_call(imin(MAX_SEQ_LEN, 3 * Q + Q / 2 + 3), Q, CKPT, "chunked vs sequential SSM", "chunked SSM",
+                      "chunk", &B, &T, &nch))
         return;
-    }
-    const int B = imin(2, MAX_BATCH);
-    const int nch = (T + Q - 1) / Q;
-    mg_tap_diag("chunked SSM: b=%d T=%d, %d chunks of %d steps (last %d)", B, T, nch, Q, T - (nch - 1) * Q);
     float *u, *dout, *st0[NST];
     rand_call(B, T, seed, 1.0f, &u, &dout, st0);
     run_out c1, c2, sq;
@@ -410,115 +405,25 @@ static void test_spec_dispatch(int B, int T, uint64_t seed)
 }
 #endif
 
-/* ---------------------------------------------------------------- AdamW */
-#include "train_tests.h"
-
 /* ---------------------------------------------------------------- training graph */
-/* N replays of the training-step graph == N eager train_step_mse calls, bit
- * for bit (weights, moments, loss of every step, final states), from the
- * same random states; then new hyperparameters through set_params (a halved
- * lr, the next step count) for one more step on both sides. */
-static void test_train_graph(int B, int T, int steps, uint64_t seed)
-{
-    float *u, *tgt, *st0[NST];
-    rand_call(B, T, seed, 0.5f, &u, &tgt, st0);
-    float *ha = FALLOC(WFLOATS), *hb = FALLOC(WFLOATS);
-    float *le = FALLOC(steps + 1), *lg = FALLOC(steps + 1);
-    /* e: eager buffers, g: graph buffers (fixed pointers) */
-    float *dwe = mg_tap_dalloc(WFLOATS), *dge = mg_tap_dalloc(WFLOATS), *dme = mg_tap_dalloc(WFLOATS), *dve = mg_tap_dalloc(WFLOATS);
-    float *dwg = mg_tap_dalloc(WFLOATS), *dgg = mg_tap_dalloc(WFLOATS), *dmg = mg_tap_dalloc(WFLOATS), *dvg = mg_tap_dalloc(WFLOATS);
-    float *du = mg_tap_dalloc(n_u(B, T)), *dt = mg_tap_dalloc(n_out(B, T)), *dle = mg_tap_dalloc(1), *dlg = mg_tap_dalloc(1);
-    float *dse[NST], *dsg[NST];
-    for (int i = 0; i < NST; ++i) {
-        dse[i] = mg_tap_dalloc(st_floats(i, B));
-        dsg[i] = mg_tap_dalloc(st_floats(i, B));
-        mg_tap_up(dse[i], st0[i], st_floats(i, B));
-        mg_tap_up(dsg[i], st0[i], st_floats(i, B));
-    }
-    mg_tap_up(dwe, blob, WFLOATS); mg_tap_up(dwg, blob, WFLOATS);
-    mg_tap_up(du, u, n_u(B, T)); mg_tap_up(dt, tgt, n_out(B, T));
-    if (cudaMemset(dme, 0, WFLOATS * sizeof(float)) != cudaSuccess || cudaMemset(dve, 0, WFLOATS * sizeof(float)) != cudaSuccess ||
-        cudaMemset(dmg, 0, WFLOATS * sizeof(float)) != cudaSuccess || cudaMemset(dvg, 0, WFLOATS * sizeof(float)) != cudaSuccess)
-        mg_tap_bail("cudaMemset");
-    model_adamw_params p;
-    memset(&p, 0, sizeof p);
-    p.lr = 1e-2f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.weight_decay = 0.05f;
-    p.max_grad_norm = 1.0f; p.step = 1; p.wd_matrices_only = 1;
-    model_train_graph *g = NULL;
-    mg_status s = model_train_graph_create(tr, dwg, dgg, dmg, dvg, &p, B, T, du, dt, dsg[0], dsg[1], dsg[2],
-                                         dsg[3], dlg, &g);
-    if (!mg_tap_ok(s == MG_OK, "train_graph_create b=%d T=%d", B, T)) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
-    if (s == MG_OK) {
-        int same = 1;
-        mg_tap_down(ha, dwg, WFLOATS);
-        same = memcmp(ha, blob, WFLOATS * sizeof(float)) == 0;
-        for (int i = 0; i < NST; ++i) {
-            float *h = FALLOC(st_floats(i, B));
-            mg_tap_down(h, dsg[i], st_floats(i, B));
-            same = same && memcmp(h, st0[i], st_floats(i, B) * sizeof(float)) == 0;
-            free(h);
-        }
-        mg_tap_ok(same, "train_graph_create leaves the weights and the states untouched");
-    }
-    for (int k = 0; k <= steps && s == MG_OK; ++k) {
-        if (k == steps) {   /* new hyperparameters for the last step */
-            p.lr = 5e-3f; p.step = steps + 1;
-            s = model_train_graph_set_params(g, &p);
-            if (s != MG_OK) break;
-        }
-        p.step = k + 1;
-        s = model_train_step_mse(tr, dwe, dge, dme, dve, &p, B, T, du, dt, dse[0], dse[1], dse[2], dse[3], dle);
-        if (s == MG_OK) s = model_train_graph_launch(g);
-        if (s != MG_OK) break;
-        mg_tap_down(le + k, dle, 1);
-        mg_tap_down(lg + k, dlg, 1);
-    }
-    if (g) {
-        if (mg_tap_ok(s == MG_OK, "train graph: %d replays (the last after set_params) and %d eager steps run", steps + 1, steps + 1)) {
-            mg_tap_ok(memcmp(le, lg, (size_t)(steps + 1) * sizeof(float)) == 0,
-                   "train graph replay == eager train_step_mse: loss of every step bit-identical (%.6g -> %.6g)",
-                   le[0], le[steps]);
-            mg_tap_down(ha, dwe, WFLOATS); mg_tap_down(hb, dwg, WFLOATS);
-            int same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
-            if (!same) { mg_err e = mg_compare_f32f32(hb, ha, WFLOATS); mg_tap_diag("graph vs eager weights: rel_l2 %.3e", e.rel_l2); }
-            mg_tap_ok(same, "train graph replay == eager: weights bit-identical after %d steps", steps + 1);
-            mg_tap_down(ha, dme, WFLOATS); mg_tap_down(hb, dmg, WFLOATS);
-            same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
-            mg_tap_down(ha, dve, WFLOATS); mg_tap_down(hb, dvg, WFLOATS);
-            same = same && memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
-            mg_tap_ok(same, "train graph replay == eager: AdamW moments m, v bit-identical");
-            same = 1;
-            for (int i = 0; i < NST; ++i) {
-                float *a = FALLOC(st_floats(i, B)), *b = FALLOC(st_floats(i, B));
-                mg_tap_down(a, dse[i], st_floats(i, B)); mg_tap_down(b, dsg[i], st_floats(i, B));
-                same = same && memcmp(a, b, st_floats(i, B) * sizeof(float)) == 0;
-                free(a); free(b);
-            }
-            mg_tap_ok(same, "train graph replay == eager: final ssm / k_prev / v_prev / angle states bit-identical");
-        } else {
-            mg_tap_diag("%s", mg_last_error());
-        }
-        model_train_graph_destroy(g);
-    }
-    mg_dev_free(dwe); mg_dev_free(dge); mg_dev_free(dme); mg_dev_free(dve);
-    mg_dev_free(dwg); mg_dev_free(dgg); mg_dev_free(dmg); mg_dev_free(dvg);
-    mg_dev_free(du); mg_dev_free(dt); mg_dev_free(dle); mg_dev_free(dlg);
-    for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); free(st0[i]); }
-    free(u); free(tgt); free(ha); free(hb); free(le); free(lg);
-}
+/* For train_tests.h's test_train_graph: a call's random inputs with the
+ * states as an array, the state arguments of the library's calls, the
+ * states train_graph_create is checked not to touch (all four), their
+ * names in the last check. */
+#define RAND_CALL rand_call
+#define STATE_ARGS(a) (a)[0], (a)[1], (a)[2], (a)[3]
+#define CREATE_CHECKS_STATE(i) 1
+#define STATE_NAMES "ssm / k_prev / v_prev / angle"
+
+/* ---------------------------------------------------------------- AdamW */
+#include "train_tests.h"   /* part 2: AdamW, training, the training graph, main's first and last steps */
 
 /* ---------------------------------------------------------------- bad calls */
 static void test_bad_calls(void)
 {
     const int B = imin(2, MAX_BATCH), T = imin(3, MAX_SEQ_LEN);
-    float *du = mg_tap_dalloc(n_u(B, T)), *dout = mg_tap_dalloc(n_out(B, T) + 4), *dg = mg_tap_dalloc(WFLOATS + 4);
-    float *dm = mg_tap_dalloc(WFLOATS), *dv = mg_tap_dalloc(WFLOATS), *dw = mg_tap_dalloc(WFLOATS + 4);
-    mg_tap_up(dw, blob, WFLOATS);
-    model_trainer *fresh = NULL;
-    if (model_trainer_create(&fresh, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
-    mg_tap_expect_status(model_backward(fresh, dout, dg, NULL, NULL, NULL, NULL, NULL), MG_ERR_STATE, "backward before forward_train");
-    model_trainer_destroy(fresh);
-    mg_tap_expect_status(model_trainer_create(NULL, 0), MG_ERR_INVALID_ARG, "trainer_create(NULL)");
+    float *du, *dout, *dg, *dm, *dv, *dw;
+    bad_calls_start(B, T, &du, &dout, &dg, &dm, &dv, &dw);
     mg_tap_expect_status(model_forward_train(NULL, dw, B, T, du, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train NULL trainer");
     mg_tap_expect_status(model_forward_train(tr, NULL, B, T, du, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train NULL weights");
     mg_tap_expect_status(model_forward_train(tr, dw, 0, T, du, dout, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "forward_train batch = 0");
@@ -555,13 +460,10 @@ static void test_bad_calls(void)
 int main(void)
 {
     if (!mg_tap_start()) return 0;
-    double scale;
-    /* Tokens the CPU reference may process in the whole run. */
-    const int budget = mg_tap_budget(REF_BUDGET_MACS, REF_MACS_PER_TOKEN, 8, &scale);
     mg_tap_diag(MODEL_NAME " training: layers=%d D=%d E=%d N=%d P=%d H=%d ckpt stride=%d, workspace %.1f MiB",
          N_LAYERS, D_MODEL, MODEL_D_INNER, MODEL_D_STATE, MODEL_HEADDIM, MODEL_N_HEADS, CKPT,
          model_trainer_workspace_bytes() / 1048576.0);
-    mg_tap_diag("reference budget: %d tokens (MG_TEST_SCALE=%g)", budget, scale);
+    const int budget = train_budget();
 
     dims = (mg_m3_dims)MODEL_REF_DIMS;
     if (mg_ref_mamba3_layout(&dims, &lay) != MG_OK) mg_tap_bail("mg_ref_mamba3_layout");
@@ -575,14 +477,8 @@ int main(void)
     if (mg_ref_mamba3_init(&dims, &lay, blob, 20240607ull) != MG_OK) mg_tap_bail("mg_ref_mamba3_init");
     train_start();   /* the device copy, the trainer, the loss-scaling test */
 
-    /* Gradients vs the reference: a length crossing checkpoint chunks and not
-     * a multiple of the stride, from a random state; then a fresh start. */
-    const int ba = imin(2, MAX_BATCH);
-    const int ta = imin(MAX_SEQ_LEN, imin(2 * CKPT + 3, imax(1, budget / 3 / ba)));
-    test_grads(ba, ta, 1, 101);
-    const int bb = imin(3, MAX_BATCH);
-    const int tb = imin(MAX_SEQ_LEN, imin(CKPT + 1, imax(1, budget / 4 / bb)));
-    test_grads(bb, tb, 0, 202);
+    int ba, ta;
+    test_grads_first(budget, &ba, &ta);
 
     test_determinism(ba, imin(MAX_SEQ_LEN, 2 * CKPT + 3), 303);
 
