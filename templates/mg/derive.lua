@@ -107,6 +107,18 @@ local function common(spec, opts)
   return d
 end
 
+-- Which scans a spec emits under scan.mode (both archs, the forward and
+-- Mamba-1's backward alike): whether the chunked kernel is emitted, and the
+-- runtime mode id (0 sequential, 1 chunked, 2 auto). Under auto both
+-- kernels exist only when a call can reach min_len, the length from which
+-- the chunked one runs.
+function M.scan_choice(mode, max_seq_len, min_len)
+  if mode == "sequential" then return false, 0 end
+  if mode == "chunked" then return true, 1 end
+  local chunked = max_seq_len >= min_len
+  return chunked, chunked and 2 or 0
+end
+
 -- Append a tensor to a blob layout under construction (shared by the archs).
 -- layout = { params = {}, next = 0 }.
 function M.add_param(layout, name, shape, key, layer)

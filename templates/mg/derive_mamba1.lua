@@ -180,17 +180,8 @@ function M.derive_inference(spec, d)
 
   d.scan_chunk = d.chunk_size
   d.scan_auto_min_len = math.max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4 * d.scan_chunk)
-  local mode = spec.scan.mode
   d.scan_emit_sequential = true
-  if mode == "sequential" then
-    d.scan_emit_chunked, d.scan_mode_id = false, 0
-  elseif mode == "chunked" then
-    d.scan_emit_chunked, d.scan_mode_id = true, 1
-  else
-    -- auto: both kernels only when a call can reach the threshold
-    d.scan_emit_chunked = d.max_seq_len >= d.scan_auto_min_len
-    d.scan_mode_id = d.scan_emit_chunked and 2 or 0
-  end
+  d.scan_emit_chunked, d.scan_mode_id = derive.scan_choice(spec.scan.mode, d.max_seq_len, d.scan_auto_min_len)
   d.scan_max_chunks = derive.ceil_div(d.max_seq_len, d.scan_chunk)
   assert(d.scan_max_chunks <= 65535, "derive_mamba1: too many chunks for grid.z")
   if d.scan_emit_chunked then
@@ -326,15 +317,7 @@ function M.derive_training(spec, d)
   d.bscan_span = derive.ceil_div(d.scan_chunk, bt) * bt
   d.bscan_span_ck = d.bscan_span // bt
   d.bscan_auto_min_len = math.max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4 * d.bscan_span)
-  local mode = spec.scan.mode
-  if mode == "sequential" then
-    d.bscan_emit_chunked, d.bscan_mode_id = false, 0
-  elseif mode == "chunked" then
-    d.bscan_emit_chunked, d.bscan_mode_id = true, 1
-  else
-    d.bscan_emit_chunked = d.max_seq_len >= d.bscan_auto_min_len
-    d.bscan_mode_id = d.bscan_emit_chunked and 2 or 0
-  end
+  d.bscan_emit_chunked, d.bscan_mode_id = derive.scan_choice(spec.scan.mode, d.max_seq_len, d.bscan_auto_min_len)
   d.bscan_max_spans = derive.ceil_div(d.max_seq_len, d.bscan_span)
   assert(d.bscan_max_spans <= 65535, "derive_mamba1: too many backward spans for grid.z")
   d.bscan_parts = d.bscan_emit_chunked and d.bscan_max_spans or 1

@@ -232,20 +232,40 @@ end
 -- 163 KiB, sm_86 / sm_89 99 KiB.
 M.CK_SMEM_MAX = { [90] = 225 * 1024, [80] = 161 * 1024, [86] = 97 * 1024, [89] = 97 * 1024 }
 
+-- The chunked kernel's shared memory in bytes for chunk q and `warps`
+-- warps: the staged tiles (rows padded by 16 bytes of the operand type
+-- d.ck_es against bank conflicts) and 7q + 4 floats of per-step scalars.
+local function ck_smem(d, q, warps)
+  local pad = 16 // d.ck_es
+  local ldn, ldq, ldw = d.N + pad, q + pad, 16 + pad
+  local elems = 2 * q * ldn + d.N * ldq + d.P * ldq + d.P * ldn + warps * 16 * ldw
+  return elems * d.ck_es + (7 * q + 4) * 4
+end
+
+-- The chunked kernel's output items and blocks per SM for chunk q, `warps`
+-- warps (`threads` threads) and smem_bytes of shared memory: pw, ny and
+-- min_blocks.
+--   output items: the widest p-split (<= 64 columns, a multiple of 8
+--   dividing P) that still gives every warp an item;
+--   blocks per SM the kernel is compiled for (__launch_bounds__ minimum):
+--   2 for the tensor-core engines when two blocks' shared memory fits in the
+--   SM's 228 KiB (1 KiB each reserved) and the block is <= 256 threads (128
+--   registers per thread), else 1 (up to 255 registers: no spills of the
+--   state tile).
+local function ck_items(d, q, warps, threads, smem_bytes)
+  local pw = math.min(d.P, 64)
+  while pw > 8 and (q // 16) * (d.P // pw) < warps do pw = pw // 2 end
+  local min_blocks = (d.ck_engine ~= "fma" and threads <= 256 and
+    2 * (smem_bytes + 1024) <= 228 * 1024) and 2 or 1
+  return pw, (q // 16) * (d.P // pw), min_blocks
+end
+
 function M.derive_inference(spec, d)
   d.lowp = d.dtype ~= "f32"
   d.convert_threads = 256
   d.convert_blocks_max = 1024
   d.scan_auto_min_len = math.max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4 * d.chunk_size)
-  local mode = spec.scan.mode
-  if mode == "sequential" then
-    d.scan_emit_chunked, d.scan_mode_id = false, 0
-  elseif mode == "chunked" then
-    d.scan_emit_chunked, d.scan_mode_id = true, 1
-  else
-    d.scan_emit_chunked = d.max_seq_len >= d.scan_auto_min_len
-    d.scan_mode_id = d.scan_emit_chunked and 2 or 0
-  end
+  d.scan_emit_chunked, d.scan_mode_id = derive.scan_choice(spec.scan.mode, d.max_seq_len, d.scan_auto_min_len)
   d.scan_kernel = d.scan_mode_id == 1 and "chunked" or (d.scan_mode_id == 2 and "auto" or "sequential")
   d.chunk_vs_seq_tol = d.lowp and d.check_tol or 1e-5
 
@@ -280,29 +300,13 @@ function M.derive_inference(spec, d)
   d.ck_pad = 16 // d.ck_es
   d.ck_ldn = d.N + d.ck_pad
   d.ck_ldw = 16 + d.ck_pad
-  local function smem(q)
-    local ldq = q + d.ck_pad
-    local elems = 2 * q * d.ck_ldn + d.N * ldq + d.P * ldq + d.P * d.ck_ldn + warps * 16 * d.ck_ldw
-    return elems * d.ck_es + (7 * q + 4) * 4
-  end
   local q = d.chunk_size
   local smax = M.CK_SMEM_MAX[d.sm] or M.CK_SMEM_MAX[80]
-  while q > 16 and smem(q) > smax do q = q // 2 end
+  while q > 16 and ck_smem(d, q, warps) > smax do q = q // 2 end
   d.ck_chunk = q
   d.ck_ldq = q + d.ck_pad
-  d.ck_smem_bytes = smem(q)
-  -- output items: the widest p-split (<= 64 columns, a multiple of 8
-  -- dividing P) that still gives every warp an item
-  local pw = math.min(d.P, 64)
-  while pw > 8 and (q // 16) * (d.P // pw) < warps do pw = pw // 2 end
-  d.ck_pw = pw
-  d.ck_ny = (q // 16) * (d.P // pw)
-  -- blocks per SM the kernel is compiled for (__launch_bounds__ minimum):
-  -- 2 for the tensor-core engines when two blocks' shared memory fits in the SM's 228 KiB (1 KiB each
-  -- reserved) and the block is <= 256 threads (128 registers per thread),
-  -- else 1 (up to 255 registers: no spills of the state tile)
-  d.ck_min_blocks = (d.ck_engine ~= "fma" and d.ck_threads <= 256 and
-    2 * (d.ck_smem_bytes + 1024) <= 228 * 1024) and 2 or 1
+  d.ck_smem_bytes = ck_smem(d, q, warps)
+  d.ck_pw, d.ck_ny, d.ck_min_blocks = ck_items(d, q, warps, d.ck_threads, d.ck_smem_bytes)
   d.ck_max_chunks = derive.ceil_div(d.max_seq_len, q)
   return d
 end
@@ -483,18 +487,12 @@ function M.ck_variant(d, q, warps)
   v.ck_ldw = 16 + v.ck_pad
   v.ck_ldq = q + v.ck_pad
   v.ck_chunk = q
-  v.ck_smem_bytes = (2 * q * v.ck_ldn + d.N * v.ck_ldq + d.P * v.ck_ldq + d.P * v.ck_ldn
-    + warps * 16 * v.ck_ldw) * d.ck_es + (7 * q + 4) * 4
+  v.ck_smem_bytes = ck_smem(d, q, warps)
   local smax = M.CK_SMEM_MAX[d.sm] or M.CK_SMEM_MAX[80]
   if v.ck_smem_bytes > smax then
     return nil, string.format("%d bytes of shared memory (> %d)", v.ck_smem_bytes, smax)
   end
-  local pw = math.min(d.P, 64)
-  while pw > 8 and (q // 16) * (d.P // pw) < warps do pw = pw // 2 end
-  v.ck_pw = pw
-  v.ck_ny = (q // 16) * (d.P // pw)
-  v.ck_min_blocks = (d.ck_engine ~= "fma" and v.ck_threads <= 256 and
-    2 * (v.ck_smem_bytes + 1024) <= 228 * 1024) and 2 or 1
+  v.ck_pw, v.ck_ny, v.ck_min_blocks = ck_items(d, q, warps, v.ck_threads, v.ck_smem_bytes)
   return v
 end
 
