@@ -10,20 +10,11 @@ local init = require("mg.init")
 local T = require("tests.harness").new("test_derive")
 local check, is = T.check, T.is
 
--- A canonical Mamba-1 spec (what validate returns), with overrides.
+-- A canonical Mamba-1 spec (what validate returns: the schema's defaults
+-- where not given here), with overrides.
 local function spec1(model, shapes, top)
-  local s = {
-    name = "m", arch = "mamba1", precision = "f32", target = "sm_90",
-    model = { d_model = 128, n_layers = 4, d_state = 16, expand = 2, d_conv = 4,
-              dt_rank = "auto", input_dim = 0, norm_eps = 1e-5 },
-    scan = { mode = "auto", chunk_size = 64 },
-    shapes = { max_batch = 8, max_seq_len = 256, batch = 0, seq_len = 0 },
-    emit = { training = true, inference = true, deterministic = true },
-  }
-  for k, v in pairs(model or {}) do s.model[k] = v end
-  for k, v in pairs(shapes or {}) do s.shapes[k] = v end
-  for k, v in pairs(top or {}) do s[k] = v end
-  return s
+  return T.spec("mamba1", { name = "m", model = { d_model = 128, n_layers = 4 }, shapes = { max_batch = 8, max_seq_len = 256 } },
+    { model = model, shapes = shapes }, top or {})
 end
 
 -- A host-style tree from an ordered description { {key, value-or-list}, ... }.
@@ -287,15 +278,9 @@ is(e72.decode_ec, 9, "E=72: 9 channels per block")
 is(e72.decode_vw, 1, "E=72: scalar slice loads")
 
 -- ------------------------------------------------------------ Mamba-3 SISO
-local m3spec = {
-  name = "m3", arch = "mamba3_siso", precision = "bf16", target = "sm_90",
-  model = { d_model = 128, n_layers = 2, d_state = 64, expand = 2, headdim = 32, ngroups = 2,
-            rope_fraction = 0.5, a_activation = "heavy_tail", a_floor = 1e-4, outproj_norm = true,
-            input_dim = 0, norm_eps = 1e-5 },
-  scan = { mode = "chunked", chunk_size = 64 },
-  shapes = { max_batch = 8, max_seq_len = 1024, batch = 0, seq_len = 0 },
-  emit = { training = true, inference = true, deterministic = true },
-}
+local m3spec = T.spec("mamba3_siso", { name = "m3", precision = "bf16",
+  model = { d_model = 128, n_layers = 2, d_state = 64, headdim = 32, ngroups = 2 },
+  scan = { mode = "chunked" }, shapes = { max_batch = 8, max_seq_len = 1024 } })
 local d3 = derive.derive(m3spec)
 is(d3.H, 8, "m3: H = 256/32")
 is(d3.S, 16, "m3: S = floor(64*0.5)/2")

@@ -7,36 +7,18 @@
 local derive = require("mg.derive")
 local emit = require("mg.emit")
 
-local n, failed = 0, 0
-local function check(cond, desc, detail)
-  n = n + 1
-  if cond then
-    print("  pass " .. n .. ": " .. desc)
-  else
-    failed = failed + 1
-    print("  FAIL " .. n .. ": " .. desc .. (detail and ("\n    " .. detail) or ""))
-  end
-end
-local function is(got, want, desc)
-  check(got == want, desc, string.format("got:  %s\n    want: %s", tostring(got), tostring(want)))
-end
+local T = require("tests.harness").new("test_derive_mamba3")
+local check, is = T.check, T.is
 
--- A canonical Mamba-3 spec (what validate returns), with overrides.
+-- A canonical Mamba-3 spec (what validate returns: the schema's defaults
+-- where not given here), with overrides.
 local function spec3(model, shapes, top, scan)
-  local s = {
-    name = "m3", arch = "mamba3_siso", precision = "f32", target = "sm_90",
-    model = { d_model = 128, n_layers = 4, d_state = 64, expand = 2, headdim = 32, ngroups = 1,
-              rope_fraction = 0.5, a_activation = "heavy_tail", a_floor = 1e-4, outproj_norm = true,
-              input_dim = 64, norm_eps = 1e-5 },
-    scan = { mode = "sequential", chunk_size = 64 },
-    shapes = { max_batch = 64, max_seq_len = 256, batch = 0, seq_len = 0 },
-    emit = { training = true, inference = true, deterministic = true },
-  }
-  for k, v in pairs(model or {}) do s.model[k] = v end
-  for k, v in pairs(shapes or {}) do s.shapes[k] = v end
-  for k, v in pairs(top or {}) do s[k] = v end
-  for k, v in pairs(scan or {}) do s.scan[k] = v end
-  return s
+  return T.spec("mamba3_siso", {
+    name = "m3",
+    model = { d_model = 128, n_layers = 4, d_state = 64, headdim = 32, input_dim = 64 },
+    scan = { mode = "sequential" },
+    shapes = { max_batch = 64, max_seq_len = 256 },
+  }, { model = model, shapes = shapes, scan = scan }, top or {})
 end
 
 -- ------------------------------------------------------------ specs/mamba3_rl.yaml
@@ -323,6 +305,4 @@ if ok then
   end
 end
 
-print(string.format("test_derive_mamba3: %d checks, %d failed", n, failed))
-if failed > 0 then error(string.format("test_derive_mamba3: %d of %d checks failed", failed, n), 0) end
-return true
+return T.done()
