@@ -27,6 +27,17 @@
 #include "mg_ref_mamba3.h"
 #include "mg_rng.h"
 
+/* Frees the host buffers of one step, NULL ones included (the step's
+ * allocations are checked together, so any of them may have failed):
+ * TG_FREE(a, b, c). */
+static void tg_free_all(void *const *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(p[i]);
+}
+#define TG_FREE(...)                                                                                                   \
+    tg_free_all((void *const[]){__VA_ARGS__}, sizeof((void *const[]){__VA_ARGS__}) / sizeof(void *))
+
 static int tg_cuda_fail(cudaError_t e, const char *what, char **err)
 {
     *err = xstr_printf("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
@@ -233,12 +244,7 @@ static int tg_reference(tg_data *t, const float *xc, const float *dt, const floa
                 t->g_ref[(r0 + i) * E + e] = y[i * E + e] * tg_silu((double)xz[(r0 + i) * 2 * E + E + e]);
     }
 out:
-    free(x64);
-    free(delta);
-    free(bc);
-    free(A);
-    free(Dp);
-    free(y);
+    TG_FREE(x64, delta, bc, A, Dp, y);
     return rc;
 }
 
@@ -322,15 +328,7 @@ tg_data *tg_data_new(const tg_dims *d, int max_batch, int max_seqlen, int min_ch
         ok = ok && tg_upload((void **)&t->dsum, NULL, sizeof(float) * t->dsum_floats, "chunk sums", err) == 0;
         ok = ok && tg_reference(t, xc, dt, dbl, xz, dt_bias, A_log, Dskip, state, err) == 0;
     }
-    free(xc);
-    free(dt);
-    free(dbl);
-    free(xz);
-    free(dt_bias);
-    free(A_log);
-    free(Dskip);
-    free(state);
-    free(stage);
+    TG_FREE(xc, dt, dbl, xz, dt_bias, A_log, Dskip, state, stage);
     if (!ok) {
         tg_data_free(t);
         return NULL;
@@ -521,9 +519,7 @@ int tg_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double
     void *hg = malloc(ng * as);
     float *g = malloc(ng * sizeof(float)), *s = malloc(ns * sizeof(float));
     if (!hg || !g || !s) {
-        free(hg);
-        free(g);
-        free(s);
+        TG_FREE(hg, g, s);
         *err = xstr_printf("out of host memory");
         return -1;
     }
@@ -545,9 +541,7 @@ int tg_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double
             rc = 1;
         }
     }
-    free(hg);
-    free(g);
-    free(s);
+    TG_FREE(hg, g, s);
     return rc;
 }
 
@@ -653,13 +647,7 @@ static int tg_m3_reference(tg_data *t, const float *q, const float *k, const flo
         rc = -1;
     }
 out:
-    free(q64);
-    free(k64);
-    free(v64);
-    free(a64);
-    free(dt64);
-    free(l64);
-    free(D64);
+    TG_FREE(q64, k64, v64, a64, dt64, l64, D64);
     return rc;
 }
 
@@ -716,18 +704,7 @@ static tg_data *tg_m3_data_new(const tg_dims *d, int max_batch, int max_seqlen, 
          * of every [rows][...] input (the kernel indexes b * seqlen + t) */
         ok = ok && tg_m3_reference(t, q, k, proj, adt, dt, lam, D, ssm, kp, vp, err) == 0;
     }
-    free(q);
-    free(k);
-    free(proj);
-    free(vtmp);
-    free(adt);
-    free(dt);
-    free(lam);
-    free(D);
-    free(ssm);
-    free(kp);
-    free(vp);
-    free(stage);
+    TG_FREE(q, k, proj, vtmp, adt, dt, lam, D, ssm, kp, vp, stage);
     if (!ok) {
         tg_data_free(t);
         return NULL;
@@ -760,8 +737,7 @@ static int tg_m3_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err
         return tg_cuda_fail(e, what, err);
     float *y = malloc(ny * sizeof(float)), *s = malloc(t->ns_ref * sizeof(float));
     if (!y || !s) {
-        free(y);
-        free(s);
+        TG_FREE(y, s);
         *err = xstr_printf("out of host memory");
         return -1;
     }
@@ -786,7 +762,6 @@ static int tg_m3_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err
             rc = 1;
         }
     }
-    free(y);
-    free(s);
+    TG_FREE(y, s);
     return rc;
 }
