@@ -51,6 +51,7 @@ E.FILES = {
   },
   { path = "%s.c",              template = "{dir}/model.c.tmpl" },
   { path = "mg_{k}_pipeline.h", copy = "host/{dir}/pipeline.h" },
+  { path = "mg_model_host.h",  copy = "host/common/model_host.h" },
   -- the test and bench programs (plain C; model_alias.h names the model)
   { path = "model_alias.h", template = "common/model_alias.h.tmpl" },
   { path = "%s_test.c",     copy = "host/{dir}/test.c" },

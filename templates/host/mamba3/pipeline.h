@@ -6,15 +6,9 @@
  * MODEL_NAME "NAME" and MODEL_UPPER "NAME in capitals" (for messages), and
  * the spec values the pipeline quotes or hands to the reference. The
  * launchers are MG_LAUNCH(fn) (NAME.h).
+ * What every arch's pipeline does the same way (setters, destructor, the
+ * decode graph) is mg_model_host.h, included below with this arch's states.
  * Plain C11; what the pipeline does is described at the top of NAME.c. */
-
-int model_param_index(const char *pname)
-{
-    if (!pname) return -1;
-    for (int i = 0; i < MODEL_N_PARAMS; ++i)
-        if (strcmp(model_params[i].name, pname) == 0) return i;
-    return -1;
-}
 
 /* ---- The model: stream, cuBLAS handle, borrowed weights, fixed workspace ---- */
 struct model_model {
@@ -36,11 +30,18 @@ struct model_model {
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
 };
 
-/* Bytes of a workspace buffer, rounded up to 256. */
-static size_t ws_bytes(size_t elems, size_t elem_size)
-{
-    return (elems * elem_size + 255u) & ~(size_t)255u;
-}
+/* The arch's checks and forward, for the common part (mg_model_host.h). */
+static mg_status check_call(const model_model *m, const char *fn, int batch, int seqlen,
+                            const float *u, const float *out, const float *const st[4],
+                            int states_required);
+static mg_status forward(model_model *m, int batch, int seqlen, const float *u, float *out,
+                         float *ssm, float *kp, float *vp, float *ang, int last_only, int decode);
+#define STATE_PARAMS float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle
+#define STATE_ARGS d_ssm, d_k_prev, d_v_prev, d_angle
+#define NO_STATES NULL, NULL, NULL, NULL
+#define CHECK_STATES(fn, batch, seqlen, u, out, required) \
+    check_call(m, fn, batch, seqlen, u, out, (const float *const[4]){ STATE_ARGS }, required)
+#include "mg_model_host.h"
 
 mg_status model_create(model_model **out, cudaStream_t stream)
 {
@@ -84,38 +85,6 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     return MG_OK;
 }
 
-void model_destroy(model_model *m)
-{
-    if (!m) return;
-    mg_dev_free(m->wa);
-    mg_dev_free(m->ws);
-    mg_blas_destroy(m->blas);
-    free(m);
-}
-
-mg_status model_set_stream(model_model *m, cudaStream_t stream)
-{
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_stream: model is NULL");
-    mg_status s = mg_blas_set_stream(m->blas, stream);
-    if (s != MG_OK) return s;
-    m->stream = stream;
-    return MG_OK;
-}
-
-mg_status model_set_weights(model_model *m, const float *d_weights, size_t n_floats)
-{
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_weights: model is NULL");
-    if (!d_weights) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_weights: weights pointer is NULL");
-    if (n_floats != (size_t)MODEL_WEIGHTS_FLOATS)
-        return mg_fail(MG_ERR_SIZE, MODEL_NAME "_set_weights: blob has %zu floats, expected %zu (" MODEL_UPPER "_WEIGHTS_FLOATS)",
-                       n_floats, (size_t)MODEL_WEIGHTS_FLOATS);
-    if (!mg_aligned(d_weights, 16))
-        return mg_fail(MG_ERR_ALIGNMENT, MODEL_NAME "_set_weights: weights pointer %p is not 16-byte aligned",
-                       (const void *)d_weights);
-    m->w = d_weights;
-    return model__convert_weights(m);
-}
-
 mg_status model__convert_weights(model_model *m)
 {
     if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "__convert_weights: model is NULL");
@@ -123,28 +92,6 @@ mg_status model__convert_weights(model_model *m)
 #if LOWP
     MG_CUDA(MG_LAUNCH(convert)(m->w, m->wa, (size_t)MODEL_WEIGHTS_FLOATS, m->stream));
 #endif
-    return MG_OK;
-}
-
-const void *model__gemm_weights(const model_model *m)
-{
-    if (!m || !m->w) return NULL;
-#if LOWP
-    return m->wa;
-#else
-    return m->w;
-#endif
-}
-
-mg_status model_set_scan(model_model *m, int choice)
-{
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_scan: model is NULL");
-    if (choice != MODEL_SCAN_SPEC && choice != MODEL_SCAN_SEQUENTIAL && choice != MODEL_SCAN_CHUNKED)
-        return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_scan: unknown choice %d (0 spec, 1 sequential, 2 chunked)", choice);
-    if (choice == MODEL_SCAN_CHUNKED && !HAS_CHUNKED)
-        return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_scan: this library has no chunked scan "
-                       SCAN_SPEC_WHY);
-    m->scan_choice = choice;
     return MG_OK;
 }
 
@@ -331,73 +278,6 @@ mg_status model_decode_step(model_model *m, int batch, const float *d_u, float *
     mg_status s = check_call(m, MODEL_NAME "_decode_step", batch, 1, d_u, d_out, st, 1);
     if (s != MG_OK) return s;
     return forward(m, batch, 1, d_u, d_out, d_ssm, d_k_prev, d_v_prev, d_angle, 0, 1);
-}
-
-/* ---- CUDA Graph of the decode step ---- */
-struct model_graph {
-    model_model *m;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-};
-
-void model_decode_graph_destroy(model_graph *g)
-{
-    if (!g) return;
-    if (g->exec) cudaGraphExecDestroy(g->exec);
-    if (g->graph) cudaGraphDestroy(g->graph);
-    free(g);
-}
-
-mg_status model_decode_graph_create(model_model *m, int batch, const float *d_u, float *d_out,
-                                  float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle,
-                                  model_graph **out)
-{
-    static const char fn[] = MODEL_NAME "_decode_graph_create";
-    if (!out) return mg_fail(MG_ERR_INVALID_ARG, "%s: graph pointer is NULL", fn);
-    *out = NULL;
-    const float *const stp[4] = { d_ssm, d_k_prev, d_v_prev, d_angle };
-    mg_status s = check_call(m, fn, batch, 1, d_u, d_out, stp, 1);
-    if (s != MG_OK) return s;
-    model_graph *g = (model_graph *)calloc(1, sizeof *g);
-    if (!g) return mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-    g->m = m;
-    /* Capture on an internal stream (the legacy default stream cannot be
-     * captured), after the model's pending work. A warm-up step from a fresh
-     * state on that stream first, so cuBLAS has set itself up for these
-     * shapes and this stream before the capture; it writes out only. */
-    const cudaStream_t old = m->stream;
-    cudaStream_t cap = NULL;
-    cudaError_t ce = cudaStreamSynchronize(old);
-    if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking);
-    if (ce != cudaSuccess) { free(g); return mg_cuda_check(ce, "decode_graph_create: stream"); }
-    s = model_set_stream(m, cap);
-    if (s == MG_OK) s = forward(m, batch, 1, d_u, d_out, NULL, NULL, NULL, NULL, 0, 1);
-    if (s == MG_OK) s = mg_cuda_check(cudaStreamSynchronize(cap), "decode_graph_create: warm-up");
-    if (s == MG_OK) {
-        s = mg_cuda_check(cudaStreamBeginCapture(cap, GRAPH_CAPTURE_MODE),
-                          "decode_graph_create: cudaStreamBeginCapture");
-        if (s == MG_OK) {
-            const mg_status sf = forward(m, batch, 1, d_u, d_out, d_ssm, d_k_prev, d_v_prev, d_angle, 0, 1);
-            /* End the capture whatever happened, so the stream is usable again. */
-            const cudaError_t ee = cudaStreamEndCapture(cap, &g->graph);
-            s = sf != MG_OK ? sf : mg_cuda_check(ee, "decode_graph_create: cudaStreamEndCapture");
-        }
-    }
-    if (s == MG_OK)
-        s = mg_cuda_check(cudaGraphInstantiate(&g->exec, g->graph, 0), "decode_graph_create: cudaGraphInstantiate");
-    const mg_status sr = model_set_stream(m, old);
-    if (s == MG_OK) s = sr;
-    cudaStreamDestroy(cap);
-    if (s != MG_OK) { model_decode_graph_destroy(g); return s; }
-    *out = g;
-    return MG_OK;
-}
-
-mg_status model_decode_graph_launch(model_graph *g)
-{
-    if (!g || !g->exec) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_decode_graph_launch: graph is NULL");
-    MG_CUDA(cudaGraphLaunch(g->exec, g->m->stream));
-    return MG_OK;
 }
 
 /* ======================================================================

@@ -1,0 +1,150 @@
+/* model_host.h (emitted as mg_model_host.h): the part of a library's host
+ * pipeline that every arch writes the same way: the parameter lookup, the
+ * model object's destructor and setters, and the CUDA Graph of the decode
+ * step. (model_create, the forward and the self-check share steps too, but
+ * keep them inline in each arch's pipeline: split into helpers they compile
+ * to other instructions.)
+ * It names no model and no state: the arch's pipeline (host/ARCH/pipeline.h)
+ * includes it once, after its struct model_model and the prototypes of its
+ * check_call and forward, and names its recurrent states for it:
+ *   STATE_PARAMS       the states as parameters of a public function
+ *                      (float *d_conv_state, float *d_ssm_state, ...)
+ *   STATE_ARGS         the same names as arguments
+ *   NO_STATES          NULL for each state (a call from a fresh state)
+ *   CHECK_STATES(fn, batch, seqlen, u, out, required)
+ *                      the arch's check_call of those states
+ * The names model_X / MODEL_X, MODEL_NAME, MODEL_UPPER, SCAN_SPEC_WHY,
+ * HAS_CHUNKED, LOWP and GRAPH_CAPTURE_MODE come from NAME.c. Plain C11. */
+
+int model_param_index(const char *pname)
+{
+    if (!pname) return -1;
+    for (int i = 0; i < MODEL_N_PARAMS; ++i)
+        if (strcmp(model_params[i].name, pname) == 0) return i;
+    return -1;
+}
+
+/* Bytes of a workspace buffer, rounded up to 256. */
+static size_t ws_bytes(size_t elems, size_t elem_size)
+{
+    return (elems * elem_size + 255u) & ~(size_t)255u;
+}
+
+void model_destroy(model_model *m)
+{
+    if (!m) return;
+    mg_dev_free(m->wa);
+    mg_dev_free(m->ws);
+    mg_blas_destroy(m->blas);
+    free(m);
+}
+
+mg_status model_set_stream(model_model *m, cudaStream_t stream)
+{
+    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_stream: model is NULL");
+    mg_status s = mg_blas_set_stream(m->blas, stream);
+    if (s != MG_OK) return s;
+    m->stream = stream;
+    return MG_OK;
+}
+
+mg_status model_set_weights(model_model *m, const float *d_weights, size_t n_floats)
+{
+    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_weights: model is NULL");
+    if (!d_weights) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_weights: weights pointer is NULL");
+    if (n_floats != (size_t)MODEL_WEIGHTS_FLOATS)
+        return mg_fail(MG_ERR_SIZE, MODEL_NAME "_set_weights: blob has %zu floats, expected %zu (" MODEL_UPPER "_WEIGHTS_FLOATS)",
+                       n_floats, (size_t)MODEL_WEIGHTS_FLOATS);
+    if (!mg_aligned(d_weights, 16))
+        return mg_fail(MG_ERR_ALIGNMENT, MODEL_NAME "_set_weights: weights pointer %p is not 16-byte aligned",
+                       (const void *)d_weights);
+    m->w = d_weights;
+    return model__convert_weights(m);
+}
+
+const void *model__gemm_weights(const model_model *m)
+{
+    if (!m || !m->w) return NULL;
+#if LOWP
+    return m->wa;
+#else
+    return m->w;
+#endif
+}
+
+mg_status model_set_scan(model_model *m, int choice)
+{
+    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_scan: model is NULL");
+    if (choice != MODEL_SCAN_SPEC && choice != MODEL_SCAN_SEQUENTIAL && choice != MODEL_SCAN_CHUNKED)
+        return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_scan: unknown choice %d (0 spec, 1 sequential, 2 chunked)", choice);
+    if (choice == MODEL_SCAN_CHUNKED && !HAS_CHUNKED)
+        return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_scan: this library has no chunked scan "
+                       SCAN_SPEC_WHY);
+    m->scan_choice = choice;
+    return MG_OK;
+}
+
+/* ---- CUDA Graph of the decode step ---- */
+struct model_graph {
+    model_model *m;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+};
+
+void model_decode_graph_destroy(model_graph *g)
+{
+    if (!g) return;
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    if (g->graph) cudaGraphDestroy(g->graph);
+    free(g);
+}
+
+mg_status model_decode_graph_create(model_model *m, int batch, const float *d_u, float *d_out,
+                                    STATE_PARAMS, model_graph **out)
+{
+    static const char fn[] = MODEL_NAME "_decode_graph_create";
+    if (!out) return mg_fail(MG_ERR_INVALID_ARG, "%s: graph pointer is NULL", fn);
+    *out = NULL;
+    mg_status s = CHECK_STATES(fn, batch, 1, d_u, d_out, 1);
+    if (s != MG_OK) return s;
+    model_graph *g = (model_graph *)calloc(1, sizeof *g);
+    if (!g) return mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    g->m = m;
+    /* Capture on an internal stream (the legacy default stream cannot be
+     * captured), after the model's pending work. A warm-up step from a fresh
+     * state on that stream first, so cuBLAS has set itself up for these
+     * shapes and this stream before the capture; it writes out only. */
+    const cudaStream_t old = m->stream;
+    cudaStream_t cap = NULL;
+    cudaError_t ce = cudaStreamSynchronize(old);
+    if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking);
+    if (ce != cudaSuccess) { free(g); return mg_cuda_check(ce, "decode_graph_create: stream"); }
+    s = model_set_stream(m, cap);
+    if (s == MG_OK) s = forward(m, batch, 1, d_u, d_out, NO_STATES, 0, 1);
+    if (s == MG_OK) s = mg_cuda_check(cudaStreamSynchronize(cap), "decode_graph_create: warm-up");
+    if (s == MG_OK) {
+        s = mg_cuda_check(cudaStreamBeginCapture(cap, GRAPH_CAPTURE_MODE),
+                          "decode_graph_create: cudaStreamBeginCapture");
+        if (s == MG_OK) {
+            const mg_status sf = forward(m, batch, 1, d_u, d_out, STATE_ARGS, 0, 1);
+            /* End the capture whatever happened, so the stream is usable again. */
+            const cudaError_t ee = cudaStreamEndCapture(cap, &g->graph);
+            s = sf != MG_OK ? sf : mg_cuda_check(ee, "decode_graph_create: cudaStreamEndCapture");
+        }
+    }
+    if (s == MG_OK)
+        s = mg_cuda_check(cudaGraphInstantiate(&g->exec, g->graph, 0), "decode_graph_create: cudaGraphInstantiate");
+    const mg_status sr = model_set_stream(m, old);
+    if (s == MG_OK) s = sr;
+    cudaStreamDestroy(cap);
+    if (s != MG_OK) { model_decode_graph_destroy(g); return s; }
+    *out = g;
+    return MG_OK;
+}
+
+mg_status model_decode_graph_launch(model_graph *g)
+{
+    if (!g || !g->exec) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_decode_graph_launch: graph is NULL");
+    MG_CUDA(cudaGraphLaunch(g->exec, g->m->stream));
+    return MG_OK;
+}
