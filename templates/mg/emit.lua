@@ -42,13 +42,17 @@ E.FILES = {
   { arch = "mamba1",   -- the kernels, then the kernel bodies they include (plain CUDA, one header per phase)
     { path = "%s_kernels.cu",        template = "mamba1/kernels.cu.tmpl" },
     { path = "mg_dtype.cuh",         copy = "kernels/common/dtype.cuh" },
-    bodies("util.cuh norm.cuh conv.cuh scan_body.cuh scan_fwd.cuh decode.cuh launch.cuh launch.h"),
+    bodies("util.cuh conv.cuh scan_body.cuh scan_fwd.cuh decode.cuh launch.cuh launch.h"),
   },
   { arch = "mamba3_siso",   -- the kernel bodies (templates/kernels/mamba3/), then the kernels that include them
-    bodies("rms_row.cuh norm.cuh prep.cuh angles.cuh scan.cuh tiles.cuh chunked_body.cuh chunked_fwd.cuh convert.cuh gate.cuh"
+    bodies("prep.cuh angles.cuh scan.cuh tiles.cuh chunked_body.cuh chunked_fwd.cuh gate.cuh"
         .. " launch_fwd.cuh launch.h"),
     { path = "%s_kernels.cu",          template = "mamba3/kernels.cu.tmpl" },
   },
+  -- the inference kernels every arch shares (templates/kernels/common/)
+  { path = "mg_rms_row.cuh", copy = "kernels/common/rms_row.cuh" },
+  { path = "mg_norm.cuh",    copy = "kernels/common/norm.cuh" },
+  { path = "mg_convert.cuh", copy = "kernels/common/convert.cuh" },
   { path = "%s.c",              template = "{dir}/model.c.tmpl" },
   { path = "mg_{k}_pipeline.h", copy = "host/{dir}/pipeline.h" },
   { path = "mg_model_host.h",  copy = "host/common/model_host.h" },
@@ -61,17 +65,19 @@ E.FILES = {
   { path = "%s_train.h", template = "{dir}/train.h.tmpl", when = "training" },
   { arch = "mamba1", when = "training",
     { path = "%s_backward.cu",         template = "mamba1/backward.cu.tmpl" },
-    bodies("train_norm.cuh train_conv.cuh scan_bwd.cuh adamw.cuh launch_train.cuh launch_train.h"),
+    bodies("train_norm.cuh train_conv.cuh scan_bwd.cuh launch_train.cuh launch_train.h"),
     { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh" },
   },
   { arch = "mamba3_siso", when = "training",
     bodies("angles_bwd.cuh"),
     { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh" },
-    bodies("train_util.cuh train_fwd.cuh norm_bwd.cuh gate_bwd.cuh scan_bwd.cuh chunked_bwd.cuh prep_bwd.cuh adamw.cuh"
+    bodies("train_util.cuh train_fwd.cuh norm_bwd.cuh gate_bwd.cuh scan_bwd.cuh chunked_bwd.cuh prep_bwd.cuh"
         .. " launch_train.cuh launch_train.h"),
     { path = "%s_backward.cu",         template = "mamba3/backward.cu.tmpl" },
   },
   -- the training kernels every arch shares (templates/kernels/common/, train_optim parts)
+  { path = "mg_train_norm.cuh", copy = "kernels/common/train_norm.cuh", when = "training" },
+  { path = "mg_adamw.cuh",     copy = "kernels/common/adamw.cuh",     when = "training" },
   { path = "mg_grad_norm.cuh", copy = "kernels/common/grad_norm.cuh", when = "training" },
   { path = "mg_loss.cuh",      copy = "kernels/common/loss.cuh",      when = "training" },
   { path = "%s_train.c",       template = "{dir}/train.c.tmpl",       when = "training" },

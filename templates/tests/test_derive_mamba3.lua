@@ -243,7 +243,7 @@ if ok then
     "model_alias.h<common/model_alias.h.tmpl", "mamba3_rl_test.c<host/mamba3/test.c", "mamba3_rl_bench.c<host/mamba3/bench.c",
     "bench_util.h<host/common/bench_util.h", "Makefile<common/Makefile.tmpl",
     -- the kernel bodies, copied (plain CUDA)
-    "mg_m3_norm.cuh<kernels/mamba3/norm.cuh", "mg_m3_prep.cuh<kernels/mamba3/prep.cuh",
+    "mg_norm.cuh<kernels/common/norm.cuh", "mg_m3_prep.cuh<kernels/mamba3/prep.cuh",
     "mg_m3_angles.cuh<kernels/mamba3/angles.cuh", "mg_m3_scan.cuh<kernels/mamba3/scan.cuh",
     "mg_m3_tiles.cuh<kernels/mamba3/tiles.cuh", "mg_m3_chunked_fwd.cuh<kernels/mamba3/chunked_fwd.cuh",
     "mg_m3_gate.cuh<kernels/mamba3/gate.cuh", "mg_m3_launch_fwd.cuh<kernels/mamba3/launch_fwd.cuh",

@@ -1,20 +1,23 @@
-// mg_m3_adamw.cuh: the fused AdamW step over the Mamba-3 SISO weight blob
-// (param_class of NAME_backward.cu says which elements are weights) and the
-// trainer's conversion of the weights to the storage dtype.
-// adamw_params is NAME_adamw_params (typedef of the train_optim "norm" part).
-// Included inside the anonymous namespace of NAME_backward.cu, after
-// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+// mg_adamw.cuh: the fused AdamW step over a weight blob and the trainer's
+// conversion of the weights to the storage dtype, for every arch.
+// Written against NAME_common.cuh (act_t), the RED_THREADS and param_class
+// of NAME_backward.cu (which elements are weights) and adamw_params (the
+// train_optim "norm" part); included inside the anonymous namespace of
+// NAME_backward.cu, so it includes nothing itself. The arch's adamw_kernel
+// is a one-line wrapper of adamw_blob (Mamba-1's also writes the
+// low-precision copy, Mamba-3's passes none).
 
 // Fused AdamW over the whole blob (PyTorch torch.optim.AdamW order):
 //   g = grad * stat[1];  p *= 1 - lr wd (decoupled; matrices only if asked)
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= step_size m / (sqrt(v)/sqrt(bc2) + eps),  step_size = lr/bc1
-// Padding elements are never written. Nothing is written when stat[0] (the
-// norm) is not finite.
-__global__ void __launch_bounds__(RED_THREADS)
-adamw_kernel(size_t n, float *__restrict__ w, const float *__restrict__ g, float *__restrict__ m,
-             float *__restrict__ v, const float *__restrict__ stat,
-             const adamw_params *__restrict__ hp, const float *__restrict__ coef)
+// Padding elements are never written. wa (optional: nullptr for none) gets
+// the low-precision copy of the updated weights. Nothing is written when
+// stat[0] (the norm) is not finite.
+__device__ __forceinline__ void adamw_blob(size_t n, float *__restrict__ w, const float *__restrict__ g,
+                                           float *__restrict__ m, float *__restrict__ v,
+                                           const float *__restrict__ stat, const adamw_params *__restrict__ hp,
+                                           const float *__restrict__ coef, act_t *__restrict__ wa)
 {
     if (!isfinite(stat[0])) return;   // non-finite gradients: the step is skipped
     const float sc = stat[1];
@@ -33,6 +36,7 @@ adamw_kernel(size_t n, float *__restrict__ w, const float *__restrict__ g, float
         m[i] = mi;
         v[i] = vi;
         w[i] = p;
+        if (wa) wa[i] = from_f32<act_t>(p);
     }
 }
 

@@ -1,5 +1,6 @@
-// mg_m3_convert.cuh: the weight conversion of the inference forward with a
-// 16-bit storage dtype (f32 blob -> storage dtype, round to nearest).
+// mg_convert.cuh: the weight conversion of the inference forward with a
+// 16-bit storage dtype (f32 blob -> storage dtype, round to nearest), the
+// same for every arch.
 // Included inside the anonymous namespace of the package's .cu files, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 

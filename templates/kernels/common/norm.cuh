@@ -1,5 +1,6 @@
-// mg_m3_norm.cuh: the RMSNorm of the Mamba-3 SISO inference forward (block
-// pre-norm and norm_f) and the bias rows that start the input projection.
+// mg_norm.cuh: the RMSNorm of the inference forward (layer pre-norm and
+// norm_f; its row is mg_rms_row.cuh) and the bias rows that start the input
+// projection, the same for every arch.
 // Included inside the anonymous namespace of the package's .cu files, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 

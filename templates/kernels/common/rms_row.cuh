@@ -1,11 +1,12 @@
-// mg_m3_rms_row.cuh: the row of the Mamba-3 SISO RMSNorm kernels (inference
-// and training): one block of NORM_THREADS threads per row of D floats,
+// mg_rms_row.cuh: the row of every RMSNorm kernel (inference and training,
+// both archs): one block of NORM_THREADS threads per row of D floats,
 // NORM_ITERS float4 vectors per thread kept in registers, the sum of squares
 // reduced in f32 by a warp shuffle butterfly, then across the NORM_WARPS
 // warps in index order, so every thread computes the same, deterministic
-// scale. One copy, so both paths normalise with the same bits.
-// Included inside the anonymous namespace of the package's .cu files, after
-// NAME_common.cuh (whose constants it uses): it includes nothing itself.
+// scale. One copy, so every path normalises with the same bits.
+// Written against NAME_common.cuh (D, EPS, NORM_*, FULL_MASK) and store4;
+// included inside the anonymous namespace of the package's .cu files: it
+// includes nothing itself.
 
 // Loads row hr into v and returns r = 1/sqrt(mean(row^2) + eps), the same in
 // every thread. part: the kernel's __shared__ float[NORM_WARPS].

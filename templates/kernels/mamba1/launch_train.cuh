@@ -22,7 +22,7 @@ static unsigned grid_for(size_t n)
 extern "C" cudaError_t MG_LAUNCH(train_bias_rows)(float *h, const float *bias, int rows, cudaStream_t st)
 {
     const size_t n = (size_t)rows * D;
-    train_bias_rows_kernel<<<grid_for(n), RED_THREADS, 0, st>>>(n, bias, h);
+    bias_rows_train_kernel<<<grid_for(n), RED_THREADS, 0, st>>>(n, bias, h);
     return cudaGetLastError();
 }
 
@@ -159,6 +159,6 @@ extern "C" cudaError_t MG_LAUNCH(adamw)(float *w, const float *g, float *m, floa
 
 extern "C" cudaError_t MG_LAUNCH(train_convert)(const float *w, void *wa, cudaStream_t st)
 {
-    train_convert_kernel<<<grid_for(WEIGHTS_TOTAL), RED_THREADS, 0, st>>>(WEIGHTS_TOTAL, w, static_cast<act_t *>(wa));
+    convert_train_kernel<<<grid_for(WEIGHTS_TOTAL), RED_THREADS, 0, st>>>(WEIGHTS_TOTAL, w, static_cast<act_t *>(wa));
     return cudaGetLastError();
 }

@@ -1,81 +1,9 @@
-// mg_m3_norm_bwd.cuh: the RMSNorm backward of the Mamba-3 SISO training path
-// and the deterministic column sums of its weight gradients (partials per
-// block of rows, then summed in partition order).
+// mg_m3_norm_bwd.cuh: the first stage of the deterministic column sums of
+// the Mamba-3 SISO per-token weight gradients (partials per block of rows;
+// the RMSNorm backward and the in-order sum of the partials are the shared
+// mg_train_norm.cuh).
 // Included inside the anonymous namespace of NAME_backward.cu, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
-
-// RMSNorm backward over NORMB_ROWS rows per block (grid = ceil(rows/NORMB_ROWS)):
-//   dx = r (w dy) - r^3/D h sum(w dy h)
-//   dh = dx (accumulate = 0: norm_f) or dh + dx (layer norms: the residual path)
-//   dh_act (optional) = (act_t) dh, the GEMM copy of the residual gradient
-//   part[block][d] = sum over the block's rows of dy h r (weight gradient partial)
-//   dscale (optional, device): dy is read as dy * *dscale (the loss scale)
-__global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_bwd_kernel(int rows, const float *__restrict__ h, const float *__restrict__ w,
-                   const float *__restrict__ rstd, const float *__restrict__ dy,
-                   const float *__restrict__ dscale, int accumulate,
-                   float *__restrict__ dh, act_t *__restrict__ dh_act, float *__restrict__ part)
-{
-    const float ds = dscale ? *dscale : 1.0f;
-    __shared__ float red[2][NORM_WARPS];
-    const float4 *w4 = reinterpret_cast<const float4 *>(w);
-    float4 gw[NORM_ITERS], wv[NORM_ITERS];
-#pragma unroll
-    for (int i = 0; i < NORM_ITERS; ++i) {
-        const int c = threadIdx.x + i * NORM_THREADS;
-        gw[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        wv[i] = (c < NORM_VECS) ? w4[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    const int r0 = blockIdx.x * NORMB_ROWS;
-    const int nr = min(NORMB_ROWS, rows - r0);
-    for (int rr = 0; rr < nr; ++rr) {
-        const size_t row = (size_t)(r0 + rr);
-        const float4 *hr = reinterpret_cast<const float4 *>(h + row * D);
-        const float4 *dr = reinterpret_cast<const float4 *>(dy + row * D);
-        const float r = rstd[row];
-        float4 hv[NORM_ITERS], gv[NORM_ITERS];
-        float dot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NORM_ITERS; ++i) {
-            const int c = threadIdx.x + i * NORM_THREADS;
-            hv[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            gv[i] = (c < NORM_VECS) ? dr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            gv[i].x *= ds; gv[i].y *= ds; gv[i].z *= ds; gv[i].w *= ds;
-            dot += gv[i].x * wv[i].x * hv[i].x + gv[i].y * wv[i].y * hv[i].y +
-                   gv[i].z * wv[i].z * hv[i].z + gv[i].w * wv[i].w * hv[i].w;
-            gw[i].x += gv[i].x * hv[i].x * r; gw[i].y += gv[i].y * hv[i].y * r;
-            gw[i].z += gv[i].z * hv[i].z * r; gw[i].w += gv[i].w * hv[i].w * r;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
-        if ((threadIdx.x & 31) == 0) red[rr & 1][threadIdx.x >> 5] = dot;
-        __syncthreads();   // one barrier per row: red is double-buffered
-        float tot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NORM_WARPS; ++i) tot += red[rr & 1][i];
-        const float k3 = r * r * r * tot / (float)D;
-        float4 *ho = reinterpret_cast<float4 *>(dh + row * D);
-#pragma unroll
-        for (int i = 0; i < NORM_ITERS; ++i) {
-            const int c = threadIdx.x + i * NORM_THREADS;
-            if (c < NORM_VECS) {
-                float4 o = accumulate ? ho[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                o.x += r * wv[i].x * gv[i].x - k3 * hv[i].x;
-                o.y += r * wv[i].y * gv[i].y - k3 * hv[i].y;
-                o.z += r * wv[i].z * gv[i].z - k3 * hv[i].z;
-                o.w += r * wv[i].w * gv[i].w - k3 * hv[i].w;
-                ho[c] = o;
-                if (dh_act) store4(dh_act + row * D + 4 * c, o);
-            }
-        }
-    }
-    float *pr = part + (size_t)blockIdx.x * D;
-#pragma unroll
-    for (int i = 0; i < NORM_ITERS; ++i) {
-        const int c = threadIdx.x + i * NORM_THREADS;
-        if (c < NORM_VECS) store4(pr + 4 * c, gw[i]);
-    }
-}
 
 // part[block][c] = sum over the block's NORMB_ROWS rows of x[row][c] (rows in
 // order), x [rows][width]: the first stage of every per-token column sum
@@ -91,17 +19,4 @@ colsum_part_kernel(int rows, int width, const float *__restrict__ x, float *__re
         for (int rr = 0; rr < nr; ++rr) acc += x[(size_t)(r0 + rr) * width + c];
         part[(size_t)blockIdx.x * width + c] = acc;
     }
-}
-
-// out[i] = sum_{p < nparts} part[p * pstride + i], p in order (second stage of
-// every per-parameter reduction).
-__global__ void __launch_bounds__(RED_THREADS)
-reduce_parts_kernel(const float *__restrict__ part, int nparts, size_t pstride, int n,
-                    float *__restrict__ out)
-{
-    const int i = blockIdx.x * RED_THREADS + threadIdx.x;
-    if (i >= n) return;
-    float acc = 0.0f;
-    for (int p = 0; p < nparts; ++p) acc += part[(size_t)p * pstride + i];
-    out[i] = acc;
 }

@@ -1,34 +1,10 @@
 // mg_m3_train_fwd.cuh: the Mamba-3 SISO forward for training, where it differs
-// from inference: the bias rows, the RMSNorm that saves 1/rms, the sequential
-// scan that saves a state checkpoint every CKPT_STRIDE steps. (prep,
-// angles and the gate are the inference kernels: mg_m3_prep.cuh,
-// mg_m3_angles.cuh, mg_m3_gate.cuh.)
+// from inference: the sequential scan that saves a state checkpoint every
+// CKPT_STRIDE steps. (The bias rows and the RMSNorm that saves 1/rms are
+// mg_train_norm.cuh; prep, angles and the gate are the inference kernels:
+// mg_m3_prep.cuh, mg_m3_angles.cuh, mg_m3_gate.cuh.)
 // Included inside the anonymous namespace of NAME_backward.cu, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
-
-// h[row][:] = bias (before the input GEMM accumulates u . W^T into h).
-__global__ void __launch_bounds__(RED_THREADS)
-bias_rows_train_kernel(size_t n, const float *__restrict__ bias, float *__restrict__ h)
-{
-    for (size_t i = (size_t)blockIdx.x * RED_THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * RED_THREADS)
-        h[i] = bias[i % D];
-}
-
-// y[row] = h[row] * r * w, r = rsqrt(mean(h[row]^2) + eps), and rstd[row] = r.
-// One block per row, NORM_ITERS float4 per thread, warp butterflies then
-// warps in order (as the inference RMSNorm).
-template <typename OutT>
-__global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_fwd_kernel(const float *__restrict__ h, const float *__restrict__ w, OutT *__restrict__ y,
-                   float *__restrict__ rstd)
-{
-    const size_t row = blockIdx.x;
-    __shared__ float part[NORM_WARPS];
-    float4 v[NORM_ITERS];
-    const float r = rms_load(reinterpret_cast<const float4 *>(h + row * D), v, part);
-    if (threadIdx.x == 0) rstd[row] = r;
-    rms_store(y, row, w, v, r);
-}
 
 // The SSM forward for training (math.md steps 8-10), one block per (head,
 // sequence): the inference scan's recurrence and arithmetic, with the state
