@@ -1,5 +1,5 @@
 /* mg_ref_mamba1.h: the Mamba-1 reference path. Plain C, runtime dims, f64
- * accumulation, the step recurrence of math.md (not the chunked form). It is
+ * accumulation, the step recurrence of doc/math.md (not the chunked form). It is
  * the oracle every generated Mamba-1 pipeline is checked against. Weights
  * come in the same f32 blob layout as the generated libraries
  * (doc/HACKING.md), laid out independently by mg_ref_mamba1_layout. */
@@ -101,7 +101,7 @@ mg_status mg_ref_mamba1_backward_f64(const mg_m1_dims *d, const mg_m1_layout *l,
 
 /* The two sequence kernels of the mixer, for one sequence, exposed so tests
  * can hold them against naive loops.
- * Causal depthwise conv + SiLU (math.md step 2): x[t*ldx + e] (t < T,
+ * Causal depthwise conv + SiLU (doc/math.md step 2): x[t*ldx + e] (t < T,
  * e < E), w [E][K], bias [E]; state [E][K-1] (oldest first) supplies the
  * inputs before t = 0 and is overwritten with the last K-1 inputs; NULL
  * means zeros, nothing written. pre [T][E] (pre-activation; may be NULL),
@@ -109,7 +109,7 @@ mg_status mg_ref_mamba1_backward_f64(const mg_m1_dims *d, const mg_m1_layout *l,
 void mg_ref_m1_conv(int T, int E, int K, const double *x, int ldx,
                     const double *w, const double *bias, double *state,
                     double *pre, double *xc);
-/* Selective scan, step form (math.md steps 6-7): xc, delta [T][E],
+/* Selective scan, step form (doc/math.md steps 6-7): xc, delta [T][E],
  * A [E][N] (already -exp(A_log)), B and C rows at Bm[t*ldbc + n],
  * Cm[t*ldbc + n], Dp [E]; s [E][N] is the state in/out (must not be NULL);
  * y [T][E]; s_hist [T][E][N] receives s after every step (may be NULL). */

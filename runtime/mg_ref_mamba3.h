@@ -1,5 +1,5 @@
 /* mg_ref_mamba3.h: the Mamba-3 SISO reference path. Plain C, runtime dims,
- * f64 accumulation, the step recurrence of math.md (not the chunked form).
+ * f64 accumulation, the step recurrence of doc/math.md (not the chunked form).
  * It is the oracle every generated Mamba-3 pipeline is checked against:
  * forward with state in/out, backward by reverse-mode through the step
  * recurrence, and an f64 evaluator of the chunked form of the SSM core (the
@@ -144,7 +144,7 @@ mg_status mg_ref_mamba3_backward_f64(const mg_m3_dims *d, const mg_m3_layout *l,
                                      const double *blob, int batch, int seqlen,
                                      const double *u, MG_M3_BWD_STATES);
 
-/* The SSM core of one layer (math.md steps 8-10), on precomputed per-token
+/* The SSM core of one layer (doc/math.md steps 8-10), on precomputed per-token
  * inputs. Per (batch b, token t, head h):
  *   alpha = exp(adt), beta = (1-lam)*dt*alpha, gamma = lam*dt,
  *   Hs_t = alpha Hs_{t-1} + beta v_{t-1} k'_{t-1}^T + gamma v_t k'_t^T,
@@ -167,7 +167,7 @@ typedef struct mg_m3_ssm_args {
 /* The step recurrence (what mg_ref_mamba3_forward uses). */
 mg_status mg_ref_mamba3_ssm_step(const mg_m3_ssm_args *a);
 
-/* The chunked form of math.md with chunk length `chunk` (>= 1; the last
+/* The chunked form of doc/math.md with chunk length `chunk` (>= 1; the last
  * chunk may be shorter): per chunk, cumulative sums of adt, intra-chunk
  * causal sums with the shifted gamma scale_s = gamma_s + (1-lam_{s+1})
  * dt_{s+1} (dt past the end of the call = 0), chunk states passed on as
