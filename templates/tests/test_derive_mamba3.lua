@@ -251,7 +251,8 @@ if ok then
     "mg_m3_chunked_bwd.cuh<kernels/mamba3/chunked_bwd.cuh", "mg_m3_launch_train.cuh<kernels/mamba3/launch_train.cuh",
     -- the training half (emit.training)
     "mamba3_rl_train.h<mamba3/train.h.tmpl", "mamba3_rl_backward.cu<mamba3/backward.cu.tmpl",
-    "mamba3_rl_train.c<mamba3/train.c.tmpl", "mamba3_rl_train_test.c<host/mamba3/train_test.c",
+    "mamba3_rl_train.c<mamba3/train.c.tmpl", "mg_m3_train_pipeline.h<host/mamba3/train_pipeline.h",
+    "mamba3_rl_train_test.c<host/mamba3/train_test.c",
     "train_tests.h<host/common/train_tests.h" }
   local have = {}
   for _, nm in ipairs(names) do have[nm] = true end
