@@ -82,6 +82,7 @@ E.FILES = {
   { path = "mg_loss.cuh",      copy = "kernels/common/loss.cuh",      when = "training" },
   { path = "%s_train.c",       template = "{dir}/train.c.tmpl",       when = "training" },
   { path = "mg_{k}_train_pipeline.h", copy = "host/{dir}/train_pipeline.h", when = "training" },
+  { path = "mg_train_host.h",  copy = "host/common/train_host.h",     when = "training" },
   { path = "%s_train_test.c",  copy = "host/{dir}/train_test.c",      when = "training" },
   { path = "train_tests.h",    copy = "host/common/train_tests.h",    when = "training" },
   { path = "Makefile",         template = "common/Makefile.tmpl", prefix = "#" },

@@ -252,6 +252,7 @@ if ok then
     -- the training half (emit.training)
     "mamba3_rl_train.h<mamba3/train.h.tmpl", "mamba3_rl_backward.cu<mamba3/backward.cu.tmpl",
     "mamba3_rl_train.c<mamba3/train.c.tmpl", "mg_m3_train_pipeline.h<host/mamba3/train_pipeline.h",
+    "mg_train_host.h<host/common/train_host.h",
     "mamba3_rl_train_test.c<host/mamba3/train_test.c",
     "train_tests.h<host/common/train_tests.h" }
   local have = {}

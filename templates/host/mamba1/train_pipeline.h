@@ -6,7 +6,10 @@
  * offsets, workspace sizes) and the names the pipeline uses (model_X is
  * NAME_X, MODEL_X is NAME_X in capitals, MODEL_NAME "NAME" for messages, and
  * the spec values quoted in messages). Plain C11; what the pipeline does is
- * described at the top of NAME_train.c. */
+ * described at the top of NAME_train.c.
+ * What both archs' trainers do the same way (life cycle, argument checks,
+ * loss-scaling accessors, the training graph's object) is mg_train_host.h,
+ * included below. */
 
 struct model_trainer {
     cudaStream_t stream;
@@ -41,10 +44,9 @@ struct model_trainer {
     float *coef;                   /* its derived factors: decay, step size, sqrt(bc2) (device) */
 };
 
-static size_t ws_bytes(size_t elems, size_t elem_size)
-{
-    return (elems * elem_size + 255u) & ~(size_t)255u;
-}
+/* Sizes (p == NULL) or carves (p != NULL) the workspace; below. */
+static size_t carve(model_trainer *t, char *p);
+#include "mg_train_host.h"
 
 /* Carve the workspace (p != NULL) or size it (p == NULL). */
 static size_t carve(model_trainer *t, char *p)
@@ -100,60 +102,6 @@ static size_t carve(model_trainer *t, char *p)
     return off;
 }
 
-size_t model_trainer_workspace_bytes(void)
-{
-    return carve(NULL, NULL);
-}
-
-mg_status model_trainer_create(model_trainer **out, cudaStream_t stream)
-{
-    if (!out) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_create: trainer pointer is NULL");
-    *out = NULL;
-    if (mg_device_count() == 0)
-        return mg_fail(MG_ERR_NO_DEVICE, MODEL_NAME "_trainer_create: no CUDA device");
-    model_trainer *t = (model_trainer *)calloc(1, sizeof *t);
-    if (!t) return mg_fail(MG_ERR_OUT_OF_MEMORY, MODEL_NAME "_trainer_create: out of host memory");
-    t->stream = stream;
-    t->scan_choice = MODEL_SCAN_SPEC;
-    mg_status s = mg_blas_create(&t->blas, stream);
-    if (s != MG_OK) { free(t); return s; }
-    const size_t total = carve(t, NULL);
-    s = mg_dev_alloc(&t->ws, total, MODEL_NAME " training workspace");
-    if (s != MG_OK) { mg_blas_destroy(t->blas); free(t); return s; }
-    carve(t, (char *)t->ws);
-    /* The statistics read by adamw before any norm was computed: zero. */
-    cudaError_t ce = cudaMemsetAsync(t->stat, 0, 2 * sizeof(float), stream);
-    if (ce == cudaSuccess) {
-        const float s0 = MODEL_LOSS_SCALE_INIT;
-        t->scaling = s0 > 0.0f;
-        ce = model_kt_scaler_init(t->scaler, t->scaling ? s0 : 1.0f, MODEL_LOSS_SCALE_GROWTH, stream);
-    }
-    if (ce != cudaSuccess) {
-        s = mg_cuda_check(ce, MODEL_NAME "_trainer_create: initialising the statistics");
-        model_trainer_destroy(t);
-        return s;
-    }
-    *out = t;
-    return MG_OK;
-}
-
-void model_trainer_destroy(model_trainer *t)
-{
-    if (!t) return;
-    mg_dev_free(t->ws);
-    mg_blas_destroy(t->blas);
-    free(t);
-}
-
-mg_status model_trainer_set_stream(model_trainer *t, cudaStream_t stream)
-{
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_set_stream: trainer is NULL");
-    mg_status s = mg_blas_set_stream(t->blas, stream);
-    if (s != MG_OK) return s;
-    t->stream = stream;
-    return MG_OK;
-}
-
 mg_status model_trainer_set_scan(model_trainer *t, int choice)
 {
     static const char fn[] = MODEL_NAME "_trainer_set_scan";
@@ -196,24 +144,6 @@ mg_status model_trainer_attach_model(model_trainer *t, model_model *m)
     return MG_OK;
 }
 
-const float *model_trainer_grad_norm(const model_trainer *t)
-{
-    return t ? t->stat : NULL;
-}
-
-
-/* ---- argument checks ---- */
-static mg_status need_ptr(const char *fn, const void *p, const char *what, int required)
-{
-    if (!p) {
-        if (required) return mg_fail(MG_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);
-        return MG_OK;
-    }
-    if (!mg_aligned(p, 16)) return mg_fail(MG_ERR_ALIGNMENT, "%s: %s %p is not 16-byte aligned", fn, what, p);
-    return MG_OK;
-}
-
-#define CHECK(x) do { mg_status s_ = (x); if (s_ != MG_OK) return s_; } while (0)
 
 /* Checks of a forward-for-training call shared by forward_train, the MSE
  * step and the training graph. */
@@ -231,27 +161,6 @@ static mg_status check_forward(const char *fn, const float *w, int batch, int se
     CHECK(need_ptr(fn, cs, "conv_state", 0));
     CHECK(need_ptr(fn, ss, "ssm_state", 0));
     return MG_OK;
-}
-
-/* Activation buffers of layer l. */
-static char *act_l(char *base, int l, size_t per_token)
-{
-    return base + (size_t)l * MAX_TOKENS * per_token * ACT_SIZE;
-}
-
-static const void *gemm_w(const model_trainer *t)
-{
-#if LOWP
-    return t->wa;
-#else
-    return t->w;
-#endif
-}
-
-/* Element offset in the GEMM weights (same offsets in both dtypes). */
-static const void *wptr(const void *base, size_t off)
-{
-    return (const char *)base + off * ACT_SIZE;
 }
 
 static mg_status forward_train(model_trainer *t, const float *w, int batch, int seqlen,
@@ -454,29 +363,6 @@ static mg_status adamw(model_trainer *t, float *w, const float *g, float *m, flo
     MG_CUDA(model_kt_grad_norm(g, cur, t->gpart, t->stat, t->stream));
     MG_CUDA(model_launch_adamw(w, g, m, v, t->stat, cur, coef, NULL, t->stream));
     if (t->model) CHECK(model__convert_weights_on(t->model, t->stream));
-    return MG_OK;
-}
-
-static int finite_f(float x) { return x == x && x - x == 0.0f; }
-
-static mg_status check_adamw(const char *fn, const model_adamw_params *p)
-{
-    if (!p) return mg_fail(MG_ERR_INVALID_ARG, "%s: params is NULL", fn);
-    if (!finite_f(p->lr) || p->lr < 0.0f)
-        return mg_fail(MG_ERR_INVALID_ARG, "%s: lr = %g (need a finite value >= 0)", fn, (double)p->lr);
-    if (!(p->beta1 >= 0.0f && p->beta1 < 1.0f) || !(p->beta2 >= 0.0f && p->beta2 < 1.0f))
-        return mg_fail(MG_ERR_INVALID_ARG, "%s: beta1 = %g, beta2 = %g (need [0, 1))", fn,
-                       (double)p->beta1, (double)p->beta2);
-    if (!finite_f(p->eps) || p->eps <= 0.0f)
-        return mg_fail(MG_ERR_INVALID_ARG, "%s: eps = %g (need a finite value > 0)", fn, (double)p->eps);
-    if (!finite_f(p->weight_decay) || p->weight_decay < 0.0f)
-        return mg_fail(MG_ERR_INVALID_ARG, "%s: weight_decay = %g (need a finite value >= 0)", fn,
-                       (double)p->weight_decay);
-    if (p->max_grad_norm != p->max_grad_norm)
-        return mg_fail(MG_ERR_INVALID_ARG, "%s: max_grad_norm is NaN", fn);
-    if (p->step < 1) return mg_fail(MG_ERR_INVALID_ARG, "%s: step = %d (1-based, need >= 1)", fn, p->step);
-    if (p->wd_matrices_only != 0 && p->wd_matrices_only != 1)
-        return mg_fail(MG_ERR_INVALID_ARG, "%s: wd_matrices_only = %d (0 or 1)", fn, p->wd_matrices_only);
     return MG_OK;
 }
 

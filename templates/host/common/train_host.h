@@ -1,0 +1,199 @@
+/* train_host.h (emitted as mg_train_host.h): the part of a library's
+ * training pipeline that every arch writes the same way: the workspace
+ * rounding, the trainer's life cycle (create, destroy, set_stream, the
+ * workspace size), the argument checks (need_ptr, CHECK, check_adamw), the
+ * GEMM-weight and activation addressing helpers, the gradient-norm and
+ * loss-scaling accessors, and the training graph's object, parameter write,
+ * launch and set_params. It names no model: the arch's training pipeline
+ * (host/ARCH/train_pipeline.h) includes it once, after its struct
+ * model_trainer (with the common fields: stream, blas, ws, w, wa, stat,
+ * scaler, scaling, scan_choice) and the prototype of its carve(); the arch's
+ * NAME_train.c defines model_X / MODEL_X, MODEL_NAME, LOWP, ACT_SIZE and
+ * MAX_TOKENS. Plain C11. */
+
+static size_t ws_bytes(size_t elems, size_t elem_size)
+{
+    return (elems * elem_size + 255u) & ~(size_t)255u;
+}
+
+size_t model_trainer_workspace_bytes(void)
+{
+    return carve(NULL, NULL);
+}
+
+mg_status model_trainer_create(model_trainer **out, cudaStream_t stream)
+{
+    if (!out) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_create: trainer pointer is NULL");
+    *out = NULL;
+    if (mg_device_count() == 0)
+        return mg_fail(MG_ERR_NO_DEVICE, MODEL_NAME "_trainer_create: no CUDA device");
+    model_trainer *t = (model_trainer *)calloc(1, sizeof *t);
+    if (!t) return mg_fail(MG_ERR_OUT_OF_MEMORY, MODEL_NAME "_trainer_create: out of host memory");
+    t->stream = stream;
+    t->scan_choice = MODEL_SCAN_SPEC;
+    mg_status s = mg_blas_create(&t->blas, stream);
+    if (s != MG_OK) { free(t); return s; }
+    const size_t total = carve(t, NULL);
+    s = mg_dev_alloc(&t->ws, total, MODEL_NAME " training workspace");
+    if (s != MG_OK) { mg_blas_destroy(t->blas); free(t); return s; }
+    carve(t, (char *)t->ws);
+    /* The statistics read by adamw before any norm was computed: zero. */
+    cudaError_t ce = cudaMemsetAsync(t->stat, 0, 2 * sizeof(float), stream);
+    if (ce == cudaSuccess) {
+        const float s0 = MODEL_LOSS_SCALE_INIT;
+        t->scaling = s0 > 0.0f;
+        ce = model_kt_scaler_init(t->scaler, t->scaling ? s0 : 1.0f, MODEL_LOSS_SCALE_GROWTH, stream);
+    }
+    if (ce != cudaSuccess) {
+        s = mg_cuda_check(ce, MODEL_NAME "_trainer_create: initialising the statistics");
+        model_trainer_destroy(t);
+        return s;
+    }
+    *out = t;
+    return MG_OK;
+}
+
+void model_trainer_destroy(model_trainer *t)
+{
+    if (!t) return;
+    mg_dev_free(t->ws);
+    mg_blas_destroy(t->blas);
+    free(t);
+}
+
+mg_status model_trainer_set_stream(model_trainer *t, cudaStream_t stream)
+{
+    if (!t) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_set_stream: trainer is NULL");
+    mg_status s = mg_blas_set_stream(t->blas, stream);
+    if (s != MG_OK) return s;
+    t->stream = stream;
+    return MG_OK;
+}
+
+const float *model_trainer_grad_norm(const model_trainer *t)
+{
+    return t ? t->stat : NULL;
+}
+
+const float *model_trainer_loss_scale(const model_trainer *t)
+{
+    return t ? t->scaler : NULL;
+}
+
+mg_status model_trainer_set_loss_scaling(model_trainer *t, float init_scale, int growth_interval)
+{
+    static const char fn[] = MODEL_NAME "_trainer_set_loss_scaling";
+    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    int ex = 0;
+    /* A power of two has mantissa exactly 0.5 in frexp's [0.5, 1) form. */
+    if (init_scale != 0.0f &&
+        !(init_scale >= 1.0f && init_scale <= 16777216.0f && frexpf(init_scale, &ex) == 0.5f))
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: init_scale = %g (need 0 = off, or a power of two in [1, 2^24])",
+                       fn, (double)init_scale);
+    if (growth_interval < 1)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: growth_interval = %d (need >= 1)", fn, growth_interval);
+    MG_CUDA(model_kt_scaler_init(t->scaler, init_scale > 0.0f ? init_scale : 1.0f, growth_interval, t->stream));
+    t->scaling = init_scale > 0.0f;
+    return MG_OK;
+}
+
+/* ---- argument checks ---- */
+static mg_status need_ptr(const char *fn, const void *p, const char *what, int required)
+{
+    if (!p) {
+        if (required) return mg_fail(MG_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);
+        return MG_OK;
+    }
+    if (!mg_aligned(p, 16)) return mg_fail(MG_ERR_ALIGNMENT, "%s: %s %p is not 16-byte aligned", fn, what, p);
+    return MG_OK;
+}
+
+#define CHECK(x) do { mg_status s_ = (x); if (s_ != MG_OK) return s_; } while (0)
+
+/* Activation buffers of layer l. */
+static char *act_l(char *base, int l, size_t per_token)
+{
+    return base + (size_t)l * MAX_TOKENS * per_token * ACT_SIZE;
+}
+
+static const void *gemm_w(const model_trainer *t)
+{
+#if LOWP
+    return t->wa;
+#else
+    return t->w;
+#endif
+}
+
+/* Element offset in the GEMM weights (same offsets in both dtypes). */
+static const void *wptr(const void *base, size_t off)
+{
+    return (const char *)base + off * ACT_SIZE;
+}
+
+static int finite_f(float x) { return x == x && x - x == 0.0f; }
+
+static mg_status check_adamw(const char *fn, const model_adamw_params *p)
+{
+    if (!p) return mg_fail(MG_ERR_INVALID_ARG, "%s: params is NULL", fn);
+    if (!finite_f(p->lr) || p->lr < 0.0f)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: lr = %g (need a finite value >= 0)", fn, (double)p->lr);
+    if (!(p->beta1 >= 0.0f && p->beta1 < 1.0f) || !(p->beta2 >= 0.0f && p->beta2 < 1.0f))
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: beta1 = %g, beta2 = %g (need [0, 1))", fn,
+                       (double)p->beta1, (double)p->beta2);
+    if (!finite_f(p->eps) || p->eps <= 0.0f)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: eps = %g (need a finite value > 0)", fn, (double)p->eps);
+    if (!finite_f(p->weight_decay) || p->weight_decay < 0.0f)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: weight_decay = %g (need a finite value >= 0)", fn,
+                       (double)p->weight_decay);
+    if (p->max_grad_norm != p->max_grad_norm)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: max_grad_norm is NaN", fn);
+    if (p->step < 1) return mg_fail(MG_ERR_INVALID_ARG, "%s: step = %d (1-based, need >= 1)", fn, p->step);
+    if (p->wd_matrices_only != 0 && p->wd_matrices_only != 1)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: wd_matrices_only = %d (0 or 1)", fn, p->wd_matrices_only);
+    return MG_OK;
+}
+
+/* ---- CUDA Graph of the training step ---- */
+struct model_train_graph {
+    model_trainer *t;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    void *dmem;                      /* device: next, cur, coef */
+    model_adamw_params *next;   /* hyperparameters of the next replay (its step count) */
+    model_adamw_params *cur;    /* those of the replay in flight */
+    float *coef;                     /* derived factors of the replay in flight */
+};
+
+void model_train_graph_destroy(model_train_graph *g)
+{
+    if (!g) return;
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    if (g->graph) cudaGraphDestroy(g->graph);
+    mg_dev_free(g->dmem);
+    free(g);
+}
+
+/* Write p to the graph's device hyperparameters, on the trainer's stream
+ * (a one-thread kernel with p by value: ordered, no host buffer to keep). */
+static mg_status graph_write_params(model_train_graph *g, const model_adamw_params *p)
+{
+    /* prep with next = NULL stores p at its `cur` argument: here g->next */
+    MG_CUDA(model_kt_adamw_prep(p, NULL, g->next, g->coef, g->t->stream));
+    return MG_OK;
+}
+
+mg_status model_train_graph_launch(model_train_graph *g)
+{
+    if (!g || !g->exec) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_train_graph_launch: graph is NULL");
+    MG_CUDA(cudaGraphLaunch(g->exec, g->t->stream));
+    return MG_OK;
+}
+
+mg_status model_train_graph_set_params(model_train_graph *g, const model_adamw_params *p)
+{
+    static const char fn[] = MODEL_NAME "_train_graph_set_params";
+    if (!g || !g->exec) return mg_fail(MG_ERR_INVALID_ARG, "%s: graph is NULL", fn);
+    CHECK(check_adamw(fn, p));
+    return graph_write_params(g, p);
+}
