@@ -59,6 +59,7 @@ E.FILES = {
   -- the test and bench programs (plain C; model_alias.h names the model)
   { path = "model_alias.h", template = "common/model_alias.h.tmpl" },
   { path = "%s_test.c",     copy = "host/{dir}/test.c" },
+  { path = "fwd_tests.h",   copy = "host/common/fwd_tests.h" },
   { path = "%s_bench.c",    copy = "host/{dir}/bench.c" },
   { path = "bench_util.h",  copy = "host/common/bench_util.h" },
   -- training half (spec.emit.training only)

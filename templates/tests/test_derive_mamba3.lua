@@ -240,7 +240,8 @@ if ok then
   for i, f in ipairs(files) do names[i] = f.path .. "<" .. f.template end
   local want = { "mamba3_rl.h<mamba3/model.h.tmpl", "mamba3_rl_common.cuh<mamba3/common.cuh.tmpl",
     "mamba3_rl_kernels.cu<mamba3/kernels.cu.tmpl", "mamba3_rl.c<mamba3/model.c.tmpl",
-    "model_alias.h<common/model_alias.h.tmpl", "mamba3_rl_test.c<host/mamba3/test.c", "mamba3_rl_bench.c<host/mamba3/bench.c",
+    "model_alias.h<common/model_alias.h.tmpl", "mamba3_rl_test.c<host/mamba3/test.c", "fwd_tests.h<host/common/fwd_tests.h",
+    "mamba3_rl_bench.c<host/mamba3/bench.c",
     "bench_util.h<host/common/bench_util.h", "Makefile<common/Makefile.tmpl",
     -- the kernel bodies, copied (plain CUDA)
     "mg_norm.cuh<kernels/common/norm.cuh", "mg_m3_prep.cuh<kernels/mamba3/prep.cuh",

@@ -41,13 +41,8 @@
 #include "mg_ref_mamba1.h"
 #include "mg_tap.h"
 
-#define IN_DIM      MODEL_IN_DIM
-#define D_MODEL     MODEL_D_MODEL
-#define MAX_BATCH   MODEL_MAX_BATCH
-#define MAX_SEQ_LEN MODEL_MAX_SEQ_LEN
-#define TOL         MODEL_CHECK_TOL
-#define SCAN_TCHUNK MODEL_SCAN_TCHUNK       /* timesteps per pass of the scan kernel */
-#define REF_MACS_PER_TOKEN MODEL_REF_MACS_PER_TOKEN
+#include "fwd_tests.h"   /* part 1: sizes, tolerance, common globals and helpers */
+
 #define REF_BUDGET_MACS 4.0e9                   /* reference work of the whole run at scale 1 */
 #define SCAN_CHUNK MODEL_SCAN_CHUNK
 #define CHUNK_TOL MODEL_CHUNK_VS_SEQ_TOL      /* chunked vs sequential scan, rel_l2 */
@@ -55,15 +50,6 @@
 /* ---------------------------------------------------------------- helpers */
 static mg_m1_dims dims;
 static mg_m1_layout lay;
-static float *blob;             /* host copy of the weights */
-static float *d_blob;           /* device weights */
-static model_model *model;
-
-#define FALLOC(n) ((float *)mg_tap_malloc((size_t)(n) * sizeof(float)))
-#define DALLOC_H(n) ((double *)mg_tap_malloc((size_t)(n) * sizeof(double)))
-
-static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
-static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
 
 /* GPU prefill on host data. cs/ss: initial state in, final state out (both
  * NULL: fresh start). Returns the status of the prefill call. */
@@ -94,13 +80,6 @@ static void ref_prefill(int batch, int T, const float *u, const float *cs0, cons
     if (cs) for (size_t i = 0; i < ncs; ++i) cs[i] = cs0 ? cs0[i] : 0.0;
     if (ss) for (size_t i = 0; i < nss; ++i) ss[i] = ss0 ? ss0[i] : 0.0;
     if (mg_ref_mamba1_forward(&dims, &lay, blob, batch, T, u, out, cs, ss) != MG_OK) mg_tap_bail("reference forward");
-}
-
-static int cmp_ref(const char *what, const float *got, const double *ref, size_t n)
-{
-    mg_err e = mg_compare_f32(got, ref, n);
-    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
-    return mg_tap_ok(mg_err_ok(&e, TOL), "%s: rel_l2 <= %g", what, TOL);
 }
 
 static int cmp_gpu(const char *what, const float *got, const float *ref, size_t n)
@@ -157,8 +136,16 @@ static void cmp_decode(const char *what_case, size_t nout, int batch, const floa
     }
 }
 
-static int imin(int a, int b) { return a < b ? a : b; }
-static int imax(int a, int b) { return a > b ? a : b; }
+/* for fwd_tests.h: the reference's functions, the state arguments of a
+ * fresh start and of a decode step, a selfcheck report's diag line */
+#define REF(x) mg_ref_mamba1_##x
+#define NO_STATES NULL, NULL
+#define DEV_STATES(st) st[0], st[1]
+#define SELFCHECK_DIAG(T, r)                                                                                        \
+    mg_tap_diag("selfcheck b=1 T=%d: out rel_l2=%.3e, conv_state rel_l2=%.3e, ssm_state rel_l2=%.3e", T,           \
+                r.out.rel_l2, r.conv_state.rel_l2, r.ssm_state.rel_l2)
+
+#include "fwd_tests.h"   /* part 2: the parameter table's end, the decode-graph steps, main's first and last steps */
 
 /* ---------------------------------------------------------------- tests */
 
@@ -198,18 +185,7 @@ static void test_param_table(void)
     if (good) EXPECT("backbone.norm_f.weight", lay.norm_f_w);
 #undef EXPECT
     if (good && i != MODEL_N_PARAMS) { mg_tap_diag("table has %d entries, layout %d", MODEL_N_PARAMS, i); good = 0; }
-    /* numel = product of the shape, every tensor inside the blob */
-    for (int j = 0; j < MODEL_N_PARAMS && good; ++j) {
-        const model_param_info *p = &model_params[j];
-        size_t n = 1;
-        for (int k = 0; k < p->ndim; ++k) n *= (size_t)p->shape[k];
-        if (n != p->numel || p->offset % 64 != 0 || p->offset + p->numel > (size_t)MODEL_WEIGHTS_FLOATS) {
-            mg_tap_diag("%s: numel %zu, shape product %zu, offset %zu", p->name, p->numel, n, p->offset);
-            good = 0;
-        }
-    }
-    mg_tap_ok(good, "parameter table (%d tensors, %zu floats) equals the reference layout",
-           MODEL_N_PARAMS, (size_t)MODEL_WEIGHTS_FLOATS);
+    param_table_end(good);
 }
 
 /* Prefill from the given initial state (or a fresh start) vs the reference. */
@@ -618,22 +594,7 @@ static void test_decode_graph(int batch, int T, int level, uint64_t seed)
         mg_tap_ok(memcmp(csg, cs0, ncs * sizeof(float)) == 0 && memcmp(ssg, ss0, nss * sizeof(float)) == 0,
                "decode_graph_create leaves the states untouched");
     }
-    float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
-    for (int t = 0; t < T && s == MG_OK; ++t) {
-        for (int b = 0; b < batch; ++b)
-            memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
-        mg_tap_up(due, ut, n_u(batch, 1));
-        mg_tap_up(dug, ut, n_u(batch, 1));
-        s = model_decode_step(model, batch, due, doe, dcse, dsse);
-        if (s == MG_OK) s = model_decode_graph_launch(g);
-        if (s != MG_OK) break;
-        mg_tap_down(ot, doe, n_out(batch, 1));
-        for (int b = 0; b < batch; ++b)
-            memcpy(oe + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
-        mg_tap_down(ot, dog, n_out(batch, 1));
-        for (int b = 0; b < batch; ++b)
-            memcpy(og + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
-    }
+    s = decode_graph_steps(g, batch, T, u, due, doe, (float *const[]){ dcse, dsse }, dug, dog, oe, og, s);
     if (g) {
         if (mg_tap_ok(s == MG_OK, "decode graph: %d replays and %d eager steps of batch %d run", T, T, batch)) {
             mg_tap_down(cse, dcse, ncs); mg_tap_down(sse, dsse, nss); mg_tap_down(csg, dcsg, ncs); mg_tap_down(ssg, dssg, nss);
@@ -650,7 +611,6 @@ static void test_decode_graph(int batch, int T, int level, uint64_t seed)
     mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dcse); mg_dev_free(dsse);
     mg_dev_free(dug); mg_dev_free(dog); mg_dev_free(dcsg); mg_dev_free(dssg);
     free(u); free(cs0); free(ss0); free(oe); free(og); free(cse); free(sse); free(csg); free(ssg);
-    free(ut); free(ot);
     model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
 }
 
@@ -733,21 +693,7 @@ int main(void)
     dims = (mg_m1_dims)MODEL_REF_DIMS;
     if (mg_ref_mamba1_layout(&dims, &lay) != MG_OK) mg_tap_bail("mg_ref_mamba1_layout");
     test_param_table();
-
-    blob = FALLOC(lay.total > (size_t)MODEL_WEIGHTS_FLOATS ? lay.total : (size_t)MODEL_WEIGHTS_FLOATS);
-    if (mg_ref_mamba1_init(&dims, &lay, blob, 20240601ull) != MG_OK) mg_tap_bail("mg_ref_mamba1_init");
-    d_blob = mg_tap_dalloc((size_t)MODEL_WEIGHTS_FLOATS + 64);
-    mg_tap_up(d_blob, blob, (size_t)MODEL_WEIGHTS_FLOATS);
-
-    if (model_create(&model, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_create");
-    {
-        float *du = mg_tap_dalloc(n_u(1, 1)), *dout = mg_tap_dalloc(n_out(1, 1));
-        mg_tap_expect_status(model_prefill(model, 1, 1, du, dout, NULL, NULL), MG_ERR_STATE, "prefill before set_weights");
-        mg_dev_free(du); mg_dev_free(dout);
-    }
-    mg_tap_expect_status(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS + 1), MG_ERR_SIZE, "set_weights one float too many");
-    if (!mg_tap_ok(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS) == MG_OK, "set_weights"))
-        mg_tap_bail("set_weights");
+    fwd_model_start();
 
     /* Case A: small batch, a length crossing a scan time chunk (not a
      * multiple of it), from a random initial state. */
@@ -828,23 +774,7 @@ int main(void)
     test_decode_graph(1, 4, MODEL_DECODE_DEFAULT, 912);
 
     /* The library's own self-check. */
-    {
-        model_check_opts o;
-        memset(&o, 0, sizeof o);
-        o.batch = 1;
-        o.seqlen = imin(MAX_SEQ_LEN, imax(1, budget / 8));
-        o.seed = 606;
-        o.with_state = 1;
-        model_check_report r;
-        mg_status s = model_selfcheck(&o, &r);
-        mg_tap_diag("selfcheck b=1 T=%d: out rel_l2=%.3e, conv_state rel_l2=%.3e, ssm_state rel_l2=%.3e", o.seqlen,
-             r.out.rel_l2, r.conv_state.rel_l2, r.ssm_state.rel_l2);
-        if (!mg_tap_ok(s == MG_OK && r.passed, MODEL_NAME "_selfcheck passes")) mg_tap_diag("%s", mg_last_error());
-    }
+    test_selfcheck(imin(MAX_SEQ_LEN, imax(1, budget / 8)));
 
-    model_destroy(model);
-    mg_dev_free(d_blob);
-    free(blob);
-    mg_ref_mamba1_layout_free(&lay);
-    return mg_tap_done();
+    return fwd_end();
 }

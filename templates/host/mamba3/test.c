@@ -45,23 +45,15 @@
 #include "mg_ref_mamba3.h"
 #include "mg_tap.h"
 
-#define IN_DIM      MODEL_IN_DIM
-#define D_MODEL     MODEL_D_MODEL
-#define MAX_BATCH   MODEL_MAX_BATCH
-#define MAX_SEQ_LEN MODEL_MAX_SEQ_LEN
-#define TOL         MODEL_CHECK_TOL
+#include "fwd_tests.h"   /* part 1: sizes, tolerance, common globals and helpers */
+
 #define CHUNK       MODEL_CHUNK       /* chunk length of the spec */
-#define SCAN_TCHUNK MODEL_SCAN_TCHUNK       /* timesteps per pass of the scan kernel */
-#define REF_MACS_PER_TOKEN MODEL_REF_MACS_PER_TOKEN
 #define REF_BUDGET_MACS 2.0e10                  /* reference work of the whole run at scale 1 */
 #define NST 4                                   /* states: ssm, k_prev, v_prev, angle */
 
 /* ---------------------------------------------------------------- helpers */
 static mg_m3_dims dims;
 static mg_m3_layout lay;
-static float *blob;             /* host copy of the weights */
-static float *d_blob;           /* device weights */
-static model_model *model;
 
 static const char *const st_name[NST] = { "ssm", "k_prev", "v_prev", "angle" };
 
@@ -74,12 +66,6 @@ static size_t st_floats(int i, int batch)
     default: return model_angle_state_floats(batch);
     }
 }
-
-#define FALLOC(n) ((float *)mg_tap_malloc((size_t)(n) * sizeof(float)))
-#define DALLOC_H(n) ((double *)mg_tap_malloc((size_t)(n) * sizeof(double)))
-
-static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
-static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
 
 /* The four states of `batch` streams, on the host (f32) or reference (f64). */
 typedef struct hstate { int batch; float *s[NST]; } hstate;
@@ -159,13 +145,6 @@ static void ref_prefill(int batch, int T, const float *u, const hstate *st0, dou
         mg_tap_bail("reference forward");
 }
 
-static int cmp_ref(const char *what, const float *got, const double *ref, size_t n)
-{
-    mg_err e = mg_compare_f32(got, ref, n);
-    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e.max_abs, e.rel_l2, e.n);
-    return mg_tap_ok(mg_err_ok(&e, TOL), "%s: rel_l2 <= %g", what, TOL);
-}
-
 static int cmp_gpu_tol(const char *what, const float *got, const float *ref, size_t n, double tol)
 {
     mg_err e = mg_compare_f32f32(got, ref, n);
@@ -216,8 +195,16 @@ static void cmp_ref_prefill(const char *what_case, int batch, int T, const float
     cmp_ref_states(what_case, st, rs);
 }
 
-static int imin(int a, int b) { return a < b ? a : b; }
-static int imax(int a, int b) { return a > b ? a : b; }
+/* for fwd_tests.h: the reference's functions, the state arguments of a
+ * fresh start and of a decode step, a selfcheck report's diag line */
+#define REF(x) mg_ref_mamba3_##x
+#define NO_STATES NULL, NULL, NULL, NULL
+#define DEV_STATES(st) st[0], st[1], st[2], st[3]
+#define SELFCHECK_DIAG(T, r)                                                                                        \
+    mg_tap_diag("selfcheck b=1 T=%d: out rel_l2=%.3e, ssm %.3e, k_prev %.3e, v_prev %.3e, angle %.3e", T,          \
+                r.out.rel_l2, r.ssm.rel_l2, r.k_prev.rel_l2, r.v_prev.rel_l2, r.angle.rel_l2)
+
+#include "fwd_tests.h"   /* part 2: the parameter table's end, the decode-graph steps, main's first and last steps */
 
 /* ---------------------------------------------------------------- tests */
 
@@ -245,19 +232,8 @@ static void test_param_table(void)
             good = 0;
         }
     }
-    /* numel = product of the shape, every tensor 64-aligned inside the blob */
-    for (int j = 0; j < MODEL_N_PARAMS && good; ++j) {
-        const model_param_info *p = &model_params[j];
-        size_t n = 1;
-        for (int k = 0; k < p->ndim; ++k) n *= (size_t)p->shape[k];
-        if (n != p->numel || p->offset % 64 != 0 || p->offset + p->numel > (size_t)MODEL_WEIGHTS_FLOATS) {
-            mg_tap_diag("%s: numel %zu, shape product %zu, offset %zu", p->name, p->numel, n, p->offset);
-            good = 0;
-        }
-    }
     free(ref);
-    mg_tap_ok(good, "parameter table (%d tensors, %zu floats) equals the reference layout",
-           MODEL_N_PARAMS, (size_t)MODEL_WEIGHTS_FLOATS);
+    param_table_end(good);
 }
 
 /* Prefill from a random initial state (or a fresh start) vs the reference. */
@@ -488,22 +464,7 @@ static void test_decode_graph(int batch, int T, uint64_t seed)
         }
         mg_tap_ok(untouched, "decode_graph_create leaves ssm, k_prev, v_prev and angle untouched");
     }
-    float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
-    for (int t = 0; t < T && s == MG_OK; ++t) {
-        for (int b = 0; b < batch; ++b)
-            memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
-        mg_tap_up(due, ut, n_u(batch, 1));
-        mg_tap_up(dug, ut, n_u(batch, 1));
-        s = model_decode_step(model, batch, due, doe, dse[0], dse[1], dse[2], dse[3]);
-        if (s == MG_OK) s = model_decode_graph_launch(g);
-        if (s != MG_OK) break;
-        mg_tap_down(ot, doe, n_out(batch, 1));
-        for (int b = 0; b < batch; ++b)
-            memcpy(oe + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
-        mg_tap_down(ot, dog, n_out(batch, 1));
-        for (int b = 0; b < batch; ++b)
-            memcpy(og + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
-    }
+    s = decode_graph_steps(g, batch, T, u, due, doe, dse, dug, dog, oe, og, s);
     if (g) {
         if (mg_tap_ok(s == MG_OK, "decode graph: %d replays and %d eager steps of batch %d run", T, T, batch)) {
             int same_st = 1;
@@ -527,7 +488,7 @@ static void test_decode_graph(int batch, int T, uint64_t seed)
     }
     mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dug); mg_dev_free(dog);
     for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); }
-    free(u); free(oe); free(og); free(ut); free(ot);
+    free(u); free(oe); free(og);
     hs_free(&st0); hs_free(&ste); hs_free(&stg);
 }
 
@@ -670,21 +631,7 @@ int main(void)
     dims = (mg_m3_dims)MODEL_REF_DIMS;
     if (mg_ref_mamba3_layout(&dims, &lay) != MG_OK) mg_tap_bail("mg_ref_mamba3_layout");
     test_param_table();
-
-    blob = FALLOC(lay.total > (size_t)MODEL_WEIGHTS_FLOATS ? lay.total : (size_t)MODEL_WEIGHTS_FLOATS);
-    if (mg_ref_mamba3_init(&dims, &lay, blob, 20240601ull) != MG_OK) mg_tap_bail("mg_ref_mamba3_init");
-    d_blob = mg_tap_dalloc((size_t)MODEL_WEIGHTS_FLOATS + 64);
-    mg_tap_up(d_blob, blob, (size_t)MODEL_WEIGHTS_FLOATS);
-
-    if (model_create(&model, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_create");
-    {
-        float *du = mg_tap_dalloc(n_u(1, 1)), *dout = mg_tap_dalloc(n_out(1, 1));
-        mg_tap_expect_status(model_prefill(model, 1, 1, du, dout, NULL, NULL, NULL, NULL), MG_ERR_STATE, "prefill before set_weights");
-        mg_dev_free(du); mg_dev_free(dout);
-    }
-    mg_tap_expect_status(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS + 1), MG_ERR_SIZE, "set_weights one float too many");
-    if (!mg_tap_ok(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS) == MG_OK, "set_weights"))
-        mg_tap_bail("set_weights");
+    fwd_model_start();
 
     /* Case A: small batch, a length spanning several chunks and staged time
      * chunks, a multiple of neither, from a random initial state. */
@@ -791,23 +738,7 @@ int main(void)
     test_decode_graph(MAX_BATCH, 3, 910);
 
     /* The library's own self-check. */
-    {
-        model_check_opts o;
-        memset(&o, 0, sizeof o);
-        o.batch = 1;
-        o.seqlen = imin(MAX_SEQ_LEN, imin(CHUNK + 9, imax(1, budget / 8)));
-        o.seed = 606;
-        o.with_state = 1;
-        model_check_report r;
-        mg_status s = model_selfcheck(&o, &r);
-        mg_tap_diag("selfcheck b=1 T=%d: out rel_l2=%.3e, ssm %.3e, k_prev %.3e, v_prev %.3e, angle %.3e", o.seqlen,
-             r.out.rel_l2, r.ssm.rel_l2, r.k_prev.rel_l2, r.v_prev.rel_l2, r.angle.rel_l2);
-        if (!mg_tap_ok(s == MG_OK && r.passed, MODEL_NAME "_selfcheck passes")) mg_tap_diag("%s", mg_last_error());
-    }
+    test_selfcheck(imin(MAX_SEQ_LEN, imin(CHUNK + 9, imax(1, budget / 8))));
 
-    model_destroy(model);
-    mg_dev_free(d_blob);
-    free(blob);
-    mg_ref_mamba3_layout_free(&lay);
-    return mg_tap_done();
+    return fwd_end();
 }
