@@ -336,6 +336,36 @@ function M.generic_manifest(man, c)
   man[#man + 1] = "generic_args " .. table.concat(a, " ")
 end
 
+-- The files of a sweep, for every arch: the manifest (its head, the arch's
+-- `lines`, the sweep defaults, the shapes left out) and one source per
+-- candidate, rendered from `template` with the environment cand_env(c),
+-- each with its manifest line(s); the manifest first.
+local function sources_of(spec, d, template, cands, skipped, lines, cand_env)
+  local tmpl = require("mg.tmpl")
+  local seqlens, batches = M.default_shapes(d)
+  local man = manifest_head(spec, M.key(spec))
+  for _, line in ipairs(lines) do man[#man + 1] = line end
+  for _, line in ipairs({
+    "max_batch " .. d.max_batch,
+    "max_seq_len " .. d.max_seq_len,
+    "default_chunk " .. M.DEFAULT_CHUNK,
+    "default_seqlens " .. table.concat(seqlens, ","),
+    "default_batches " .. table.concat(batches, ","),
+  }) do man[#man + 1] = line end
+  for _, sk in ipairs(skipped) do man[#man + 1] = "skipped " .. sk end
+  local files = { { path = "manifest.txt" } }
+  for _, c in ipairs(cands) do
+    local env = cand_env(c)
+    local path = "tune_" .. c.id .. ".cu"
+    files[#files + 1] = { path = path, content = tmpl.render(template, env), template = template }
+    man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s %d", c.id, c.mode, c.chunk, c.threads,
+      c.channels, c.blocks, path, c.smem or 0)
+    if c.generic then M.generic_manifest(man, c) end
+  end
+  files[1].content = table.concat(man, "\n") .. "\n"
+  return files
+end
+
 -- The manifest (read by mamba-tune, tune/tune_main.c): `key value` lines,
 -- then one `candidate` line per variant:
 --   candidate ID MODE CHUNK THREADS CHANNELS BLOCKS FILE SMEM
@@ -348,7 +378,6 @@ end
 -- launch shape) and `generic_args NAME=VALUE ...`: the int fields of its
 -- kernels' last argument (struct tune_dims), in order.
 function M.sources(spec, d, args)
-  local tmpl = require("mg.tmpl")
   local emit = require("mg.emit")
   local validate = require("mg.validate")
   local template = M.TEMPLATE[spec.arch]
@@ -363,23 +392,13 @@ function M.sources(spec, d, args)
                                         sequential = o.sequential ~= "0", generic = o.generic ~= "0",
                                         skipped = skipped })
   if spec.arch == "mamba3_siso" then return M.sources_m3(spec, d, args, template, cands, skipped) end
-  local key = M.key(spec)
-  local seqlens, batches = M.default_shapes(d)
-  local files = {}
-  local man = manifest_head(spec, key)
-  for _, line in ipairs({
+  return sources_of(spec, d, template, cands, skipped, {
     "dims " .. string.format("E=%d N=%d R=%d XP=%d lanes=%d", d.E, d.N, d.R, d.XP, d.scan_lanes),
     "E " .. d.E, "N " .. d.N, "R " .. d.R, "XP " .. d.XP,
     "act_size " .. d.act_size,
     "tolerance " .. yaml_out.float_text(d.check_tol),
     "combine_threads " .. d.scan_combine_threads,
-    "max_batch " .. d.max_batch,
-    "max_seq_len " .. d.max_seq_len,
-    "default_chunk " .. M.DEFAULT_CHUNK,
-    "default_seqlens " .. table.concat(seqlens, ","),
-    "default_batches " .. table.concat(batches, ","),
-  }) do man[#man + 1] = line end
-  for _, c in ipairs(cands) do
+  }, function(c)
     local td = setmetatable({
       scan_threads = c.threads, scan_channels = c.channels, scan_blocks = c.blocks,
       scan_chunk = c.chunk > 0 and c.chunk or M.DEFAULT_CHUNK,
@@ -387,40 +406,22 @@ function M.sources(spec, d, args)
     local env = emit.env(spec, td, args, template)
     env.cand = c
     c.dims = c.args or M.m1_dims(td, c.channels)
-    local path = "tune_" .. c.id .. ".cu"
-    files[#files + 1] = { path = path, content = tmpl.render(template, env), template = template }
-    man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s %d", c.id, c.mode, c.chunk, c.threads,
-      c.channels, c.blocks, path, c.smem or 0)
-    if c.generic then M.generic_manifest(man, c) end
-  end
-  table.insert(files, 1, { path = "manifest.txt", content = table.concat(man, "\n") .. "\n" })
-  return files
+    return env
+  end)
 end
 
 -- The Mamba-3 SISO sources and manifest (see M.sources): one chunked SSM
 -- kernel per candidate, from mamba3/tune_scan.cu.tmpl with the candidate's
 -- ck_* fields over d.
 function M.sources_m3(spec, d, args, template, cands, skipped)
-  local tmpl = require("mg.tmpl")
   local emit = require("mg.emit")
-  local key = M.key(spec)
-  local seqlens, batches = M.default_shapes(d)
-  local files = {}
-  local man = manifest_head(spec, key)
-  for _, line in ipairs({
+  return sources_of(spec, d, template, cands, skipped, {
     "dims " .. string.format("H=%d P=%d N=%d E=%d NP=%d", d.H, d.P, d.N, d.E, d.in_proj_out),
     "E " .. d.E, "N " .. d.N, "H " .. d.H, "P " .. d.P,
     "NP " .. d.in_proj_out, "off_x " .. d.split_x,
     "act_size " .. d.act_size,
     "tolerance " .. yaml_out.float_text(d.check_tol),
-    "max_batch " .. d.max_batch,
-    "max_seq_len " .. d.max_seq_len,
-    "default_chunk " .. M.DEFAULT_CHUNK,
-    "default_seqlens " .. table.concat(seqlens, ","),
-    "default_batches " .. table.concat(batches, ","),
-  }) do man[#man + 1] = line end
-  for _, sk in ipairs(skipped) do man[#man + 1] = "skipped " .. sk end
-  for _, c in ipairs(cands) do
+  }, function(c)
     local td = setmetatable({}, { __index = function(_, k)
       local v = c.ck[k]
       if v ~= nil then return v end
@@ -429,14 +430,8 @@ function M.sources_m3(spec, d, args, template, cands, skipped)
     local env = emit.env(spec, td, args, template)
     env.cand = c
     env.dims = c.args or M.m3_dims(d, c.ck)
-    local path = "tune_" .. c.id .. ".cu"
-    files[#files + 1] = { path = path, content = tmpl.render(template, env), template = template }
-    man[#man + 1] = string.format("candidate %s %s %d %d %d %d %s %d", c.id, c.mode, c.chunk, c.threads,
-      c.channels, c.blocks, path, c.smem)
-    if c.generic then M.generic_manifest(man, c) end
-  end
-  table.insert(files, 1, { path = "manifest.txt", content = table.concat(man, "\n") .. "\n" })
-  return files
+    return env
+  end)
 end
 
 -- ---------------------------------------------------------------- lookup
