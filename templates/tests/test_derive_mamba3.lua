@@ -166,8 +166,12 @@ is(lm.scan_kernel, "chunked", "lm: chunked prefill")
 is(lm.ck_chunk, 64, "lm: kernel chunk 64 (f32 fits: 164 KiB)")
 is(lm.ck_smem_bytes, 4 * (2 * 64 * 132 + 128 * 68 + 64 * 68 + 64 * 132 + 8 * 16 * 20) + (7 * 64 + 4) * 4,
   "lm: chunked shared memory")
-local perf = derive.derive(spec3({ d_model = 1024, n_layers = 1, d_state = 128, headdim = 64, input_dim = 0 },
-  { max_batch = 8, max_seq_len = 4096 }, { name = "mamba3_perf", precision = "bf16" }, { mode = "chunked" }))
+-- specs/mamba3_perf.yaml with the scan settings `scan`
+local function perf_spec(scan)
+  return spec3({ d_model = 1024, n_layers = 1, d_state = 128, headdim = 64, input_dim = 0 },
+    { max_batch = 8, max_seq_len = 4096 }, { name = "mamba3_perf", precision = "bf16" }, scan)
+end
+local perf = derive.derive(perf_spec({ mode = "chunked" }))
 is(perf.lowp, true, "perf: bf16 GEMM weight copy")
 is(perf.ck_engine, "mma_bf16", "perf: tensor cores (mma.sync bf16)")
 is(perf.ck_chunk, 64, "perf: chunk 64")
@@ -182,9 +186,8 @@ is(perf.ck_min_blocks, 2, "perf: compiled for 2 blocks per SM")
 check(perf.cost.core_flops_per_token > 0 and perf.cost.core_bytes_per_token > 0, "perf: cost model of the SSM core")
 is(perf.ck_threads_source, "default", "perf: derived block size without a tune entry")
 local function perf_tuned(threads)
-  return derive.derive(spec3({ d_model = 1024, n_layers = 1, d_state = 128, headdim = 64, input_dim = 0 },
-    { max_batch = 8, max_seq_len = 4096 }, { name = "mamba3_perf", precision = "bf16" },
-    { mode = "chunked", chunk_size = "auto" }), { tuned = { chunk_size = 128, scan_threads = threads, source = "tuned" } })
+  return derive.derive(perf_spec({ mode = "chunked", chunk_size = "auto" }),
+    { tuned = { chunk_size = 128, scan_threads = threads, source = "tuned" } })
 end
 local pt = perf_tuned(512)
 is(pt.ck_chunk, 128, "perf tuned: the tuned chunk 128")
