@@ -494,6 +494,36 @@ int tg_context_ok(void)
 
 static int tg_m3_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double *err_s, char **err);
 
+/* Runs candidate c once at B x T and waits for it: 0, or -1 with *err. */
+static int tg_run_once(tg_data *t, tg_kernels *k, const tg_cand *c, int B, int T, char **err)
+{
+    const char *what = "";
+    cudaError_t e = tg_launch(t, k, c, B, T, 0, &what);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    if (e != cudaSuccess)
+        return tg_cuda_fail(e, what, err);
+    return 0;
+}
+
+/* The verdict of a verify run at B x T: the output (n floats, called `name`
+ * in the message) and the final states (ns floats) against the reference.
+ * *err_g, *err_s: their rel-L2 (INFINITY with non-finite values); 1 with
+ * *err when either is over the tolerance (`nonfinite` appended when a value
+ * is not finite), else 0. */
+static int tg_judge(const tg_data *t, int B, int T, const char *name, const float *out, size_t n, const float *s,
+                    size_t ns, const char *nonfinite, double *err_g, double *err_s, char **err)
+{
+    mg_err eo = mg_compare_f32(out, t->g_ref, n), es = mg_compare_f32(s, t->s_ref, ns);
+    *err_g = eo.n_nonfinite ? INFINITY : eo.rel_l2;
+    *err_s = es.n_nonfinite ? INFINITY : es.rel_l2;
+    if (mg_err_ok(&eo, t->d.tol) && mg_err_ok(&es, t->d.tol))
+        return 0;
+    *err = xstr_printf("wrong result at %dx%d: rel-L2 %s %.3g, final state %.3g (tolerance %.3g)%s", B, T, name, *err_g,
+                       *err_s, t->d.tol, eo.n_nonfinite || es.n_nonfinite ? nonfinite : "");
+    return 1;
+}
+
 int tg_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double *err_s, char **err)
 {
     *err = NULL;
@@ -510,12 +540,8 @@ int tg_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double
         e = cudaMemset(t->state_out, 0xff, ns * sizeof(float));
     if (e != cudaSuccess)
         return tg_cuda_fail(e, "cudaMemset", err);
-    const char *what = "";
-    e = tg_launch(t, k, c, B, T, 0, &what);
-    if (e == cudaSuccess)
-        e = cudaDeviceSynchronize();
-    if (e != cudaSuccess)
-        return tg_cuda_fail(e, what, err);
+    if (tg_run_once(t, k, c, B, T, err) != 0)
+        return -1;
     void *hg = malloc(ng * as);
     float *g = malloc(ng * sizeof(float)), *s = malloc(ns * sizeof(float));
     if (!hg || !g || !s) {
@@ -531,15 +557,7 @@ int tg_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err_g, double
         rc = tg_cuda_fail(e, "cudaMemcpy", err);
     } else {
         tg_unround(&t->d, hg, g, ng);
-        mg_err eg = mg_compare_f32(g, t->g_ref, ng), es = mg_compare_f32(s, t->s_ref, ns);
-        *err_g = eg.n_nonfinite ? INFINITY : eg.rel_l2;
-        *err_s = es.n_nonfinite ? INFINITY : es.rel_l2;
-        if (!mg_err_ok(&eg, t->d.tol) || !mg_err_ok(&es, t->d.tol)) {
-            *err = xstr_printf("wrong result at %dx%d: rel-L2 g %.3g, final state %.3g (tolerance %.3g)%s", B, T,
-                             *err_g, *err_s, t->d.tol,
-                             eg.n_nonfinite || es.n_nonfinite ? ", non-finite values" : "");
-            rc = 1;
-        }
+        rc = tg_judge(t, B, T, "g", g, ng, s, ns, ", non-finite values", err_g, err_s, err);
     }
     TG_FREE(hg, g, s);
     return rc;
@@ -729,12 +747,8 @@ static int tg_m3_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err
         e = cudaMemset(t->vp_out, 0xff, nvp * sizeof(float));
     if (e != cudaSuccess)
         return tg_cuda_fail(e, "cudaMemset", err);
-    const char *what = "";
-    e = tg_launch(t, k, c, B, T, 0, &what);
-    if (e == cudaSuccess)
-        e = cudaDeviceSynchronize();
-    if (e != cudaSuccess)
-        return tg_cuda_fail(e, what, err);
+    if (tg_run_once(t, k, c, B, T, err) != 0)
+        return -1;
     float *y = malloc(ny * sizeof(float)), *s = malloc(t->ns_ref * sizeof(float));
     if (!y || !s) {
         TG_FREE(y, s);
@@ -752,15 +766,8 @@ static int tg_m3_verify(tg_data *t, tg_kernels *k, const tg_cand *c, double *err
     if (e != cudaSuccess) {
         rc = tg_cuda_fail(e, "cudaMemcpy", err);
     } else {
-        mg_err ey = mg_compare_f32(y, t->g_ref, ny), es = mg_compare_f32(s, t->s_ref, t->ns_ref);
-        *err_g = ey.n_nonfinite ? INFINITY : ey.rel_l2;
-        *err_s = es.n_nonfinite ? INFINITY : es.rel_l2;
-        if (!mg_err_ok(&ey, t->d.tol) || !mg_err_ok(&es, t->d.tol)) {
-            *err = xstr_printf("wrong result at %dx%d: rel-L2 y %.3g, final state %.3g (tolerance %.3g)%s", B, T,
-                               *err_g, *err_s, t->d.tol,
-                               ey.n_nonfinite || es.n_nonfinite ? ", non-finite values (an output not written?)" : "");
-            rc = 1;
-        }
+        rc = tg_judge(t, B, T, "y", y, ny, s, t->ns_ref, ", non-finite values (an output not written?)", err_g, err_s,
+                      err);
     }
     TG_FREE(y, s);
     return rc;
