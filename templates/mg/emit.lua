@@ -53,6 +53,8 @@ E.FILES = {
   { path = "mg_rms_row.cuh", copy = "kernels/common/rms_row.cuh" },
   { path = "mg_norm.cuh",    copy = "kernels/common/norm.cuh" },
   { path = "mg_convert.cuh", copy = "kernels/common/convert.cuh" },
+  { path = "mg_launch_norm.cuh",    copy = "kernels/common/launch_norm.cuh" },
+  { path = "mg_launch_convert.cuh", copy = "kernels/common/launch_convert.cuh" },
   { path = "%s.c",              template = "{dir}/model.c.tmpl" },
   { path = "mg_{k}_pipeline.h", copy = "host/{dir}/pipeline.h" },
   { path = "mg_model_host.h",  copy = "host/common/model_host.h" },
@@ -79,6 +81,7 @@ E.FILES = {
   -- the training kernels every arch shares (templates/kernels/common/, train_optim parts)
   { path = "mg_train_norm.cuh", copy = "kernels/common/train_norm.cuh", when = "training" },
   { path = "mg_adamw.cuh",     copy = "kernels/common/adamw.cuh",     when = "training" },
+  { path = "mg_launch_train_norm.cuh", copy = "kernels/common/launch_train_norm.cuh", when = "training" },
   { path = "mg_grad_norm.cuh", copy = "kernels/common/grad_norm.cuh", when = "training" },
   { path = "mg_loss.cuh",      copy = "kernels/common/loss.cuh",      when = "training" },
   { path = "%s_train.c",       template = "{dir}/train.c.tmpl",       when = "training" },

@@ -8,33 +8,6 @@
 // Launchers (C linkage, prototypes in NAME.h under NAME_INTERNAL).
 // Argument ranges are checked by the host pipeline before any launch.
 // ===========================================================================
-extern "C" cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int rows, cudaStream_t stream)
-{
-    const size_t n4 = (size_t)rows * (D / 4);
-    size_t blocks = (n4 + 255) / 256;
-    if (blocks > 4096) blocks = 4096;
-    bias_rows_kernel<<<(unsigned)blocks, 256, 0, stream>>>(
-        reinterpret_cast<float4 *>(h), reinterpret_cast<const float4 *>(bias), n4);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_f32,
-                                   int rows, cudaStream_t stream)
-{
-    if (out_f32)
-        rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<float *>(y), 1, 0);
-    else
-        rmsnorm_kernel<act_t><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<act_t *>(y), 1, 0);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
-                                        int in_stride, int in_off, cudaStream_t stream)
-{
-    rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, y, in_stride, in_off);
-    return cudaGetLastError();
-}
-
 extern "C" cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *conv_w,
                                 const float *conv_b, const float *state_in, float *state_out,
                                 void *xc, cudaStream_t stream)
@@ -137,17 +110,6 @@ extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void
         seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
         static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
         cstate, state_out, static_cast<act_t *>(g));
-    return cudaGetLastError();
-}
-#endif
-#if MG_M1_LOWP
-
-extern "C" cudaError_t MG_LAUNCH(convert)(const float *w, void *wa, size_t n, cudaStream_t stream)
-{
-    size_t blocks = (n + CONVERT_THREADS - 1) / CONVERT_THREADS;
-    if (blocks > (size_t)CONVERT_BLOCKS_MAX) blocks = CONVERT_BLOCKS_MAX;
-    if (blocks == 0) return cudaSuccess;
-    convert_kernel<<<(unsigned)blocks, CONVERT_THREADS, 0, stream>>>(w, static_cast<act_t *>(wa), n);
     return cudaGetLastError();
 }
 #endif

@@ -26,16 +26,6 @@ extern "C" cudaError_t MG_LAUNCH(train_bias_rows)(float *h, const float *bias, i
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
-                                         float *rstd, int rows, cudaStream_t st)
-{
-    if (out_f32)
-        rmsnorm_fwd_kernel<float><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<float *>(y), rstd);
-    else
-        rmsnorm_fwd_kernel<act_t><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<act_t *>(y), rstd);
-    return cudaGetLastError();
-}
-
 extern "C" cudaError_t MG_LAUNCH(conv_fwd)(int batch, int seqlen, const void *xz, const float *cw,
                                       const float *cb, const float *cs0, float *state_out, void *xc,
                                       cudaStream_t st)
@@ -57,28 +47,10 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *xc
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w,
-                                         const float *rstd, const float *dy, const float *dscale,
-                                         int accumulate, float *dh, void *dh_act, float *part,
-                                         cudaStream_t st)
-{
-    const int blocks = (rows + NORMB_ROWS - 1) / NORMB_ROWS;
-    rmsnorm_bwd_kernel<<<blocks, NORM_THREADS, 0, st>>>(rows, h, w, rstd, dy, dscale, accumulate, dh,
-                                                        static_cast<act_t *>(dh_act), part);
-    return cudaGetLastError();
-}
-
 extern "C" cudaError_t MG_LAUNCH(colsum_part)(int rows, const float *x, float *part, cudaStream_t st)
 {
     const int blocks = (rows + NORMB_ROWS - 1) / NORMB_ROWS;
     colsum_part_kernel<<<blocks, RED_THREADS, 0, st>>>(rows, x, part);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t MG_LAUNCH(reduce_parts)(const float *part, int nparts, size_t pstride, int n,
-                                          float *out, cudaStream_t st)
-{
-    reduce_parts_kernel<<<(n + RED_THREADS - 1) / RED_THREADS, RED_THREADS, 0, st>>>(part, nparts, pstride, n, out);
     return cudaGetLastError();
 }
 

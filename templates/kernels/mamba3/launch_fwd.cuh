@@ -4,33 +4,6 @@
 // before any launch. Included by NAME_kernels.cu after its anonymous
 // namespace (the kernels): it includes nothing itself.
 
-extern "C" cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int rows, cudaStream_t stream)
-{
-    const size_t n4 = (size_t)rows * (D / 4);
-    size_t blocks = (n4 + 255) / 256;
-    if (blocks > 4096) blocks = 4096;
-    bias_rows_kernel<<<(unsigned)blocks, 256, 0, stream>>>(
-        reinterpret_cast<float4 *>(h), reinterpret_cast<const float4 *>(bias), n4);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_f32,
-                                          int rows, cudaStream_t stream)
-{
-    if (out_f32)
-        rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<float *>(y), 1, 0);
-    else
-        rmsnorm_kernel<act_t><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<act_t *>(y), 1, 0);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
-                                               int in_stride, int in_off, cudaStream_t stream)
-{
-    rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, y, in_stride, in_off);
-    return cudaGetLastError();
-}
-
 extern "C" cudaError_t MG_LAUNCH(prep)(int tokens, const void *proj, const float *dt_bias,
                                        const float *B_norm_w, const float *C_norm_w, const float *B_bias,
                                        const float *C_bias, float *dt, float *adt, float *lam, float *k,
@@ -89,17 +62,6 @@ extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void
     scan_chunked_kernel<<<grid, CK_THREADS, CK_SMEM_BYTES, stream>>>(
         seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
         ssm_out, kp_out, vp_out, y, NULL, 0, 0);
-    return cudaGetLastError();
-}
-#endif
-#if MG_M3_LOWP
-
-extern "C" cudaError_t MG_LAUNCH(convert)(const float *w, void *wa, size_t n, cudaStream_t stream)
-{
-    size_t blocks = (n + CONVERT_THREADS - 1) / CONVERT_THREADS;
-    if (blocks > (size_t)CONVERT_BLOCKS_MAX) blocks = CONVERT_BLOCKS_MAX;
-    if (blocks == 0) return cudaSuccess;
-    convert_kernel<<<(unsigned)blocks, CONVERT_THREADS, 0, stream>>>(w, static_cast<act_t *>(wa), n);
     return cudaGetLastError();
 }
 #endif

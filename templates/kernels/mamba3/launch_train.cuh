@@ -11,16 +11,6 @@ extern "C" cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, i
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
-                                              float *rstd, int rows, cudaStream_t st)
-{
-    if (out_f32)
-        rmsnorm_fwd_kernel<float><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<float *>(y), rstd);
-    else
-        rmsnorm_fwd_kernel<act_t><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<act_t *>(y), rstd);
-    return cudaGetLastError();
-}
-
 extern "C" cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias,
                                              const float *B_norm_w, const float *C_norm_w, const float *B_bias,
                                              const float *C_bias, float *dt, float *adt, float *lam, float *k,
@@ -61,17 +51,6 @@ extern "C" cudaError_t MG_LAUNCH(gate_fwd)(int tokens, const float *y, const voi
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w,
-                                              const float *rstd, const float *dy, const float *dscale,
-                                              int accumulate, float *dh, void *dh_act, float *part,
-                                              cudaStream_t st)
-{
-    const int blocks = (rows + NORMB_ROWS - 1) / NORMB_ROWS;
-    rmsnorm_bwd_kernel<<<blocks, NORM_THREADS, 0, st>>>(rows, h, w, rstd, dy, dscale, accumulate, dh,
-                                                        static_cast<act_t *>(dh_act), part);
-    return cudaGetLastError();
-}
-
 extern "C" cudaError_t MG_LAUNCH(colsum_part)(int rows, int width, const float *x, float *part,
                                               cudaStream_t st)
 {
@@ -79,13 +58,6 @@ extern "C" cudaError_t MG_LAUNCH(colsum_part)(int rows, int width, const float *
     int cb = (width + RED_THREADS - 1) / RED_THREADS;
     if (cb > 64) cb = 64;
     colsum_part_kernel<<<dim3(blocks, cb), RED_THREADS, 0, st>>>(rows, width, x, part);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t MG_LAUNCH(reduce_parts)(const float *part, int nparts, size_t pstride, int n,
-                                               float *out, cudaStream_t st)
-{
-    reduce_parts_kernel<<<(n + RED_THREADS - 1) / RED_THREADS, RED_THREADS, 0, st>>>(part, nparts, pstride, n, out);
     return cudaGetLastError();
 }
 

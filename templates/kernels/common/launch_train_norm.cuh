@@ -1,0 +1,34 @@
+// mg_launch_train_norm.cuh: the launchers of the shared training RMSNorm
+// kernels and of the in-order sum of partials (mg_train_norm.cuh), the same
+// for every arch (C linkage, prototypes in the arch's launch_train.h;
+// MG_LAUNCH(fn) of NAME.h names them NAME_launch_fn). Arguments are checked
+// by NAME_train.c before any launch. Included by NAME_backward.cu after its
+// anonymous namespace (the kernels): it includes nothing itself.
+
+extern "C" cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
+                                              float *rstd, int rows, cudaStream_t st)
+{
+    if (out_f32)
+        rmsnorm_fwd_kernel<float><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<float *>(y), rstd);
+    else
+        rmsnorm_fwd_kernel<act_t><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<act_t *>(y), rstd);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w,
+                                              const float *rstd, const float *dy, const float *dscale,
+                                              int accumulate, float *dh, void *dh_act, float *part,
+                                              cudaStream_t st)
+{
+    const int blocks = (rows + NORMB_ROWS - 1) / NORMB_ROWS;
+    rmsnorm_bwd_kernel<<<blocks, NORM_THREADS, 0, st>>>(rows, h, w, rstd, dy, dscale, accumulate, dh,
+                                                        static_cast<act_t *>(dh_act), part);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(reduce_parts)(const float *part, int nparts, size_t pstride, int n,
+                                               float *out, cudaStream_t st)
+{
+    reduce_parts_kernel<<<(n + RED_THREADS - 1) / RED_THREADS, RED_THREADS, 0, st>>>(part, nparts, pstride, n, out);
+    return cudaGetLastError();
+}
