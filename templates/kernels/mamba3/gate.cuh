@@ -3,6 +3,29 @@
 // Included inside the anonymous namespace of the package's .cu files, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
+// Loads head h of the token's y (yt) into yv (lane's entries p = lane + 32*i,
+// 0 past P) and returns the head's scale r = 1/sqrt(mean(y^2) + eps) under
+// OUTPROJ_NORM (the same in every lane: fixed butterfly), else 1. The
+// gate's forward and backward (mg_m3_gate_bwd.cuh) share it, so both see the
+// same bits.
+__device__ __forceinline__ float gate_head_load(const float *yt, int h, int lane, float (&yv)[GATE_VPL])
+{
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < GATE_VPL; ++i) {
+        const int p = lane + 32 * i;
+        yv[i] = p < P ? yt[h * P + p] : 0.0f;
+        ss += yv[i] * yv[i];
+    }
+    float r = 1.0f;
+    if (OUTPROJ_NORM) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+        r = 1.0f / sqrtf(ss / (float)P + EPS);
+    }
+    return r;
+}
+
 // ---------------------------------------------------------------------------
 // gate_kernel: math.md step 11, one block of GATE_THREADS per token; warp w
 // handles heads w, w+GATE_WARPS, ...; lane l holds the head's entries
@@ -22,19 +45,7 @@ gate_kernel(const float *__restrict__ y, const act_t *__restrict__ proj,
     act_t *gt = g + tok * E;
     for (int h = warp; h < H; h += GATE_WARPS) {
         float yv[GATE_VPL];
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GATE_VPL; ++i) {
-            const int p = lane + 32 * i;
-            yv[i] = p < P ? yt[h * P + p] : 0.0f;
-            ss += yv[i] * yv[i];
-        }
-        float r = 1.0f;
-        if (OUTPROJ_NORM) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
-            r = 1.0f / sqrtf(ss / (float)P + EPS);
-        }
+        const float r = gate_head_load(yt, h, lane, yv);
 #pragma unroll
         for (int i = 0; i < GATE_VPL; ++i) {
             const int p = lane + 32 * i;

@@ -33,19 +33,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
             const int h = warp + hi * GATE_WARPS;
             if (h >= H) break;   // warp-uniform
             float yv[GATE_VPL], du[GATE_VPL];
-            float ss = 0.0f;
-#pragma unroll
-            for (int i = 0; i < GATE_VPL; ++i) {
-                const int p = lane + 32 * i;
-                yv[i] = p < P ? yt[h * P + p] : 0.0f;
-                ss += yv[i] * yv[i];
-            }
-            float r = 1.0f;
-            if (OUTPROJ_NORM) {
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
-                r = 1.0f / sqrtf(ss / (float)P + EPS);
-            }
+            const float r = gate_head_load(yt, h, lane, yv);
             float dot = 0.0f;
 #pragma unroll
             for (int i = 0; i < GATE_VPL; ++i) {
