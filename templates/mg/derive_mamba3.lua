@@ -3,7 +3,7 @@
 -- common fields of mg/derive.lua) and returns it. Templates do no
 -- arithmetic: every number they print comes from here.
 --
--- Fields (HACKING.md "Template environment" is the contract; math.md names):
+-- Fields (HACKING.md "Template environment" is the contract; doc/math.md names):
 --   dims     d.P (headdim), d.H (nheads = E/P), d.G (ngroups),
 --            d.heads_per_group (H/G), d.S (n_angles = floor(N*rope_fraction)/2),
 --            d.S2 (= 2S, rotated entries of k and q), d.GN (= G*N),

@@ -42,7 +42,7 @@ mg_status model_trainer_create(model_trainer **out, cudaStream_t stream)
     if (ce == cudaSuccess) {
         const float s0 = MODEL_LOSS_SCALE_INIT;
         t->scaling = s0 > 0.0f;
-        ce = model_kt_scaler_init(t->scaler, t->scaling ? s0 : 1.0f, MODEL_LOSS_SCALE_GROWTH, stream);
+        ce = model_launch_scaler_init(t->scaler, t->scaling ? s0 : 1.0f, MODEL_LOSS_SCALE_GROWTH, stream);
     }
     if (ce != cudaSuccess) {
         s = mg_cuda_check(ce, MODEL_NAME "_trainer_create: initialising the statistics");
@@ -92,7 +92,7 @@ mg_status model_trainer_set_loss_scaling(model_trainer *t, float init_scale, int
                        fn, (double)init_scale);
     if (growth_interval < 1)
         return mg_fail(MG_ERR_INVALID_ARG, "%s: growth_interval = %d (need >= 1)", fn, growth_interval);
-    MG_CUDA(model_kt_scaler_init(t->scaler, init_scale > 0.0f ? init_scale : 1.0f, growth_interval, t->stream));
+    MG_CUDA(model_launch_scaler_init(t->scaler, init_scale > 0.0f ? init_scale : 1.0f, growth_interval, t->stream));
     t->scaling = init_scale > 0.0f;
     return MG_OK;
 }
@@ -179,7 +179,7 @@ void model_train_graph_destroy(model_train_graph *g)
 static mg_status graph_write_params(model_train_graph *g, const model_adamw_params *p)
 {
     /* prep with next = NULL stores p at its `cur` argument: here g->next */
-    MG_CUDA(model_kt_adamw_prep(p, NULL, g->next, g->coef, g->t->stream));
+    MG_CUDA(model_launch_adamw_prep(p, NULL, g->next, g->coef, g->t->stream));
     return MG_OK;
 }
 

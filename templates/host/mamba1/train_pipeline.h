@@ -37,7 +37,7 @@ struct model_trainer {
     int scan_choice;               /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED (the backward's walk) */
     float *outbuf, *dout, *stat, *loss;
     double *gpart;
-    float *scaler;                 /* loss scaling state (device, see kt_scaler_init) */
+    float *scaler;                 /* loss scaling state (device, see launch_scaler_init) */
     int scaling;                   /* backward applies the loss scale */
     int hold_scale;                /* backward leaves the scale as it is (graph warm-up) */
     model_adamw_params *hp;   /* the hyperparameters of the last eager AdamW step (device) */
@@ -174,13 +174,13 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
     t->batch = batch;
     t->seqlen = seqlen;
 #if LOWP
-    MG_CUDA(model_launch_train_convert(w, t->wa, st));
+    MG_CUDA(model_launch_convert_train(w, t->wa, st));
 #endif
     const void *wa = gemm_w(t);
 
 #if HAS_INPUT_PROJ
     MG_CUDA(cudaMemcpyAsync(t->u, u, (size_t)tokens * IN_DIM * sizeof(float), cudaMemcpyDeviceToDevice, st));
-    MG_CUDA(model_launch_train_bias_rows(t->h, w + OFF_INPUT_PROJ_B, tokens, st));
+    MG_CUDA(model_launch_bias_rows_train(t->h, w + OFF_INPUT_PROJ_B, tokens, st));
     CHECK(mg_linear(t->blas, tokens, D_MODEL, IN_DIM, MG_F32, u, IN_DIM, w + OFF_INPUT_PROJ_W, IN_DIM,
                     MG_F32, t->h, D_MODEL, 1.0f, 1.0f));
 #else
@@ -327,11 +327,11 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
     if (t->scaling) {
         /* Everything above carries the loss scale S: divide it out (exact),
          * count non-finite parameter gradients, and adapt S. */
-        MG_CUDA(model_kt_unscale(WEIGHTS_FLOATS, gr, t->scaler, t->gpart, st));
-        if (du) MG_CUDA(model_kt_unscale((size_t)tokens * IN_DIM, du, t->scaler, NULL, st));
-        if (dcs) MG_CUDA(model_kt_unscale((size_t)N_LAYERS * batch * CS_PER_SEQ, dcs, t->scaler, NULL, st));
-        if (dss) MG_CUDA(model_kt_unscale((size_t)N_LAYERS * batch * SS_PER_SEQ, dss, t->scaler, NULL, st));
-        if (!t->hold_scale) MG_CUDA(model_kt_scaler_update(t->gpart, t->scaler, st));
+        MG_CUDA(model_launch_unscale(WEIGHTS_FLOATS, gr, t->scaler, t->gpart, st));
+        if (du) MG_CUDA(model_launch_unscale((size_t)tokens * IN_DIM, du, t->scaler, NULL, st));
+        if (dcs) MG_CUDA(model_launch_unscale((size_t)N_LAYERS * batch * CS_PER_SEQ, dcs, t->scaler, NULL, st));
+        if (dss) MG_CUDA(model_launch_unscale((size_t)N_LAYERS * batch * SS_PER_SEQ, dss, t->scaler, NULL, st));
+        if (!t->hold_scale) MG_CUDA(model_launch_scaler_update(t->gpart, t->scaler, st));
     }
     return MG_OK;
 }
@@ -359,8 +359,8 @@ static mg_status adamw(model_trainer *t, float *w, const float *g, float *m, flo
                        const model_adamw_params *p, model_adamw_params *next,
                        model_adamw_params *cur, float *coef)
 {
-    MG_CUDA(model_kt_adamw_prep(p, next, cur, coef, t->stream));
-    MG_CUDA(model_kt_grad_norm(g, cur, t->gpart, t->stat, t->stream));
+    MG_CUDA(model_launch_adamw_prep(p, next, cur, coef, t->stream));
+    MG_CUDA(model_launch_grad_norm(g, cur, t->gpart, t->stat, t->stream));
     MG_CUDA(model_launch_adamw(w, g, m, v, t->stat, cur, coef, NULL, t->stream));
     if (t->model) CHECK(model__convert_weights_on(t->model, t->stream));
     return MG_OK;
@@ -387,7 +387,7 @@ static mg_status train_step(model_trainer *t, float *w, float *grads, float *m, 
 {
     CHECK(forward_train(t, w, batch, seqlen, u, t->outbuf, cs, ss));
     const size_t n = (size_t)batch * seqlen * D_MODEL;
-    MG_CUDA(model_kt_mse(n, t->outbuf, target, t->dout, t->gpart, loss ? loss : t->loss, t->stream));
+    MG_CUDA(model_launch_mse(n, t->outbuf, target, t->dout, t->gpart, loss ? loss : t->loss, t->stream));
     CHECK(backward(t, t->dout, grads, NULL, NULL, NULL));
     return adamw(t, w, grads, m, v, p, next, cur, coef);
 }

@@ -47,7 +47,7 @@ struct model_trainer {
     double *gpart;
     model_adamw_params *hp;   /* the hyperparameters of the last eager AdamW step (device) */
     float *coef;                   /* its derived factors: decay, step size, sqrt(bc2) (device) */
-    float *scaler;                 /* loss scaling state (device, see kt_scaler_init) */
+    float *scaler;                 /* loss scaling state (device, see launch_scaler_init) */
     int scaling;                   /* backward applies the loss scale */
     int hold_scale;                /* backward leaves the scale as it is (graph warm-up) */
     int scan_choice;               /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED (the training SSM) */
@@ -401,13 +401,13 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         /* Everything above carries the loss scale S: divide it out (exact),
          * count non-finite parameter gradients, and adapt S. */
         const size_t nb = (size_t)N_LAYERS * batch;
-        MG_CUDA(model_kt_unscale(WEIGHTS_FLOATS, gr, t->scaler, t->gpart, st));
-        if (du) MG_CUDA(model_kt_unscale((size_t)tokens * IN_DIM, du, t->scaler, NULL, st));
-        if (dssm) MG_CUDA(model_kt_unscale(nb * SSM_PER_SEQ, dssm, t->scaler, NULL, st));
-        if (dkp) MG_CUDA(model_kt_unscale(nb * KPREV_PER_SEQ, dkp, t->scaler, NULL, st));
-        if (dvp) MG_CUDA(model_kt_unscale(nb * VPREV_PER_SEQ, dvp, t->scaler, NULL, st));
-        if (dang) MG_CUDA(model_kt_unscale(nb * ANGLE_PER_SEQ, dang, t->scaler, NULL, st));
-        if (!t->hold_scale) MG_CUDA(model_kt_scaler_update(t->gpart, t->scaler, st));
+        MG_CUDA(model_launch_unscale(WEIGHTS_FLOATS, gr, t->scaler, t->gpart, st));
+        if (du) MG_CUDA(model_launch_unscale((size_t)tokens * IN_DIM, du, t->scaler, NULL, st));
+        if (dssm) MG_CUDA(model_launch_unscale(nb * SSM_PER_SEQ, dssm, t->scaler, NULL, st));
+        if (dkp) MG_CUDA(model_launch_unscale(nb * KPREV_PER_SEQ, dkp, t->scaler, NULL, st));
+        if (dvp) MG_CUDA(model_launch_unscale(nb * VPREV_PER_SEQ, dvp, t->scaler, NULL, st));
+        if (dang) MG_CUDA(model_launch_unscale(nb * ANGLE_PER_SEQ, dang, t->scaler, NULL, st));
+        if (!t->hold_scale) MG_CUDA(model_launch_scaler_update(t->gpart, t->scaler, st));
     }
     return MG_OK;
 }
@@ -438,8 +438,8 @@ static mg_status adamw(model_trainer *t, float *w, const float *g, float *m, flo
                        const model_adamw_params *p, model_adamw_params *next,
                        model_adamw_params *cur, float *coef)
 {
-    MG_CUDA(model_kt_adamw_prep(p, next, cur, coef, t->stream));
-    MG_CUDA(model_kt_grad_norm(g, cur, t->gpart, t->stat, t->stream));
+    MG_CUDA(model_launch_adamw_prep(p, next, cur, coef, t->stream));
+    MG_CUDA(model_launch_grad_norm(g, cur, t->gpart, t->stat, t->stream));
     MG_CUDA(model_launch_adamw(w, g, m, v, t->stat, cur, coef, t->stream));
 #if LOWP
     if (t->model) {
@@ -484,7 +484,7 @@ static mg_status train_step(model_trainer *t, float *w, float *grads, float *m, 
 {
     CHECK(forward_train(t, w, batch, seqlen, u, t->outbuf, ssm, kp, vp, ang));
     const size_t n = (size_t)batch * seqlen * D_MODEL;
-    MG_CUDA(model_kt_mse(n, t->outbuf, target, t->dout, t->gpart, loss ? loss : t->loss, t->stream));
+    MG_CUDA(model_launch_mse(n, t->outbuf, target, t->dout, t->gpart, loss ? loss : t->loss, t->stream));
     CHECK(backward(t, t->dout, grads, NULL, NULL, NULL, NULL, NULL));
     return adamw(t, w, grads, m, v, p, next, cur, coef);
 }

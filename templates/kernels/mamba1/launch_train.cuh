@@ -19,7 +19,7 @@ static unsigned grid_for(size_t n)
 // Launchers (C linkage, prototypes in NAME_train.h under NAME_INTERNAL).
 // Arguments are checked by NAME_train.c before any launch.
 // ===========================================================================
-extern "C" cudaError_t MG_LAUNCH(train_bias_rows)(float *h, const float *bias, int rows, cudaStream_t st)
+extern "C" cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cudaStream_t st)
 {
     const size_t n = (size_t)rows * D;
     bias_rows_train_kernel<<<grid_for(n), RED_THREADS, 0, st>>>(n, bias, h);
@@ -129,7 +129,7 @@ extern "C" cudaError_t MG_LAUNCH(adamw)(float *w, const float *g, float *m, floa
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(train_convert)(const float *w, void *wa, cudaStream_t st)
+extern "C" cudaError_t MG_LAUNCH(convert_train)(const float *w, void *wa, cudaStream_t st)
 {
     convert_train_kernel<<<grid_for(WEIGHTS_TOTAL), RED_THREADS, 0, st>>>(WEIGHTS_TOTAL, w, static_cast<act_t *>(wa));
     return cudaGetLastError();

@@ -4,10 +4,10 @@
  * API: NAME_train.h includes it under NAME_INTERNAL, inside its extern "C"
  * block (MG_LAUNCH(fn) is NAME_launch_fn, NAME.h). The launchers whose
  * arguments name the model's types (AdamW) and those every arch shares
- * (NAME_kt_*) are declared in NAME_train.h. Activations (the storage dtype)
+ * (NAME_launch_*) are declared in NAME_train.h. Activations (the storage dtype)
  * as void pointers. Plain C, includes nothing itself. */
 
-cudaError_t MG_LAUNCH(train_bias_rows)(float *h, const float *bias, int rows, cudaStream_t st);
+cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cudaStream_t st);
 cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
                                float *rstd, int rows, cudaStream_t st);
 cudaError_t MG_LAUNCH(conv_fwd)(int batch, int seqlen, const void *xz, const float *cw,
@@ -39,4 +39,4 @@ cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, void *ddbl, c
 cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,
                             const float *cb, const float *cs0, const float *dxc, void *dxz,
                             float *dcs, float *part_w, float *part_b, cudaStream_t st);
-cudaError_t MG_LAUNCH(train_convert)(const float *w, void *wa, cudaStream_t st);
+cudaError_t MG_LAUNCH(convert_train)(const float *w, void *wa, cudaStream_t st);

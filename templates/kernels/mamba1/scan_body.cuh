@@ -139,7 +139,7 @@ scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict_
 // s -> a_t s + b_t with a_t = exp(delta_t A), b_t = delta_t B_t[n] xc_t; a
 // chunk composes to the pair (a_c, b_c) = (prod a_t, its local end state from
 // zero), and pairs combine with (a1,b1)o(a0,b0) = (a1 a0, a1 b0 + b1)
-// (math.md). Three launches on the stream:
+// (doc/math.md). Three launches on the stream:
 //   1. chunk_state, grid (batch, blocks, nc-1): chunks 0..nc-2 from a zero
 //      state -> b_c into cstate slot c+1, sum of delta into dsum (a_c =
 //      exp(A * dsum), recomputed by the combine). The last chunk's pair is

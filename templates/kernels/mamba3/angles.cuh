@@ -5,7 +5,7 @@
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
 // ---------------------------------------------------------------------------
-// angles_kernel: math.md steps 6-7, parallel over time.
+// angles_kernel: doc/math.md steps 6-7, parallel over time.
 //   theta_t = (theta_{t-1} + pi * tanh(angles_t[a]) * dt_t[h]) mod 2pi
 //   (k[2a], k[2a+1]) <- rotation by theta_t, the same for q (in place).
 // One block per (head h, sequence b): grid (H, batch). Thread (a, sl) =

@@ -22,7 +22,7 @@
 // nothing itself.
 
 // ===========================================================================
-// Chunked scan: math.md "Chunked form", chunk length CK_Q.
+// Chunked scan: doc/math.md "Chunked form", chunk length CK_Q.
 //
 // Decomposition. One block per (sequence b, head h) (grid (H, batch)) walks
 // the chunks in order; the P x N state stays on chip (f32, in the

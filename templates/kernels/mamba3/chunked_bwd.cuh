@@ -5,7 +5,7 @@
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
 // ===========================================================================
-// Chunked SSM backward: the backward of math.md "Chunked form", chunk length
+// Chunked SSM backward: the backward of doc/math.md "Chunked form", chunk length
 // CKB_Q, for scan.mode chunked (or auto on long calls).
 //
 // One block per (head h, sequence b) walks the chunks from last to first

@@ -27,7 +27,7 @@ __device__ __forceinline__ float gate_head_load(const float *yt, int h, int lane
 }
 
 // ---------------------------------------------------------------------------
-// gate_kernel: math.md step 11, one block of GATE_THREADS per token; warp w
+// gate_kernel: doc/math.md step 11, one block of GATE_THREADS per token; warp w
 // handles heads w, w+GATE_WARPS, ...; lane l holds the head's entries
 // p = l + 32*i (i < GATE_VPL):
 //   OUTPROJ_NORM: g = y * rms(y over the head's P values) * norm_gate_w * silu(z)

@@ -4,7 +4,7 @@
  * API: NAME_train.h includes it under NAME_INTERNAL, inside its extern "C"
  * block (MG_LAUNCH(fn) is NAME_launch_fn, NAME.h). The launchers whose
  * arguments name the model's types (AdamW) and those every arch shares
- * (NAME_kt_*) are declared in NAME_train.h. Activations in the storage
+ * (NAME_launch_*) are declared in NAME_train.h. Activations in the storage
  * dtype are void pointers; the residual stream, y, the per-head SSM inputs,
  * states, checkpoints, gradients of the SSM inputs and every partial sum
  * are f32. Plain C, includes nothing itself. */

@@ -5,7 +5,7 @@
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
 // ---------------------------------------------------------------------------
-// prep_kernel: the per-token maps of math.md steps 1-5, one block of
+// prep_kernel: the per-token maps of doc/math.md steps 1-5, one block of
 // PREP_THREADS per token (grid = tokens), reading the in_proj output row
 // proj[tok][NP]:
 //   dt[tok][h]  = softplus(dd_dt[h] + dt_bias[h])

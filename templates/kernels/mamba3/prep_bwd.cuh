@@ -2,7 +2,7 @@
 // Included inside the anonymous namespace of NAME_backward.cu, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
-// Per-token backward of math.md steps 1-6 (one block per token). Inputs: the
+// Per-token backward of doc/math.md steps 1-6 (one block per token). Inputs: the
 // gradients of the SSM inputs (dadt, ddt, dlam [tok][H]; dk, dq [tok][H][N]
 // of the unrotated k, q; dv [tok][E]) and gth [tok][H][S]. Writes the
 // in_proj gradient row dproj[tok] (storage dtype) for x, B, C, dd_dt, dd_A,

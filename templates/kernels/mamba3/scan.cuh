@@ -4,7 +4,7 @@
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
 // ---------------------------------------------------------------------------
-// scan_kernel (sequential): math.md steps 8-10 for one (sequence b, head h)
+// scan_kernel (sequential): doc/math.md steps 8-10 for one (sequence b, head h)
 // per block (grid (H, batch)), t in order:
 //   alpha = exp(adt), beta = (1-lam)*dt*alpha, gamma = lam*dt
 //   Hs[p][n] = alpha*Hs[p][n] + beta*vp[p]*kp[n] + gamma*v[p]*k'[n]

@@ -6,7 +6,7 @@
 // Included inside the anonymous namespace of NAME_backward.cu, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
-// The SSM forward for training (math.md steps 8-10), one block per (head,
+// The SSM forward for training (doc/math.md steps 8-10), one block per (head,
 // sequence): the inference scan's recurrence and arithmetic, with the state
 // saved at the start of every CKPT_STRIDE-step chunk into
 // ckpt [b][h][nck][P][N] (nck = ceil(seqlen/CKPT_STRIDE); chunk 0 = the initial
