@@ -34,11 +34,6 @@ local function layer_tensors(d)
     { "out_proj_w", "mixer.out_proj.weight",  { d.D, d.E } },
   }
 end
-M.layer_tensors = layer_tensors
-
-function M.layout(d)
-  return derive.blob_layout(d, layer_tensors(d), "backbone.")
-end
 
 function M.derive(spec, d)
   local m = spec.model
@@ -52,7 +47,9 @@ function M.derive(spec, d)
   d.conv_state_per_seq = d.E * (d.K - 1)
   d.ssm_state_per_seq = d.E * d.N
 
-  d.params, d.off, d.layer0, d.layer_stride, d.weights_total = M.layout(d)
+  -- The weights blob; state_dict names under "backbone." (Hugging Face Mamba-1).
+  d.params, d.off, d.layer0, d.layer_stride, d.weights_total =
+    derive.blob_layout(d, layer_tensors(d), "backbone.")
 
   -- RMSNorm: one block per token row of D values, read as float4 vectors
   -- (D is a multiple of 8, so D/4 is whole). One vector per thread when the

@@ -51,11 +51,6 @@ local function layer_tensors(d)
   t[#t + 1] = { "out_proj_w", "mixer.out_proj.weight", { d.D, d.E } }
   return t
 end
-M.layer_tensors = layer_tensors
-
-function M.layout(d)
-  return derive.blob_layout(d, layer_tensors(d), "")
-end
 
 function M.derive(spec, d)
   local m = spec.model
@@ -88,7 +83,9 @@ function M.derive(spec, d)
   d.v_prev_per_seq = d.H * d.P
   d.angle_per_seq = d.H * d.S
 
-  d.params, d.off, d.layer0, d.layer_stride, d.weights_total = M.layout(d)
+  -- The weights blob; state_dict names without a prefix.
+  d.params, d.off, d.layer0, d.layer_stride, d.weights_total =
+    derive.blob_layout(d, layer_tensors(d), "")
 
   -- RMSNorm (block pre-norm, norm_f): as Mamba-1. One block per token row,
   -- read as float4 vectors (D is a multiple of 8); one vector per thread
