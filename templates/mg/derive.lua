@@ -16,6 +16,8 @@
 --   d.D, d.E, d.N, d.L       d_model, expand*d_model, d_state, n_layers
 --   d.input_dim, d.in_dim    input_dim, and the model input width (input_dim or D)
 --   d.eps                    norm_eps (a Lua float)
+--   d.norm_vecs, d.norm_threads, d.norm_iters  RMSNorm launch: float4 vectors
+--                            per row (D/4), block size, loop count
 --   d.max_batch, d.max_seq_len, d.max_tokens (= max_batch*max_seq_len)
 --   d.batch, d.seq_len       fixed sizes, 0 when given at run time
 --   d.batch_fixed, d.seq_len_fixed  booleans
@@ -82,6 +84,14 @@ local function common(spec, opts)
   d.input_dim = m.input_dim
   d.in_dim = m.input_dim > 0 and m.input_dim or m.d_model
   d.eps = m.norm_eps
+  -- RMSNorm (block pre-norm, norm_f): one block per token row of D values,
+  -- read as float4 vectors (D is a multiple of 8, so D/4 is whole). One
+  -- vector per thread when the row fits: next power of two of D/4 (power of
+  -- two for the tree reduction), at least a warp (32), at most 1024 (the
+  -- block limit; larger rows loop norm_iters times).
+  d.norm_vecs = d.D // 4
+  d.norm_threads = math.min(1024, math.max(32, M.next_pow2(d.norm_vecs)))
+  d.norm_iters = M.ceil_div(d.norm_vecs, d.norm_threads)
   local sh = spec.shapes
   d.max_batch, d.max_seq_len = sh.max_batch, sh.max_seq_len
   d.max_tokens = sh.max_batch * sh.max_seq_len

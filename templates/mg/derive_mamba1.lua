@@ -9,9 +9,8 @@
 --            d.xp_B (= R, first B column of x_proj's output), d.xp_C (= R+N),
 --            d.conv_state_per_seq (= E*(K-1) floats), d.ssm_state_per_seq (= E*N)
 --   weights  d.params, d.off, d.layer0, d.layer_stride, d.weights_total
---   launch   d.norm_threads, d.norm_vecs, d.norm_iters, d.conv_threads,
---            d.conv_blocks, d.scan_lanes, d.scan_npt, d.scan_threads (+ d.scan_threads_source
---            "default" | "tuned"),
+--   launch   d.conv_threads, d.conv_blocks, d.scan_lanes, d.scan_npt,
+--            d.scan_threads (+ d.scan_threads_source "default" | "tuned"),
 --            d.scan_channels, d.scan_blocks, d.scan_tchunk, d.scan_smem_bytes
 
 local derive = require("mg.derive")
@@ -50,15 +49,6 @@ function M.derive(spec, d)
   -- The weights blob; state_dict names under "backbone." (Hugging Face Mamba-1).
   d.params, d.off, d.layer0, d.layer_stride, d.weights_total =
     derive.blob_layout(d, layer_tensors(d), "backbone.")
-
-  -- RMSNorm: one block per token row of D values, read as float4 vectors
-  -- (D is a multiple of 8, so D/4 is whole). One vector per thread when the
-  -- row fits: next power of two of D/4 (power of two for the tree reduction),
-  -- at least a warp (32), at most 1024 (the block limit; larger rows loop
-  -- norm_iters times).
-  d.norm_vecs = d.D // 4
-  d.norm_threads = math.min(1024, math.max(32, derive.next_pow2(d.norm_vecs)))
-  d.norm_iters = derive.ceil_div(d.norm_vecs, d.norm_threads)
 
   -- Causal conv: one thread per channel, grid (conv_blocks, batch). 128
   -- threads keeps several blocks per sequence for small E (better spread over

@@ -16,8 +16,7 @@
 --            d.k_prev_per_seq (H*N), d.v_prev_per_seq (H*P = E),
 --            d.angle_per_seq (H*S)
 --   weights  d.params, d.off, d.layer0, d.layer_stride, d.weights_total
---   launch   d.norm_threads, d.norm_vecs, d.norm_iters (RMSNorm, as Mamba-1),
---            d.prep_threads, d.prep_warps, d.prep_n_per_lane,
+--   launch   d.prep_threads, d.prep_warps, d.prep_n_per_lane,
 --            d.angle_slices, d.angle_threads, d.angle_blocks (parallel angles,
 --            forward and backward, inference and training),
 --            d.scan_lanes, d.scan_npt, d.scan_rpt, d.scan_rowgroups,
@@ -86,14 +85,6 @@ function M.derive(spec, d)
   -- The weights blob; state_dict names without a prefix.
   d.params, d.off, d.layer0, d.layer_stride, d.weights_total =
     derive.blob_layout(d, layer_tensors(d), "")
-
-  -- RMSNorm (block pre-norm, norm_f): as Mamba-1. One block per token row,
-  -- read as float4 vectors (D is a multiple of 8); one vector per thread
-  -- when the row fits: next power of two of D/4, at least a warp, at most
-  -- 1024 (larger rows loop norm_iters times).
-  d.norm_vecs = d.D // 4
-  d.norm_threads = math.min(1024, math.max(32, derive.next_pow2(d.norm_vecs)))
-  d.norm_iters = derive.ceil_div(d.norm_vecs, d.norm_threads)
 
   -- Prep (per token: BCNorm, per-head scalars, biased k and q for every
   -- head): one block of 128 threads (4 warps) per token. Warp w reduces the
