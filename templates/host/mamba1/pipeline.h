@@ -270,22 +270,27 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
     return MG_OK;
 }
 
+/* prefill and burn_in: the arguments checked (states optional), then the
+ * forward over the whole sequence; last_only: burn_in's last-step output. */
+static mg_status checked_forward(model_model *m, const char *fn, int batch, int seqlen, const float *u,
+                                 float *out, float *cs, float *ss, int last_only)
+{
+    mg_status s = check_call(m, fn, batch, seqlen, u, out, cs, ss, 0);
+    if (s != MG_OK) return s;
+    return forward(m, batch, seqlen, u, out, cs, ss, last_only, 0);
+}
+
 mg_status model_prefill(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
                       float *d_conv_state, float *d_ssm_state)
 {
-    mg_status s = check_call(m, MODEL_NAME "_prefill", batch, seqlen, d_u, d_out, d_conv_state,
-                             d_ssm_state, 0);
-    if (s != MG_OK) return s;
-    return forward(m, batch, seqlen, d_u, d_out, d_conv_state, d_ssm_state, 0, 0);
+    return checked_forward(m, MODEL_NAME "_prefill", batch, seqlen, d_u, d_out, d_conv_state, d_ssm_state, 0);
 }
 
 mg_status model_burn_in(model_model *m, int batch, int seqlen, const float *d_u, float *d_last_out,
                       float *d_conv_state, float *d_ssm_state)
 {
-    mg_status s = check_call(m, MODEL_NAME "_burn_in", batch, seqlen, d_u, d_last_out, d_conv_state,
-                             d_ssm_state, 0);
-    if (s != MG_OK) return s;
-    return forward(m, batch, seqlen, d_u, d_last_out, d_conv_state, d_ssm_state, 1, 0);
+    return checked_forward(m, MODEL_NAME "_burn_in", batch, seqlen, d_u, d_last_out, d_conv_state, d_ssm_state,
+                           1);
 }
 
 /* One token per stream: the single-launch kernel (when emitted), the fused

@@ -251,22 +251,30 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
     return MG_OK;
 }
 
+/* prefill and burn_in: the arguments checked (states optional), then the
+ * forward over the whole sequence; last_only: burn_in's last-step output. */
+static mg_status checked_forward(model_model *m, const char *fn, int batch, int seqlen, const float *u,
+                                 float *out, float *ssm, float *k_prev, float *v_prev, float *angle,
+                                 int last_only)
+{
+    const float *const st[4] = { ssm, k_prev, v_prev, angle };
+    mg_status s = check_call(m, fn, batch, seqlen, u, out, st, 0);
+    if (s != MG_OK) return s;
+    return forward(m, batch, seqlen, u, out, ssm, k_prev, v_prev, angle, last_only, 0);
+}
+
 mg_status model_prefill(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
                       float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
 {
-    const float *const st[4] = { d_ssm, d_k_prev, d_v_prev, d_angle };
-    mg_status s = check_call(m, MODEL_NAME "_prefill", batch, seqlen, d_u, d_out, st, 0);
-    if (s != MG_OK) return s;
-    return forward(m, batch, seqlen, d_u, d_out, d_ssm, d_k_prev, d_v_prev, d_angle, 0, 0);
+    return checked_forward(m, MODEL_NAME "_prefill", batch, seqlen, d_u, d_out, d_ssm, d_k_prev, d_v_prev,
+                           d_angle, 0);
 }
 
 mg_status model_burn_in(model_model *m, int batch, int seqlen, const float *d_u, float *d_last_out,
                       float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
 {
-    const float *const st[4] = { d_ssm, d_k_prev, d_v_prev, d_angle };
-    mg_status s = check_call(m, MODEL_NAME "_burn_in", batch, seqlen, d_u, d_last_out, st, 0);
-    if (s != MG_OK) return s;
-    return forward(m, batch, seqlen, d_u, d_last_out, d_ssm, d_k_prev, d_v_prev, d_angle, 1, 0);
+    return checked_forward(m, MODEL_NAME "_burn_in", batch, seqlen, d_u, d_last_out, d_ssm, d_k_prev, d_v_prev,
+                           d_angle, 1);
 }
 
 /* One token per stream: the prefill path with seqlen = 1 (the same kernels,
