@@ -39,9 +39,9 @@ end
 E.FILES = {
   { path = "%s.h",          template = "{dir}/model.h.tmpl" },
   { path = "%s_common.cuh", template = "{dir}/common.cuh.tmpl" },
+  { path = "mg_dtype.cuh",  copy = "kernels/common/dtype.cuh" },   -- included by NAME_common.cuh
   { arch = "mamba1",   -- the kernels, then the kernel bodies they include (plain CUDA, one header per phase)
     { path = "%s_kernels.cu",        template = "mamba1/kernels.cu.tmpl" },
-    { path = "mg_dtype.cuh",         copy = "kernels/common/dtype.cuh" },
     bodies("util.cuh conv.cuh scan_body.cuh scan_fwd.cuh decode.cuh launch.cuh launch.h"),
   },
   { arch = "mamba3_siso",   -- the kernel bodies (templates/kernels/mamba3/), then the kernels that include them

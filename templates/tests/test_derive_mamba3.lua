@@ -247,7 +247,7 @@ if ok then
     "mamba3_rl_bench.c<host/mamba3/bench.c",
     "bench_util.h<host/common/bench_util.h", "Makefile<common/Makefile.tmpl",
     -- the kernel bodies, copied (plain CUDA)
-    "mg_norm.cuh<kernels/common/norm.cuh", "mg_m3_prep.cuh<kernels/mamba3/prep.cuh",
+    "mg_dtype.cuh<kernels/common/dtype.cuh", "mg_norm.cuh<kernels/common/norm.cuh", "mg_m3_prep.cuh<kernels/mamba3/prep.cuh",
     "mg_m3_angles.cuh<kernels/mamba3/angles.cuh", "mg_m3_scan.cuh<kernels/mamba3/scan.cuh",
     "mg_m3_tiles.cuh<kernels/mamba3/tiles.cuh", "mg_m3_chunked_fwd.cuh<kernels/mamba3/chunked_fwd.cuh",
     "mg_m3_gate.cuh<kernels/mamba3/gate.cuh", "mg_m3_launch_fwd.cuh<kernels/mamba3/launch_fwd.cuh",
