@@ -22,6 +22,17 @@ int mg_device_count(void)
     return n < 0 ? 0 : n;
 }
 
+int mg_device_sms(void)
+{
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 1;
+    }
+    return n > 0 ? n : 1;
+}
+
 mg_status mg_cuda_check(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)

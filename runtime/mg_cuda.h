@@ -18,6 +18,10 @@ extern "C" {
  * (never an error). */
 int mg_device_count(void);
 
+/* Multiprocessors of the current device (1 when the query fails): launch
+ * choices that depend on how many blocks run side by side. */
+int mg_device_sms(void);
+
 /* Turn a cudaError_t into a status + message naming the call site. */
 mg_status mg_cuda_check(cudaError_t e, const char *what);
 #define MG_CUDA(call) do { cudaError_t mg__e = (call); \

@@ -22,8 +22,9 @@
 --   d.batch, d.seq_len       fixed sizes, 0 when given at run time
 --   d.batch_fixed, d.seq_len_fixed  booleans
 --   d.scan_mode_resolved     "sequential" | "chunked" (auto: sequential when
---                            max_seq_len <= 256 — one pass is cheap and has no
---                            chunk overhead at such lengths — else chunked)
+--                            max_seq_len <= 256, else chunked; mg/derive_mamba1.lua
+--                            makes it "auto" where both scans exist and each
+--                            call picks one)
 --   d.chunk_size             chunk length; auto: the tuned value of the autotune
 --                            cache for the current GPU (opts.tuned, from
 --                            mg/tune.lua resolve), else DEFAULT_CHUNK

@@ -9,9 +9,11 @@
 --            d.xp_B (= R, first B column of x_proj's output), d.xp_C (= R+N),
 --            d.conv_state_per_seq (= E*(K-1) floats), d.ssm_state_per_seq (= E*N)
 --   weights  d.params, d.off, d.layer0, d.layer_stride, d.weights_total
---   launch   d.conv_threads, d.conv_blocks, d.scan_lanes, d.scan_npt,
+--   launch   d.conv_threads, d.conv_blocks, d.conv_tile, d.conv_max_tiles
+--            (the conv: see the comment at d.conv_threads), d.scan_lanes, d.scan_npt,
 --            d.scan_threads (+ d.scan_threads_source "default" | "tuned"),
---            d.scan_channels, d.scan_blocks, d.scan_tchunk, d.scan_smem_bytes
+--            d.scan_channels, d.scan_blocks, d.scan_tchunk, d.scan_stage_w
+--            (floats per staged timestep), d.scan_smem_bytes (M.scan_stage)
 
 local derive = require("mg.derive")
 
@@ -34,6 +36,19 @@ local function layer_tensors(d)
   }
 end
 
+-- The scan's shared-memory stage (kernels/mamba1/scan_body.cuh,
+-- scan_stage) for d_state N and `channels` channels per block: a row per
+-- timestep of B | C (2N floats) and the block's xc, dt and z (3 * channels),
+-- tchunk rows: 32 timesteps, halved while the stage would exceed 40 KiB (it
+-- is the kernels' only large static shared array, under the 48 KiB limit).
+-- Returns tchunk, the row width in floats, the bytes.
+function M.scan_stage(N, channels)
+  local w = 2 * N + 3 * channels
+  local tchunk = 32
+  while tchunk > 1 and tchunk * w * 4 > 40960 do tchunk = tchunk // 2 end
+  return tchunk, w, tchunk * w * 4
+end
+
 function M.derive(spec, d)
   local m = spec.model
   d.K = m.d_conv
@@ -50,12 +65,25 @@ function M.derive(spec, d)
   d.params, d.off, d.layer0, d.layer_stride, d.weights_total =
     derive.blob_layout(d, layer_tensors(d), "backbone.")
 
-  -- Causal conv: one thread per channel, grid (conv_blocks, batch). 128
+  -- Causal conv: one thread per (channel, time tile), conv_blocks blocks of
+  -- conv_threads channels per tile (grid: batch x tiles, conv_blocks). 128
   -- threads keeps several blocks per sequence for small E (better spread over
   -- the SMs at small batch); from E = 2048 on there are enough blocks and 256
   -- halves the block count.
   d.conv_threads = (d.E < 2048) and 128 or 256
   d.conv_blocks = derive.ceil_div(d.E, d.conv_threads)
+  -- conv_tile: time steps per thread of the prefill and training conv
+  -- kernels. A thread loads its tile's inputs and the K-1 before it into
+  -- registers at once (all loads in flight together), so a sequence is
+  -- ceil(seqlen / conv_tile) independent tiles rather than one serial walk.
+  -- 16: the re-read window (K-1 <= 7 inputs; the training backward also
+  -- recomputes the K-1 steps after its tile) stays a small share of the
+  -- tile, the register arrays stay small (backward: 16 + 2(K-1) inputs and
+  -- 16 + K-1 output gradients), and batch 1 x 256 steps still makes 16
+  -- tiles per channel block. d.conv_max_tiles = ceil(max_seq_len / conv_tile).
+  d.conv_tile = 16
+  d.conv_max_tiles = derive.ceil_div(d.max_seq_len, d.conv_tile)
+  assert(d.max_batch * d.conv_max_tiles <= 2147483647, "derive_mamba1: too many conv tiles for grid.x")
 
   -- Selective scan: scan_lanes threads share one channel, each owning
   -- scan_npt = N/scan_lanes states in registers. scan_lanes is the smallest
@@ -66,11 +94,19 @@ function M.derive(spec, d)
   while d.N // lanes > 16 do lanes = lanes * 2 end
   d.scan_lanes = lanes
   d.scan_npt = d.N // lanes
-  -- 128 threads per block: 4 warps, enough blocks for E >= 128 at batch 1.
-  -- With `chunk_size: auto` and a tune-cache entry, the block size mamba-tune
-  -- measured best together with that chunk (it swept 64..512 and verified
-  -- each), when it is whole warps of whole channels.
-  d.scan_threads = 128
+  -- Block size: 128 threads (4 warps), halved (down to one warp) while a
+  -- sequence would get fewer than 8 blocks: a small model (E = 256, N = 16:
+  -- 2 blocks of 128) would otherwise leave most SMs idle at small batch,
+  -- and smaller blocks let an SM interleave several of them (one block's
+  -- staging wait is another's compute). With `chunk_size: auto` and a
+  -- tune-cache entry, the block size mamba-tune measured best together with
+  -- that chunk (it swept 32..512 and verified each), when it is whole warps
+  -- of whole channels.
+  local threads = 128
+  while threads > 32 and threads % (2 * lanes) == 0 and derive.ceil_div(d.E * lanes, threads) < 8 do
+    threads = threads // 2
+  end
+  d.scan_threads = threads
   d.scan_threads_source = "default"
   local tt = d.tuned and d.tuned.source == "tuned" and d.tuned.scan_threads
   if tt and tt >= 32 and tt <= 1024 and tt % 32 == 0 and tt % lanes == 0 then
@@ -79,15 +115,7 @@ function M.derive(spec, d)
   end
   d.scan_channels = d.scan_threads // d.scan_lanes
   d.scan_blocks = derive.ceil_div(d.E, d.scan_channels)
-  -- B_t and C_t (N floats each) of scan_tchunk timesteps are staged in
-  -- shared memory per pass: 32 timesteps, halved while the staging would
-  -- exceed 32 KiB (so it stays under the 48 KiB static shared-memory limit
-  -- with room for the kernel's own arrays): 32 up to N = 128, 16 at N = 256.
-  -- d.scan_smem_bytes = 2 * scan_tchunk * N * 4.
-  local tchunk = 32
-  while 2 * tchunk * d.N * 4 > 32768 do tchunk = tchunk // 2 end
-  d.scan_tchunk = tchunk
-  d.scan_smem_bytes = 2 * tchunk * d.N * 4
+  d.scan_tchunk, d.scan_stage_w, d.scan_smem_bytes = M.scan_stage(d.N, d.scan_channels)
   M.derive_inference(spec, d)
   if d.training then M.derive_training(spec, d) end
   return d
@@ -107,12 +135,20 @@ end
 --                       mode chunked, and for auto when max_seq_len exceeds
 --                       the auto threshold
 --   d.scan_mode_id      0 sequential | 1 chunked | 2 auto (host dispatch)
---   d.scan_auto_min_len auto: calls with seqlen >= this use the chunked scan.
---                       = max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4*chunk):
---                       up to 256 steps the single pass costs a few us and
---                       the chunked path (3 launches, the chunk recurrence
---                       run twice) cannot win; below 4 chunks the 2x work is
---                       not repaid by the parallelism over chunks
+--   d.scan_auto_min_len auto: the chunked scan exists when max_seq_len reaches
+--                       this (= 2 chunks), and a call takes it when its
+--                       seqlen reaches this and its sequential scan would
+--                       have fewer than scan_auto_blocks_per_sm blocks per
+--                       SM (batch * scan_blocks < that * SMs, the SM count
+--                       queried at create). Why both: the sequential scan
+--                       walks the sequence one step after another per
+--                       block, so it is fast only when enough blocks run
+--                       side by side; the chunked one does the recurrence
+--                       twice (3 launches) but is parallel over chunks.
+--                       Measured on the H200 (bench, mamba1_rl): batch 1 x
+--                       256 steps is latency-bound sequentially
+--   d.scan_auto_blocks_per_sm  see scan_auto_min_len (2)
+--   d.scan_mode_resolved "auto" when both scans exist and the call decides
 --   d.scan_chunk        chunk length Q (= d.chunk_size)
 --   d.scan_max_chunks   ceil(max_seq_len / Q)
 --   d.scan_cstate_floats  workspace of chunk states: max_batch*max_chunks*E*N
@@ -166,9 +202,11 @@ function M.derive_inference(spec, d)
   d.convert_blocks_max = 1024
 
   d.scan_chunk = d.chunk_size
-  d.scan_auto_min_len = math.max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4 * d.scan_chunk)
+  d.scan_auto_min_len = 2 * d.scan_chunk
+  d.scan_auto_blocks_per_sm = 2
   d.scan_emit_sequential = true
   d.scan_emit_chunked, d.scan_mode_id = derive.scan_choice(spec.scan.mode, d.max_seq_len, d.scan_auto_min_len)
+  if d.scan_mode_id == 2 then d.scan_mode_resolved = "auto" end
   d.scan_max_chunks = derive.ceil_div(d.max_seq_len, d.scan_chunk)
   assert(d.scan_max_chunks <= 65535, "derive_mamba1: too many chunks for grid.z")
   if d.scan_emit_chunked then
@@ -238,11 +276,13 @@ end
 --                     keeping them per thread in a [bscan_tchunk][scan_npt]
 --                     array: bscan_tchunk*scan_npt <= 256 floats (1 KiB of
 --                     local memory per thread, L1-resident at 128 threads).
---                     It is also the number of B/C timesteps staged in shared
---                     memory per pass; halved while that staging plus the
+--                     It is also the number of timesteps staged in shared
+--                     memory per pass of the backward (B | C and the block's
+--                     xc, dt, dy); halved while that staging plus the
 --                     double-buffered per-warp dB/dC reduction buffer
 --                     (2*scan_warps*2N floats) would exceed 40 KiB.
---   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N + 2*scan_warps*2N)
+--   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N + 2*scan_warps*2N
+--                     + 3*bscan_tchunk*scan_channels)
 --   d.max_ckpts       checkpoints per sequence = ceil(max_seq_len/bscan_tchunk)
 --                     (mamba1_long, N = 64, 4096 steps -> stride 16, 256
 --                     checkpoints; see NAME_train.h "Long sequences")
@@ -256,9 +296,11 @@ end
 --                     always emitted: sequential mode and short calls)
 --   d.bscan_mode_id   0 sequential | 1 chunked | 2 auto (host dispatch of the
 --                     backward; chunked: calls longer than one span)
---   d.bscan_auto_min_len  auto: calls with seqlen >= this use the chunked
---                     backward = max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1,
---                     4*bscan_span), the forward's rule with the span
+--   d.bscan_auto_min_len  auto: = 2*bscan_span, the forward's rule with the
+--                     span: calls with seqlen >= this whose sequential
+--                     backward would have fewer than scan_auto_blocks_per_sm
+--                     blocks per SM take the chunked backward and the
+--                     chunked training forward
 --   d.bscan_max_spans ceil(max_seq_len / bscan_span)
 --   d.bscan_parts     per-sequence partitions of the scan's parameter-gradient
 --                     partials (part_A, part_D, part_dtb): bscan_max_spans
@@ -272,6 +314,15 @@ end
 --                     gradient; the d.normb_max_blocks = ceil(max_tokens /
 --                     normb_rows) partials are summed in block order
 --   d.red_threads     block size of the elementwise / reduction kernels
+--   d.conv_parts      partials of the conv weight and bias gradients: one per
+--                     (sequence, time tile of conv_tile steps) =
+--                     max_batch * conv_max_tiles (sizes part_cw, part_cb)
+--   d.conv_part_group partials summed per thread by the first stage of the
+--                     conv gradients' two-stage sum (in place, in order); the
+--                     second stage sums the ceil(parts / group) group sums in
+--                     order. A one-stage sum would leave each of the E*K
+--                     threads a serial walk over batch*tiles partials (2048
+--                     at 8 x 4096 steps): latency-bound on a few SMs
 --   d.gnorm_blocks    blocks of the first stage of the global gradient norm and
 --                     of the MSE loss: a fixed count, so the partition of the
 --                     sum (hence its rounding) never depends on the GPU
@@ -291,9 +342,10 @@ function M.derive_training(spec, d)
   d.scan_warps = d.scan_threads // 32
   local bt = 16
   while bt * d.scan_npt > 256 do bt = bt // 2 end
-  while bt > 1 and 4 * (2 * bt * d.N + 2 * d.scan_warps * 2 * d.N) > 40960 do bt = bt // 2 end
+  local function smem(t) return 4 * (2 * t * d.N + 2 * d.scan_warps * 2 * d.N + 3 * t * d.scan_channels) end
+  while bt > 1 and smem(bt) > 40960 do bt = bt // 2 end
   d.bscan_tchunk = bt
-  d.bscan_smem_bytes = 4 * (2 * bt * d.N + 2 * d.scan_warps * 2 * d.N)
+  d.bscan_smem_bytes = smem(bt)
   d.max_ckpts = derive.ceil_div(d.max_seq_len, bt)
   -- Chunk-parallel scan backward. A span must be a whole number of
   -- checkpoint chunks, so that it starts at a saved state and its chunks are
@@ -303,7 +355,7 @@ function M.derive_training(spec, d)
   -- under auto follows the forward's rule (d.scan_auto_min_len) with the span.
   d.bscan_span = derive.ceil_div(d.scan_chunk, bt) * bt
   d.bscan_span_ck = d.bscan_span // bt
-  d.bscan_auto_min_len = math.max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4 * d.bscan_span)
+  d.bscan_auto_min_len = 2 * d.bscan_span
   d.bscan_emit_chunked, d.bscan_mode_id = derive.scan_choice(spec.scan.mode, d.max_seq_len, d.bscan_auto_min_len)
   d.bscan_max_spans = derive.ceil_div(d.max_seq_len, d.bscan_span)
   assert(d.bscan_max_spans <= 65535, "derive_mamba1: too many backward spans for grid.z")
@@ -313,6 +365,8 @@ function M.derive_training(spec, d)
   d.normb_rows = 16
   d.normb_max_blocks = derive.ceil_div(d.max_tokens, d.normb_rows)
   d.red_threads = 256
+  d.conv_parts = d.max_batch * d.conv_max_tiles
+  d.conv_part_group = 32
   d.gnorm_blocks = 256
   derive.training_common(d, MATRIX)
   return d

@@ -205,7 +205,8 @@ function M.m1_dims(d, channels)
     arg("lanes", d.scan_lanes, "threads sharing one channel's state (a power of two dividing 32)"),
     arg("npt", d.scan_npt, "states per thread = N / lanes (<= NPT_MAX)"),
     arg("channels", channels, "channels per block = SCAN_THREADS / lanes"),
-    arg("tchunk", d.scan_tchunk, "timesteps of B/C staged in shared memory"),
+    arg("tchunk", (require("mg.derive_mamba1").scan_stage(d.N, channels)),
+        "timesteps staged in shared memory per pass"),
   }
 end
 
@@ -253,7 +254,8 @@ function M.generic(spec, d, cands)
     g.args = M.m3_dims(d, v)
   else
     assert(d.scan_npt <= M.GENERIC_M1_NPT_MAX, "tune: generic bound")
-    g.smem = d.scan_smem_bytes   -- the B/C stage, now dynamic shared memory
+    local _, _, bytes = require("mg.derive_mamba1").scan_stage(d.N, base.channels)
+    g.smem = bytes   -- the stage, now dynamic shared memory
     g.npt_max = M.GENERIC_M1_NPT_MAX
     g.args = M.m1_dims(d, base.channels)
   end

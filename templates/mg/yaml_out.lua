@@ -52,7 +52,7 @@ local SECTIONS = {
     dims = { "D", "E", "N", "K", "R", "L", "XP", "input_dim", "in_dim", "eps",
              "max_batch", "max_seq_len", "max_tokens", "batch", "seq_len",
              "dtype", "act_t", "act_size", "check_tol", "scan_mode_resolved", "chunk_size" },
-    launch = { "norm_threads", "norm_iters", "conv_threads", "conv_blocks",
+    launch = { "norm_threads", "norm_iters", "conv_threads", "conv_blocks", "conv_tile",
                "scan_lanes", "scan_npt", "scan_threads", "scan_channels",
                "scan_blocks", "scan_tchunk", "scan_smem_bytes" },
   },

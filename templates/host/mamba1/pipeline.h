@@ -27,6 +27,7 @@ struct model_model {
     int decode_fused;   /* decode path: MODEL_DECODE_UNFUSED | _FUSED | _SINGLE (MODEL_DECODE_DEFAULT) */
     void *wa;           /* low-precision copy of the blob (act elements, blob offsets); NULL for f32 */
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
+    int sms;            /* multiprocessors of the device (scan.mode auto picks the scan with it) */
 };
 
 /* The arch's checks and forward, for the common part (mg_model_host.h). */
@@ -82,6 +83,7 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     m->dpart = (float *)p;
     m->decode_fused = MODEL_DECODE_DEFAULT;
     m->scan_choice = MODEL_SCAN_SPEC;
+    m->sms = mg_device_sms();
     *out = m;
     return MG_OK;
 }
@@ -117,15 +119,20 @@ mg_status model_set_decode_fused(model_model *m, int fused)
 }
 
 #if HAS_CHUNKED
-/* Which scan a call of seqlen tokens uses. */
-static int use_chunked(const model_model *m, int seqlen)
+/* Which scan a call of batch x seqlen tokens uses. auto: the chunked scan
+ * from SCAN_AUTO_MIN_LEN steps when the sequential one would run fewer
+ * than SCAN_AUTO_BLOCKS_PER_SM blocks per SM (it walks the sequence one
+ * step after another per block: fast only with enough blocks side by
+ * side). */
+static int use_chunked(const model_model *m, int batch, int seqlen)
 {
     if (m->scan_choice == MODEL_SCAN_SEQUENTIAL) return 0;
     if (m->scan_choice == MODEL_SCAN_CHUNKED) return 1;
 #if SCAN_MODE_ID == 1
+    (void)batch;
     return seqlen > SCAN_CHUNK;    /* one chunk: the sequential kernel computes the same */
 #else
-    return seqlen >= SCAN_AUTO_MIN_LEN;
+    return seqlen >= SCAN_AUTO_MIN_LEN && (long)batch * SCAN_BLOCKS < (long)SCAN_AUTO_BLOCKS_PER_SM * m->sms;
 #endif
 }
 #endif
@@ -187,7 +194,7 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
     const float *w = m->w;
     const char *wg = (const char *)model__gemm_weights(m);   /* GEMM weights, ACT elements */
 #if HAS_CHUNKED
-    const int chunked = use_chunked(m, seqlen);   /* conv and scan parallel over time chunks */
+    const int chunked = use_chunked(m, batch, seqlen);   /* scan parallel over time chunks */
 #endif
     const cudaStream_t st = m->stream;
     mg_status s;
@@ -222,15 +229,10 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
                                             GW(L0_DT_PROJ_W), lw + L0_DT_PROJ_B, lw + L0_A_LOG, lw + L0_D, ss_l,
                                             m->xc, m->dpart, m->g, st));
         } else {
-        /* xc = silu(causal_conv(x) + bias), conv state carried */
-#if HAS_CHUNKED
-        if (chunked)
-            MG_CUDA(model_launch_conv_chunked(batch, seqlen, m->xz, lw + L0_CONV_W, lw + L0_CONV_B, cs_l,
-                                            m->xc, st));
-        else
-#endif
-            MG_CUDA(model_launch_conv(batch, seqlen, m->xz, lw + L0_CONV_W, lw + L0_CONV_B, cs_l, cs_l,
-                                    m->xc, st));
+        /* xc = silu(causal_conv(x) + bias), conv state carried (parallel over
+         * time tiles whatever the scan mode) */
+        MG_CUDA(model_launch_conv(batch, seqlen, m->xz, lw + L0_CONV_W, lw + L0_CONV_B, cs_l, cs_l,
+                                m->xc, st));
         /* dbl = xc . x_proj.weight^T   [tokens][DT_RANK+2N] */
         s = mg_linear(m->blas, tokens, XP_DIM, D_INNER, ACT, m->xc, D_INNER, GW(L0_X_PROJ_W), D_INNER,
                       ACT, m->dbl, XP_DIM, 1.0f, 0.0f);

@@ -34,7 +34,9 @@ struct model_trainer {
     float *dh, *dhn, *dg, *dy, *dxc;
     float *part_bc, *part_A, *part_D, *part_dtb, *part_cw, *part_cb, *part_rows;
     float *span_p, *span_ds;       /* chunked scan backward: per span products / adjoints (or NULL) */
-    int scan_choice;               /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED (the backward's walk) */
+    float *cstate, *dsum;          /* chunked training forward: chunk states, sums of delta (or NULL) */
+    int scan_choice;               /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED (the scan's walk) */
+    int sms;                       /* multiprocessors of the device (0: not asked yet) */
     float *outbuf, *dout, *stat, *loss;
     double *gpart;
     float *scaler;                 /* loss scaling state (device, see launch_scaler_init) */
@@ -86,9 +88,12 @@ static size_t carve(model_trainer *t, char *p)
 #if HAS_CHUNKED_BWD
     TAKE(span_p, float *, (size_t)BSCAN_SPAN_FLOATS, 4);    /* [MB][max spans][E][N] */
     TAKE(span_ds, float *, (size_t)BSCAN_SPAN_FLOATS, 4);
+    TAKE(cstate, float *, (size_t)BSCAN_SPAN_FLOATS, 4);    /* [MB][max chunks][E][N]: chunk = span */
+    TAKE(dsum, float *, MB * BSCAN_PARTS * E, 4);
 #endif
-    TAKE(part_cw, float *, MB * E * D_CONV, 4);
-    TAKE(part_cb, float *, MB * E, 4);
+    /* conv-backward partials per (sequence, time tile) */
+    TAKE(part_cw, float *, CONV_PARTS * E * D_CONV, 4);
+    TAKE(part_cb, float *, CONV_PARTS * E, 4);
     TAKE(part_rows, float *, NORMB_MAX_BLOCKS * D_MODEL, 4);
     TAKE(outbuf, float *, MT * D_MODEL, 4);
     TAKE(dout, float *, MT * D_MODEL, 4);
@@ -115,23 +120,31 @@ mg_status model_trainer_set_scan(model_trainer *t, int choice)
     return MG_OK;
 }
 
-/* Spans of the scan backward of a call of seqlen steps: 1 = the sequential
- * walk; more = the chunk-parallel backward with spans of BSCAN_SPAN steps. */
-static int bwd_spans(const model_trainer *t, int seqlen)
+/* Spans of the scan of a call of batch x seqlen steps: 1 = the sequential
+ * walk (forward and backward); more = the chunked training forward and the
+ * chunk-parallel backward, with spans (= chunks) of BSCAN_SPAN steps. auto:
+ * from BSCAN_AUTO_MIN_LEN steps when the sequential walk would run fewer
+ * than SCAN_AUTO_BLOCKS_PER_SM blocks per SM (the inference rule). */
+static int bwd_spans(model_trainer *t, int batch, int seqlen)
 {
 #if HAS_CHUNKED_BWD
     int chunked;
     if (t->scan_choice == MODEL_SCAN_SEQUENTIAL) chunked = 0;
     else if (t->scan_choice == MODEL_SCAN_CHUNKED) chunked = 1;
-    else
+    else {
 #if BSCAN_MODE_ID == 1
+        (void)batch;
         chunked = seqlen > BSCAN_SPAN;   /* one span: the sequential walk computes the same */
 #else
-        chunked = seqlen >= BSCAN_AUTO_MIN_LEN;
+        if (!t->sms) t->sms = mg_device_sms();
+        chunked = seqlen >= BSCAN_AUTO_MIN_LEN &&
+                  (long)batch * (long)SCAN_BLOCKS < (long)SCAN_AUTO_BLOCKS_PER_SM * t->sms;
 #endif
+    }
     return chunked ? (seqlen + BSCAN_SPAN - 1) / BSCAN_SPAN : 1;
 #else
     (void)t;
+    (void)batch;
     (void)seqlen;
     return 1;
 #endif
@@ -177,6 +190,7 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
     MG_CUDA(model_launch_convert_train(w, t->wa, st));
 #endif
     const void *wa = gemm_w(t);
+    const int chunked = bwd_spans(t, batch, seqlen) > 1;   /* the scan parallel over chunks */
 
 #if HAS_INPUT_PROJ
     MG_CUDA(cudaMemcpyAsync(t->u, u, (size_t)tokens * IN_DIM * sizeof(float), cudaMemcpyDeviceToDevice, st));
@@ -211,8 +225,8 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
                         ACT, dbl, XP_DIM, 1.0f, 0.0f));
         CHECK(mg_linear(t->blas, tokens, D_INNER, DT_RANK, ACT, dbl, XP_DIM, wptr(law, L0_DT_PROJ_W), DT_RANK,
                         ACT, dt, D_INNER, 1.0f, 0.0f));
-        MG_CUDA(model_launch_scan_fwd(batch, seqlen, xc, dt, dbl, xz, lw + L0_DT_PROJ_B, lw + L0_A_LOG,
-                                       lw + L0_D, ss_l, ss_l, ckpt, y, t->g, st));
+        MG_CUDA(model_launch_scan_fwd(batch, seqlen, chunked, xc, dt, dbl, xz, lw + L0_DT_PROJ_B, lw + L0_A_LOG,
+                                       lw + L0_D, ss_l, ss_l, t->cstate, t->dsum, ckpt, y, t->g, st));
         MG_CUDA(cudaMemcpyAsync(h_n, h_l, (size_t)tokens * D_MODEL * sizeof(float), cudaMemcpyDeviceToDevice, st));
         CHECK(mg_linear(t->blas, tokens, D_MODEL, D_INNER, ACT, t->g, D_INNER, wptr(law, L0_OUT_PROJ_W), D_INNER,
                         MG_F32, h_n, D_MODEL, 1.0f, 1.0f));
@@ -237,7 +251,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
 {
     const int batch = t->batch, seqlen = t->seqlen, tokens = batch * seqlen;
     const int nrb = (tokens + NORMB_ROWS - 1) / NORMB_ROWS;   /* row blocks of the norm partials */
-    const int nsp = bwd_spans(t, seqlen);   /* spans of the scan backward (1: sequential) */
+    const int nsp = bwd_spans(t, batch, seqlen);   /* spans of the scan backward (1: sequential) */
     const int nparts = batch * nsp;         /* scan-backward partials per parameter */
     const cudaStream_t st = t->stream;
     const float *w = t->w;
@@ -298,10 +312,9 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         CHECK(mg_linear_dx(t->blas, tokens, XP_DIM, D_INNER, ACT, t->ddbl, XP_DIM, wptr(law, L0_X_PROJ_W), D_INNER,
                            MG_F32, t->dxc, D_INNER, 1.0f));
         /* conv + SiLU */
+        /* (partials per (sequence, time tile), summed by the launcher in order) */
         MG_CUDA(model_launch_conv_bwd(batch, seqlen, xz, lw + L0_CONV_W, lw + L0_CONV_B, cs0, t->dxc, t->dxz,
-                                       dcs_l, t->part_cw, t->part_cb, st));
-        MG_CUDA(model_launch_reduce_parts(t->part_cw, batch, E * D_CONV, (int)(E * D_CONV), gl + L0_CONV_W, st));
-        MG_CUDA(model_launch_reduce_parts(t->part_cb, batch, E, (int)E, gl + L0_CONV_B, st));
+                                       dcs_l, t->part_cw, t->part_cb, gl + L0_CONV_W, gl + L0_CONV_B, st));
         /* in_proj, then the block's RMSNorm (adds into the residual gradient) */
         CHECK(mg_linear_dw(t->blas, tokens, XZ_DIM, D_MODEL, ACT, t->dxz, XZ_DIM, hn, D_MODEL,
                            MG_F32, gl + L0_IN_PROJ_W, D_MODEL, 0.0f));

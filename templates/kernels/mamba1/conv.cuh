@@ -1,85 +1,39 @@
 // conv.cuh: the causal depthwise conv + SiLU of the Mamba-1 forward
-// (NAME_kernels.cu): the sequential kernel, and the time-chunked kernel
-// with its state update for the chunked path (MG_M1_SCAN_CHUNKED).
-// Written against the constants of NAME_common.cuh (E, E2, K, CONV_*,
-// SCAN_CHUNK, act_t); #included by NAME_kernels.cu inside its anonymous
-// namespace, so it includes nothing itself.
+// (NAME_kernels.cu): the kernel parallel over time tiles, and the conv state
+// update that follows it when a call has more than one tile. Both scan modes
+// use them (the conv does not depend on the scan). Written against the
+// constants of NAME_common.cuh (E, E2, K, CONV_*, act_t); #included by
+// NAME_kernels.cu inside its anonymous namespace, so it includes nothing
+// itself.
 
 // ---------------------------------------------------------------------------
 // conv_silu_kernel: causal depthwise conv (width K) + bias + SiLU.
 //   xc[b,t,e] = silu(bias[e] + sum_k w[e,k] * x[b, t-K+1+k, e])
 // x is the first E columns of the in_proj output xz [tokens][2E]; inputs
 // before t = 0 come from conv_state [b][e][K-1] (oldest first; zeros when
-// state_in is NULL). Grid (batch, CONV_BLOCKS), one thread per
-// (sequence, channel) walking t in order with the last K values in registers:
-// consecutive threads read consecutive channels (coalesced), each input is
-// read once, and the final window is the new conv state (written in place
-// after the thread has read its old state; NULL state_out: not written).
+// state_in is NULL). Parallel over time tiles of CONV_TILE steps, one thread
+// per (channel, tile); grid and arithmetic: conv_fwd_tile (util.cuh), the
+// same bits as a serial walk over time. state_out (NULL: not written) is
+// written here only when the call is one tile (the launcher passes NULL
+// otherwise and runs conv_state_kernel after): each thread has then read its
+// old state before writing the new one, so the two may alias.
 // ---------------------------------------------------------------------------
 __global__ void __launch_bounds__(CONV_THREADS)
-conv_silu_kernel(int seqlen, const act_t *__restrict__ xz, const float *__restrict__ cw,
+conv_silu_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const float *__restrict__ cw,
                  const float *__restrict__ cb, const float *state_in, float *state_out,
                  act_t *__restrict__ xc)
 {
-    const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
-    if (e >= E) return;
-    const size_t b = blockIdx.x;
-    float w[K], win[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) w[k] = cw[e * K + k];
-    const float bias = cb[e];
-    const size_t st = (b * E + e) * (K - 1);
-#pragma unroll
-    for (int k = 0; k < K - 1; ++k) win[k] = state_in ? state_in[st + k] : 0.0f;
-    const act_t *xp = xz + b * (size_t)seqlen * E2 + e;
-    act_t *op = xc + b * (size_t)seqlen * E + e;
-    conv_steps(0, seqlen, xp, op, w, win, bias);
-    if (state_out) {
-#pragma unroll
-        for (int k = 0; k < K - 1; ++k) state_out[st + k] = win[k];
-    }
-}
-#if MG_M1_SCAN_CHUNKED
-
-// ---------------------------------------------------------------------------
-// conv_chunked_kernel: the conv of conv_silu_kernel, parallel over time
-// chunks of SCAN_CHUNK steps (grid (batch, CONV_BLOCKS, nc)) for the chunked
-// path: each thread starts its window from the K-1 inputs before its chunk
-// (from xz, or from conv_state before t = 0) and computes with the same
-// arithmetic as conv_silu_kernel (same bits). It writes xc only; the new
-// conv state is written afterwards by conv_state_kernel (state_in may alias
-// state_out, and chunk 0 reads it).
-// ---------------------------------------------------------------------------
-__global__ void __launch_bounds__(CONV_THREADS)
-conv_chunked_kernel(int seqlen, const act_t *__restrict__ xz, const float *__restrict__ cw,
-                    const float *__restrict__ cb, const float *__restrict__ state_in,
-                    act_t *__restrict__ xc)
-{
-    const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
-    if (e >= E) return;
-    const size_t b = blockIdx.x;
-    const int t0 = blockIdx.z * SCAN_CHUNK;
-    const int t1 = min(seqlen, t0 + SCAN_CHUNK);
-    float w[K], win[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) w[k] = cw[e * K + k];
-    const float bias = cb[e];
-    const size_t st = (b * E + e) * (K - 1);
-    const act_t *xp = xz + b * (size_t)seqlen * E2 + e;
-    act_t *op = xc + b * (size_t)seqlen * E + e;
-#pragma unroll
-    for (int k = 0; k < K - 1; ++k) {
-        const int t = t0 - (K - 1) + k;
-        win[k] = t >= 0 ? to_f32(xp[(size_t)t * E2]) : (state_in ? state_in[st + (K - 1) + t] : 0.0f);
-    }
-    conv_steps(t0, t1, xp, op, w, win, bias);
+    conv_fwd_tile(seqlen, ntiles, xz, cw, cb, state_in, state_out, xc);
 }
 
-// conv_state_kernel: state[b][e][:] = the last K-1 inputs of the sequence,
-// oldest first, drawn from the old state where seqlen < K-1 (read fully
-// before writing: in place). Grid (batch, CONV_BLOCKS).
+// conv_state_kernel: state_out[b][e][:] = the last K-1 inputs of the
+// sequence, oldest first, drawn from state_in (NULL: zeros) where
+// seqlen < K-1; each thread reads all of its values before writing, so
+// state_in may alias state_out. Runs after conv_silu_kernel when a call has
+// more than one tile (tile 0 reads the old state, which the last tile must
+// not overwrite). Grid (batch, CONV_BLOCKS).
 __global__ void __launch_bounds__(CONV_THREADS)
-conv_state_kernel(int seqlen, const act_t *__restrict__ xz, float *state)
+conv_state_kernel(int seqlen, const act_t *__restrict__ xz, const float *state_in, float *state_out)
 {
     const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
     if (e >= E) return;
@@ -90,9 +44,8 @@ conv_state_kernel(int seqlen, const act_t *__restrict__ xz, float *state)
 #pragma unroll
     for (int k = 0; k < K - 1; ++k) {
         const int t = seqlen - (K - 1) + k;
-        v[k] = t >= 0 ? to_f32(xp[(size_t)t * E2]) : state[st + (K - 1) + t];
+        v[k] = t >= 0 ? to_f32(xp[(size_t)t * E2]) : (state_in ? state_in[st + (K - 1) + t] : 0.0f);
     }
 #pragma unroll
-    for (int k = 0; k < K - 1; ++k) state[st + k] = v[k];
+    for (int k = 0; k < K - 1; ++k) state_out[st + k] = v[k];
 }
-#endif // MG_M1_SCAN_CHUNKED

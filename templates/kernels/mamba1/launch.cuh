@@ -12,10 +12,17 @@ extern "C" cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, co
                                 const float *conv_b, const float *state_in, float *state_out,
                                 void *xc, cudaStream_t stream)
 {
-    const dim3 grid(batch, CONV_BLOCKS);
-    conv_silu_kernel<<<grid, CONV_THREADS, 0, stream>>>(
-        seqlen, static_cast<const act_t *>(xz), conv_w, conv_b, state_in, state_out,
-        static_cast<act_t *>(xc));
+    // Time tiles of CONV_TILE steps. One tile: the kernel updates the state
+    // itself; more: tile 0 reads state_in while the last tile would write
+    // state_out (they may alias), so the state is written by a second kernel.
+    const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
+    conv_silu_kernel<<<dim3((unsigned)batch * ntiles, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
+        seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in,
+        ntiles == 1 ? state_out : nullptr, static_cast<act_t *>(xc));
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || ntiles == 1 || !state_out) return e;
+    conv_state_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(xz), state_in, state_out);
     return cudaGetLastError();
 }
 
@@ -73,25 +80,12 @@ extern "C" cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, f
 #endif
 #if MG_M1_SCAN_CHUNKED
 
-extern "C" cudaError_t MG_LAUNCH(conv_chunked)(int batch, int seqlen, const void *xz, const float *conv_w,
-                                        const float *conv_b, float *state, void *xc,
-                                        cudaStream_t stream)
-{
-    const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
-    conv_chunked_kernel<<<dim3(batch, CONV_BLOCKS, nc), CONV_THREADS, 0, stream>>>(
-        seqlen, static_cast<const act_t *>(xz), conv_w, conv_b, state, static_cast<act_t *>(xc));
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess || !state) return e;
-    conv_state_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
-        seqlen, static_cast<const act_t *>(xz), state);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *xc, const void *dt,
-                                        const void *dbl, const void *xz, const float *dt_bias,
-                                        const float *A_log, const float *Dskip,
-                                        const float *state_in, float *state_out, float *cstate,
-                                        float *dsum, void *g, cudaStream_t stream)
+// Passes 1 and 2 of the chunked scan: every chunk's incoming state into
+// cstate (the training forward runs its own output pass after them).
+extern "C" cudaError_t MG_LAUNCH(scan_chunk_states)(int batch, int seqlen, const void *xc, const void *dt,
+                                             const void *dbl, const float *dt_bias, const float *A_log,
+                                             const float *state_in, float *cstate, float *dsum,
+                                             cudaStream_t stream)
 {
     const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
     if (nc > 1) {
@@ -104,8 +98,19 @@ extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void
     const size_t n = (size_t)batch * E * N;
     chunk_combine_kernel<<<(unsigned)((n + COMBINE_THREADS - 1) / COMBINE_THREADS), COMBINE_THREADS, 0,
                            stream>>>(batch, nc, A_log, state_in, cstate, dsum);
-    const cudaError_t e2 = cudaGetLastError();
-    if (e2 != cudaSuccess) return e2;
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *xc, const void *dt,
+                                        const void *dbl, const void *xz, const float *dt_bias,
+                                        const float *A_log, const float *Dskip,
+                                        const float *state_in, float *state_out, float *cstate,
+                                        float *dsum, void *g, cudaStream_t stream)
+{
+    const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
+    const cudaError_t e = MG_LAUNCH(scan_chunk_states)(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in,
+                                                       cstate, dsum, stream);
+    if (e != cudaSuccess) return e;
     chunk_output_kernel<<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, stream>>>(
         seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
         static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,

@@ -14,8 +14,9 @@ cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int rows, cudaStre
 /* y[rows][D] = rmsnorm(h[rows][D]) * w; y has type act (out_f32 = 0) or f32. */
 cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_f32,
                         int rows, cudaStream_t stream);
-/* Causal depthwise conv + SiLU over x = xz[:, 0:E]; conv state in/out
- * (state_in NULL: zeros; state_out NULL: not written). */
+/* Causal depthwise conv + SiLU over x = xz[:, 0:E], parallel over time tiles;
+ * conv state in/out (state_in NULL: zeros; state_out NULL: not written; they
+ * may alias). One launch, two when seqlen > CONV_TILE (then the state update). */
 cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *conv_w,
                      const float *conv_b, const float *state_in, float *state_out,
                      void *xc, cudaStream_t stream);
@@ -44,11 +45,12 @@ cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, float *out, 
 /* y[r][D] = rmsnorm(h[r*in_stride + in_off]) * w, f32 out (burn-in: last rows). */
 cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
                              int in_stride, int in_off, cudaStream_t stream);
-/* Conv + SiLU parallel over time chunks (same bits as launch_conv), then the new
- * conv state in place (state NULL: zeros in, nothing out). */
-cudaError_t MG_LAUNCH(conv_chunked)(int batch, int seqlen, const void *xz, const float *conv_w,
-                             const float *conv_b, float *state, void *xc,
-                             cudaStream_t stream);
+/* Passes 1 and 2 of the chunked scan (chunk states, then the combine): the
+ * incoming state of every chunk into cstate (layout below). */
+cudaError_t MG_LAUNCH(scan_chunk_states)(int batch, int seqlen, const void *xc, const void *dt,
+                                  const void *dbl, const float *dt_bias, const float *A_log,
+                                  const float *state_in, float *cstate, float *dsum,
+                                  cudaStream_t stream);
 /* Chunked scan (three launches); cstate [batch][nc][E][N], dsum [batch][nc][E]
  * f32 workspace, nc = ceil(seqlen / SCAN_CHUNK). state_in/out may alias. */
 cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *xc, const void *dt,

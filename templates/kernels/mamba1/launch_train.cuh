@@ -30,20 +30,35 @@ extern "C" cudaError_t MG_LAUNCH(conv_fwd)(int batch, int seqlen, const void *xz
                                       const float *cb, const float *cs0, float *state_out, void *xc,
                                       cudaStream_t st)
 {
-    conv_fwd_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(xz), cw, cb, cs0, state_out, static_cast<act_t *>(xc));
+    const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
+    conv_fwd_kernel<<<dim3((unsigned)batch * ntiles, CONV_BLOCKS), CONV_THREADS, 0, st>>>(
+        seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, state_out, static_cast<act_t *>(xc));
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *xc, const void *dt,
+extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, int chunked, const void *xc, const void *dt,
                                       const void *dbl, const void *xz, const float *dt_bias,
                                       const float *A_log, const float *Dskip, const float *state_in,
-                                      float *state_out, float *ckpt, void *y, void *g, cudaStream_t st)
+                                      float *state_out, float *cstate, float *dsum, float *ckpt, void *y,
+                                      void *g, cudaStream_t st)
 {
-    scan_fwd_kernel<<<dim3(batch, SCAN_BLOCKS), SCAN_THREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+    int nc = 1;
+#if MG_M1_SCAN_CHUNKED
+    if (chunked) {   // passes 1 and 2 of the chunked scan (NAME_kernels.cu), then the output pass here
+        nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
+        const cudaError_t e = MG_LAUNCH(scan_chunk_states)(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in,
+                                                           cstate, dsum, st);
+        if (e != cudaSuccess) return e;
+    }
+#else
+    if (chunked) return cudaErrorInvalidValue;   // no chunked scan in this library
+    (void)cstate;
+    (void)dsum;
+#endif
+    scan_fwd_kernel<<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, st>>>(
+        seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
         static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
-        state_in, state_out, ckpt, static_cast<act_t *>(y), static_cast<act_t *>(g));
+        state_in, cstate, state_out, ckpt, static_cast<act_t *>(y), static_cast<act_t *>(g));
     return cudaGetLastError();
 }
 
@@ -110,14 +125,40 @@ extern "C" cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, vo
     return cudaGetLastError();
 }
 
+// out[i] = the sum of the nparts partial rows part[p * pstride + i], i < n,
+// in row order: groups of CONV_PART_GROUP rows first (in place), then the
+// groups; one stage when there is one group (the same bits). Two stages keep
+// many threads busy where a one-stage sum would leave each of the n threads
+// a serial walk over all rows.
+static cudaError_t conv_sum_parts(float *part, int nparts, size_t pstride, int n, float *out, cudaStream_t st)
+{
+    const unsigned cols = (unsigned)((n + RED_THREADS - 1) / RED_THREADS);
+    if (nparts > CONV_PART_GROUP) {
+        const int ngroups = (nparts + CONV_PART_GROUP - 1) / CONV_PART_GROUP;
+        conv_part_groups_kernel<<<dim3(ngroups, cols), RED_THREADS, 0, st>>>(part, nparts, pstride, n);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+        nparts = ngroups;
+        pstride *= CONV_PART_GROUP;
+    }
+    reduce_parts_kernel<<<cols, RED_THREADS, 0, st>>>(part, nparts, pstride, n, out);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,
                                       const float *cb, const float *cs0, const float *dxc, void *dxz,
-                                      float *dcs, float *part_w, float *part_b, cudaStream_t st)
+                                      float *dcs, float *part_w, float *part_b, float *gw, float *gb,
+                                      cudaStream_t st)
 {
-    conv_bwd_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
+    const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
+    conv_bwd_kernel<<<dim3((unsigned)batch * ntiles, CONV_BLOCKS), CONV_THREADS, 0, st>>>(
+        seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
         part_w, part_b);
-    return cudaGetLastError();
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    e = conv_sum_parts(part_w, batch * ntiles, (size_t)E * K, E * K, gw, st);
+    if (e != cudaSuccess) return e;
+    return conv_sum_parts(part_b, batch * ntiles, E, E, gb, st);
 }
 
 extern "C" cudaError_t MG_LAUNCH(adamw)(float *w, const float *g, float *m, float *v, const float *stat,

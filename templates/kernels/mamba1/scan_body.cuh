@@ -1,69 +1,103 @@
 // scan_body.cuh: the bodies of the Mamba-1 forward scan kernels (sequential
 // and chunked), written once against a dims policy `Dm` so that the shipped
 // library and the autotuner compile the same code:
-//   - the shipped kernels (scan_fwd.cuh) and the specialized tune candidates
-//     pass a policy whose members are compile-time constants (every loop over
-//     a channel's states unrolls, arrays and shared memory are sized
-//     statically);
+//   - the shipped kernels (scan_fwd.cuh, and the training forward of
+//     scan_bwd.cuh) and the specialized tune candidates pass a policy whose
+//     members are compile-time constants (every loop over a channel's states
+//     unrolls, arrays and shared memory are sized statically);
 //   - the generic tune candidate passes struct tune_dims, whose members are
 //     kernel arguments (a hand-written library with runtime dimensions).
 // A policy has the int members E, E2, N, R, XP (model dims), lanes (threads
 // sharing one channel's state), npt (= N / lanes), channels (per block),
-// tchunk (timesteps of B/C staged in shared memory), and the compile-time
+// tchunk (timesteps staged in shared memory per pass), and the compile-time
 // bound NPT_MAX >= npt of the register arrays: loops over a channel's states
 // run to NPT_MAX with a guard j < npt (folded away when npt is a constant),
-// so the arrays stay in registers in the generic build too. The B/C stage
-// `Stage` is indexed stage[t][k] (a static float[tchunk][2N] array, or the
-// generic's dynamic shared memory).
+// so the arrays stay in registers in the generic build too. The stage
+// `Stage` is indexed stage[t][k], rows of 2N + 3 * channels floats (a static
+// array, or the generic's dynamic shared memory): see scan_stage.
 // Also needed from the includer: act_t, to_f32, from_f32, silu, softplus,
 // FULL_MASK, SCAN_THREADS, SCAN_CHUNK, COMBINE_THREADS. #included inside the
-// anonymous namespace of NAME_kernels.cu (through scan_fwd.cuh) or inlined
-// into a tune candidate, so it includes nothing itself.
+// anonymous namespace of NAME_kernels.cu / NAME_backward.cu or inlined into
+// a tune candidate, so it includes nothing itself.
 
 // size_t without <stddef.h> (the tune candidates include no system header).
 typedef decltype(sizeof(0)) mg_size_t;
 
 // ---------------------------------------------------------------------------
+// scan_stage: load timesteps [t0, t0 + nt) of what the block's channels read
+// into shared memory, coalesced, by the whole block. Row tt of the stage:
+//   [0, N)                B_t            [N, 2N)   C_t (when OUT)
+//   [2N, 2N+ch)           xc of the block's channels
+//   [2N+ch, 2N+2ch)       dt (before the bias)
+//   [2N+2ch, 2N+3ch)      z (when OUT)
+// with ch = dm.channels. Why: every step of the recurrence needs these per
+// channel; read from global memory inside the step loop, each step waits
+// one memory latency (the loop carries the state, so the loads of step t+1
+// are not issued before step t ends), and the scan runs at ~1 us per step.
+// Staged, a pass pays one latency per tchunk steps. Channels past E (a
+// partial last block) stage channel E-1, as their threads compute on it.
+// ---------------------------------------------------------------------------
+template <bool OUT, class Dm, class Stage>
+__device__ __forceinline__ void
+scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
+           const act_t *__restrict__ dbl, const act_t *__restrict__ xz, Stage sBC, Dm dm)
+{
+    const int E = dm.E, E2 = dm.E2, N = dm.N, R = dm.R, XP = dm.XP, ch = dm.channels;
+    const int W = OUT ? 2 * N : N;   // staged B | C columns, or B
+    const int e0 = blockIdx.y * ch;
+    for (int i = threadIdx.x; i < nt * W; i += SCAN_THREADS) {
+        const int tt = i / W, k = i % W;
+        sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
+    }
+    for (int i = threadIdx.x; i < nt * ch; i += SCAN_THREADS) {
+        const int tt = i / ch, c = i % ch;
+        const mg_size_t row = row0 + t0 + tt;
+        const int ee = min(e0 + c, E - 1);
+        sBC[tt][2 * N + c] = to_f32(xc[row * E + ee]);
+        sBC[tt][2 * N + ch + c] = to_f32(dt[row * E + ee]);
+        if (OUT) sBC[tt][2 * N + 2 * ch + c] = to_f32(xz[row * E2 + E + ee]);
+    }
+}
+
+// ---------------------------------------------------------------------------
 // scan_span: the selective scan of one channel over timesteps
 // [t_begin, t_end) of sequence b, state s in registers (in/out). Shared by the
-// sequential scan and both recurrence passes of the chunked scan, so every
-// path computes the per-step recurrence with the same arithmetic:
+// sequential scan, both recurrence passes of the chunked scan and the
+// training forward, so every path computes the per-step recurrence with the
+// same arithmetic:
 //   delta = softplus(dt[b,t,e] + dt_bias[e])             (threshold 20)
 //   s[n]  = exp(delta * A[e,n]) * s[n] + delta * B[b,t,n] * xc[b,t,e]
 // OUT = true: also
 //   y     = sum_n s[n] * C[b,t,n] + Dskip[e] * xc[b,t,e]
-//   g[b,t,e] = y * silu(z[b,t,e])
+//   g[b,t,e] = y * silu(z[b,t,e])      (and ysave[b,t,e] = y when SAVE)
 // OUT = false: no output; dsum += delta (the chunk's sum of delta, from
 // which the combine pass gets the chunk's decay prod_t exp(delta_t A) =
-// exp(A * dsum)). B (and C when OUT) of tchunk timesteps are staged in
-// shared memory per pass, loaded coalesced by the whole block, so every
-// thread of the block must call it with the same range.
+// exp(A * dsum)). The inputs of tchunk timesteps are staged in shared
+// memory per pass (scan_stage), so every thread of the block must call it
+// with the same range.
 // ---------------------------------------------------------------------------
-template <bool OUT, class Dm, class Stage>
+template <bool OUT, bool SAVE = false, class Dm, class Stage>
 __device__ __forceinline__ void
-scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, int ec, bool valid,
+scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
           float (&s)[Dm::NPT_MAX], const float (&A)[Dm::NPT_MAX], float dtb, float dsk, float &dsum,
           const act_t *__restrict__ xc, const act_t *__restrict__ dt,
           const act_t *__restrict__ dbl, const act_t *__restrict__ xz, act_t *__restrict__ g,
-          Stage sBC, Dm dm)
+          Stage sBC, Dm dm, act_t *__restrict__ ysave = nullptr)
 {
-    const int E = dm.E, E2 = dm.E2, N = dm.N, R = dm.R, XP = dm.XP;
-    const int W = OUT ? 2 * N : N;   // staged columns per timestep: B | C, or B
+    const int E = dm.E, N = dm.N, ch = dm.channels;
+    const int c = threadIdx.x / dm.lanes;   // this thread's channel within the block
     for (int t0 = t_begin; t0 < t_end; t0 += dm.tchunk) {
         const int nt = min(dm.tchunk, t_end - t0);
-        __syncthreads();   // the previous pass is done reading sBC
-        for (int i = threadIdx.x; i < nt * W; i += SCAN_THREADS) {
-            const int tt = i / W, k = i % W;
-            sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
-        }
+        __syncthreads();   // the previous pass is done reading the stage
+        scan_stage<OUT>(t0, nt, row0, xc, dt, dbl, xz, sBC, dm);
         __syncthreads();
         for (int tt = 0; tt < nt; ++tt) {
             const mg_size_t row = row0 + t0 + tt;
-            const float x = to_f32(xc[row * E + ec]);
-            const float delta = softplus(to_f32(dt[row * E + ec]) + dtb);
+            const float x = sBC[tt][2 * N + c];
+            const float delta = softplus(sBC[tt][2 * N + ch + c] + dtb);
             const float dx = delta * x;
             if (OUT) {
-                const float z = to_f32(xz[row * E2 + E + ec]);
+                const float z = sBC[tt][2 * N + 2 * ch + c];
                 float y = 0.0f;
 #pragma unroll
                 for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
@@ -74,7 +108,10 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, int ec, bool 
 #pragma unroll
                 for (int o = dm.lanes / 2; o > 0; o >>= 1) y += __shfl_xor_sync(FULL_MASK, y, o);
                 y += dsk * x;
-                if (valid && lane == 0) g[row * E + e] = from_f32<act_t>(y * silu(z));
+                if (valid && lane == 0) {
+                    if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
+                    g[row * E + e] = from_f32<act_t>(y * silu(z));
+                }
             } else {
 #pragma unroll
                 for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
@@ -125,7 +162,7 @@ scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict_
         s[j] = state_in ? state_in[sb + j] : 0.0f;
     }
     float dsum = 0.0f;
-    scan_span<true>(0, seqlen, row0, lane, e, ec, valid, s, A, dt_bias[ec], Dskip[ec], dsum,
+    scan_span<true>(0, seqlen, row0, lane, e, valid, s, A, dt_bias[ec], Dskip[ec], dsum,
                     xc, dt, dbl, xz, g, sBC, dm);
     if (state_out && valid) {
 #pragma unroll
@@ -177,7 +214,7 @@ chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *
         s[j] = 0.0f;
     }
     float dsum = 0.0f;
-    scan_span<false>(c * SCAN_CHUNK, (c + 1) * SCAN_CHUNK, b * (mg_size_t)seqlen, lane, e, ec, valid,
+    scan_span<false>(c * SCAN_CHUNK, (c + 1) * SCAN_CHUNK, b * (mg_size_t)seqlen, lane, e, valid,
                      s, A, dt_bias[ec], 0.0f, dsum, xc, dt, dbl, nullptr, nullptr, sBC, dm);
     if (valid) {
         float *cs = cstate + ((b * nc + c + 1) * E + e) * N + lane * dm.npt;
@@ -232,7 +269,7 @@ chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t 
         s[j] = cs[j];
     }
     float dsum = 0.0f;
-    scan_span<true>(t_begin, t_end, b * (mg_size_t)seqlen, lane, e, ec, valid, s, A, dt_bias[ec],
+    scan_span<true>(t_begin, t_end, b * (mg_size_t)seqlen, lane, e, valid, s, A, dt_bias[ec],
                     Dskip[ec], dsum, xc, dt, dbl, xz, g, sBC, dm);
     if (state_out && valid && c == nc - 1) {
         float *so = state_out + (b * E + e) * N + lane * dm.npt;

@@ -4,21 +4,33 @@
 // or the chunk-parallel passes when MG_M1_BSCAN_CHUNKED), and the dB|dC
 // reduction.
 // Written against the constants of NAME_common.cuh and those NAME_backward.cu
-// defines (BCK, SCAN_WARPS, RED_THREADS, BSPAN*, BCOMB_THREADS); #included by NAME_backward.cu inside its anonymous
-// namespace, so it includes nothing itself.
+// defines (BCK, SCAN_WARPS, RED_THREADS, BSPAN*, BCOMB_THREADS); #included by
+// NAME_backward.cu inside its anonymous namespace after mg_m1_scan_body.cuh
+// (scan_span), so it includes nothing itself.
 
-// Selective scan for training: the inference scan (same arithmetic) that also
-// saves y (before the gate) and the state at the start of every BCK-step
-// chunk: ckpt [b][nck][E][N], nck = ceil(seqlen/BCK) (chunk 0 = the initial
-// state). g = y * silu(z) is the out_proj input. Grid (batch, SCAN_BLOCKS).
+// Selective scan for training: the inference scan (scan_span of
+// mg_m1_scan_body.cuh, same arithmetic) that also saves y (before the gate)
+// and the state at the start of every BCK-step piece: ckpt [b][nck][E][N],
+// nck = ceil(seqlen/BCK) (piece 0 = the initial state). g = y * silu(z) is
+// the out_proj input. Grid (batch, SCAN_BLOCKS, nc):
+//   nc = 1   the sequential scan: block (b, y) walks the whole sequence from
+//            state_in (NULL: zeros);
+//   nc > 1   the output pass of the chunked scan (after its passes 1 and 2,
+//            NAME_launch_scan_chunk_states): block z walks chunk z of
+//            SCAN_CHUNK steps from its incoming state cstate [b][nc][E][N].
+// A chunk is a whole number of BCK pieces, so each piece's checkpoint is
+// written by the block walking it. The final state goes to state_out (NULL:
+// not written; may alias state_in: read before, or only by pass 2).
+static_assert(SCAN_CHUNK % BCK == 0, "a chunk is a whole number of checkpoint pieces");
 __global__ void __launch_bounds__(SCAN_THREADS)
-scan_fwd_kernel(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
+scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                 const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
                 const float *__restrict__ dt_bias, const float *__restrict__ A_log,
-                const float *__restrict__ Dskip, const float *state_in, float *state_out,
-                float *__restrict__ ckpt, act_t *__restrict__ ysave, act_t *__restrict__ g)
+                const float *__restrict__ Dskip, const float *state_in, const float *__restrict__ cstate,
+                float *state_out, float *__restrict__ ckpt, act_t *__restrict__ ysave, act_t *__restrict__ g)
 {
-    __shared__ float sBC[BCK][2 * N];
+    __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, dt, z]
+    const ModelDims dm;
     const int lane = threadIdx.x % SCAN_LANES;
     const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
     const bool valid = e < E;
@@ -26,56 +38,55 @@ scan_fwd_kernel(int seqlen, const act_t *__restrict__ xc, const act_t *__restric
     const size_t b = blockIdx.x;
     const size_t row0 = b * (size_t)seqlen;
     const int nck = (seqlen + BCK - 1) / BCK;
+    const int c = blockIdx.z;
+    const int t_begin = nc > 1 ? c * SCAN_CHUNK : 0;
+    const int t_end = nc > 1 ? min(seqlen, t_begin + SCAN_CHUNK) : seqlen;
 
+    const float *init = nc > 1 ? cstate + ((b * nc + c) * E + ec) * N
+                               : (state_in ? state_in + (b * E + ec) * N : nullptr);
     float A[SCAN_NPT], s[SCAN_NPT];
-    const size_t sb = (b * E + ec) * N + lane * SCAN_NPT;
 #pragma unroll
     for (int j = 0; j < SCAN_NPT; ++j) {
         A[j] = -expf(A_log[(size_t)ec * N + lane * SCAN_NPT + j]);
-        s[j] = state_in ? state_in[sb + j] : 0.0f;
+        s[j] = init ? init[lane * SCAN_NPT + j] : 0.0f;
     }
     const float dtb = dt_bias[ec];
     const float dsk = Dskip[ec];
-
-    for (int c = 0; c < nck; ++c) {
-        const int t0 = c * BCK;
-        const int nt = min(BCK, seqlen - t0);
+    float dsum = 0.0f;
+    for (int t0 = t_begin; t0 < t_end; t0 += BCK) {
         if (valid) {
-            float *cp = ckpt + (((b * nck + c) * E + e) * N) + lane * SCAN_NPT;
+            float *cp = ckpt + (((b * nck + t0 / BCK) * E + e) * N) + lane * SCAN_NPT;
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j) cp[j] = s[j];
         }
-        __syncthreads();
-        for (int i = threadIdx.x; i < nt * 2 * N; i += SCAN_THREADS) {
-            const int tt = i / (2 * N), k = i % (2 * N);
-            sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
-        }
-        __syncthreads();
-        for (int tt = 0; tt < nt; ++tt) {
-            const size_t row = row0 + t0 + tt;
-            const float x = to_f32(xc[row * E + ec]);
-            const float z = to_f32(xz[row * E2 + E + ec]);
-            const float delta = softplus(to_f32(dt[row * E + ec]) + dtb);
-            const float dx = delta * x;
-            float y = 0.0f;
-#pragma unroll
-            for (int j = 0; j < SCAN_NPT; ++j) {
-                const int n = lane * SCAN_NPT + j;
-                s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][n];
-                y += s[j] * sBC[tt][N + n];
-            }
-#pragma unroll
-            for (int o = SCAN_LANES / 2; o > 0; o >>= 1) y += __shfl_xor_sync(FULL_MASK, y, o);
-            y += dsk * x;
-            if (valid && lane == 0) {
-                ysave[row * E + e] = from_f32<act_t>(y);
-                g[row * E + e] = from_f32<act_t>(y * silu(z));
-            }
-        }
+        scan_span<true, true>(t0, min(t_end, t0 + BCK), row0, lane, e, valid, s, A, dtb, dsk, dsum,
+                              xc, dt, dbl, xz, g, sBC, dm, ysave);
     }
-    if (state_out && valid) {
+    if (state_out && valid && c == nc - 1) {
 #pragma unroll
-        for (int j = 0; j < SCAN_NPT; ++j) state_out[sb + j] = s[j];
+        for (int j = 0; j < SCAN_NPT; ++j) state_out[(b * E + e) * N + lane * SCAN_NPT + j] = s[j];
+    }
+}
+
+// Stage timesteps [t0, t0 + nt) of the block's channels for the scan
+// backward kernels: sIn[tt][0] = xc (skipped when xc is NULL), [1] = dt
+// (before the bias), [2] = dy; coalesced, by the whole block. Why: read
+// inside the step loops they cost one memory latency per step (see
+// scan_stage in mg_m1_scan_body.cuh). Channels past E stage xc and dt of
+// channel E-1 (their threads compute on it) and dy = 0 (so they add nothing
+// to the block's dB sums).
+__device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act_t *__restrict__ xc,
+                                          const act_t *__restrict__ dt, const float *__restrict__ dy,
+                                          float (*sIn)[3][SCAN_CHANNELS])
+{
+    const int e0 = blockIdx.y * SCAN_CHANNELS;
+    for (int i = threadIdx.x; i < nt * SCAN_CHANNELS; i += SCAN_THREADS) {
+        const int tt = i / SCAN_CHANNELS, c = i % SCAN_CHANNELS;
+        const size_t row = row0 + t0 + tt;
+        const int ee = min(e0 + c, E - 1);
+        if (xc) sIn[tt][0][c] = to_f32(xc[row * E + ee]);
+        sIn[tt][1][c] = to_f32(dt[row * E + ee]);
+        sIn[tt][2][c] = e0 + c < E ? dy[row * E + ee] : 0.0f;
     }
 }
 
@@ -124,8 +135,10 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 float *__restrict__ dss)
 {
     __shared__ float sBC[BCK][2 * N];
+    __shared__ float sIn[BCK][3][SCAN_CHANNELS];   // xc, dt, dy of the block's channels (see bwd_stage)
     __shared__ float red[2][SCAN_WARPS][2 * N];
     const int lane = threadIdx.x % SCAN_LANES;
+    const int ci = threadIdx.x / SCAN_LANES;   // this thread's channel within the block
     const int warp = threadIdx.x >> 5;
     const bool wlead = (threadIdx.x & 31) < SCAN_LANES;   // first channel of its warp
     const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
@@ -157,11 +170,12 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
     for (int c = c_hi - 1; c >= c_lo; --c) {
         const int t0 = c * BCK;
         const int nt = min(BCK, seqlen - t0);
-        __syncthreads();   // the previous chunk is done reading sBC
+        __syncthreads();   // the previous chunk is done reading sBC, sIn
         for (int i = threadIdx.x; i < nt * 2 * N; i += SCAN_THREADS) {
             const int tt = i / (2 * N), k = i % (2 * N);
             sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
         }
+        bwd_stage(t0, nt, row0, xc, dt, dy, sIn);
         __syncthreads();
         // Recompute the chunk's states from its checkpoint (forward arithmetic).
         float s0[SCAN_NPT], hs[BCK][SCAN_NPT];
@@ -173,9 +187,8 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j) s[j] = s0[j];
             for (int tt = 0; tt < nt; ++tt) {
-                const size_t row = row0 + t0 + tt;
-                const float x = to_f32(xc[row * E + ec]);
-                const float delta = softplus(to_f32(dt[row * E + ec]) + dtb);
+                const float x = sIn[tt][0][ci];
+                const float delta = softplus(sIn[tt][1][ci] + dtb);
                 const float dx = delta * x;
 #pragma unroll
                 for (int j = 0; j < SCAN_NPT; ++j) {
@@ -187,10 +200,10 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
         // Walk the chunk in reverse.
         for (int tt = nt - 1; tt >= 0; --tt) {
             const size_t row = row0 + t0 + tt;
-            const float x = to_f32(xc[row * E + ec]);
-            const float raw = to_f32(dt[row * E + ec]) + dtb;
+            const float x = sIn[tt][0][ci];
+            const float raw = sIn[tt][1][ci] + dtb;
             const float delta = softplus(raw);
-            const float dyv = valid ? dy[row * E + ec] : 0.0f;
+            const float dyv = sIn[tt][2][ci];   // 0 for padding channels
             float dd = 0.0f, dx = 0.0f, cb[SCAN_NPT], cc[SCAN_NPT];
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j) {
@@ -278,7 +291,9 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
                      const float *__restrict__ dy, float *__restrict__ span_p, float *__restrict__ span_ds)
 {
     __shared__ float sC[BCK][N];
+    __shared__ float sIn[BCK][3][SCAN_CHANNELS];   // bwd_stage (xc unused here)
     const int lane = threadIdx.x % SCAN_LANES;
+    const int ci = threadIdx.x / SCAN_LANES;
     const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
     const bool valid = e < E;
     const int ec = valid ? e : E - 1;
@@ -305,11 +320,11 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
             const int tt = i / N, k = i % N;
             sC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + N + k]);
         }
+        bwd_stage(t0, nt, row0, nullptr, dt, dy, sIn);
         __syncthreads();
         for (int tt = nt - 1; tt >= 0; --tt) {
-            const size_t row = row0 + t0 + tt;
-            const float delta = softplus(to_f32(dt[row * E + ec]) + dtb);
-            const float dyv = valid ? dy[row * E + ec] : 0.0f;
+            const float delta = softplus(sIn[tt][1][ci] + dtb);
+            const float dyv = sIn[tt][2][ci];
             dsum += delta;
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j)

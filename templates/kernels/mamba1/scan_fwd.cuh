@@ -2,17 +2,10 @@
 // (NAME_kernels.cu): the sequential scan, and the three kernels of the
 // chunked scan (MG_M1_SCAN_CHUNKED). Their bodies are in scan_body.cuh
 // (shared with the autotuner's candidates), here compiled with the model's
-// dimensions as compile-time constants (ModelDims). Written against the
+// dimensions as compile-time constants (ModelDims, NAME_common.cuh). Written against the
 // constants of NAME_common.cuh (E, E2, N, R, XP, SCAN_*, COMBINE_THREADS,
 // act_t); #included by NAME_kernels.cu inside its anonymous namespace, after
 // mg_m1_scan_body.cuh, so it includes nothing itself.
-
-// The dims policy of scan_body.cuh: this model's dimensions and scan shape.
-struct ModelDims {
-    static constexpr int E = ::E, E2 = ::E2, N = ::N, R = ::R, XP = ::XP;
-    static constexpr int lanes = SCAN_LANES, npt = SCAN_NPT, channels = SCAN_CHANNELS;
-    static constexpr int tchunk = SCAN_TCHUNK, NPT_MAX = SCAN_NPT;
-};
 
 // Sequential scan (scan_seq_body). Grid (batch, SCAN_BLOCKS).
 __global__ void __launch_bounds__(SCAN_THREADS)
@@ -22,7 +15,7 @@ scan_kernel(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ 
             const float *__restrict__ Dskip, const float *state_in, float *state_out,
             act_t *__restrict__ g)
 {
-    __shared__ float sBC[SCAN_TCHUNK][2 * N];   // [t][B(N) | C(N)]
+    __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, dt, z]
     scan_seq_body(seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, state_in, state_out, g, sBC, ModelDims());
 }
 #if MG_M1_SCAN_CHUNKED
@@ -34,7 +27,7 @@ chunk_state_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t
                    const float *__restrict__ A_log, float *__restrict__ cstate,
                    float *__restrict__ dsum_out)
 {
-    __shared__ float sBC[SCAN_TCHUNK][2 * N];
+    __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];
     chunk_state_body(seqlen, nc, xc, dt, dbl, dt_bias, A_log, cstate, dsum_out, sBC, ModelDims());
 }
 
@@ -52,7 +45,7 @@ chunk_output_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_
                     const float *__restrict__ Dskip, const float *__restrict__ cstate,
                     float *state_out, act_t *__restrict__ g)
 {
-    __shared__ float sBC[SCAN_TCHUNK][2 * N];
+    __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];
     chunk_output_body(seqlen, nc, xc, dt, dbl, xz, dt_bias, A_log, Dskip, cstate, state_out, g, sBC,
                       ModelDims());
 }

@@ -1,84 +1,133 @@
-// train_conv.cuh: the causal conv + SiLU of the Mamba-1 training
-// path: the forward from a saved initial window, and its backward.
-// Written against the constants of NAME_common.cuh and those NAME_backward.cu
-// defines (KM1); #included by NAME_backward.cu inside its anonymous
+// train_conv.cuh: the causal conv + SiLU of the Mamba-1 training path: the
+// forward from a saved initial window, its backward, and the first stage of
+// the sum of the backward's weight/bias partials. Both conv kernels are
+// parallel over time tiles of CONV_TILE steps: grid (batch * ntiles,
+// CONV_BLOCKS), block x = b * ntiles + tile, ntiles = ceil(seqlen /
+// CONV_TILE), one thread per (channel, tile), consecutive threads on
+// consecutive channels (coalesced). Written against the constants of
+// NAME_common.cuh and those NAME_backward.cu defines (KM1, RED_THREADS,
+// CONV_PART_GROUP); #included by NAME_backward.cu inside its anonymous
 // namespace, so it includes nothing itself.
 
-// Causal depthwise conv + bias + SiLU (as the inference conv). The initial
-// window comes from cs0 [b][E][K-1] (saved by the host; zeros for a fresh
-// start); the final window goes to state_out (NULL: not written).
+// Causal depthwise conv + bias + SiLU (the inference conv's conv_fwd_tile,
+// same bits). The initial window comes from cs0 [b][E][K-1] (saved by the
+// host; zeros for a fresh start); the final window goes to state_out (NULL:
+// not written), written by the tile that ends the sequence: cs0 is the
+// trainer's own copy, never state_out, so no tile reads what another writes.
 __global__ void __launch_bounds__(CONV_THREADS)
-conv_fwd_kernel(int seqlen, const act_t *__restrict__ xz, const float *__restrict__ cw,
+conv_fwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const float *__restrict__ cw,
                 const float *__restrict__ cb, const float *__restrict__ cs0, float *__restrict__ state_out,
                 act_t *__restrict__ xc)
 {
-    const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
-    if (e >= E) return;
-    const size_t b = blockIdx.x;
-    float w[K], win[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) w[k] = cw[e * K + k];
-    const float bias = cb[e];
-    const size_t st = (b * E + e) * KM1;
-#pragma unroll
-    for (int k = 0; k < KM1; ++k) win[k] = cs0[st + k];
-    const act_t *xp = xz + b * (size_t)seqlen * E2 + e;
-    act_t *op = xc + b * (size_t)seqlen * E + e;
-    conv_steps(0, seqlen, xp, op, w, win, bias);
-    if (state_out) {
-#pragma unroll
-        for (int k = 0; k < KM1; ++k) state_out[st + k] = win[k];
-    }
+    conv_fwd_tile(seqlen, ntiles, xz, cw, cb, cs0, state_out, xc);
 }
 
-// Conv backward, one thread per (sequence, channel), forward in time:
+// Conv backward over one time tile [t0, t0 + n) of one (sequence, channel):
 //   pre_t = bias + sum_k w[k] x_{t-K+1+k} (recomputed), dpre_t = dxc_t silu'(pre_t)
-//   dw[k] += dpre_t x_{t-K+1+k}, dbias += dpre_t, dx_j += w[k] dpre_t (j = t-K+1+k)
-// dx_j is final once t passes j + K - 1: a K-deep shift register emits it to
-// dxz[row][e] (j >= 0) or to the initial-state gradient dcs[b][e][j+K-1]
-// (j < 0; NULL: dropped). Partials: part_w [b][E][K], part_b [b][E].
+//   dw[k] += dpre_t x_{t-K+1+k}, dbias += dpre_t  (the tile's steps)
+//   dx_j = sum_{t=j}^{j+K-1} w[j-t+K-1] dpre_t    (t < seqlen; the tile's inputs j)
+// dx_j needs dpre at t up to j+K-1, past the tile's end: the tile recomputes
+// the dpre of the K-1 steps after it (reading xz and dxc there), so every
+// dx_j is written once, by the tile owning input j, to dxz[row][e]; the
+// inputs before t = 0 (j < 0) go from tile 0 to the initial-state gradient
+// dcs[b][e][j+K-1] (NULL: dropped). Each dx_j is summed from 0 in order of
+// increasing t, as a serial walk's shift register would: the same bits
+// whatever the tiling. The inputs (t0-K+1 .. t0+n+K-2) and output gradients
+// (t0 .. t0+n+K-2) are loaded into registers first, all in flight together.
+// Partials of the tile: part_w [b*ntiles + tile][E][K], part_b [..][E]
+// (summed over the tile's steps in order; the launcher sums them over
+// (sequence, tile) in index order, in two stages).
+constexpr int CONV_BX = CONV_TILE + 2 * KM1;   // inputs a backward tile reads
+constexpr int CONV_BD = CONV_TILE + KM1;       // steps whose dpre it computes
 __global__ void __launch_bounds__(CONV_THREADS)
-conv_bwd_kernel(int seqlen, const act_t *__restrict__ xz, const float *__restrict__ cw,
+conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const float *__restrict__ cw,
                 const float *__restrict__ cb, const float *__restrict__ cs0,
                 const float *__restrict__ dxc, act_t *__restrict__ dxz, float *__restrict__ dcs,
                 float *__restrict__ part_w, float *__restrict__ part_b)
 {
     const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
     if (e >= E) return;
-    const size_t b = blockIdx.x;
+    const size_t b = blockIdx.x / ntiles;
+    const int tile = (int)(blockIdx.x % ntiles);
+    const int t0 = tile * CONV_TILE;
+    const int n = min(CONV_TILE, seqlen - t0);
+    const int tend = min(seqlen, t0 + CONV_BD);   // dpre is needed at steps [t0, tend)
     const size_t row0 = b * (size_t)seqlen;
-    float w[K], win[K], pend[K], gw[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) { w[k] = cw[e * K + k]; pend[k] = 0.0f; gw[k] = 0.0f; }
-    const float bias = cb[e];
     const size_t st = (b * E + e) * KM1;
+    float w[K];
 #pragma unroll
-    for (int k = 0; k < KM1; ++k) win[k] = cs0[st + k];
-    float gb = 0.0f;
-    for (int t = 0; t < seqlen; ++t) {
-        const size_t row = row0 + t;
-        win[K - 1] = to_f32(xz[row * E2 + e]);
-        float pre = bias;
+    for (int k = 0; k < K; ++k) w[k] = cw[e * K + k];
+    const float bias = cb[e];
+
+    float xs[CONV_BX], dps[CONV_BD];   // xs[i]: x at t0-K+1+i; dps[q]: dxc, then dpre, at t0+q
+    conv_load(t0, tend, xz + row0 * E2 + e, cs0 + st, xs);
 #pragma unroll
-        for (int k = 0; k < K; ++k) pre += w[k] * win[k];
-        const float dp = dxc[row * E + e] * dsilu(pre);
-        gb += dp;
-#pragma unroll
-        for (int k = 0; k < K; ++k) { gw[k] += dp * win[k]; pend[k] += w[k] * dp; }
-        const int j = t - KM1;   // input index whose gradient is now final
-        if (j >= 0) dxz[(row0 + j) * E2 + e] = from_f32<act_t>(pend[0]);
-        else if (dcs) dcs[st + (j + KM1)] = pend[0];
-#pragma unroll
-        for (int k = 0; k < K - 1; ++k) { pend[k] = pend[k + 1]; win[k] = win[k + 1]; }
-        pend[K - 1] = 0.0f;
+    for (int q = 0; q < CONV_BD; ++q) {   // (from tend on: step tend-1 again, discarded; no branches)
+        const float v = dxc[(row0 + min(t0 + q, tend - 1)) * E + e];
+        dps[q] = t0 + q < tend ? v : 0.0f;
     }
 #pragma unroll
-    for (int k = 0; k < KM1; ++k) {   // inputs seqlen-K+1 .. seqlen-1
-        const int j = seqlen - KM1 + k;
-        if (j >= 0) dxz[(row0 + j) * E2 + e] = from_f32<act_t>(pend[k]);
-        else if (dcs) dcs[st + (j + KM1)] = pend[k];
-    }
+    for (int q = 0; q < CONV_BD; ++q)
+        if (t0 + q < tend) dps[q] *= dsilu(conv_pre(w, xs + q, bias));
+
+    float gw[K], gb = 0.0f;
 #pragma unroll
-    for (int k = 0; k < K; ++k) part_w[(b * E + e) * K + k] = gw[k];
-    part_b[b * E + e] = gb;
+    for (int k = 0; k < K; ++k) gw[k] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < CONV_TILE; ++q) {
+        if (q < n) {
+            gb += dps[q];
+#pragma unroll
+            for (int k = 0; k < K; ++k) gw[k] += dps[q] * xs[q + k];
+        }
+    }
+    // dx of the tile's inputs j = t0 + i (the terms at t >= seqlen do not exist)
+#pragma unroll
+    for (int i = 0; i < CONV_TILE; ++i) {
+        if (i < n) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int m = 0; m < K; ++m)
+                if (t0 + i + m < seqlen) acc += w[KM1 - m] * dps[i + m];
+            dxz[(row0 + t0 + i) * E2 + e] = from_f32<act_t>(acc);
+        }
+    }
+    // inputs j = a - (K-1) < 0: their terms are t = 0 .. a (tile 0: dps[t])
+    if (tile == 0 && dcs) {
+#pragma unroll
+        for (int a = 0; a < KM1; ++a) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int t = 0; t <= a; ++t)
+                if (t < seqlen) acc += w[a - t] * dps[t];
+            dcs[st + a] = acc;
+        }
+    }
+    const size_t p = b * ntiles + tile;
+#pragma unroll
+    for (int k = 0; k < K; ++k) part_w[(p * E + e) * K + k] = gw[k];
+    part_b[p * E + e] = gb;
+}
+
+// First stage of the sum of the conv backward's partials part [nparts] rows
+// of pstride floats (n summed per row), in place: the row starting each group
+// of CONV_PART_GROUP consecutive rows becomes the group's sum, in row order
+// (column i of group g is read and written by one thread only). Loads are
+// issued together (unrolled), then added in order. reduce_parts_kernel sums
+// the group rows in order. Grid (ngroups, ceil(n / RED_THREADS)).
+__global__ void __launch_bounds__(RED_THREADS)
+conv_part_groups_kernel(float *part, int nparts, size_t pstride, int n)
+{
+    const int i = blockIdx.y * RED_THREADS + threadIdx.x;
+    if (i >= n) return;
+    const int p0 = blockIdx.x * CONV_PART_GROUP;
+    float *pp = part + (size_t)p0 * pstride + i;
+    float v[CONV_PART_GROUP];
+#pragma unroll
+    for (int q = 0; q < CONV_PART_GROUP; ++q) v[q] = p0 + q < nparts ? pp[q * pstride] : 0.0f;
+    float acc = 0.0f;
+#pragma unroll
+    for (int q = 0; q < CONV_PART_GROUP; ++q)
+        if (p0 + q < nparts) acc += v[q];
+    *pp = acc;
 }

@@ -1,8 +1,8 @@
 // util.cuh: device helpers of the Mamba-1 kernels, shared by
 // NAME_kernels.cu and NAME_backward.cu (an unused one generates no code):
-// dtype stores, the conv's time loop, derivatives of the activations (the
-// RMSNorm row is the shared mg_rms_row.cuh). Written against NAME_common.cuh
-// (E, E2, K, act_t, from_f32); #included
+// dtype stores, the conv's arithmetic (one step, one time tile), derivatives
+// of the activations (the RMSNorm row is the shared mg_rms_row.cuh). Written
+// against NAME_common.cuh (E, E2, K, CONV_*, act_t, from_f32); #included
 // inside the .cu file's anonymous namespace, so it includes nothing itself.
 
 // Store 4 consecutive values (one float4 of a row) in the output dtype.
@@ -23,21 +23,81 @@ __device__ __forceinline__ float dsilu(float x)
 // d softplus(x)/dx with the threshold 20 (x > 20: identity)
 __device__ __forceinline__ float dsoftplus(float x) { return x > 20.0f ? 1.0f : sigmoidf_(x); }
 
-// The causal depthwise conv + bias + SiLU of one (sequence, channel) over
-// steps [t0, t1): xp / op point at the channel's x in xz [t][E2] and xc
-// [t][E]; win holds the K-1 inputs before t0 and ends with the last K-1
-// (the new conv state). Every conv kernel runs this loop, so all compute
-// the same bits.
-__device__ __forceinline__ void conv_steps(int t0, int t1, const act_t *xp, act_t *op, const float (&w)[K],
-                                           float (&win)[K], float bias)
+// The causal conv's pre-activation at one step: bias + sum_k w[k] x[k] over
+// the window x[0 .. K-1] (inputs t-K+1 .. t, oldest first), summed in k
+// order. Every conv kernel (prefill, training forward and backward) computes
+// it with this function, and the decode step writes the same expression, so
+// all produce the same bits.
+__device__ __forceinline__ float conv_pre(const float (&w)[K], const float *x, float bias)
 {
-    for (int t = t0; t < t1; ++t) {
-        win[K - 1] = to_f32(xp[(size_t)t * E2]);
-        float acc = bias;
+    float acc = bias;
 #pragma unroll
-        for (int k = 0; k < K; ++k) acc += w[k] * win[k];
-        op[(size_t)t * E] = from_f32<act_t>(silu(acc));
+    for (int k = 0; k < K; ++k) acc += w[k] * x[k];
+    return acc;
+}
+
+// The conv inputs of one (sequence, channel) around a time tile starting at
+// t0: xs[i] = x at t = t0 - (K-1) + i, read from xp (the channel's x in xz
+// [t][E2]) for 0 <= t < tend, from the conv state s0 [K-1] (oldest first;
+// NULL: zeros) for t < 0 (t0 >= 0: only the first K-1 can be), and 0 from
+// tend on (t0 < tend). The loop unrolls into independent loads, all in
+// flight together; steps from tend on load step tend-1 again (a cached
+// line) and discard it, so the loads need no branches.
+template <int NX>
+__device__ __forceinline__ void conv_load(int t0, int tend, const act_t *xp, const float *s0, float (&xs)[NX])
+{
 #pragma unroll
-        for (int k = 0; k < K - 1; ++k) win[k] = win[k + 1];
+    for (int i = 0; i < NX; ++i) {
+        const int t = t0 - (K - 1) + i;
+        if (i < K - 1 && t < 0) {
+            xs[i] = s0 ? s0[(K - 1) + t] : 0.0f;
+        } else {
+            const float v = to_f32(xp[(size_t)min(t, tend - 1) * E2]);
+            xs[i] = t < tend ? v : 0.0f;
+        }
+    }
+}
+
+// The body of the forward conv kernels (prefill, training forward): causal
+// depthwise conv + bias + SiLU, xc[b,t,e] = silu(conv_pre over x[b, t-K+1..t, e]).
+// Grid (batch * ntiles, CONV_BLOCKS), block x = b * ntiles + tile (adjacent
+// blocks: adjacent tiles of one sequence, whose windows overlap in L2),
+// ntiles = ceil(seqlen / CONV_TILE); one thread per (channel, tile of
+// CONV_TILE steps), consecutive threads on consecutive channels (coalesced).
+// The thread loads its tile's inputs and the K-1 before it into registers
+// together (conv_load: from xz [tokens][2E], or from the conv state s0
+// [b][E][K-1] before t = 0, NULL: zeros), then computes each step. The tile
+// that ends the sequence writes its last K-1 inputs to state_out (NULL: not
+// written), after it has read its own s0 entries: state_out may alias s0
+// only when the call is one tile (the caller's business).
+__device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_t *__restrict__ xz,
+                                              const float *__restrict__ cw, const float *__restrict__ cb,
+                                              const float *s0, float *state_out, act_t *__restrict__ xc)
+{
+    const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
+    if (e >= E) return;
+    const size_t b = blockIdx.x / ntiles;
+    const int t0 = (int)(blockIdx.x % ntiles) * CONV_TILE;
+    const int n = min(CONV_TILE, seqlen - t0);   // steps [t0, t0 + n)
+    float w[K], xs[K - 1 + CONV_TILE];           // xs[i]: x at t0 - (K-1) + i
+#pragma unroll
+    for (int k = 0; k < K; ++k) w[k] = cw[e * K + k];
+    const float bias = cb[e];
+    const size_t st = (b * E + e) * (K - 1);
+    const act_t *xp = xz + b * (size_t)seqlen * E2 + e;
+    act_t *op = xc + b * (size_t)seqlen * E + e;
+    conv_load(t0, t0 + n, xp, s0 ? s0 + st : nullptr, xs);
+#pragma unroll
+    for (int i = 0; i < CONV_TILE; ++i)
+        if (i < n) op[(size_t)(t0 + i) * E] = from_f32<act_t>(silu(conv_pre(w, xs + i, bias)));
+    if (state_out && t0 + n == seqlen) {
+        // state_out[k] = xs[n + k]: unrolled over n so that xs stays in registers
+#pragma unroll
+        for (int i = 1; i <= CONV_TILE; ++i) {
+            if (i == n) {
+#pragma unroll
+                for (int k = 0; k < K - 1; ++k) state_out[st + k] = xs[i + k];
+            }
+        }
     }
 }
