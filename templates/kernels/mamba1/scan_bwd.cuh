@@ -109,6 +109,19 @@ gate_bwd_kernel(size_t n, const act_t *__restrict__ y, const act_t *__restrict__
     }
 }
 
+// The warp's dB | dC reduce-scatter of scan_bwd_kernel: BC_V values per
+// thread (its states' dB and dC), 2^BC_LEVELS channel groups per warp,
+// BC_HALVE halving levels, BC_VF values left per thread; the remaining
+// butterfly levels use the offsets in BC_BUTTERFLY_MASK, and only threads
+// with those bits clear store.
+constexpr int mg_ilog2(int x) { return x <= 1 ? 0 : 1 + mg_ilog2(x / 2); }
+constexpr int BC_V = 2 * SCAN_NPT;
+constexpr int BC_LEVELS = mg_ilog2(32 / SCAN_LANES);
+constexpr int BC_HALVE = BC_LEVELS < mg_ilog2(BC_V) ? BC_LEVELS : mg_ilog2(BC_V);
+constexpr int BC_VF = BC_V >> BC_HALVE;
+constexpr int BC_BUTTERFLY_MASK = BC_HALVE < BC_LEVELS ? 2 * (16 >> BC_HALVE) - SCAN_LANES : 0;
+static_assert(BC_HALVE >= 1 && BC_VF <= SCAN_NPT, "a window holds dB or dC values, not both");
+
 // Selective-scan backward (see the header). Grid (batch, SCAN_BLOCKS, spans),
 // the forward scan's block shape. Block z walks the checkpoint chunks
 // [z*span_ck, min(nck, (z+1)*span_ck)) from last to first, starting from
@@ -140,7 +153,6 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
     const int lane = threadIdx.x % SCAN_LANES;
     const int ci = threadIdx.x / SCAN_LANES;   // this thread's channel within the block
     const int warp = threadIdx.x >> 5;
-    const bool wlead = (threadIdx.x & 31) < SCAN_LANES;   // first channel of its warp
     const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
     const bool valid = e < E;
     const int ec = valid ? e : E - 1;
@@ -232,21 +244,41 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 dxc[row * E + e] = dx + dsk * dyv;
                 ddt[row * E + e] = from_f32<act_t>(draw);
             }
-            // dB, dC: sum over the warp's channels (butterfly over the lane
-            // groups), then over the block's warps in order.
+            // dB, dC: sum over the warp's channels, then over the block's
+            // warps in order. Within the warp a reduce-scatter: at each
+            // channel-group offset a thread keeps half of its values, sends
+            // the other half to its partner and adds what it receives, so
+            // after log2(groups) levels each thread holds the warp sums of
+            // a distinct window of its columns (2N/lanes values take 2N/lanes
+            // - 1 shuffles where a butterfly per value takes
+            // (2N/lanes) * log2(groups)). With fewer values than groups
+            // (N < 16) the last levels are a butterfly on the one value left.
+            {
+                float v[BC_V];
 #pragma unroll
-            for (int j = 0; j < SCAN_NPT; ++j) {
+                for (int j = 0; j < SCAN_NPT; ++j) { v[j] = cb[j]; v[SCAN_NPT + j] = cc[j]; }
+                int start = 0;   // v[k] holds original value start + k
 #pragma unroll
-                for (int o = 16; o >= SCAN_LANES; o >>= 1) {
-                    cb[j] += __shfl_xor_sync(FULL_MASK, cb[j], o);
-                    cc[j] += __shfl_xor_sync(FULL_MASK, cc[j], o);
+                for (int l = 0; l < BC_HALVE; ++l) {
+                    const int o = 16 >> l, h = BC_V >> (l + 1);
+                    const bool up = (threadIdx.x & o) != 0;
+#pragma unroll
+                    for (int k = 0; k < BC_V / 2; ++k) if (k < h) {   // constant bounds: v stays in registers
+                        const float send = up ? v[k] : v[k + h];
+                        const float keep = up ? v[k + h] : v[k];
+                        v[k] = keep + __shfl_xor_sync(FULL_MASK, send, o);
+                    }
+                    if (up) start += h;
                 }
-            }
-            if (wlead) {
 #pragma unroll
-                for (int j = 0; j < SCAN_NPT; ++j) {
-                    red[par][warp][lane * SCAN_NPT + j] = cb[j];
-                    red[par][warp][N + lane * SCAN_NPT + j] = cc[j];
+                for (int l = BC_HALVE; l < BC_LEVELS; ++l) v[0] += __shfl_xor_sync(FULL_MASK, v[0], 16 >> l);
+                if ((threadIdx.x & BC_BUTTERFLY_MASK) == 0) {
+#pragma unroll
+                    for (int k = 0; k < BC_VF; ++k) {
+                        const int idx = start + k;   // < SCAN_NPT: B column, else C
+                        const int col = idx < SCAN_NPT ? lane * SCAN_NPT + idx : N + lane * SCAN_NPT + (idx - SCAN_NPT);
+                        red[par][warp][col] = v[k];
+                    }
                 }
             }
             __syncthreads();   // one barrier per step: red is double-buffered
