@@ -88,8 +88,8 @@ static size_t carve(model_trainer *t, char *p)
 #if HAS_CHUNKED_BWD
     TAKE(span_p, float *, (size_t)BSCAN_SPAN_FLOATS, 4);    /* [MB][max spans][E][N] */
     TAKE(span_ds, float *, (size_t)BSCAN_SPAN_FLOATS, 4);
-    TAKE(cstate, float *, (size_t)BSCAN_SPAN_FLOATS, 4);    /* [MB][max chunks][E][N]: chunk = span */
-    TAKE(dsum, float *, MB * BSCAN_PARTS * E, 4);
+    TAKE(cstate, float *, CSTATE_FLOATS, 4);   /* chunked training forward: [MB][max chunks][E][N] */
+    TAKE(dsum, float *, DSUM_FLOATS, 4);
 #endif
     /* conv-backward partials per (sequence, time tile) */
     TAKE(part_cw, float *, CONV_PARTS * E * D_CONV, 4);
