@@ -80,6 +80,189 @@ __device__ __forceinline__ void ck_mma_ldn(float c[4], const op_t *a, const op_t
         tile_mma_rt(c, a, bt, lane, dm.ldn, dm.ldn);
 }
 
+// ---- The pieces of a chunk's work after its stage (sections B, C, D of
+// the design above), shared by ck_fwd_body and the fused inference kernel
+// (mg_m3_chunked_fused.cuh), which stages the chunk differently but runs
+// the same arithmetic on it. fs is the block's per-step scalars, 7 CK_Q + 4
+// floats: s_adt, s_gam, s_nx (staged), s_cs, s_ecs, s_scl, s_w (written
+// here), s_misc.
+
+// B: cumulative decay and weights (warp 0, fixed order). The caller
+// synchronises the block after it.
+__device__ __forceinline__ void ck_decay(float *fs, int warp, int lane)
+{
+    const float *s_adt = fs, *s_gam = fs + CK_Q, *s_nx = fs + 2 * CK_Q;
+    float *s_cs = fs + 3 * CK_Q, *s_ecs = fs + 4 * CK_Q, *s_scl = fs + 5 * CK_Q, *s_w = fs + 6 * CK_Q;
+    float *s_misc = fs + 7 * CK_Q;
+    if (warp != 0) return;
+    float carry = 0.0f;
+    for (int seg = 0; seg < CK_Q; seg += 32) {
+        const int i = seg + lane;
+        float x = i < CK_Q ? s_adt[i] : 0.0f;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float yv = __shfl_up_sync(FULL_MASK, x, o);
+            if (lane >= o) x += yv;
+        }
+        x += carry;
+        if (i < CK_Q) s_cs[i] = x;
+        carry = __shfl_sync(FULL_MASK, x, 31);
+    }
+    // carry = cs at the end of the chunk (padding rows add 0)
+    for (int i = lane; i < CK_Q; i += 32) {
+        const float cs = s_cs[i], sc = s_gam[i] + s_nx[i];
+        s_ecs[i] = expf(cs);
+        s_scl[i] = sc;
+        s_w[i] = expf(carry - cs) * sc;
+    }
+    if (lane == 0) s_misc[0] = expf(carry);
+}
+
+// C: Kw = w_s k'_s (transposed), and the outputs of the chunk's len rows:
+// sink(tr, p, o0, o1) receives rows tr < len, columns p and p+1 (the
+// inter- and intra-chunk terms plus D v). Reads Qs, Ks, Vt, Hb; each warp
+// uses its own W tile Ww. The caller synchronises the block after it (Kw
+// complete, every read of Hb done).
+template <class Dm, class Sink>
+__device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op_t *Ks, op_t *Kw, const op_t *Vt,
+                                           const op_t *Hb, op_t *Ww, const float *fs, float dsk, int len,
+                                           int tid, int warp, int lane, Sink sink)
+{
+    const int N = dm.N;
+    const int CK_PW = dm.pw, CK_NY = dm.ny, CK_LDN = dm.ldn;
+    const int g = lane >> 2, cc = (lane & 3) * 2;
+    const float *s_gam = fs + CK_Q, *s_cs = fs + 3 * CK_Q, *s_ecs = fs + 4 * CK_Q, *s_scl = fs + 5 * CK_Q;
+    const float *s_w = fs + 6 * CK_Q;
+    for (int idx = tid; idx < CK_Q * N; idx += CK_THREADS) {
+        const int i = idx % CK_Q, n = idx / CK_Q;
+        Kw[n * CK_LDQ + i] = from_f32<op_t>(to_f32(Ks[i * CK_LDN + n]) * s_w[i]);
+    }
+    for (int it = warp; it < CK_NY; it += CK_WARPS) {
+        const int mt = it % (CK_Q / 16), t0 = mt * 16, p0 = (it / (CK_Q / 16)) * CK_PW;
+        float acc[Dm::PW_MAX / 8][4];
+#pragma unroll
+        for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        // inter-chunk: exp(cs_t) * (Q' Hs^T)[t][p]
+#pragma unroll 2
+        for (int ks = 0; ks < N; ks += 16)
+#pragma unroll
+            for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
+                ck_mma_ldn(acc[j], Qs + t0 * CK_LDN + ks, Hb + (p0 + 8 * j) * CK_LDN + ks, lane, dm);
+        {
+            const float e0 = s_ecs[t0 + g], e1 = s_ecs[t0 + g + 8];
+#pragma unroll
+            for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8) {
+                acc[j][0] *= e0; acc[j][1] *= e0; acc[j][2] *= e1; acc[j][3] *= e1;
+            }
+        }
+        // intra-chunk: the causal 16 x 16 blocks of W, times V
+        const float cst0 = s_cs[t0 + g], cst1 = s_cs[t0 + g + 8];
+        const float gam0 = s_gam[t0 + g], gam1 = s_gam[t0 + g + 8];
+        for (int sb = 0; sb <= mt; ++sb) {
+            const int s0 = sb * 16;
+            float sq[2][4];
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) sq[jj][0] = sq[jj][1] = sq[jj][2] = sq[jj][3] = 0.0f;
+#pragma unroll 2
+            for (int ks = 0; ks < N; ks += 16)
+#pragma unroll
+                for (int jj = 0; jj < 2; ++jj)
+                    ck_mma_ldn(sq[jj], Qs + t0 * CK_LDN + ks, Ks + (s0 + 8 * jj) * CK_LDN + ks, lane, dm);
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int tr = t0 + g + 8 * (r >> 1), sc = s0 + 8 * jj + cc + (r & 1);
+                    float wv = 0.0f;
+                    if (sc < tr)
+                        wv = sq[jj][r] * expf(((r >> 1) ? cst1 : cst0) - s_cs[sc]) * s_scl[sc];
+                    else if (sc == tr)
+                        wv = sq[jj][r] * ((r >> 1) ? gam1 : gam0);
+                    Ww[(g + 8 * (r >> 1)) * CK_LDW + 8 * jj + cc + (r & 1)] = from_f32<op_t>(wv);
+                }
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
+                tile_mma<CK_LDW, CK_LDQ>(acc[j], Ww, Vt + (p0 + 8 * j) * CK_LDQ + s0, lane);
+            __syncwarp();
+        }
+        // + D v_t; hand the rows inside the sequence to the sink (pairs of p)
+#pragma unroll
+        for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const int tr = t0 + g + 8 * rr, p = p0 + 8 * j + cc;
+                if (tr < len)
+                    sink(tr, p, acc[j][2 * rr] + dsk * to_f32(Vt[p * CK_LDQ + tr]),
+                         acc[j][2 * rr + 1] + dsk * to_f32(Vt[(p + 1) * CK_LDQ + tr]));
+            }
+    }
+}
+
+// D: Hs <- exp(cs_end) Hs + V^T Kw (this warp's tile hs, rows p0s..,
+// columns n0s..), and stage it in Hb for the next chunk's outputs.
+template <class Dm>
+__device__ __forceinline__ void ck_state_step(const Dm dm, float (&hs)[Dm::NW_MAX / 8][4], const op_t *Vt,
+                                              const op_t *Kw, op_t *Hb, const float *fs, int p0s, int n0s,
+                                              int lane)
+{
+    const int CK_NW = dm.nw, CK_LDN = dm.ldn;
+    const int g = lane >> 2, cc = (lane & 3) * 2;
+    const float ech = fs[7 * CK_Q];
+#pragma unroll
+    for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8) {
+        hs[j][0] *= ech; hs[j][1] *= ech; hs[j][2] *= ech; hs[j][3] *= ech;
+    }
+#pragma unroll 2
+    for (int ks = 0; ks < CK_Q; ks += 16)
+#pragma unroll
+        for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
+            tile_mma<CK_LDQ, CK_LDQ>(hs[j], Vt + p0s * CK_LDQ + ks, Kw + (n0s + 8 * j) * CK_LDQ + ks, lane);
+#pragma unroll
+    for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+            Hb[(p0s + g + 8 * (r >> 1)) * CK_LDN + n0s + 8 * j + cc + (r & 1)] = from_f32<op_t>(hs[j][r]);
+}
+
+// The initial state of this warp's tile: Hs_init + (1-lam_0) dt_0 v_prev
+// k_prev^T (each term present when its input is), into hs and staged in
+// Hb. w0 = (1-lam_0) dt_0 of the sequence's first token (0 without
+// k_prev/v_prev).
+template <class Dm>
+__device__ __forceinline__ void ck_state_init(const Dm dm, float (&hs)[Dm::NW_MAX / 8][4], op_t *Hb,
+                                              const float *ssm_in, const float *kp_in, const float *vp_in,
+                                              float w0, size_t bh, int p0s, int n0s, int lane)
+{
+    const int N = dm.N, P = dm.P, CK_NW = dm.nw, CK_LDN = dm.ldn;
+    const int g = lane >> 2, cc = (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int p = p0s + g + 8 * (r >> 1), n = n0s + 8 * j + cc + (r & 1);
+            float v = ssm_in ? ssm_in[(bh * P + p) * N + n] : 0.0f;
+            if (kp_in && vp_in) v += w0 * vp_in[bh * P + p] * kp_in[bh * N + n];
+            hs[j][r] = v;
+            Hb[p * CK_LDN + n] = from_f32<op_t>(v);
+        }
+}
+
+// This warp's tile of a P x N f32 state into dst (the final state, or a
+// training checkpoint).
+template <class Dm>
+__device__ __forceinline__ void ck_state_store(const Dm dm, const float (&hs)[Dm::NW_MAX / 8][4], float *dst,
+                                               int p0s, int n0s, int lane)
+{
+    const int N = dm.N, CK_NW = dm.nw;
+    const int g = lane >> 2, cc = (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+            dst[(p0s + g + 8 * (r >> 1)) * N + n0s + 8 * j + cc + (r & 1)] = hs[j][r];
+}
+
 // ---- The chunked scan (design above), one block per (head, sequence):
 // grid (H, batch), CK_THREADS threads, the policy's shared memory. ckpt
 // (training only, else NULL) receives the state entering every chunk, f32
@@ -94,7 +277,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
             float *__restrict__ y, float *__restrict__ ckpt, int ckpt_step, int ckpt_slots, const Dm dm)
 {
     const int N = dm.N, P = dm.P, H = dm.H, E = dm.E, NP = dm.NP, OFF_X = dm.OFF_X;
-    const int CK_NW = dm.nw, CK_PW = dm.pw, CK_NY = dm.ny, CK_LDN = dm.ldn;
+    const int CK_NW = dm.nw, CK_LDN = dm.ldn;
     extern __shared__ __align__(16) unsigned char ck_smem[];
     op_t *Qs = reinterpret_cast<op_t *>(ck_smem);   // [CK_Q][CK_LDN]  q'_t
     op_t *Ks = Qs + CK_Q * CK_LDN;                    // [CK_Q][CK_LDN]  k'_s
@@ -103,14 +286,12 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
     op_t *Hb = Vt + P * CK_LDQ;                       // [P][CK_LDN]     state entering the chunk
     op_t *Wt = Hb + P * CK_LDN;                       // [CK_WARPS][16][CK_LDW]  per-warp W tile
     float *fs = reinterpret_cast<float *>(Wt + CK_WARPS * 16 * CK_LDW);
-    float *s_adt = fs, *s_gam = fs + CK_Q, *s_nx = fs + 2 * CK_Q, *s_cs = fs + 3 * CK_Q;
-    float *s_ecs = fs + 4 * CK_Q, *s_scl = fs + 5 * CK_Q, *s_w = fs + 6 * CK_Q, *s_misc = fs + 7 * CK_Q;
+    float *s_adt = fs, *s_gam = fs + CK_Q, *s_nx = fs + 2 * CK_Q;
 
     if (seqlen <= 0) return;
     const int h = blockIdx.x;
     const size_t b = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, cc = (lane & 3) * 2;
     const size_t bh = b * H + h;
     const size_t row0 = b * (size_t)seqlen;   // first token of the sequence
     op_t *Ww = Wt + warp * 16 * CK_LDW;
@@ -122,16 +303,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
     {
         const size_t t0 = row0 * H + h;
         const float w0 = (kp_in && vp_in) ? (1.0f - lam[t0]) * dt[t0] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int p = p0s + g + 8 * (r >> 1), n = n0s + 8 * j + cc + (r & 1);
-                float v = ssm_in ? ssm_in[(bh * P + p) * N + n] : 0.0f;
-                if (kp_in && vp_in) v += w0 * vp_in[bh * P + p] * kp_in[bh * N + n];
-                hs[j][r] = v;
-                Hb[p * CK_LDN + n] = from_f32<op_t>(v);
-            }
+        ck_state_init(dm, hs, Hb, ssm_in, kp_in, vp_in, w0, bh, p0s, n0s, lane);
     }
     const float dsk = Dskip[h];
 
@@ -140,12 +312,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
         if (ckpt) {
             // training: the state entering the chunk (shifted form, f32) for
             // the chunked backward, slot c0 / ckpt_step of this (b, h)
-            float *cp = ckpt + (bh * ckpt_slots + c0 / ckpt_step) * (size_t)(P * N);
-#pragma unroll
-            for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
-#pragma unroll
-                for (int r = 0; r < 4; ++r)
-                    cp[(p0s + g + 8 * (r >> 1)) * N + n0s + 8 * j + cc + (r & 1)] = hs[j][r];
+            ck_state_store(dm, hs, ckpt + (bh * ckpt_slots + c0 / ckpt_step) * (size_t)(P * N), p0s, n0s, lane);
         }
         __syncthreads();   // the previous chunk is done with the stage; Hb is written
         // ---- A: stage the chunk ----
@@ -178,30 +345,8 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
             Vt[p * CK_LDQ + i] = from_f32<op_t>(v);
         }
         __syncthreads();
-        // ---- B: cumulative decay and weights (warp 0, fixed order) ----
-        if (warp == 0) {
-            float carry = 0.0f;
-            for (int seg = 0; seg < CK_Q; seg += 32) {
-                const int i = seg + lane;
-                float x = i < CK_Q ? s_adt[i] : 0.0f;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const float yv = __shfl_up_sync(FULL_MASK, x, o);
-                    if (lane >= o) x += yv;
-                }
-                x += carry;
-                if (i < CK_Q) s_cs[i] = x;
-                carry = __shfl_sync(FULL_MASK, x, 31);
-            }
-            // carry = cs at the end of the chunk (padding rows add 0)
-            for (int i = lane; i < CK_Q; i += 32) {
-                const float cs = s_cs[i], sc = s_gam[i] + s_nx[i];
-                s_ecs[i] = expf(cs);
-                s_scl[i] = sc;
-                s_w[i] = expf(carry - cs) * sc;
-            }
-            if (lane == 0) s_misc[0] = expf(carry);
-        }
+        // ---- B: cumulative decay and weights ----
+        ck_decay(fs, warp, lane);
         __syncthreads();
         // The next chunk's rows of q', k' and v into L2 while this one
         // computes (one 128-byte line per prefetch): its staging then waits
@@ -220,106 +365,23 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
             }
         }
-        // ---- C: Kw = w_s k'_s (transposed), and the outputs ----
-        for (int idx = tid; idx < CK_Q * N; idx += CK_THREADS) {
-            const int i = idx % CK_Q, n = idx / CK_Q;
-            Kw[n * CK_LDQ + i] = from_f32<op_t>(to_f32(Ks[i * CK_LDN + n]) * s_w[i]);
-        }
-        for (int it = warp; it < CK_NY; it += CK_WARPS) {
-            const int mt = it % (CK_Q / 16), t0 = mt * 16, p0 = (it / (CK_Q / 16)) * CK_PW;
-            float acc[Dm::PW_MAX / 8][4];
-#pragma unroll
-            for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-            // inter-chunk: exp(cs_t) * (Q' Hs^T)[t][p]
-#pragma unroll 2
-            for (int ks = 0; ks < N; ks += 16)
-#pragma unroll
-                for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
-                    ck_mma_ldn(acc[j], Qs + t0 * CK_LDN + ks, Hb + (p0 + 8 * j) * CK_LDN + ks, lane, dm);
-            {
-                const float e0 = s_ecs[t0 + g], e1 = s_ecs[t0 + g + 8];
-#pragma unroll
-                for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8) {
-                    acc[j][0] *= e0; acc[j][1] *= e0; acc[j][2] *= e1; acc[j][3] *= e1;
-                }
-            }
-            // intra-chunk: the causal 16 x 16 blocks of W, times V
-            const float cst0 = s_cs[t0 + g], cst1 = s_cs[t0 + g + 8];
-            const float gam0 = s_gam[t0 + g], gam1 = s_gam[t0 + g + 8];
-            for (int sb = 0; sb <= mt; ++sb) {
-                const int s0 = sb * 16;
-                float sq[2][4];
-#pragma unroll
-                for (int jj = 0; jj < 2; ++jj) sq[jj][0] = sq[jj][1] = sq[jj][2] = sq[jj][3] = 0.0f;
-#pragma unroll 2
-                for (int ks = 0; ks < N; ks += 16)
-#pragma unroll
-                    for (int jj = 0; jj < 2; ++jj)
-                        ck_mma_ldn(sq[jj], Qs + t0 * CK_LDN + ks, Ks + (s0 + 8 * jj) * CK_LDN + ks, lane, dm);
-#pragma unroll
-                for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        const int tr = t0 + g + 8 * (r >> 1), sc = s0 + 8 * jj + cc + (r & 1);
-                        float wv = 0.0f;
-                        if (sc < tr)
-                            wv = sq[jj][r] * expf(((r >> 1) ? cst1 : cst0) - s_cs[sc]) * s_scl[sc];
-                        else if (sc == tr)
-                            wv = sq[jj][r] * ((r >> 1) ? gam1 : gam0);
-                        Ww[(g + 8 * (r >> 1)) * CK_LDW + 8 * jj + cc + (r & 1)] = from_f32<op_t>(wv);
-                    }
-                __syncwarp();
-#pragma unroll
-                for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
-                    tile_mma<CK_LDW, CK_LDQ>(acc[j], Ww, Vt + (p0 + 8 * j) * CK_LDQ + s0, lane);
-                __syncwarp();
-            }
-            // + D v_t; store the rows inside the sequence (f32, pairs of p)
-#pragma unroll
-            for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    const int tr = t0 + g + 8 * rr, p = p0 + 8 * j + cc;
-                    if (tr < len) {
-                        float2 o;
-                        o.x = acc[j][2 * rr] + dsk * to_f32(Vt[p * CK_LDQ + tr]);
-                        o.y = acc[j][2 * rr + 1] + dsk * to_f32(Vt[(p + 1) * CK_LDQ + tr]);
-                        *reinterpret_cast<float2 *>(y + (row0 + c0 + tr) * E + h * P + p) = o;
-                    }
-                }
-        }
+        // ---- C: Kw and the outputs (f32 y, pairs of p) ----
+        float *yc = y + (row0 + c0) * E + h * P;
+        ck_outputs(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
+                   [&](int tr, int p, float o0, float o1) {
+                       float2 o;
+                       o.x = o0;
+                       o.y = o1;
+                       *reinterpret_cast<float2 *>(yc + (size_t)tr * E + p) = o;
+                   });
         __syncthreads();   // Kw is complete; every read of Hb is done
-        // ---- D: Hs <- exp(cs_end) Hs + V^T Kw; stage it for the next chunk ----
-        {
-            const float ech = s_misc[0];
-#pragma unroll
-            for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8) {
-                hs[j][0] *= ech; hs[j][1] *= ech; hs[j][2] *= ech; hs[j][3] *= ech;
-            }
-#pragma unroll 2
-            for (int ks = 0; ks < CK_Q; ks += 16)
-#pragma unroll
-                for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
-                    tile_mma<CK_LDQ, CK_LDQ>(hs[j], Vt + p0s * CK_LDQ + ks, Kw + (n0s + 8 * j) * CK_LDQ + ks, lane);
-#pragma unroll
-            for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
-#pragma unroll
-                for (int r = 0; r < 4; ++r)
-                    Hb[(p0s + g + 8 * (r >> 1)) * CK_LDN + n0s + 8 * j + cc + (r & 1)] = from_f32<op_t>(hs[j][r]);
-        }
+        // ---- D: the state update, staged for the next chunk ----
+        ck_state_step(dm, hs, Vt, Kw, Hb, fs, p0s, n0s, lane);
     }
     // Final state. Every read of the initial state happened before the first
     // barrier of the loop, so out may alias in.
     __syncthreads();
-    if (ssm_out) {
-#pragma unroll
-        for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int p = p0s + g + 8 * (r >> 1), n = n0s + 8 * j + cc + (r & 1);
-                ssm_out[(bh * P + p) * N + n] = hs[j][r];
-            }
-    }
+    if (ssm_out) ck_state_store(dm, hs, ssm_out + bh * (size_t)(P * N), p0s, n0s, lane);
     const size_t last = row0 + seqlen - 1;
     if (kp_out)
         for (int n = tid; n < N; n += CK_THREADS) kp_out[bh * N + n] = k[(last * H + h) * N + n];
