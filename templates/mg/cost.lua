@@ -62,11 +62,16 @@ function M.mamba3(d)
   local ssm_chunked = H * (N * Q + P * Q + 4 * N * P)
   local ssm_seq = H * 8 * N * P
   local elementwise = H * (8 * N + 12 * S + 20) + 10 * E + 8 * D
-  local core_bytes =
+  local core_split_bytes =
       (2 * G * N + 3 * H + S) * a + 3 * H * 4 + 2 * H * N * 4   -- prep: B, C, scalars in; dt, adt, lam, k, q out
     + S * a + H * 4 + 2 * 2 * 2 * S * H * 4                    -- angles: angles, dt in; rotated pairs of k, q in and out
     + 2 * H * N * 4 + E * a + 3 * H * 4 + E * 4                -- scan: k', q', v, scalars in; y out
     + E * 4 + E * a + E * a                                    -- gate: y, z in; g out
+  -- the fused kernel (d.ck_fused) moves the minimum: the in_proj row's
+  -- B, C, scalars, angles, x and z in, g out (the group's B and C are read
+  -- by each of its heads, from L2 after the first)
+  local core_fused_bytes = (2 * G * N + 3 * H + S + 2 * E) * a + E * a
+  local core_bytes = d.ck_fused and core_fused_bytes or core_split_bytes
   local layer_bytes =
       D * 4 + D * a            -- rmsnorm: read h (f32), write hn
     + D * a + NP * a           -- in_proj: read hn, write proj
@@ -87,6 +92,7 @@ function M.mamba3(d)
     core_flops_per_token = ssm + elementwise - 8 * D,
     core_seq_flops_per_token = ssm_seq + elementwise - 8 * D,
     core_bytes_per_token = core_bytes,
+    core_split_bytes_per_token = core_split_bytes,
     -- a training step (forward_train + loss + backward + AdamW): about 3x
     -- the forward's GEMM and elementwise work and traffic, and the AdamW
     -- pass over the f32 blob (weights, grads, m, v read; weights, m, v written)

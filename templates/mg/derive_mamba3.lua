@@ -22,7 +22,8 @@
 --            d.scan_lanes, d.scan_npt, d.scan_rpt, d.scan_rowgroups,
 --            d.scan_threads, d.scan_tchunk, d.scan_smem_bytes,
 --            d.gate_threads, d.gate_warps, d.gate_vpl,
---            d.scan_kernel and the chunked scan (inference section below)
+--            d.scan_kernel and the chunked scan (inference section below),
+--            the single-token decode d.dec_* (decode section below)
 --   tests    d.ref_macs_per_token (multiply-adds of the f64 reference per
 --            token, to size the test cases)
 
@@ -156,6 +157,7 @@ function M.derive(spec, d)
   -- The SSM kernels emitted and the chunked scan's shapes: the inference
   -- section below (M.derive_inference).
   M.derive_inference(spec, d)
+  M.derive_decode(d)
 
   -- Multiply-adds of the f64 reference per token (GEMMs, the SSM step
   -- 4*H*P*N, the per-head k/q maps), to size the test cases.
@@ -296,6 +298,119 @@ function M.derive_inference(spec, d)
   d.ck_smem_bytes = ck_smem(d, q, warps)
   d.ck_pw, d.ck_ny, d.ck_min_blocks = ck_items(d, q, warps, d.ck_threads, d.ck_smem_bytes)
   d.ck_max_chunks = derive.ceil_div(d.max_seq_len, q)
+  M.ck_fused(d)
+  return d
+end
+
+-- The fused inference kernel (kernels/mamba3/chunked_fused.cuh: prep,
+-- angles, the chunked scan and the gate in one launch, for prefill and
+-- burn-in), on the chunked kernel's shape (d.ck_*):
+--   d.ck_fused          emitted: the chunked scan is, the angle threads fit
+--                       the block (S <= ck_threads) and its shared memory
+--                       fits the target; else prefill runs the four kernels
+--   d.ck_ldy            row stride (floats) of its f32 output tile Y [Q][P]:
+--                       P + 4 (16 bytes of padding)
+--   d.ck_yt             floats of its Y tile, which holds the stage's tanh
+--                       tile [Q][S] before the outputs: Q * max(ck_ldy, S)
+--   d.ck_asl            angle slices: thread (a, sl) owns angle a over slice
+--                       sl, ck_threads // S slices
+--   d.ck_asteps         steps per slice = ceil(Q / ck_asl)
+--   d.ck_fused_smem_bytes  the chunked kernel's shared memory + Y/tanh, the
+--                       per-step dt, lambda, 1/rms(B), 1/rms(C) (4 Q + 8
+--                       floats) and the f64 slice sums and carried angles
+--   d.ck_fused_min_blocks  blocks per SM of its __launch_bounds__ (as for
+--                       the chunked kernel, with its own shared memory)
+--   d.seg_slots, d.seg_ws_bytes   its segment form (sequences split in
+--                       segments run side by side when batch x H blocks
+--                       cannot fill the GPU): workspace slots (sequence,
+--                       head, segment) and bytes (a P x N f32 state, two f64
+--                       angles per rotary pair and an f32 decay per slot)
+function M.ck_fused(d)
+  local q = d.ck_chunk
+  d.ck_ldy = d.P + 4
+  d.ck_asl = math.max(1, d.ck_threads // d.S)
+  d.ck_asteps = derive.ceil_div(q, d.ck_asl)
+  d.ck_yt = q * math.max(d.ck_ldy, d.S)
+  d.ck_fused_smem_bytes = d.ck_smem_bytes + 4 * (d.ck_yt + 4 * q + 8) + 8 * (d.ck_asl * d.S + d.S)
+  local smax = M.CK_SMEM_MAX[d.sm] or M.CK_SMEM_MAX[80]
+  d.ck_fused = d.scan_emit_chunked and d.S <= d.ck_threads and d.ck_fused_smem_bytes <= smax
+  local _, _, mb = ck_items(d, q, d.ck_warps, d.ck_threads, d.ck_fused_smem_bytes)
+  d.ck_fused_min_blocks = mb
+  -- its segment form: (sequence, head, segment) slots of the workspace,
+  -- enough for 2 blocks on each of 256 SMs; a call with batch x H slots
+  -- or more runs whole sequences
+  d.seg_slots = d.ck_fused and 512 or 0
+  d.seg_ws_bytes = d.seg_slots * (d.P * d.N * 4 + 16 * d.S + 4)
+  return d
+end
+
+-- ===========================================================================
+-- Decode section: the single-token step of kernels/mamba3/decode.cuh (a
+-- decode step of batch <= d.dec_max_batch runs in-proj GEMV, mixer, out-proj
+-- GEMV per layer instead of cuBLAS + the prefill kernels at seqlen 1).
+--   d.dec_max_batch     the largest batch that takes it: min(max_batch,
+--                       M.DEC_MAX_BATCH). The GEMVs read every weight once for
+--                       all rows but do batch x the FMAs and shared-memory
+--                       reads per weight; past ~8 rows they stop being
+--                       bandwidth-bound and cuBLAS's tensor-core GEMMs win
+--                       (an estimate: to be confirmed on the GPU)
+--   d.dec_nb_max        rows the widest GEMV instance is compiled for: the
+--                       power of two >= dec_max_batch (instances 1, 2, 4, ..)
+--   d.dec_vw            elements per 16-byte weight load (16 / act_size)
+--   d.dec_threads, d.dec_warps   GEMV block: 256 threads, 8 warps
+--   d.dec_mix_threads   mixer block (one per (head, sequence)): the sequential
+--                       scan's thread layout (scan_threads), at least a warp
+--   per GEMV, prefix d.dec_in_ (in_proj, rows NP, K = D, input RMSNorm fused)
+--   and d.dec_out_ (out_proj, rows D, K = E, += into the residual):
+--     _rw     output rows per warp (4, halved while the grid has fewer than
+--             M.DEC_BLOCKS_TARGET blocks)
+--     _ks     warps sharing a row, splitting K (1, doubled likewise up to 8:
+--             small models still fill the GPU)
+--     _rpb    rows per block = (dec_warps / ks) * rw
+--     _blocks grid = ceil(rows / rpb)
+--     _kt     K elements staged in shared memory per pass: the largest
+--             divisor of K, a multiple of dec_vw, with at most
+--             M.DEC_VEC_INFLIGHT / rw 16-byte loads per lane and row in flight
+--             and dec_nb_max * kt * act_size <= M.DEC_STAGE_BYTES
+--     _vpl    16-byte vectors per lane and row per pass = ceil(kt/vw/(32 ks))
+--     _smem_bytes  static shared memory (stage + the K-split partials)
+-- ===========================================================================
+M.DEC_MAX_BATCH = 8
+M.DEC_BLOCKS_TARGET = 128     -- about one block per SM of an H100/H200 (132)
+M.DEC_VEC_INFLIGHT = 16       -- 16-byte weight loads in flight per lane
+M.DEC_STAGE_BYTES = 32 * 1024
+
+local function dec_gemv(d, rows, K)
+  local g = {}
+  local function blocks(rw, ks) return derive.ceil_div(rows, (d.dec_warps // ks) * rw) end
+  local rw, ks = 4, 1
+  while rw > 1 and blocks(rw, ks) < M.DEC_BLOCKS_TARGET do rw = rw // 2 end
+  while ks < d.dec_warps and blocks(rw, ks) < M.DEC_BLOCKS_TARGET do ks = ks * 2 end
+  g.rw, g.ks = rw, ks
+  g.rpb = (d.dec_warps // ks) * rw
+  g.blocks = blocks(rw, ks)
+  local ktmax = math.min(d.dec_vw * 32 * ks * (M.DEC_VEC_INFLIGHT // rw),
+                         M.DEC_STAGE_BYTES // (d.dec_nb_max * d.act_size))
+  local nt = 1
+  while K % nt ~= 0 or (K // nt) % d.dec_vw ~= 0 or K // nt > ktmax do nt = nt + 1 end
+  g.kt = K // nt
+  g.vpl = derive.ceil_div(g.kt // d.dec_vw, 32 * ks)
+  g.smem_bytes = d.dec_nb_max * g.kt * d.act_size + 4 * ks * g.rpb * d.dec_nb_max
+  assert(g.smem_bytes <= 48 * 1024, "derive_mamba3: decode GEMV shared memory")
+  return g
+end
+
+function M.derive_decode(d)
+  d.dec_max_batch = math.min(d.max_batch, M.DEC_MAX_BATCH)
+  d.dec_nb_max = derive.next_pow2(d.dec_max_batch)
+  d.dec_vw = 16 // d.act_size
+  d.dec_threads = 256
+  d.dec_warps = d.dec_threads // 32
+  d.dec_mix_threads = math.max(32, d.scan_threads)
+  local gemvs = { { "dec_in_", dec_gemv(d, d.in_proj_out, d.D) }, { "dec_out_", dec_gemv(d, d.D, d.E) } }
+  for _, pg in ipairs(gemvs) do
+    for _, k in ipairs({ "rw", "ks", "rpb", "blocks", "kt", "vpl", "smem_bytes" }) do d[pg[1] .. k] = pg[2][k] end
+  end
   return d
 end
 

@@ -45,8 +45,8 @@ E.FILES = {
     bodies("util.cuh conv.cuh scan_body.cuh scan_fwd.cuh decode.cuh launch.cuh launch.h"),
   },
   { arch = "mamba3_siso",   -- the kernel bodies (templates/kernels/mamba3/), then the kernels that include them
-    bodies("prep.cuh angles.cuh scan.cuh tiles.cuh chunked_body.cuh chunked_fwd.cuh gate.cuh"
-        .. " launch_fwd.cuh launch.h"),
+    bodies("prep.cuh angles.cuh scan.cuh tiles.cuh chunked_body.cuh chunked_fwd.cuh gate.cuh chunked_fused.cuh"
+        .. " decode.cuh launch_fwd.cuh launch_decode.cuh launch.h"),
     { path = "%s_kernels.cu",          template = "mamba3/kernels.cu.tmpl" },
   },
   -- the inference kernels every arch shares (templates/kernels/common/)

@@ -233,6 +233,43 @@ is(n256a.ckb_emit, false, "n256 auto f32: no chunked backward (shared memory)")
 check(type(n256a.ckb_why) == "string" and n256a.ckb_why:find("shared memory", 1, true) ~= nil,
   "n256 auto f32: the reason names shared memory", tostring(n256a.ckb_why))
 
+-- ------------------------------------------------------------ single-token decode (d.dec_*)
+-- perf (bf16, D 1024, NP 4480, E 2048): in_proj 4 rows per warp, 32 per
+-- block -> 140 blocks; out_proj 1 row per warp -> 128 blocks; whole rows
+-- staged (8 rows x 1024 / 2048 bf16 = 16 / 32 KiB).
+is(perf.dec_max_batch, 8, "perf decode: GEMV up to batch 8")
+is(perf.dec_nb_max, 8, "perf decode: widest GEMV instance 8 rows")
+is(perf.dec_vw, 8, "perf decode: 8 bf16 per 16-byte load")
+is(perf.dec_mix_threads, 512, "perf decode: mixer block = scan block")
+is(perf.dec_in_rw .. "/" .. perf.dec_in_ks .. "/" .. perf.dec_in_rpb .. "/" .. perf.dec_in_blocks, "4/1/32/140",
+  "perf decode: in_proj rows per warp / K-split / rows per block / grid")
+is(perf.dec_in_kt .. "/" .. perf.dec_in_vpl, "1024/4", "perf decode: in_proj one pass, 4 vectors per lane and row")
+is(perf.dec_in_smem_bytes, 8 * 1024 * 2 + 4 * 32 * 8, "perf decode: in_proj shared memory")
+is(perf.dec_out_rw .. "/" .. perf.dec_out_ks .. "/" .. perf.dec_out_rpb .. "/" .. perf.dec_out_blocks, "1/1/8/128",
+  "perf decode: out_proj shape")
+is(perf.dec_out_kt .. "/" .. perf.dec_out_vpl, "2048/8", "perf decode: out_proj one pass, 8 vectors per lane")
+is(perf.dec_out_smem_bytes, 8 * 2048 * 2 + 4 * 8 * 8, "perf decode: out_proj shared memory")
+-- rl (f32, D 128, max_batch 64): small rows -> K split across warps to fill the GPU
+is(rl.dec_max_batch, 8, "rl decode: GEMV up to batch 8 (max_batch 64: cuBLAS above)")
+is(rl.dec_vw, 4, "rl decode: 4 f32 per 16-byte load")
+is(rl.dec_in_rw .. "/" .. rl.dec_in_ks .. "/" .. rl.dec_in_blocks, "1/2/170", "rl decode: in_proj 2-way K split, 170 blocks")
+is(rl.dec_out_rw .. "/" .. rl.dec_out_ks .. "/" .. rl.dec_out_blocks, "1/8/128", "rl decode: out_proj 8-way K split, 128 blocks")
+is(rl.dec_out_kt .. "/" .. rl.dec_out_vpl, "256/1", "rl decode: out_proj one pass")
+-- lm (f32, max_batch 2): K = D = 1024 f32 in 2 passes of 512 (16 loads in flight)
+is(lm.dec_max_batch .. "/" .. lm.dec_nb_max, "2/2", "lm decode: batch bound by max_batch")
+is(lm.dec_in_kt, 512, "lm decode: in_proj passes of 512 columns")
+-- every shape: whole grid, K in whole passes, shared memory under 48 KiB
+for _, c in ipairs({ { "rl", rl }, { "lm", lm }, { "perf", perf }, { "tiny", tiny }, { "n256a", n256a } }) do
+  local nm, x = c[1], c[2]
+  for _, g in ipairs({ { "in", x.in_proj_out, x.D }, { "out", x.D, x.E } }) do
+    local p = "dec_" .. g[1] .. "_"
+    check(x[p .. "blocks"] * x[p .. "rpb"] >= g[2] and g[3] % x[p .. "kt"] == 0 and x[p .. "kt"] % x.dec_vw == 0
+      and x[p .. "vpl"] * 32 * x[p .. "ks"] * x.dec_vw >= x[p .. "kt"] and x[p .. "smem_bytes"] <= 48 * 1024,
+      nm .. " decode: " .. g[1] .. "_proj GEMV shape is whole")
+  end
+  check(x.dec_mix_threads >= x.scan_threads and x.dec_mix_threads % 32 == 0, nm .. " decode: mixer block")
+end
+
 -- ------------------------------------------------------------ emit with the real templates
 local sp = spec3(nil, nil, { name = "mamba3_rl" })
 local ok, files = pcall(emit.files, sp, derive.derive(sp),
@@ -251,6 +288,7 @@ if ok then
     "mg_m3_angles.cuh<kernels/mamba3/angles.cuh", "mg_m3_scan.cuh<kernels/mamba3/scan.cuh",
     "mg_m3_tiles.cuh<kernels/mamba3/tiles.cuh", "mg_m3_chunked_fwd.cuh<kernels/mamba3/chunked_fwd.cuh",
     "mg_m3_gate.cuh<kernels/mamba3/gate.cuh", "mg_m3_launch_fwd.cuh<kernels/mamba3/launch_fwd.cuh",
+    "mg_m3_decode.cuh<kernels/mamba3/decode.cuh", "mg_m3_launch_decode.cuh<kernels/mamba3/launch_decode.cuh",
     "mg_m3_train_fwd.cuh<kernels/mamba3/train_fwd.cuh", "mg_m3_scan_bwd.cuh<kernels/mamba3/scan_bwd.cuh",
     "mg_m3_chunked_bwd.cuh<kernels/mamba3/chunked_bwd.cuh", "mg_m3_launch_train.cuh<kernels/mamba3/launch_train.cuh",
     -- the training half (emit.training)

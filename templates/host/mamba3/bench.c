@@ -91,9 +91,11 @@ static mg_status run_fwd_bwd(void *p, cudaStream_t stream)
 #endif
 
 /* The SSM core of layer 0 on a random in_proj output. parts: bit 0 prep,
- * 1 angles, 2 scan, 3 gate; chunked selects the scan kernel. */
+ * 1 angles, 2 scan, 3 gate, 4 the fused kernel (all four, chunked: what
+ * prefill runs when the library has it); chunked selects the scan kernel. */
 typedef struct {
-    int batch, seqlen, parts, chunked;
+    int batch, seqlen, parts, chunked, nseg;
+    void *seg_ws;   /* the fused kernel's segment workspace (nseg > 1) */
     const void *proj;
     const float *dt_bias, *Bnw, *Cnw, *Bb, *Cb, *Dsk, *ngw;
     float *dt, *adt, *lam, *k, *q, *y, *ssm, *kp, *vp, *ang;
@@ -121,6 +123,12 @@ static mg_status run_core(void *p, cudaStream_t st)
     }
     if (c->parts & 8)
         MG_CUDA(model_launch_gate(tokens, c->y, c->proj, c->ngw, c->g, st));
+#if MODEL_HAS_FUSED_PREFILL
+    if (c->parts & 16)
+        MG_CUDA(model_launch_scan_fused(c->batch, c->seqlen, c->nseg, c->seg_ws, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb,
+                                        c->Dsk, c->ngw, c->ssm, c->kp, c->vp, c->ang, c->ssm, c->kp, c->vp,
+                                        c->ang, c->g, st));
+#endif
     return MG_OK;
 }
 
@@ -265,16 +273,27 @@ int main(int argc, char **argv)
         c.y = dalloc(sizeof(float) * maxtok * D_INNER);
         c.g = dalloc(MODEL_ACT_SIZE * maxtok * D_INNER);
         c.ssm = ssm; c.kp = kp; c.vp = vp; c.ang = ang;
+#if MODEL_HAS_FUSED_PREFILL
+        c.seg_ws = dalloc(MODEL_FUSED_SEG_WS_BYTES);
+#endif
         static const int shapes[2][2] = { { MODEL_MAX_BATCH, MODEL_MAX_SEQ_LEN }, { 1, MODEL_MAX_SEQ_LEN } };
         for (int si = 0; si < (MODEL_MAX_BATCH > 1 ? 2 : 1); ++si) {
             c.batch = shapes[si][0];
             c.seqlen = shapes[si][1];
+            /* the fused kernel's segments as prefill chooses them (NAME.c fused_segments) */
+            c.nseg = MODEL_FUSED_MIN_BLOCKS * mg_device_sms() / (c.batch * N_HEADS);
+            if (c.nseg < 2) c.nseg = 1;
             const double tok = (double)c.batch * c.seqlen;
             /* whole: the full op from proj to g (the "ssm core" rows, comparable
              * to the reference); the others are its kernels alone. */
             static const struct { const char *what; int parts, chunked, whole; } runs[] = {
-#if MODEL_HAS_CHUNKED_SCAN
+#if MODEL_HAS_FUSED_PREFILL
+                { "ssm core (chunked)", 16, 1, 1 },
+                { "ssm core (chunked, split)", 15, 1, 1 },
+#elif MODEL_HAS_CHUNKED_SCAN
                 { "ssm core (chunked)", 15, 1, 1 },
+#endif
+#if MODEL_HAS_CHUNKED_SCAN
                 { "ssm core (sequential)", 15, 0, 1 },
                 { "  scan chunked", 4, 1, 0 },
 #else
@@ -291,8 +310,9 @@ int main(int argc, char **argv)
                 if ((s = run_core(&c, stream)) != MG_OK) die(runs[r].what, s);   /* k, q valid for parts alone */
                 if ((s = mg_bench_time(stream, run_core, &c, &o, &st)) != MG_OK) die(runs[r].what, s);
                 const double fl = runs[r].whole ? (c.chunked ? MODEL_COST_CORE_FLOPS_PER_TOKEN : MODEL_COST_CORE_SEQ_FLOPS_PER_TOKEN) : 0.0;
-                report(runs[r].what, c.batch, c.seqlen, &st, tok, runs[r].whole ? tok * MODEL_COST_CORE_BYTES_PER_TOKEN : 0.0,
-                       tok * fl);
+                /* bytes: the fused kernel's minimum traffic, or the four kernels' */
+                const double by = c.parts == 16 ? MODEL_COST_CORE_BYTES_PER_TOKEN : MODEL_COST_CORE_SPLIT_BYTES_PER_TOKEN;
+                report(runs[r].what, c.batch, c.seqlen, &st, tok, runs[r].whole ? tok * by : 0.0, tok * fl);
             }
         }
 #if MODEL_TRAINING
@@ -358,7 +378,7 @@ int main(int argc, char **argv)
         mg_dev_free(proj);
 #endif
         mg_dev_free(c.dt); mg_dev_free(c.adt); mg_dev_free(c.lam); mg_dev_free(c.k); mg_dev_free(c.q);
-        mg_dev_free(c.y); mg_dev_free(c.g);
+        mg_dev_free(c.y); mg_dev_free(c.g); mg_dev_free(c.seg_ws);
     }
 
     /* ---- Prefill: the largest batch, and sequence lengths up to the largest. ---- */

@@ -27,7 +27,9 @@ struct model_model {
     float *y;           /* [MAX_TOKENS][D_INNER]  SSM output (f32) */
     void *g;            /* [MAX_TOKENS][D_INNER]  gated output, input of out_proj */
     void *wa;           /* low-precision copy of the blob (act elements, blob offsets); NULL for f32 */
+    void *seg_ws;       /* SEG_WS_BYTES: the fused scan's segment form (HAS_CHUNKED_FUSED) */
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
+    int sms;            /* SMs of the device at create (the fused scan's segments) */
 };
 
 /* The arch's checks and forward, for the common part (mg_model_host.h). */
@@ -62,7 +64,8 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     const size_t b_kq = ws_bytes(MAX_TOKENS * HN_DIM, sizeof(float));
     const size_t b_y = ws_bytes(MAX_TOKENS * D_INNER, sizeof(float));
     const size_t b_g = ws_bytes(MAX_TOKENS * D_INNER, ACT_SIZE);
-    const size_t total = b_h + b_hn + b_proj + 3 * b_sc + 2 * b_kq + b_y + b_g;
+    const size_t b_seg = ws_bytes(SEG_WS_BYTES, 1);
+    const size_t total = b_h + b_hn + b_proj + 3 * b_sc + 2 * b_kq + b_y + b_g + b_seg;
     s = mg_dev_alloc(&m->ws, total, MODEL_NAME " workspace");
     if (s != MG_OK) { mg_blas_destroy(m->blas); free(m); return s; }
 #if LOWP
@@ -79,8 +82,10 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     m->k = (float *)p;   p += b_kq;
     m->q = (float *)p;   p += b_kq;
     m->y = (float *)p;   p += b_y;
-    m->g = p;
+    m->g = p;            p += b_g;
+    m->seg_ws = SEG_WS_BYTES ? p : NULL;
     m->scan_choice = MODEL_SCAN_SPEC;
+    m->sms = mg_device_sms();
     *out = m;
     return MG_OK;
 }
@@ -94,6 +99,19 @@ mg_status model__convert_weights(model_model *m)
 #endif
     return MG_OK;
 }
+
+#if HAS_CHUNKED_FUSED
+/* Segments per sequence of the fused scan for a batch: 1 (whole sequences,
+ * one block per (sequence, head)) while batch x H blocks fill the device
+ * (FUSED_MIN_BLOCKS per SM), else as many as bring the blocks up to that;
+ * the launcher clamps it to the chunks and to the workspace's slots. */
+static int fused_segments(const model_model *m, int batch)
+{
+    const int blocks = batch * N_HEADS, target = FUSED_MIN_BLOCKS * m->sms;
+    const int nseg = target / blocks;
+    return nseg >= 2 ? nseg : 1;
+}
+#endif
 
 #if HAS_CHUNKED
 /* Which scan a prefill of seqlen tokens uses (decode: always sequential). */
@@ -165,6 +183,52 @@ static mg_status check_call(const model_model *m, const char *fn, int batch, int
     return MG_OK;
 }
 
+/* One decode step of batch <= DEC_MAX_BATCH sequences (seqlen 1; arguments
+ * checked, states all NULL or all set): per layer the in_proj GEMV with the
+ * input RMSNorm fused, the fused mixer (prep, angles, one scan step, gate;
+ * the states in place) and the out_proj GEMV into the residual
+ * (mg_m3_decode.cuh), instead of the prefill kernels at one token and cuBLAS
+ * at M = batch. Only launches on the model's stream, into its fixed
+ * workspace: capturable, so the decode graph replays exactly this path. The
+ * input projection (f32, any input_dim) and norm_f are the prefill's;
+ * without one, layer 0 reads u where prefill copies it to h first. */
+static mg_status decode_forward(model_model *m, int batch, const float *u, float *out, float *ssm, float *kp,
+                                float *vp, float *ang)
+{
+    const cudaStream_t st = m->stream;
+    const float *w = m->w;
+    const char *wg = (const char *)model__gemm_weights(m);   /* GEMV weights, ACT elements */
+#if HAS_INPUT_PROJ
+    MG_CUDA(MG_LAUNCH(bias_rows)(m->h, w + OFF_INPUT_PROJ_B, batch, st));
+    const mg_status si = mg_linear(m->blas, batch, D_MODEL, IN_DIM, MG_F32, u, IN_DIM,
+                                   w + OFF_INPUT_PROJ_W, IN_DIM, MG_F32, m->h, D_MODEL, 1.0f, 1.0f);
+    if (si != MG_OK) return si;
+    const float *h0 = m->h;
+#else
+    const float *h0 = u;   /* layer 0 reads the input in place: no copy h = u */
+#endif
+    for (int l = 0; l < N_LAYERS; ++l) {
+        const size_t lo = (size_t)l * LAYER_STRIDE;   /* layer l's blob offset */
+        const size_t sb = (size_t)l * (size_t)batch;  /* layer l's first state row */
+        const float *hin = l == 0 ? h0 : m->h;   /* the residual stream entering layer l */
+        MG_CUDA(MG_LAUNCH(decode_in_proj)(batch, hin, w + lo + L0_NORM_W, wg + (lo + L0_IN_PROJ_W) * ACT_SIZE,
+                                          m->proj, st));
+        MG_CUDA(MG_LAUNCH(decode_mixer)(batch, m->proj, w + lo + L0_DT_BIAS, w + lo + L0_B_NORM_W,
+                                        w + lo + L0_C_NORM_W, w + lo + L0_B_BIAS, w + lo + L0_C_BIAS, w + lo + L0_D,
+#if OUTPROJ_NORM
+                                        w + lo + L0_NORM_GATE_W,
+#else
+                                        NULL,
+#endif
+                                        ssm ? ssm + sb * SSM_PER_SEQ : NULL, kp ? kp + sb * KPREV_PER_SEQ : NULL,
+                                        vp ? vp + sb * VPREV_PER_SEQ : NULL, ang ? ang + sb * ANGLE_PER_SEQ : NULL,
+                                        m->g, st));
+        MG_CUDA(MG_LAUNCH(decode_out_proj)(batch, m->g, wg + (lo + L0_OUT_PROJ_W) * ACT_SIZE, hin, m->h, st));
+    }
+    MG_CUDA(MG_LAUNCH(rmsnorm)(m->h, w + OFF_NORM_F_W, out, 1, batch, st));
+    return MG_OK;
+}
+
 /* The forward over batch x seqlen tokens (arguments already checked; the
  * states are all NULL or all set). last_only (burn-in): out is [batch][D],
  * the last token of each sequence: the last layer's out_proj and norm_f run
@@ -172,6 +236,9 @@ static mg_status check_call(const model_model *m, const char *fn, int batch, int
 static mg_status forward(model_model *m, int batch, int seqlen, const float *u, float *out,
                          float *ssm, float *kp, float *vp, float *ang, int last_only, int decode)
 {
+    /* a decode step within the GEMV batch: the single-token kernels */
+    if (decode && seqlen == 1 && !last_only && batch <= DEC_MAX_BATCH)
+        return decode_forward(m, batch, u, out, ssm, kp, vp, ang);
     const int tokens = batch * seqlen;
     const float *w = m->w;
     const char *wg = (const char *)model__gemm_weights(m);   /* GEMM weights, ACT elements */
@@ -210,6 +277,20 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
         s = mg_linear(m->blas, tokens, NP_DIM, D_MODEL, ACT, m->hn, D_MODEL, GW(L0_IN_PROJ_W), D_MODEL,
                       ACT, m->proj, NP_DIM, 1.0f, 0.0f);
         if (s != MG_OK) return s;
+#if HAS_CHUNKED_FUSED
+        /* chunked: the whole SSM core in one kernel, proj -> g; the four
+         * states carried */
+        if (chunked) {
+#if OUTPROJ_NORM
+            const float *ngw = lw + L0_NORM_GATE_W;
+#else
+            const float *ngw = NULL;
+#endif
+            MG_CUDA(MG_LAUNCH(scan_fused)(batch, seqlen, fused_segments(m, batch), m->seg_ws, m->proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
+                                          lw + L0_B_BIAS, lw + L0_C_BIAS, lw + L0_D, ngw, ssm_l, kp_l, vp_l, ang_l,
+                                          ssm_l, kp_l, vp_l, ang_l, m->g, st));
+        } else {
+#endif
         /* dt, A*dt, lambda; k, q = BCNorm + per-head bias (unrotated) */
         MG_CUDA(MG_LAUNCH(prep)(tokens, m->proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
                            lw + L0_B_BIAS, lw + L0_C_BIAS, m->dt, m->adt, m->lam, m->k, m->q, st));
@@ -229,6 +310,9 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
         MG_CUDA(MG_LAUNCH(gate)(tokens, m->y, m->proj, lw + L0_NORM_GATE_W, m->g, st));
 #else
         MG_CUDA(MG_LAUNCH(gate)(tokens, m->y, m->proj, NULL, m->g, st));
+#endif
+#if HAS_CHUNKED_FUSED
+        }
 #endif
         /* h += g . out_proj.weight^T (burn-in, last layer: the last token's rows only,
          * row b*seqlen + seqlen-1, through the leading dimensions) */
@@ -277,8 +361,9 @@ mg_status model_burn_in(model_model *m, int batch, int seqlen, const float *d_u,
                            d_angle, 1);
 }
 
-/* One token per stream: the prefill path with seqlen = 1 (the same kernels,
- * so decode and prefill agree to GEMM rounding). */
+/* One token per stream: the single-token kernels up to DEC_MAX_BATCH
+ * streams (decode_forward), else the prefill path with seqlen = 1; either
+ * agrees with prefill to GEMM rounding. */
 mg_status model_decode_step(model_model *m, int batch, const float *d_u, float *d_out,
                           float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
 {

@@ -118,6 +118,19 @@ __device__ __forceinline__ void ck_decay(float *fs, int warp, int lane)
     if (lane == 0) s_misc[0] = expf(carry);
 }
 
+// Kw[n][s] = w_s k'_s[n] (transposed): the chunk's term of the state
+// update (ck_state_step), and part of ck_outputs.
+template <class Dm>
+__device__ __forceinline__ void ck_weighted_k(const Dm dm, const op_t *Ks, op_t *Kw, const float *fs, int tid)
+{
+    const int N = dm.N, CK_LDN = dm.ldn;
+    const float *s_w = fs + 6 * CK_Q;
+    for (int idx = tid; idx < CK_Q * N; idx += CK_THREADS) {
+        const int i = idx % CK_Q, n = idx / CK_Q;
+        Kw[n * CK_LDQ + i] = from_f32<op_t>(to_f32(Ks[i * CK_LDN + n]) * s_w[i]);
+    }
+}
+
 // C: Kw = w_s k'_s (transposed), and the outputs of the chunk's len rows:
 // sink(tr, p, o0, o1) receives rows tr < len, columns p and p+1 (the
 // inter- and intra-chunk terms plus D v). Reads Qs, Ks, Vt, Hb; each warp
@@ -132,11 +145,7 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
     const int CK_PW = dm.pw, CK_NY = dm.ny, CK_LDN = dm.ldn;
     const int g = lane >> 2, cc = (lane & 3) * 2;
     const float *s_gam = fs + CK_Q, *s_cs = fs + 3 * CK_Q, *s_ecs = fs + 4 * CK_Q, *s_scl = fs + 5 * CK_Q;
-    const float *s_w = fs + 6 * CK_Q;
-    for (int idx = tid; idx < CK_Q * N; idx += CK_THREADS) {
-        const int i = idx % CK_Q, n = idx / CK_Q;
-        Kw[n * CK_LDQ + i] = from_f32<op_t>(to_f32(Ks[i * CK_LDN + n]) * s_w[i]);
-    }
+    ck_weighted_k(dm, Ks, Kw, fs, tid);
     for (int it = warp; it < CK_NY; it += CK_WARPS) {
         const int mt = it % (CK_Q / 16), t0 = mt * 16, p0 = (it / (CK_Q / 16)) * CK_PW;
         float acc[Dm::PW_MAX / 8][4];

@@ -46,6 +46,39 @@ cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *proj, con
                                     const float *Dskip, const float *ssm_in, const float *kp_in,
                                     const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
                                     float *y, cudaStream_t stream);
+/* The whole SSM core of a layer in one launch (prep, angles, the chunked
+ * scan and the gate; defined when MG_M3_FUSED): from the in_proj output
+ * proj to g [tokens][E] (act). The four states as in scan (NULL in = zeros,
+ * NULL out = not written, out may alias in); norm_gate_w NULL without
+ * outproj_norm. nseg > 1 (with seg_ws, SEG_WS_BYTES): each sequence split
+ * in up to nseg segments run side by side (four launches), for batches too
+ * small to fill the GPU. */
+cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, void *seg_ws, const void *proj,
+                                  const float *dt_bias,
+                                  const float *B_norm_w, const float *C_norm_w, const float *B_bias,
+                                  const float *C_bias, const float *Dskip, const float *norm_gate_w,
+                                  const float *ssm_in, const float *kp_in, const float *vp_in,
+                                  const float *angle_in, float *ssm_out, float *kp_out, float *vp_out,
+                                  float *angle_out, void *g, cudaStream_t stream);
 /* wa[i] = (storage dtype) w[i], i < n (round to nearest); defined with a
  * 16-bit storage dtype (MG_M3_LOWP). */
 cudaError_t MG_LAUNCH(convert)(const float *w, void *wa, size_t n, cudaStream_t stream);
+/* The single-token decode step (seqlen 1, 1 <= batch <= DEC_MAX_BATCH of
+ * NAME_common.cuh; kernels/mamba3/launch_decode.cuh). in_proj with the
+ * input RMSNorm fused: proj[b] = (rmsnorm(h[b]) * norm_w, storage dtype) .
+ * w^T, w the storage-dtype in_proj weight [IN_PROJ_DIM][D]. */
+cudaError_t MG_LAUNCH(decode_in_proj)(int batch, const float *h, const float *norm_w, const void *w,
+                                      void *proj, cudaStream_t stream);
+/* prep, angles, one scan step and the gate of one token per sequence:
+ * proj [batch][IN_PROJ_DIM] -> g [batch][E] (storage dtype). The states are
+ * updated in place (NULL: zeros in, not written); norm_gate_w is NULL
+ * without outproj_norm. */
+cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *proj, const float *dt_bias,
+                                    const float *B_norm_w, const float *C_norm_w, const float *B_bias,
+                                    const float *C_bias, const float *Dskip, const float *norm_gate_w,
+                                    float *ssm, float *k_prev, float *v_prev, float *angle, void *g,
+                                    cudaStream_t stream);
+/* h[b] = res[b] + g[b] . w^T (f32 accumulate), w the storage-dtype out_proj
+ * weight [D][E]; res may be h (the residual add) or another [batch][D]. */
+cudaError_t MG_LAUNCH(decode_out_proj)(int batch, const void *g, const void *w, const float *res, float *h,
+                                       cudaStream_t stream);

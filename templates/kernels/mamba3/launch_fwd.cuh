@@ -65,3 +65,67 @@ extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void
     return cudaGetLastError();
 }
 #endif
+#if MG_M3_FUSED
+
+// The fused SSM core (mg_m3_chunked_fused.cuh): one launch per layer, or,
+// with nseg > 1 segments per sequence, the four launches of its segment
+// form. nseg is a request: clamped to the chunks (at least two per
+// segment) and to the SEG_SLOTS slots of the workspace seg_ws
+// (SEG_WS_BYTES), then evened out so that no segment is empty.
+static cudaError_t fused_smem_optin()
+{
+    if (CK_FUSED_SMEM_BYTES <= 48 * 1024) return cudaSuccess;
+    const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    cudaError_t e = cudaFuncSetAttribute(scan_fused_kernel<FUSED_WHOLE>, a, CK_FUSED_SMEM_BYTES);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(scan_fused_kernel<FUSED_LOCAL>, a, CK_FUSED_SMEM_BYTES);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(scan_fused_kernel<FUSED_SEGMENT>, a, CK_FUSED_SMEM_BYTES);
+    return e;
+}
+
+extern "C" cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, void *seg_ws, const void *proj,
+                                             const float *dt_bias, const float *B_norm_w, const float *C_norm_w,
+                                             const float *B_bias, const float *C_bias, const float *Dskip,
+                                             const float *norm_gate_w, const float *ssm_in, const float *kp_in,
+                                             const float *vp_in, const float *angle_in, float *ssm_out,
+                                             float *kp_out, float *vp_out, float *angle_out, void *g,
+                                             cudaStream_t stream)
+{
+    // Dynamic shared memory above 48 KiB needs the opt-in, once per process.
+    static const cudaError_t attr = fused_smem_optin();
+    if (attr != cudaSuccess) return attr;
+    const act_t *pj = static_cast<const act_t *>(proj);
+    act_t *ga = static_cast<act_t *>(g);
+    const int nchunks = (seqlen + CK_Q - 1) / CK_Q;
+    if (nseg > nchunks / 2) nseg = nchunks / 2;
+    if (nseg > SEG_SLOTS / (batch * H)) nseg = SEG_SLOTS / (batch * H);
+    fused_seg sg;
+    sg.nseg = 1;
+    sg.seg_chunks = nchunks;
+    if (nseg > 1 && seg_ws) {
+        sg.seg_chunks = (nchunks + nseg - 1) / nseg;
+        sg.nseg = (nchunks + sg.seg_chunks - 1) / sg.seg_chunks;
+    }
+    char *ws = static_cast<char *>(seg_ws);
+    sg.state = reinterpret_cast<float *>(ws);
+    sg.asum = reinterpret_cast<double *>(ws + SEG_OFF_ASUM);
+    sg.th = reinterpret_cast<double *>(ws + SEG_OFF_TH);
+    sg.dec = reinterpret_cast<float *>(ws + SEG_OFF_DEC);
+    if (sg.nseg == 1) {
+        scan_fused_kernel<FUSED_WHOLE><<<dim3(H, batch), CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
+            seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, ssm_in, kp_in, vp_in,
+            angle_in, ssm_out, kp_out, vp_out, angle_out, ga, sg);
+        return cudaGetLastError();
+    }
+    const dim3 grid(H, batch, sg.nseg);
+    seg_angle_kernel<<<grid, CK_THREADS, 0, stream>>>(seqlen, pj, dt_bias, sg);
+    scan_fused_kernel<FUSED_LOCAL><<<grid, CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
+        seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, nullptr, nullptr, nullptr,
+        angle_in, nullptr, nullptr, nullptr, nullptr, ga, sg);
+    seg_combine_kernel<<<dim3(H, batch), CK_THREADS, 0, stream>>>(seqlen, pj, dt_bias, ssm_in, kp_in, vp_in,
+                                                                   angle_in, sg);
+    scan_fused_kernel<FUSED_SEGMENT><<<grid, CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
+        seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, nullptr, nullptr, nullptr,
+        nullptr, ssm_out, kp_out, vp_out, angle_out, ga, sg);
+    return cudaGetLastError();
+}
+#endif

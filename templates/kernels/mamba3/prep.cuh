@@ -17,6 +17,51 @@
 // of groups w, w+PREP_WARPS, ... over N with a fixed shuffle butterfly;
 // then consecutive threads write consecutive n (coalesced).
 // ---------------------------------------------------------------------------
+// The per-token maps shared with the fused chunked scan
+// (mg_m3_chunked_fused.cuh): one definition, so the fused kernel sees the
+// same bits as prep_kernel.
+// A head's scalars dt, A*dt, lambda from its in_proj outputs dd_dt, dd_A,
+// trap of one token and its dt_bias dtb.
+__device__ __forceinline__ void head_scalars(float ddt, float dda, float trap, float dtb, float &d, float &adt,
+                                             float &lam)
+{
+    d = softplus(ddt + dtb);
+    const float act = a_act(dda);
+    const float A = -(act >= A_FLOOR ? act : A_FLOOR);
+    adt = A * d;
+    lam = sigmoid(trap);
+}
+// ... of head h from the token's in_proj row pr.
+__device__ __forceinline__ void row_head_scalars(const act_t *pr, int h, float dtb, float &d, float &adt, float &lam)
+{
+    head_scalars(to_f32(pr[OFF_DT + h]), to_f32(pr[OFF_A + h]), to_f32(pr[OFF_TRAP + h]), dtb, d, adt, lam);
+}
+
+// 1/rms of a token's B and C rows of one group (brow, crow: N values, in
+// device or shared memory; one warp, every lane gets the result: fixed
+// lane-strided sums, then a shuffle butterfly).
+__device__ __forceinline__ void bc_rms(const act_t *brow, const act_t *crow, int lane, float &rb, float &rc)
+{
+    float sb = 0.0f, sc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PREP_NPL; ++i) {
+        const int n = lane + 32 * i;
+        if (n < N) {
+            const float b = to_f32(brow[n]);
+            const float c = to_f32(crow[n]);
+            sb += b * b;
+            sc += c * c;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        sb += __shfl_xor_sync(FULL_MASK, sb, o);
+        sc += __shfl_xor_sync(FULL_MASK, sc, o);
+    }
+    rb = 1.0f / sqrtf(sb / (float)N + EPS);
+    rc = 1.0f / sqrtf(sc / (float)N + EPS);
+}
+
 __global__ void __launch_bounds__(PREP_THREADS)
 prep_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
             const float *__restrict__ Bnw, const float *__restrict__ Cnw,
@@ -29,35 +74,15 @@ prep_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
     const act_t *pr = proj + tok * NP;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int g = warp; g < G; g += PREP_WARPS) {
-        float sb = 0.0f, sc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PREP_NPL; ++i) {
-            const int n = lane + 32 * i;
-            if (n < N) {
-                const float b = to_f32(pr[OFF_B + g * N + n]);
-                const float c = to_f32(pr[OFF_C + g * N + n]);
-                sb += b * b;
-                sc += c * c;
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            sb += __shfl_xor_sync(FULL_MASK, sb, o);
-            sc += __shfl_xor_sync(FULL_MASK, sc, o);
-        }
+        float rb, rc;
+        bc_rms(pr + OFF_B + g * N, pr + OFF_C + g * N, lane, rb, rc);
         if (lane == 0) {
-            rB[g] = 1.0f / sqrtf(sb / (float)N + EPS);
-            rC[g] = 1.0f / sqrtf(sc / (float)N + EPS);
+            rB[g] = rb;
+            rC[g] = rc;
         }
     }
-    for (int h = threadIdx.x; h < H; h += PREP_THREADS) {
-        const float d = softplus(to_f32(pr[OFF_DT + h]) + dt_bias[h]);
-        const float act = a_act(to_f32(pr[OFF_A + h]));
-        const float A = -(act >= A_FLOOR ? act : A_FLOOR);
-        dt[tok * H + h] = d;
-        adt[tok * H + h] = A * d;
-        lam[tok * H + h] = sigmoid(to_f32(pr[OFF_TRAP + h]));
-    }
+    for (int h = threadIdx.x; h < H; h += PREP_THREADS)
+        row_head_scalars(pr, h, dt_bias[h], dt[tok * H + h], adt[tok * H + h], lam[tok * H + h]);
     __syncthreads();
     float *kt = k + tok * (size_t)(H * N), *qt = q + tok * (size_t)(H * N);
     for (int i = threadIdx.x; i < H * N; i += PREP_THREADS) {
