@@ -101,7 +101,7 @@ static int bench_start(int argc, char **argv, int *iters)
 
 /* The model on the device: the weights hw (n floats, the reference path's
  * initialisation; freed here) uploaded once to *w, a stream, the model
- * created on it with those weights. */
+ * created on it with those weights; prints the workspace line. */
 static model_model *bench_model(float *hw, size_t n, float **w, cudaStream_t *stream)
 {
     mg_status s;
@@ -112,6 +112,16 @@ static model_model *bench_model(float *hw, size_t n, float **w, cudaStream_t *st
     model_model *m;
     if ((s = model_create(&m, *stream)) != MG_OK) die("create", s);
     if ((s = model_set_weights(m, *w, n)) != MG_OK) die("set_weights", s);
+    /* device memory: the model's (create) and the trainer's, per token of
+     * the largest call (MAX_BATCH x MAX_SEQ_LEN) */
+    const double tok = (double)MODEL_MAX_BATCH * MODEL_MAX_SEQ_LEN;
+    const size_t mb = model_workspace_bytes(m);
+    printf("workspace: create %.1f MiB (%.0f bytes per token)", mb / 1048576.0, mb / tok);
+#if MODEL_TRAINING
+    const size_t tb = model_trainer_workspace_bytes();
+    printf(", trainer %.1f MiB (%.0f bytes per token)", tb / 1048576.0, tb / tok);
+#endif
+    printf("\n\n");
     return m;
 }
 

@@ -33,10 +33,18 @@ static size_t ws_bytes(size_t elems, size_t elem_size)
 void model_destroy(model_model *m)
 {
     if (!m) return;
+#ifdef ARCH_DESTROY
+    ARCH_DESTROY(m);
+#endif
     mg_dev_free(m->wa);
     mg_dev_free(m->ws);
     mg_blas_destroy(m->blas);
     free(m);
+}
+
+size_t model_workspace_bytes(const model_model *m)
+{
+    return m ? m->ws_total : 0;
 }
 
 mg_status model_set_stream(model_model *m, cudaStream_t stream)
@@ -80,6 +88,11 @@ mg_status model_set_scan(model_model *m, int choice)
     if (choice == MODEL_SCAN_CHUNKED && !HAS_CHUNKED)
         return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_scan: this library has no chunked scan "
                        SCAN_SPEC_WHY);
+#ifdef ARCH_SET_SCAN
+    /* the arch's workspace for that choice (Mamba-3: the unfused buffers) */
+    mg_status s = ARCH_SET_SCAN(m, choice);
+    if (s != MG_OK) return s;
+#endif
     m->scan_choice = choice;
     return MG_OK;
 }

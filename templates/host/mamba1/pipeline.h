@@ -27,6 +27,7 @@ struct model_model {
     int decode_fused;   /* decode path: MODEL_DECODE_UNFUSED | _FUSED | _SINGLE (MODEL_DECODE_DEFAULT) */
     void *wa;           /* low-precision copy of the blob (act elements, blob offsets); NULL for f32 */
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
+    size_t ws_total;    /* device bytes held: ws (+ wa) */
     int sms;            /* multiprocessors of the device (scan.mode auto picks the scan with it) */
 };
 
@@ -81,6 +82,7 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     m->cstate = CSTATE_FLOATS ? (float *)p : NULL;  p += b_cst;
     m->dsum = DSUM_FLOATS ? (float *)p : NULL;  p += b_dsum;
     m->dpart = (float *)p;
+    m->ws_total = total + (LOWP ? (size_t)MODEL_WEIGHTS_FLOATS * ACT_SIZE : 0);
     m->decode_fused = MODEL_DECODE_DEFAULT;
     m->scan_choice = MODEL_SCAN_SPEC;
     m->sms = mg_device_sms();

@@ -19,18 +19,32 @@ struct model_model {
     float *h;           /* [MAX_TOKENS][D_MODEL]  residual stream (f32) */
     void *hn;           /* [MAX_TOKENS][D_MODEL]  normed input of in_proj */
     void *proj;         /* [MAX_TOKENS][NP_DIM]   in_proj output: z|x|B|C|dd_dt|dd_A|trap|angles */
-    float *dt;          /* [MAX_TOKENS][N_HEADS]  DT */
-    float *adt;         /* [MAX_TOKENS][N_HEADS]  A*DT */
-    float *lam;         /* [MAX_TOKENS][N_HEADS]  lambda */
-    float *k;           /* [MAX_TOKENS][N_HEADS][D_STATE]  k (rotated in place) */
-    float *q;           /* [MAX_TOKENS][N_HEADS][D_STATE]  q (rotated in place) */
-    float *y;           /* [MAX_TOKENS][D_INNER]  SSM output (f32) */
     void *g;            /* [MAX_TOKENS][D_INNER]  gated output, input of out_proj */
     void *wa;           /* low-precision copy of the blob (act elements, blob offsets); NULL for f32 */
     void *seg_ws;       /* SEG_WS_BYTES: the fused scan's segment form (HAS_CHUNKED_FUSED) */
+    /* The unfused kernels' buffers (prep, angles, scan, gate), one
+     * allocation of split_tokens tokens: every call that does not take the
+     * fused chunked kernel (the sequential scan, large decode batches; all
+     * calls without HAS_CHUNKED_FUSED). */
+    void *split_ws;
+    void *split_old;    /* a smaller one replaced by split_reserve: kept for graphs captured on it */
+    size_t split_tokens, split_bytes, split_old_bytes;
+    float *dt;          /* [split_tokens][N_HEADS]  DT */
+    float *adt;         /* [split_tokens][N_HEADS]  A*DT */
+    float *lam;         /* [split_tokens][N_HEADS]  lambda */
+    float *k;           /* [split_tokens][N_HEADS][D_STATE]  k (rotated in place) */
+    float *q;           /* [split_tokens][N_HEADS][D_STATE]  q (rotated in place) */
+    float *y;           /* [split_tokens][D_INNER]  SSM output (f32) */
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
     int sms;            /* SMs of the device at create (the fused scan's segments) */
+    size_t ws_total;    /* device bytes held: ws + wa + split_ws (+ split_old) */
 };
+
+/* The unfused buffers for a scan choice (below; model_set_scan calls it
+ * through ARCH_SET_SCAN, destroy frees them through ARCH_DESTROY). */
+static mg_status split_reserve(model_model *m, int choice);
+#define ARCH_SET_SCAN(m, choice) split_reserve((m), (choice))
+#define ARCH_DESTROY(m) (mg_dev_free((m)->split_ws), mg_dev_free((m)->split_old))
 
 /* The arch's checks and forward, for the common part (mg_model_host.h). */
 static mg_status check_call(const model_model *m, const char *fn, int batch, int seqlen,
@@ -44,6 +58,63 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
 #define CHECK_STATES(fn, batch, seqlen, u, out, required) \
     check_call(m, fn, batch, seqlen, u, out, (const float *const[4]){ STATE_ARGS }, required)
 #include "mg_model_host.h"
+
+/* Tokens the unfused buffers need for a scan choice: every token of a call
+ * when a call of that choice may run the sequential scan on long inputs,
+ * else the calls that still take it (seqlen 1, or below the auto rule's
+ * threshold) at the largest batch. */
+static size_t split_tokens_for(int choice)
+{
+#if HAS_CHUNKED_FUSED
+    if (choice == MODEL_SCAN_CHUNKED) return (size_t)MODEL_MAX_BATCH;
+#if SCAN_MODE_ID == 1
+    if (choice == MODEL_SCAN_SPEC) return (size_t)MODEL_MAX_BATCH;
+#elif SCAN_MODE_ID == 2
+    if (choice == MODEL_SCAN_SPEC) {
+        const size_t len = SCAN_AUTO_MIN_LEN - 1 < MODEL_MAX_SEQ_LEN ? SCAN_AUTO_MIN_LEN - 1 : MODEL_MAX_SEQ_LEN;
+        return (size_t)MODEL_MAX_BATCH * (len > 0 ? len : 1);
+    }
+#endif
+#else
+    (void)choice;
+#endif
+    return MAX_TOKENS;
+}
+
+/* (Re)allocates the unfused buffers for at least the tokens a scan choice
+ * needs (never shrinks). The buffer it replaces stays allocated until
+ * destroy: a decode graph captured before may still read it. */
+static mg_status split_reserve(model_model *m, int choice)
+{
+    const size_t tokens = split_tokens_for(choice);
+    if (m->split_ws && tokens <= m->split_tokens) return MG_OK;
+    const size_t b_sc = ws_bytes(tokens * N_HEADS, sizeof(float));
+    const size_t b_kq = ws_bytes(tokens * HN_DIM, sizeof(float));
+    const size_t b_y = ws_bytes(tokens * D_INNER, sizeof(float));
+    const size_t total = 3 * b_sc + 2 * b_kq + b_y;
+    void *ws = NULL;
+    mg_status s = mg_dev_alloc(&ws, total, MODEL_NAME " unfused-kernel workspace");
+    if (s != MG_OK) return s;
+    if (m->split_ws) {   /* the one it replaces stays until destroy; an older one goes */
+        mg_dev_free(m->split_old);
+        m->ws_total -= m->split_old_bytes;
+        m->split_old = m->split_ws;
+        m->split_old_bytes = m->split_bytes;
+    }
+    m->split_ws = ws;
+    m->split_bytes = total;
+    m->split_tokens = tokens;
+    m->ws_total += total;
+    char *p = (char *)ws;
+    m->dt = (float *)p;  p += b_sc;
+    m->adt = (float *)p; p += b_sc;
+    m->lam = (float *)p; p += b_sc;
+    m->k = (float *)p;   p += b_kq;
+    m->q = (float *)p;   p += b_kq;
+    m->y = (float *)p;
+    return MG_OK;
+}
+#define ARCH_SET_SCAN(m, choice) split_reserve((m), (choice))
 
 mg_status model_create(model_model **out, cudaStream_t stream)
 {
@@ -60,12 +131,9 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     const size_t b_h = ws_bytes(MAX_TOKENS * D_MODEL, sizeof(float));
     const size_t b_hn = ws_bytes(MAX_TOKENS * D_MODEL, ACT_SIZE);
     const size_t b_proj = ws_bytes(MAX_TOKENS * NP_DIM, ACT_SIZE);
-    const size_t b_sc = ws_bytes(MAX_TOKENS * N_HEADS, sizeof(float));
-    const size_t b_kq = ws_bytes(MAX_TOKENS * HN_DIM, sizeof(float));
-    const size_t b_y = ws_bytes(MAX_TOKENS * D_INNER, sizeof(float));
     const size_t b_g = ws_bytes(MAX_TOKENS * D_INNER, ACT_SIZE);
     const size_t b_seg = ws_bytes(SEG_WS_BYTES, 1);
-    const size_t total = b_h + b_hn + b_proj + 3 * b_sc + 2 * b_kq + b_y + b_g + b_seg;
+    const size_t total = b_h + b_hn + b_proj + b_g + b_seg;
     s = mg_dev_alloc(&m->ws, total, MODEL_NAME " workspace");
     if (s != MG_OK) { mg_blas_destroy(m->blas); free(m); return s; }
 #if LOWP
@@ -76,16 +144,13 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     m->h = (float *)p;   p += b_h;
     m->hn = p;           p += b_hn;
     m->proj = p;         p += b_proj;
-    m->dt = (float *)p;  p += b_sc;
-    m->adt = (float *)p; p += b_sc;
-    m->lam = (float *)p; p += b_sc;
-    m->k = (float *)p;   p += b_kq;
-    m->q = (float *)p;   p += b_kq;
-    m->y = (float *)p;   p += b_y;
     m->g = p;            p += b_g;
     m->seg_ws = SEG_WS_BYTES ? p : NULL;
     m->scan_choice = MODEL_SCAN_SPEC;
     m->sms = mg_device_sms();
+    m->ws_total = total + (LOWP ? (size_t)MODEL_WEIGHTS_FLOATS * ACT_SIZE : 0);
+    s = split_reserve(m, MODEL_SCAN_SPEC);
+    if (s != MG_OK) { mg_dev_free(m->wa); mg_dev_free(m->ws); mg_blas_destroy(m->blas); free(m); return s; }
     *out = m;
     return MG_OK;
 }
@@ -291,6 +356,10 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
                                           ssm_l, kp_l, vp_l, ang_l, m->g, st));
         } else {
 #endif
+        /* (the unfused buffers are sized for every call that gets here) */
+        if ((size_t)tokens > m->split_tokens)
+            return mg_fail(MG_ERR_STATE, MODEL_NAME ": %d tokens for the unfused kernels' workspace of %zu",
+                           tokens, m->split_tokens);
         /* dt, A*dt, lambda; k, q = BCNorm + per-head bias (unrotated) */
         MG_CUDA(MG_LAUNCH(prep)(tokens, m->proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
                            lw + L0_B_BIAS, lw + L0_C_BIAS, m->dt, m->adt, m->lam, m->k, m->q, st));
