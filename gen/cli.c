@@ -46,7 +46,9 @@ static void cli_usage(FILE *fp)
           "\n"
           "  -o, --output DIR     write the generated files into DIR (default: ./NAME,\n"
           "                       NAME being the spec's name); nothing is written if\n"
-          "                       any error occurs, unchanged files are not rewritten\n"
+          "                       any error occurs, unchanged files are not rewritten,\n"
+          "                       other files in DIR are kept; the new set replaces\n"
+          "                       DIR at once (concurrent runs take turns)\n"
           "      --check          only validate the spec; print \"SPEC: ok\"\n"
           "      --print-spec     print the canonical spec (defaults and derived values\n"
           "                       filled in) on standard output\n"
@@ -211,6 +213,7 @@ typedef struct {
     const cli_opts *o;
     gq_gpu gpu;
     char *dir;
+    char *spec_name; /* the spec's name: the cache's entries named for it are read first */
     tc_files cache;
     lh_tune_file *files;
 } cli_tune_data;
@@ -231,9 +234,14 @@ static int cli_tune_cache(void *ctx, lh_tune_input *t)
     if (!td->dir) {
         fprintf(stderr, "mamba-gen: note: %s\n", err);
         free(err);
-    } else if (td->gpu.found && tc_read_all(td->dir, &td->cache, &err) != 0) {
-        fprintf(stderr, "mamba-gen: note: %s (the cache is not used)\n", err);
-        free(err);
+    } else if (td->gpu.found) {
+        tc_select sel = {td->spec_name, td->gpu.name};
+        if (tc_read(td->dir, &sel, &td->cache, &err) != 0) {
+            fprintf(stderr, "mamba-gen: note: %s (the cache is not used)\n", err);
+            free(err);
+        }
+        for (size_t i = 0; i < td->cache.nwarnings; i++)
+            fprintf(stderr, "mamba-gen: warning: %s\n", td->cache.warnings[i]);
     }
     t->dir = td->dir;
     td->files = calloc(td->cache.n ? td->cache.n : 1, sizeof *td->files);
@@ -254,6 +262,26 @@ static void cli_tune_data_free(cli_tune_data *td)
     free(td->files);
     tc_files_free(&td->cache);
     free(td->dir);
+    free(td->spec_name);
+}
+
+/* The spec's top-level `name` scalar (the tree on the top of L's stack), or
+ * NULL: only an index into the tune cache, Lua checks the spec. */
+static char *cli_spec_name(lua_State *L)
+{
+    char *name = NULL;
+    int top = lua_gettop(L);
+    if (lua_type(L, -1) == LUA_TTABLE && lua_getfield(L, top, "keys") == LUA_TTABLE &&
+        lua_getfield(L, top, "values") == LUA_TTABLE) {
+        for (lua_Integer i = 1; !name && lua_rawgeti(L, top + 1, i) == LUA_TTABLE; i++) {
+            if (lua_getfield(L, -1, "value") == LUA_TSTRING && strcmp(lua_tostring(L, -1), "name") == 0 &&
+                lua_rawgeti(L, top + 2, i) == LUA_TTABLE && lua_getfield(L, -1, "value") == LUA_TSTRING)
+                name = strdup(lua_tostring(L, -1));
+            lua_settop(L, top + 2);
+        }
+    }
+    lua_settop(L, top);
+    return name;
 }
 
 /* --lua-test FILE: the test's own output, then its verdict. */
@@ -333,6 +361,7 @@ static int cli_run(const cli_opts *o)
             free(err);
             status = CLI_SPEC_ERROR;
         } else {
+            td.spec_name = cli_spec_name(lh_state(h));
             const char *command = o->check ? "check" : o->print_spec ? "print-spec" : "emit";
             lh_args a = {command, o->spec, hash, NULL};
             lh_result r;

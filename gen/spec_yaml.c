@@ -20,6 +20,7 @@
 #include <yaml.h>
 
 #define SY_STD_TAG_PREFIX "tag:yaml.org,2002:"
+#define SY_MAX_KEY_CHARS 1024 /* libyaml's limit on an implicit (simple) key */
 #define SY_EMPTY_MSG "the spec is empty: expected a mapping of keys such as name, arch, model"
 
 /* Formats a message as "PATH:LINE:COL: ..." (or "PATH: ..." when LINE is 0)
@@ -53,6 +54,79 @@ static int sy_set_err(char **err, const char *path, unsigned long line, unsigned
     if (!*err)
         *err = sy_oom();
     return -1;
+}
+
+/* The code point of the UTF-8 sequence at S[0..LEN) and its length in
+ * *N, or -1 (with *N = 1) for a byte that does not start a valid sequence. */
+static long sy_utf8_decode(const unsigned char *s, size_t len, size_t *n)
+{
+    *n = 1;
+    if (s[0] < 0x80)
+        return s[0];
+    size_t need = s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC2 && s[0] < 0xE0 ? 2 : 0;
+    if (need == 0 || need > len)
+        return -1;
+    long cp = s[0] & (0x7F >> need);
+    for (size_t i = 1; i < need; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return -1;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    *n = need;
+    return cp;
+}
+
+/* Is code point CP unsafe to print as is (it could move the cursor, hide
+ * text or reorder it on a terminal)? C0/C1 controls, DEL, line and
+ * paragraph separators, bidi controls, zero-width marks, BOM. */
+static int sy_unsafe_cp(long cp)
+{
+    return cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp <= 0x9F) || (cp >= 0x200B && cp <= 0x200F) ||
+           (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2060 && cp <= 0x2069) || cp == 0xFEFF;
+}
+
+char *sy_escape(const char *text, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    /* at most SY_QUOTE_MAX_CHARS characters of at most 6 output bytes each */
+    char *out = malloc((size_t)SY_QUOTE_MAX_CHARS * 6 + 8);
+    if (!out)
+        return NULL;
+    size_t o = 0, i = 0;
+    int chars = 0;
+    while (i < len) {
+        if (chars == SY_QUOTE_MAX_CHARS) {
+            memcpy(out + o, "...", 3);
+            o += 3;
+            break;
+        }
+        size_t n;
+        long cp = sy_utf8_decode(s + i, len - i, &n);
+        if (cp < 0) {
+            o += (size_t)sprintf(out + o, "\\x%02x", s[i]);
+        } else if (cp == 0) {
+            o += (size_t)sprintf(out + o, "\\0");
+        } else if (cp == '\n') {
+            o += (size_t)sprintf(out + o, "\\n");
+        } else if (cp == '\r') {
+            o += (size_t)sprintf(out + o, "\\r");
+        } else if (cp == '\t') {
+            o += (size_t)sprintf(out + o, "\\t");
+        } else if (cp == '\\') {
+            o += (size_t)sprintf(out + o, "\\\\");
+        } else if (cp < 0x80 && sy_unsafe_cp(cp)) {
+            o += (size_t)sprintf(out + o, "\\x%02lx", (unsigned long)cp);
+        } else if (sy_unsafe_cp(cp)) {
+            o += (size_t)sprintf(out + o, "\\u%04lX", (unsigned long)cp);
+        } else {
+            memcpy(out + o, s + i, n);
+            o += n;
+        }
+        i += n;
+        chars++;
+    }
+    out[o] = '\0';
+    return out;
 }
 
 /* ------------------------------------------------------------------ file */
@@ -165,6 +239,21 @@ static int sy_fail(sy_ctx *c, const yaml_mark_t *m, const char *fmt, ...)
     return -1;
 }
 
+/* sy_fail with FMT's one %s taking TEXT[0..LEN), escaped and shortened
+ * (sy_escape): user text never reaches the terminal raw. */
+static int sy_fail_text(sy_ctx *c, const yaml_mark_t *m, const char *fmt, const char *text, size_t len)
+{
+    char *q = sy_escape(text, len);
+    if (!q) {
+        free(c->err);
+        c->err = sy_oom();
+        return -1;
+    }
+    sy_fail(c, m, fmt, q);
+    free(q);
+    return -1;
+}
+
 /* Line and column (1-based, in characters) of byte OFFSET: libyaml gives
  * reader errors (bad UTF-8, control characters) as a byte offset only. */
 static void sy_offset_pos(const sy_ctx *c, size_t offset, yaml_mark_t *m)
@@ -206,6 +295,95 @@ static int sy_byte_at(const sy_ctx *c, const yaml_mark_t *m)
     return i < c->size ? (unsigned char)c->data[i] : -1;
 }
 
+/* Byte index of the start of line LINE (0-based), or c->size. */
+static size_t sy_line_start(const sy_ctx *c, size_t line)
+{
+    size_t i = 0, l = 0;
+    while (i < c->size && l < line) {
+        unsigned char ch = (unsigned char)c->data[i++];
+        if (ch == '\n' || (ch == '\r' && (i >= c->size || c->data[i] != '\n')))
+            l++;
+    }
+    return i;
+}
+
+/* libyaml allows at most 1024 characters in an implicit key and reports a
+ * longer one as a generic syntax error somewhere on its line. Reports
+ * such a key on line LINE (0-based) and returns -1, or returns 0. */
+static int sy_long_key(sy_ctx *c, size_t line)
+{
+    size_t i = sy_line_start(c, line), col = 0;
+    while (i < c->size && (c->data[i] == ' ' || c->data[i] == '-')) {
+        i++;
+        col++;
+    }
+    size_t start = i, chars = 0;
+    while (i < c->size && c->data[i] != '\n' && c->data[i] != '\r' && c->data[i] != '#') {
+        if (c->data[i] == ':' && (i + 1 >= c->size || c->data[i + 1] == ' ' || c->data[i + 1] == '\n' ||
+                                  c->data[i + 1] == '\r'))
+            break;
+        if (((unsigned char)c->data[i] & 0xC0) != 0x80)
+            chars++;
+        i++;
+    }
+    if (chars <= SY_MAX_KEY_CHARS || i >= c->size || c->data[i] != ':')
+        return 0;
+    yaml_mark_t m = {start, line, col};
+    char *q = sy_escape(c->data + start, i - start);
+    if (!q) {
+        free(c->err);
+        c->err = sy_oom();
+        return -1;
+    }
+    sy_fail(c, &m, "key '%s' is %lu characters long; YAML allows at most %d characters in a key", q,
+            (unsigned long)chars, SY_MAX_KEY_CHARS);
+    free(q);
+    return -1;
+}
+
+/* Is code point CP a space other than U+0020 and the tab (which YAML does
+ * not take as white space, so it silently becomes part of a key)? */
+static int sy_unicode_space(long cp)
+{
+    return cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x202F || cp == 0x205F ||
+           cp == 0x3000 || cp == 0xFEFF;
+}
+
+/* Rejects a Unicode space (a non-breaking space, typically pasted from a
+ * web page or a word processor) in the indentation of a line: YAML reads it
+ * as the first character of a key, not as indentation. */
+static int sy_check_indent(sy_ctx *c)
+{
+    size_t i = 0, line = 0;
+    while (i < c->size) {
+        size_t col = 0;
+        while (i < c->size && (c->data[i] == ' ' || c->data[i] == '\t')) {
+            i++;
+            col++;
+        }
+        if (i < c->size && (unsigned char)c->data[i] >= 0x80) {
+            size_t n;
+            long cp = sy_utf8_decode((const unsigned char *)c->data + i, c->size - i, &n);
+            if (sy_unicode_space(cp)) {
+                yaml_mark_t m = {i, line, col};
+                return sy_fail(c, &m, "%s (U+%04lX) in the indentation: YAML indentation must use ASCII spaces",
+                               cp == 0xA0 ? "a non-breaking space" : cp == 0xFEFF ? "a byte-order mark"
+                                                                                  : "a Unicode space",
+                               (unsigned long)cp);
+            }
+        }
+        while (i < c->size && c->data[i] != '\n' && c->data[i] != '\r')
+            i++;
+        if (i < c->size && c->data[i] == '\r' && i + 1 < c->size && c->data[i + 1] == '\n')
+            i++;
+        if (i < c->size) {
+            i++;
+            line++;
+        }
+    }
+    return 0;
+}
+
 /* Turns a libyaml failure into our message. */
 static int sy_parser_error(sy_ctx *c)
 {
@@ -230,6 +408,8 @@ static int sy_parser_error(sy_ctx *c)
         return sy_fail(c, &m, "cannot read YAML: %s", problem);
     case YAML_SCANNER_ERROR:
     case YAML_PARSER_ERROR:
+        if (sy_long_key(c, p->problem_mark.line) != 0 || (p->context && sy_long_key(c, p->context_mark.line) != 0))
+            return -1;
         if (sy_byte_at(c, &p->problem_mark) == '\t')
             return sy_fail(c, &p->problem_mark, "YAML syntax error: %s: a tab (YAML indentation must use spaces)",
                            problem);
@@ -269,39 +449,26 @@ static const char *sy_kind_name(yaml_event_type_t t)
     }
 }
 
-/* Checks an explicit tag. The standard (core schema) tags are accepted when
- * they fit the node kind; anything else would need a meaning we don't have.
- * *SHORT receives the tag's short name ("str", "map", ...) or NULL. */
-static int sy_check_tag(sy_ctx *c, const yaml_mark_t *m, const yaml_char_t *tagu, yaml_event_type_t kind,
-                        const char **short_name)
+/* Rejects an explicit tag: a spec gives every value its type by how it is
+ * written (validate.lua types plain scalars), so a tag could only be
+ * ignored or contradict that (`!!null 128`). Standard tags are shown in
+ * their short form (!!null). */
+static int sy_check_tag(sy_ctx *c, const yaml_mark_t *m, const yaml_char_t *tagu)
 {
-    static const char *const scalar_tags[] = {"str", "int", "float", "bool", "null", NULL};
     const char *tag = (const char *)tagu;
-    *short_name = NULL;
     if (!tag)
         return 0;
     size_t plen = strlen(SY_STD_TAG_PREFIX);
-    if (strncmp(tag, SY_STD_TAG_PREFIX, plen) == 0) {
-        const char *s = tag + plen;
-        int ok = 0;
-        if (kind == YAML_SCALAR_EVENT) {
-            for (int i = 0; scalar_tags[i]; i++)
-                if (strcmp(s, scalar_tags[i]) == 0)
-                    ok = 1;
-        } else if (kind == YAML_MAPPING_START_EVENT) {
-            ok = strcmp(s, "map") == 0;
-        } else {
-            ok = strcmp(s, "seq") == 0;
-        }
-        if (ok) {
-            *short_name = s;
-            return 0;
-        }
-        return sy_fail(c, m, "tag !!%s is not allowed on %s (allowed: !!str, !!int, !!float, !!bool, !!null on "
-                             "scalars, !!map, !!seq on collections)", s, sy_kind_name(kind));
+    char *shown = strncmp(tag, SY_STD_TAG_PREFIX, plen) == 0 ? xstr_printf("!!%s", tag + plen) : strdup(tag);
+    if (!shown) {
+        free(c->err);
+        c->err = sy_oom();
+        return -1;
     }
-    return sy_fail(c, m, "tag %s is not supported in a spec (only the standard tags !!str, !!int, !!float, "
-                         "!!bool, !!null, !!map, !!seq)", tag);
+    sy_fail_text(c, m, "tag %s is not allowed: a spec takes no explicit tags; write the plain value "
+                       "(quote it to make it a string)", shown, strlen(shown));
+    free(shown);
+    return -1;
 }
 
 /* Pushes {kind=KIND, line=, col=}. */
@@ -316,14 +483,15 @@ static void sy_push_node(lua_State *L, const char *kind, const yaml_mark_t *m, i
     lua_setfield(L, -2, "col");
 }
 
-/* What every node start is checked for: no anchor, an allowed tag (*SHORT:
- * its short name, as sy_check_tag), and for a collection the nesting depth. */
+/* What every node start is checked for: no anchor, no tag, and for a
+ * collection the nesting depth. */
 static int sy_check_start(sy_ctx *c, const yaml_mark_t *m, const yaml_char_t *anchor, const yaml_char_t *tag,
-                          yaml_event_type_t kind, int depth, const char **short_name)
+                          yaml_event_type_t kind, int depth)
 {
     if (anchor)
-        return sy_fail(c, m, "anchors (&%s) are not allowed in a spec", (const char *)anchor);
-    if (sy_check_tag(c, m, tag, kind, short_name) != 0)
+        return sy_fail_text(c, m, "anchors (&%s) are not allowed in a spec", (const char *)anchor,
+                            strlen((const char *)anchor));
+    if (sy_check_tag(c, m, tag) != 0)
         return -1;
     if (kind != YAML_SCALAR_EVENT && depth > SY_MAX_DEPTH)
         return sy_fail(c, m, "nesting deeper than %d levels", SY_MAX_DEPTH);
@@ -337,34 +505,24 @@ static int sy_node(sy_ctx *c, int depth)
 {
     lua_State *L = c->L;
     yaml_event_t *e = &c->ev;
-    const char *tag_short;
     luaL_checkstack(L, 8, "spec nesting");
     switch (e->type) {
     case YAML_ALIAS_EVENT:
-        return sy_fail(c, &e->start_mark, "aliases (*%s) are not allowed in a spec: write the value out",
-                       (const char *)e->data.alias.anchor);
+        return sy_fail_text(c, &e->start_mark, "aliases (*%s) are not allowed in a spec: write the value out",
+                            (const char *)e->data.alias.anchor, strlen((const char *)e->data.alias.anchor));
     case YAML_SCALAR_EVENT: {
-        if (sy_check_start(c, &e->start_mark, e->data.scalar.anchor, e->data.scalar.tag, e->type, depth,
-                           &tag_short) != 0)
+        if (sy_check_start(c, &e->start_mark, e->data.scalar.anchor, e->data.scalar.tag, e->type, depth) != 0)
             return -1;
-        sy_push_node(L, "scalar", &e->start_mark, 3);
+        sy_push_node(L, "scalar", &e->start_mark, 2);
         lua_pushlstring(L, (const char *)e->data.scalar.value, e->data.scalar.length);
         lua_setfield(L, -2, "value");
-        /* !!str makes a plain scalar a string, like quoting it would. */
-        int plain = e->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
-                    !(tag_short && strcmp(tag_short, "str") == 0);
-        lua_pushboolean(L, plain);
+        lua_pushboolean(L, e->data.scalar.style == YAML_PLAIN_SCALAR_STYLE);
         lua_setfield(L, -2, "plain");
-        if (tag_short) {
-            lua_pushstring(L, tag_short);
-            lua_setfield(L, -2, "tag");
-        }
         return 0;
     }
     case YAML_SEQUENCE_START_EVENT: {
         yaml_mark_t start = e->start_mark;
-        if (sy_check_start(c, &start, e->data.sequence_start.anchor, e->data.sequence_start.tag, e->type, depth,
-                           &tag_short) != 0)
+        if (sy_check_start(c, &start, e->data.sequence_start.anchor, e->data.sequence_start.tag, e->type, depth) != 0)
             return -1;
         sy_push_node(L, "seq", &start, 1);
         lua_newtable(L); /* items */
@@ -383,8 +541,7 @@ static int sy_node(sy_ctx *c, int depth)
     }
     case YAML_MAPPING_START_EVENT: {
         yaml_mark_t start = e->start_mark;
-        if (sy_check_start(c, &start, e->data.mapping_start.anchor, e->data.mapping_start.tag, e->type, depth,
-                           &tag_short) != 0)
+        if (sy_check_start(c, &start, e->data.mapping_start.anchor, e->data.mapping_start.tag, e->type, depth) != 0)
             return -1;
         sy_push_node(L, "map", &start, 2);
         lua_newtable(L); /* keys */
@@ -409,8 +566,15 @@ static int sy_node(sy_ctx *c, int depth)
                 lua_Integer first = lua_tointeger(L, -1);
                 size_t klen;
                 const char *k = lua_tolstring(L, -2, &klen);
-                return sy_fail(c, &kmark, "duplicate key '%.*s' (first defined at line %lld)",
-                               (int)(klen > 80 ? 80 : klen), k, (long long)first);
+                char *q = sy_escape(k, klen);
+                if (!q) {
+                    free(c->err);
+                    c->err = sy_oom();
+                    return -1;
+                }
+                sy_fail(c, &kmark, "duplicate key '%s' (first defined at line %lld)", q, (long long)first);
+                free(q);
+                return -1;
             }
             lua_pop(L, 1);
             lua_pushinteger(L, (lua_Integer)kmark.line + 1);
@@ -452,11 +616,13 @@ static int sy_check_root(sy_ctx *c, const yaml_mark_t *doc_mark)
     if (strcmp(kind, "scalar") == 0) {
         lua_getfield(L, -2, "value");
         lua_getfield(L, -3, "plain");
-        lua_getfield(L, -4, "tag");
-        int empty = lua_rawlen(L, -3) == 0 && lua_toboolean(L, -2) && lua_isnil(L, -1);
-        lua_pop(L, 3);
+        int empty = lua_rawlen(L, -2) == 0 && lua_toboolean(L, -1);
+        lua_pop(L, 2);
         if (empty)
             return sy_fail(c, doc_mark, SY_EMPTY_MSG);
+        /* `KEY: value` with KEY over 1024 characters reads as one scalar */
+        if (sy_long_key(c, m.line) != 0)
+            return -1;
         return sy_fail(c, &m, "the spec must be a mapping of keys such as name, arch, model, found a scalar");
     }
     return sy_fail(c, &m, "the spec must be a mapping of keys such as name, arch, model, found a sequence");
@@ -469,6 +635,8 @@ static int sy_parse_protected(lua_State *L)
     sy_ctx *c = lua_touserdata(L, 1);
     lua_settop(L, 0);
     yaml_mark_t first = {0, 0, 0};
+    if (sy_check_indent(c) != 0)
+        return 0;
     if (sy_next(c) != 0)
         return 0;
     if (c->ev.type != YAML_STREAM_START_EVENT) {
@@ -507,6 +675,12 @@ static int sy_parse_protected(lua_State *L)
 
 int sy_parse(lua_State *L, const char *path, const char *data, size_t size, char **err)
 {
+    /* A UTF-8 byte-order mark (some Windows editors write one) is no part of
+     * the text: skipped, so columns on line 1 count from after it. */
+    if (size >= 3 && memcmp(data, "\xEF\xBB\xBF", 3) == 0) {
+        data += 3;
+        size -= 3;
+    }
     sy_ctx c = {.L = L, .path = path, .data = data, .size = size};
     *err = NULL;
     if (!yaml_parser_initialize(&c.parser)) {

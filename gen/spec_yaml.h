@@ -15,6 +15,7 @@
 
 #define SY_MAX_FILE_SIZE (1024L * 1024L) /* 1 MiB: no real spec comes close */
 #define SY_MAX_DEPTH 16                  /* nested mappings/sequences */
+#define SY_QUOTE_MAX_CHARS 64            /* user text quoted in a message, then "..." */
 
 /* The bytes of a spec file. */
 typedef struct {
@@ -35,6 +36,14 @@ void sy_file_free(sy_file *f);
  * the spec tree on L. Returns 0 (one value pushed), or -1 with nothing
  * pushed and *ERR set (free it). */
 int sy_parse(lua_State *L, const char *path, const char *data, size_t size, char **err);
+
+/* TEXT[0..LEN) made safe to quote in a message (malloc'd, NULL when out of
+ * memory): NUL, newline, CR, tab and backslash as \0 \n \r \t \\, other
+ * control bytes and bytes that are not UTF-8 as \xHH, C1 controls, line
+ * separators, bidi and zero-width marks as \uXXXX; at most
+ * SY_QUOTE_MAX_CHARS characters, then "...". mg/validate.lua quotes the
+ * same way. */
+char *sy_escape(const char *text, size_t len);
 
 /* sy_read_file then sy_parse; HASH receives the spec hash. */
 int sy_load(lua_State *L, const char *path, char hash[SHA256_HEX_SIZE], char **err);

@@ -58,16 +58,9 @@ char *tc_file_name(const tc_key_parts *k)
 {
     char hex[SHA256_HEX_SIZE];
     tc_key(k, hex);
-    const char *n = k->spec_name && *k->spec_name ? k->spec_name : "spec";
-    char *s = xstr_printf("%.64s-%.16s.json", n, hex);
-    if (!s)
-        return NULL;
-    for (char *p = s; *p && p < s + strlen(s) - 22; p++) {
-        char ch = *p;
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
-              ch == '-'))
-            *p = '_';
-    }
+    char *prefix = tc_file_prefix(k->spec_name);
+    char *s = prefix ? xstr_printf("%s%.16s.json", prefix, hex) : NULL;
+    free(prefix);
     return s;
 }
 
@@ -78,16 +71,27 @@ static int tc_name_cmp(const void *a, const void *b)
     return strcmp(((const tc_file *)a)->path, ((const tc_file *)b)->path);
 }
 
-/* 0 and the bytes, or -1 (skipped: not regular, too big, unreadable). */
+static int tc_str_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* 0 and the bytes; 1: larger than TC_MAX_FILE_SIZE (*SIZE set); -1:
+ * skipped (not regular, unreadable). */
 static int tc_read_one(const char *path, char **data, size_t *size)
 {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0)
         return -1;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > TC_MAX_FILE_SIZE) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
         return -1;
+    }
+    if (st.st_size > TC_MAX_FILE_SIZE) {
+        close(fd);
+        *size = (size_t)st.st_size;
+        return 1;
     }
     size_t cap = (size_t)st.st_size, len = 0;
     char *buf = malloc(cap + 1);
@@ -110,11 +114,67 @@ static int tc_read_one(const char *path, char **data, size_t *size)
     return 0;
 }
 
-int tc_read_all(const char *dir, tc_files *out, char **err)
+char *tc_file_prefix(const char *spec_name)
+{
+    const char *n = spec_name && *spec_name ? spec_name : "spec";
+    char *s = xstr_printf("%.64s-", n);
+    if (!s)
+        return NULL;
+    for (char *p = s; p[1]; p++) {
+        char ch = *p;
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+              ch == '-'))
+            *p = '_';
+    }
+    return s;
+}
+
+/* 1 if NAME is PREFIX, 16 lowercase hex digits, ".json". */
+static int tc_named_for(const char *name, const char *prefix)
+{
+    size_t lp = strlen(prefix);
+    if (!prefix[0] || strncmp(name, prefix, lp) != 0 || strlen(name) != lp + 16 + 5)
+        return 0;
+    for (size_t i = lp; i < lp + 16; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
+            return 0;
+    return strcmp(name + lp + 16, ".json") == 0;
+}
+
+/* Appends a warning line (or marks the failure in *OOM). */
+static void tc_warn(tc_files *out, int *oom, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static void tc_warn(tc_files *out, int *oom, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = xstr_vprintf(fmt, ap);
+    va_end(ap);
+    char **nw = s ? realloc(out->warnings, (out->nwarnings + 1) * sizeof *nw) : NULL;
+    if (!nw) {
+        free(s);
+        *oom = 1;
+        return;
+    }
+    out->warnings = nw;
+    out->warnings[out->nwarnings++] = s;
+}
+
+/* A file read to choose from: its name, its bytes, whether it is wanted first. */
+typedef struct {
+    char *path;
+    char *data;
+    size_t size;
+    int first;
+} tc_cand;
+
+int tc_read(const char *dir, const tc_select *sel, tc_files *out, char **err)
 {
     *err = NULL;
-    out->files = NULL;
-    out->n = 0;
+    memset(out, 0, sizeof *out);
     DIR *dp = opendir(dir);
     if (!dp) {
         if (errno == ENOENT)
@@ -122,42 +182,134 @@ int tc_read_all(const char *dir, tc_files *out, char **err)
         *err = xstr_printf("autotune cache %s: %s", dir, strerror(errno));
         return -1;
     }
-    size_t cap = 0;
+    int oom = 0;
+    /* the *.json names, at most TC_MAX_NAMES */
+    char **names = NULL;
+    size_t nn = 0, ncap = 0, over_names = 0;
     struct dirent *de;
-    while ((de = readdir(dp)) != NULL && out->n < TC_MAX_FILES) {
+    while ((de = readdir(dp)) != NULL && !oom) {
         size_t len = strlen(de->d_name);
         if (de->d_name[0] == '.' || len < 6 || strcmp(de->d_name + len - 5, ".json") != 0)
             continue;
-        char *path = xstr_printf("%s/%s", dir, de->d_name);
+        if (nn == TC_MAX_NAMES) {
+            over_names++;
+            continue;
+        }
+        if (nn == ncap) {
+            size_t c2 = ncap ? 2 * ncap : 64;
+            char **nw = realloc(names, c2 * sizeof *nw);
+            if (!nw) {
+                oom = 1;
+                break;
+            }
+            names = nw;
+            ncap = c2;
+        }
+        if (!(names[nn] = strdup(de->d_name)))
+            oom = 1;
+        else
+            nn++;
+    }
+    closedir(dp);
+    /* those named for the spec first, then the others, each by name */
+    char *prefix = sel && sel->spec_name ? tc_file_prefix(sel->spec_name) : strdup("");
+    char *needle = NULL;
+    if (sel && sel->gpu) {
+        tc_buf b = {NULL, 0, 0, 0};
+        tc_buf_json_str(&b, sel->gpu);
+        needle = tc_buf_take(&b, NULL);
+        oom |= !needle;
+    }
+    oom |= !prefix;
+    size_t nfirst = 0;
+    if (!oom) {
+        for (size_t i = 0; i < nn; i++)
+            if (tc_named_for(names[i], prefix)) {
+                char *t = names[i];
+                names[i] = names[nfirst];
+                names[nfirst++] = t;
+            }
+        qsort(names, nfirst, sizeof *names, tc_str_cmp);
+        qsort(names + nfirst, nn - nfirst, sizeof *names, tc_str_cmp);
+    }
+    /* read them until TC_MAX_READ_BYTES */
+    tc_cand *cand = oom ? NULL : calloc(nn ? nn : 1, sizeof *cand);
+    oom |= !cand;
+    size_t nc = 0, read_bytes = 0, not_read = over_names, large = 0;
+    for (size_t i = 0; i < nn && !oom; i++) {
+        if (read_bytes >= (size_t)TC_MAX_READ_BYTES) {
+            not_read++;
+            continue;
+        }
+        char *path = xstr_printf("%s/%s", dir, names[i]);
         char *data = NULL;
         size_t size = 0;
-        if (!path || tc_read_one(path, &data, &size) != 0) {
+        int r = path ? tc_read_one(path, &data, &size) : -1;
+        oom |= !path;
+        if (r == 1) {
+            if (++large <= 3)
+                tc_warn(out, &oom, "autotune cache %s: skipped (%zu bytes, over the limit of %ld for an entry)",
+                        path, size, TC_MAX_FILE_SIZE);
+        }
+        if (r != 0) {
             free(path);
             continue;
         }
-        if (out->n == cap) {
-            size_t ncap = cap ? cap * 2 : 16;
-            tc_file *nf = realloc(out->files, ncap * sizeof *nf);
-            if (!nf) {
-                free(path);
-                free(data);
-                closedir(dp);
-                tc_files_free(out);
-                *err = strdup("out of memory");
-                return -1;
-            }
-            out->files = nf;
-            cap = ncap;
-        }
-        out->files[out->n].path = path;
-        out->files[out->n].data = data;
-        out->files[out->n].size = size;
-        out->n++;
+        read_bytes += size;
+        int first = !needle || strstr(data, needle) != NULL;
+        cand[nc++] = (tc_cand){path, data, size, first || i < nfirst ? 1 + (first && i < nfirst) : 0};
     }
-    closedir(dp);
+    if (large > 3)
+        tc_warn(out, &oom, "autotune cache %s: %zu more files over the limit of %ld bytes skipped", dir, large - 3,
+                TC_MAX_FILE_SIZE);
+    /* hand over: named for the spec and for this GPU, then for this GPU (or
+     * named for the spec), then the rest, until TC_MAX_FILES / TC_MAX_BYTES */
+    size_t given = 0, not_given = 0;
+    out->files = oom ? NULL : calloc(nc ? nc : 1, sizeof *out->files);
+    oom |= !out->files;
+    for (int tier = 2; tier >= 0 && !oom; tier--) {
+        for (size_t i = 0; i < nc; i++) {
+            if (cand[i].first != tier)
+                continue;
+            if (out->n < TC_MAX_FILES && given + cand[i].size <= (size_t)TC_MAX_BYTES) {
+                out->files[out->n++] = (tc_file){cand[i].path, cand[i].data, cand[i].size};
+                given += cand[i].size;
+            } else {
+                not_given++;
+                free(cand[i].path);
+                free(cand[i].data);
+            }
+            cand[i].path = cand[i].data = NULL;
+        }
+    }
+    if (!oom && not_read + not_given > 0)
+        tc_warn(out, &oom,
+                "autotune cache %s: %zu of %zu entry files not read (a lookup reads at most %d files, %ld bytes; "
+                "files named for this spec and holding this GPU's name come first); remove stale entries",
+                dir, not_read + not_given, nn + over_names - large, TC_MAX_FILES, TC_MAX_BYTES);
+    for (size_t i = 0; i < nc; i++) {
+        free(cand[i].path);
+        free(cand[i].data);
+    }
+    free(cand);
+    for (size_t i = 0; i < nn; i++)
+        free(names[i]);
+    free(names);
+    free(prefix);
+    free(needle);
+    if (oom) {
+        tc_files_free(out);
+        *err = strdup("out of memory");
+        return -1;
+    }
     if (out->n > 1)
         qsort(out->files, out->n, sizeof *out->files, tc_name_cmp);
     return 0;
+}
+
+int tc_read_all(const char *dir, tc_files *out, char **err)
+{
+    return tc_read(dir, NULL, out, err);
 }
 
 void tc_files_free(tc_files *f)
@@ -167,8 +319,10 @@ void tc_files_free(tc_files *f)
         free(f->files[i].data);
     }
     free(f->files);
-    f->files = NULL;
-    f->n = 0;
+    for (size_t i = 0; i < f->nwarnings; i++)
+        free(f->warnings[i]);
+    free(f->warnings);
+    memset(f, 0, sizeof *f);
 }
 
 /* ------------------------------------------------------------------ writing */

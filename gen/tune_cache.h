@@ -10,8 +10,14 @@
 #include "sha256.h"
 
 #define TC_FORMAT "mamba-gen-tune 1"          /* first key part, "format" field */
-#define TC_MAX_FILE_SIZE (1024L * 1024L)      /* a bigger file is not an entry */
-#define TC_MAX_FILES 1024                     /* entries read per lookup */
+/* Bounds of one lookup (tc_read), so that a cache full of entries or junk
+ * costs at most a few seconds of parsing; when one is hit, tc_read says so
+ * in its warnings instead of dropping files silently. */
+#define TC_MAX_FILE_SIZE (256L * 1024L)       /* a bigger file is skipped (warning); entries are a few KiB */
+#define TC_MAX_FILES 256                      /* files handed over (each parsed by the caller) */
+#define TC_MAX_BYTES (2L * 1024L * 1024L)     /* bytes handed over */
+#define TC_MAX_READ_BYTES (32L * 1024L * 1024L) /* bytes read to choose them */
+#define TC_MAX_NAMES 65536                    /* *.json names looked at in the directory */
 
 /* The cache directory: EXPLICIT if not NULL, else $MG_TUNE_CACHE, else
  * $XDG_CACHE_HOME/mamba-gen (an absolute XDG_CACHE_HOME only, as the XDG
@@ -40,6 +46,10 @@ void tc_key(const tc_key_parts *k, char hex[SHA256_HEX_SIZE]);
  * hex digits; characters of SPECNAME outside [A-Za-z0-9_-] become '_'). */
 char *tc_file_name(const tc_key_parts *k);
 
+/* "SPECNAME-": what the file names of SPEC_NAME's entries start with
+ * (SPECNAME as tc_file_name writes it; NULL or "": "spec-"). malloc'd. */
+char *tc_file_prefix(const char *spec_name);
+
 typedef struct {
     char *path; /* DIR/NAME */
     char *data; /* NUL-terminated */
@@ -49,12 +59,29 @@ typedef struct {
 typedef struct {
     tc_file *files;
     size_t n;
+    char **warnings; /* what a bound left out or what was skipped, one line each */
+    size_t nwarnings;
 } tc_files;
 
-/* Reads every regular file DIR/ *.json (names not starting with '.') of at
- * most TC_MAX_FILE_SIZE bytes, at most TC_MAX_FILES of them, sorted by name.
- * A missing directory is an empty cache (0). Other failures: -1 with *ERR
- * set (free it). Unreadable or oversized files are skipped. */
+/* Which entries a lookup wants first (tc_read). */
+typedef struct {
+    const char *spec_name; /* files named SPECNAME-<16 hex>.json (tc_file_prefix) are read first */
+    const char *gpu;       /* files holding this GPU name as a JSON string ("NVIDIA H200", with the
+                              quotes, escaped as tc_buf_json_str does) are handed over first */
+} tc_select;
+
+/* Reads the regular files DIR/ *.json (names not starting with '.') within
+ * the bounds above: first those named for SEL->spec_name, then the others,
+ * each group by name, until TC_MAX_READ_BYTES are read; of those, the ones
+ * holding SEL->gpu's name first, then the others, until TC_MAX_FILES or
+ * TC_MAX_BYTES are handed over. OUT->files are sorted by name. A file over
+ * TC_MAX_FILE_SIZE is skipped, and every file a bound left out is counted,
+ * each with a line in OUT->warnings naming the directory (empty when
+ * nothing was left out). SEL may be NULL (no preference). A missing
+ * directory is an empty cache (0). Other failures: -1 with *ERR set (free
+ * it). Unreadable files are skipped. */
+int tc_read(const char *dir, const tc_select *sel, tc_files *out, char **err);
+/* tc_read with no preference. */
 int tc_read_all(const char *dir, tc_files *out, char **err);
 void tc_files_free(tc_files *f);
 

@@ -3,7 +3,10 @@
  * the key (stable, every part counts, spec_name does not), entry file
  * names, JSON string escaping, atomic writes (content, mode, no temporary
  * left, replacing an entry, errors) and reading the entries back (only
- * *.json, sorted, a missing directory is empty). CPU only. */
+ * *.json, sorted, a missing directory is empty), within bounds: a huge file
+ * and files past the caps are left out with a warning naming the directory
+ * and the count, and the entry named for the spec / holding the GPU's name
+ * is found among many others. CPU only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,9 +41,96 @@ static void write_file(const char *path, const char *text)
     }
 }
 
+/* Writes DIR/NAME: a JSON object for GPU, padded to about SIZE bytes. */
+static void write_entry(const char *dir, const char *name, const char *gpu, long size)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return;
+    long n = fprintf(f, "{\"format\": \"mamba-gen-tune 1\", \"key_parts\": {\"gpu\": \"%s\"}, \"pad\": \"", gpu);
+    for (; n < size - 3; n++)
+        fputc('x', f);
+    fputs("\"}\n", f);
+    fclose(f);
+}
+
+/* 1 if FS holds a file whose path ends in /NAME. */
+static int has_file(const tc_files *fs, const char *name)
+{
+    for (size_t i = 0; i < fs->n; i++) {
+        const char *b = strrchr(fs->files[i].path, '/');
+        if (b && strcmp(b + 1, name) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* 1 if a warning of FS contains both A and B. */
+static int has_warning(const tc_files *fs, const char *a, const char *b)
+{
+    for (size_t i = 0; i < fs->nwarnings; i++)
+        if (strstr(fs->warnings[i], a) && strstr(fs->warnings[i], b))
+            return 1;
+    return 0;
+}
+
+/* The bounds of a lookup: many files, a huge one, the valid entry found. */
+static void bounds(void)
+{
+    char dir[400], name[64], *err = NULL;
+    tc_files fs;
+    snprintf(dir, sizeof dir, "%s/many", tmpdir);
+    mkdir(dir, 0755);
+    /* 1100 entries of another GPU (3 KiB each: over TC_MAX_FILES and TC_MAX_BYTES), sorted before and after the
+     * wanted ones, a huge file, and two entries for the GPU: one named for the spec, one not */
+    for (int i = 0; i < 1100; i++) {
+        snprintf(name, sizeof name, "%s-%04d.json", i % 2 ? "aaa" : "zzz", i);
+        write_entry(dir, name, "NVIDIA A100", 3000);
+    }
+    write_entry(dir, "huge.json", "NVIDIA H200", TC_MAX_FILE_SIZE + 10);
+    write_entry(dir, "mspec-0123456789abcdef.json", "NVIDIA H200", 2000);
+    write_entry(dir, "other-name.json", "NVIDIA H200", 2000);
+    tc_select sel = {"mspec", "NVIDIA H200"};
+    tap_is_int(tc_read(dir, &sel, &fs, &err), 0, "bounds: tc_read: 0");
+    size_t bytes = 0;
+    for (size_t i = 0; i < fs.n; i++)
+        bytes += fs.files[i].size;
+    tap_ok(fs.n <= TC_MAX_FILES && bytes <= (size_t)TC_MAX_BYTES, "bounds: at most TC_MAX_FILES, TC_MAX_BYTES handed over");
+    tap_ok(has_file(&fs, "mspec-0123456789abcdef.json"), "bounds: the entry named for the spec is found among 1100 others");
+    tap_ok(has_file(&fs, "other-name.json"), "bounds: an entry holding the GPU's name is found too");
+    tap_ok(!has_file(&fs, "huge.json") && has_warning(&fs, "huge.json", "skipped"), "bounds: the huge file is skipped, with a warning");
+    char expect[64];
+    snprintf(expect, sizeof expect, "%zu of 1102 entry files not read", 1102 - fs.n);
+    tap_ok(has_warning(&fs, dir, expect), "bounds: a warning names the directory and how many files were not read");
+    tc_files_free(&fs);
+    /* no preference: still bounded, still honest */
+    tap_ok(tc_read_all(dir, &fs, &err) == 0 && fs.n <= TC_MAX_FILES && has_warning(&fs, dir, "not read"),
+           "bounds: tc_read_all is bounded and warns");
+    tc_files_free(&fs);
+    /* over TC_MAX_READ_BYTES: the entry named for the spec is read first */
+    snprintf(dir, sizeof dir, "%s/large", tmpdir);
+    mkdir(dir, 0755);
+    long n = TC_MAX_READ_BYTES / (TC_MAX_FILE_SIZE - 100) + 8;
+    for (long i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "a%04ld.json", i);
+        write_entry(dir, name, "NVIDIA H200", TC_MAX_FILE_SIZE - 100);
+    }
+    write_entry(dir, "mspec-fedcba9876543210.json", "NVIDIA H200", 2000);
+    write_entry(dir, "mspec-not-hex.json", "NVIDIA A100", 2000);
+    tap_is_int(tc_read(dir, &sel, &fs, &err), 0, "read bound: tc_read: 0");
+    tap_ok(has_file(&fs, "mspec-fedcba9876543210.json"), "read bound: the entry named for the spec is found");
+    tap_ok(has_warning(&fs, dir, "not read"), "read bound: with a warning");
+    tc_files_free(&fs);
+    char *pre = tc_file_prefix("a b/c");
+    tap_ok(pre && strcmp(pre, "a_b_c-") == 0, "tc_file_prefix: the file name's SPECNAME part");
+    free(pre);
+}
+
 int main(void)
 {
-    tap_plan(30);
+    tap_plan(43);
     snprintf(tmpdir, sizeof tmpdir, "%s/mg-tc.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(tmpdir)) {
         tap_skip_all("cannot create a temporary directory");
@@ -183,13 +273,22 @@ int main(void)
         fclose(f);
     }
     tc_read_all(dir, &fs, &err);
-    tap_is_int((long long)fs.n, 3, "read_all: a file over 1 MiB is skipped");
+    tap_is_int((long long)fs.n, 3, "read_all: a file over TC_MAX_FILE_SIZE is skipped");
+    tap_ok(fs.nwarnings == 1 && strstr(fs.warnings[0], "big.json: skipped") &&
+               strstr(fs.warnings[0], "over the limit"),
+           "read_all: ... with a warning naming it");
+    tc_files_free(&fs);
+    unlink(path);
+    tc_read_all(dir, &fs, &err);
+    tap_is_int((long long)fs.nwarnings, 0, "read_all: no warning when nothing is left out");
     tc_files_free(&fs);
     snprintf(path, sizeof path, "%s/does/not/exist", tmpdir);
     tap_ok(tc_read_all(path, &fs, &err) == 0 && fs.n == 0, "read_all: a missing directory is an empty cache");
     snprintf(path, sizeof path, "%s/b-2.json", dir);
     tap_ok(tc_read_all(path, &fs, &err) == -1 && err && strstr(err, "autotune cache"), "read_all: a file as the directory: error");
     free(err);
+
+    bounds();
 
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -19,8 +19,6 @@
 --   d.norm_vecs, d.norm_threads, d.norm_iters  RMSNorm launch: float4 vectors
 --                            per row (D/4), block size, loop count
 --   d.max_batch, d.max_seq_len, d.max_tokens (= max_batch*max_seq_len)
---   d.batch, d.seq_len       fixed sizes, 0 when given at run time
---   d.batch_fixed, d.seq_len_fixed  booleans
 --   d.scan_mode_resolved     "sequential" | "chunked" (auto: sequential when
 --                            max_seq_len <= 256, else chunked; mg/derive_mamba1.lua
 --                            makes it "auto" where both scans exist and each
@@ -96,8 +94,6 @@ local function common(spec, opts)
   local sh = spec.shapes
   d.max_batch, d.max_seq_len = sh.max_batch, sh.max_seq_len
   d.max_tokens = sh.max_batch * sh.max_seq_len
-  d.batch, d.seq_len = sh.batch, sh.seq_len
-  d.batch_fixed, d.seq_len_fixed = sh.batch > 0, sh.seq_len > 0
   if spec.scan.mode == "auto" then
     d.scan_mode_resolved = (sh.max_seq_len <= M.AUTO_SEQUENTIAL_MAX_LEN) and "sequential" or "chunked"
   else

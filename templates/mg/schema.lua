@@ -42,9 +42,51 @@ end
 
 M.name_max_len = 48
 
+-- Header basenames (without .h) a model name must not give to one of its
+-- package's headers (NAME.h, NAME_train.h, ...): the package compiles with
+-- -I., so NAME.h would shadow the system's <NAME.h> for every file of the
+-- package, CUDA's and libc's own headers included. C11 and POSIX headers,
+-- common glibc ones, and CUDA's (also every name with a prefix of
+-- M.system_header_prefixes). Names that collide with the package's own
+-- fixed file names (model_alias.h, ...) are found from mg/emit.lua's file
+-- list (validate.lua).
+M.system_headers = {}
+for w in ([[assert complex ctype errno fenv float inttypes iso646 limits locale
+  math setjmp signal stdalign stdarg stdatomic stdbool stddef stdint stdio
+  stdlib stdnoreturn string tgmath threads time uchar wchar wctype
+  aio cpio dirent dlfcn fcntl fmtmsg fnmatch ftw glob grp iconv langinfo
+  libgen monetary mqueue ndbm netdb nl_types poll pthread pwd regex sched
+  search semaphore spawn strings stropts syslog tar termios trace ulimit
+  unistd utime utmp utmpx wordexp
+  alloca byteswap elf endian err error execinfo features getopt link malloc
+  memory paths sgtty shadow stab sysexits ttyent values xlocale argp argz
+  envz fstab gnu_versions lastlog libintl mcheck mntent obstack printf
+  pty resolv gshadow ifaddrs
+  builtin_types channel_descriptor common_functions cooperative_groups
+  device_atomic_functions device_functions device_launch_parameters
+  device_types driver_functions driver_types host_config host_defines
+  library_types math_constants math_functions sm_20_atomic_functions
+  surface_types texture_types vector_functions vector_types nvtx3
+  crt cub thrust nv cuda nvrtc nvml omp]]):gmatch("%S+") do
+  M.system_headers[w] = true
+end
+M.system_header_prefixes = { "cuda", "cublas", "cufft", "curand", "cusparse", "cusolver", "cudnn",
+  "nvrtc", "nvtx", "nvjitlink", "nvml", "sm_" }
+
+-- Keys that were part of the spec format once and are refused now, with
+-- what to write instead (validate.lua reports them by name).
+M.removed = {
+  ["shapes.batch"] = "the batch is given at run time by every call; use shapes.max_batch to bound it",
+  ["shapes.seq_len"] = "the sequence length is given at run time by every call; use shapes.max_seq_len to bound it",
+}
+
+-- The largest flat index a kernel may compute in 32-bit int (the rule
+-- "32-bit kernel indices" below keeps every buffer under it).
+M.INDEX_LIMIT = 2 ^ 31
+
 M.keys = {
   { key = "name", type = "identifier", required = true,
-    doc = "model name: a C identifier [a-z_][a-z0-9_]*, at most 48 characters, not a C keyword, not mg or mg_*; prefix of every emitted symbol and file" },
+    doc = "model name: a C identifier [a-z][a-z0-9_]*, at most 48 characters, no '__', not ending in '_', not a C keyword, not mg or mg_*, not the name of a C, POSIX or CUDA header (NAME.h would shadow it); prefix of every emitted symbol and file" },
   { key = "arch", type = "enum", values = { "mamba1", "mamba3_siso" }, required = true,
     doc = "architecture: mamba1 (selective SSM, Gu & Dao 2023) or mamba3_siso (Mamba-3 SISO, Lahoti et al. 2026)" },
   { key = "model", type = "map", required = true,
@@ -75,13 +117,13 @@ M.keys = {
         archs = { "mamba3_siso" },
         doc = "activation giving -A from dd_A: heavy_tail (current reference) or softplus (earlier form) (mamba3_siso)" },
       { key = "a_floor", type = "number", default = 1.0e-4, gt = 0, archs = { "mamba3_siso" },
-        doc = "lower clamp of -A, > 0 (mamba3_siso)" },
+        doc = "lower clamp of -A, > 0; a normal C float: 1.1754944e-38 to 3.4028235e+38 (mamba3_siso)" },
       { key = "outproj_norm", type = "bool", default = true, archs = { "mamba3_siso" },
         doc = "gated RMSNorm of y before out_proj; false: y*silu(z) (mamba3_siso)" },
       { key = "input_dim", type = "int", default = 0, min = 0, max = 65536,
         doc = "width of the model input; 0 = identity (the input is already d_model wide), else a Linear input_dim -> d_model with bias" },
       { key = "norm_eps", type = "number", default = 1.0e-5, gt = 0, lt = 1,
-        doc = "epsilon of every RMSNorm, 0 < norm_eps < 1" },
+        doc = "epsilon of every RMSNorm, 0 < norm_eps < 1; a normal C float: at least 1.1754944e-38" },
     } },
   { key = "precision", type = "enum", default = "f32", values = { "f32", "bf16", "f16" },
     doc = "storage dtype of GEMM operands and activations; states, residual stream and reductions are always f32" },
@@ -94,16 +136,12 @@ M.keys = {
         doc = "timesteps per chunk of the chunked scan: 16, 32, 64, 128, 256, or auto (autotune cache; 64 until tuned)" },
     } },
   { key = "shapes", type = "map", required = true,
-    doc = "batch and sequence bounds; fixing batch or seq_len makes it a compile-time constant",
+    doc = "bounds of the batch and sequence length every call gives at run time (they size the workspaces)",
     keys = {
-      { key = "max_batch", type = "int", required = true, min = 1, max = 65536,
-        doc = "largest batch a call may pass (sizes workspaces)" },
+      { key = "max_batch", type = "int", required = true, min = 1, max = 65535,
+        doc = "largest batch a call may pass (sizes workspaces); at most 65535, a grid dimension of the kernels" },
       { key = "max_seq_len", type = "int", required = true, min = 1, max = 1048576,
-        doc = "longest sequence a call may pass (sizes workspaces)" },
-      { key = "batch", type = "int", default = 0, min = 0, max = 65536,
-        doc = "fixed batch size (<= max_batch), or 0 = given at run time" },
-      { key = "seq_len", type = "int", default = 0, min = 0, max = 1048576,
-        doc = "fixed sequence length (<= max_seq_len), or 0 = given at run time" },
+        doc = "longest sequence a call may pass (sizes workspaces); max_batch*max_seq_len times the widest row must stay under 2^31 (see the rules)" },
     } },
   { key = "emit", type = "map",
     doc = "what the generated library contains",
@@ -119,16 +157,18 @@ M.keys = {
     doc = "CUDA architecture the kernels are compiled for" },
 }
 
--- The rule "shapes.<key>, when fixed, is at most shapes.<max>" (a fixed
--- batch or length must fit the buffers sized for the maximum).
-local function fixed_at_most(key, max)
-  return { reads = { "shapes." .. key, "shapes." .. max },
-    doc = string.format("shapes.%s, when fixed, is at most shapes.%s", key, max),
-    check = function(s)
-      if s.shapes[key] > s.shapes[max] then
-        return "shapes." .. key, string.format("%d exceeds shapes.%s = %d", s.shapes[key], max, s.shapes[max])
-      end
-    end }
+-- The widest row of a token's activations, in elements: the in_proj output
+-- (mamba1 2E; mamba3_siso 2E+2GN+3H+S) or the model input, whichever is
+-- wider; and the state of one sequence (E*N for both archs).
+function M.widest_row(m, arch)
+  local E = m.expand * m.d_model
+  local w = 2 * E
+  if arch == "mamba3_siso" then
+    local H = E // m.headdim
+    local S = math.floor(m.d_state * m.rope_fraction) // 2
+    w = 2 * E + 2 * m.ngroups * m.d_state + 3 * H + S
+  end
+  return math.max(w, m.input_dim, m.d_model)
 end
 
 -- Cross-key rules. check(spec) returns nil when fine, or (path, message)
@@ -169,8 +209,27 @@ M.rules = {
         return "model.rope_fraction", string.format("gives 2*n_angles = %d > d_state = %d", 2 * S, s.model.d_state)
       end
     end },
-  fixed_at_most("batch", "max_batch"),
-  fixed_at_most("seq_len", "max_seq_len"),
+  { reads = { "shapes.max_batch", "shapes.max_seq_len", "model.d_model", "model.expand", "model.d_state",
+              "model.input_dim", "model.headdim", "model.ngroups", "model.rope_fraction" },
+    doc = "32-bit kernel indices: max_batch * max(max_seq_len * W, d_inner * d_state) < 2^31, W the widest row of a token (the in_proj output: mamba1 2*d_inner, mamba3_siso 2*d_inner + 2*ngroups*d_state + 3*nheads + n_angles; or input_dim when wider)",
+    check = function(s)
+      local m, sh = s.model, s.shapes
+      if s.arch == "mamba3_siso" and (m.expand * m.d_model) % m.headdim ~= 0 then return nil end -- reported above
+      local W = M.widest_row(m, s.arch)
+      local E = m.expand * m.d_model
+      local tok = sh.max_batch * sh.max_seq_len * W
+      local st = sh.max_batch * E * m.d_state
+      if tok >= M.INDEX_LIMIT then
+        return "shapes.max_seq_len", string.format(
+          "max_batch*max_seq_len*W = %d*%d*%d = %d does not fit the kernels' 32-bit indices (must be < 2^31 = 2147483648; W = %d is the widest row of a token); lower max_batch or max_seq_len",
+          sh.max_batch, sh.max_seq_len, W, tok, W)
+      end
+      if st >= M.INDEX_LIMIT then
+        return "shapes.max_batch", string.format(
+          "max_batch*d_inner*d_state = %d*%d*%d = %d does not fit the kernels' 32-bit indices (must be < 2^31 = 2147483648); lower max_batch",
+          sh.max_batch, E, m.d_state, st)
+      end
+    end },
 }
 
 -- Helpers over the schema.

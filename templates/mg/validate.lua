@@ -6,7 +6,8 @@
 --   pos:  path ("model.d_state") -> {line=, col=, default=bool}: where the value
 --         came from (for defaults: the enclosing mapping), so later stages can
 --         report spec errors with positions (see V.spec_error).
--- On any error it collects ALL errors and raises
+-- On any error it collects all errors (at most V.MAX_ERRORS, then one
+-- "too many errors" line; user text in them quoted through V.text) and raises
 --   error({ spec_errors = { {line=, col=, msg=}, ... } }, 0)
 -- sorted by position. Messages name the full key path and what would be valid.
 --
@@ -18,6 +19,49 @@
 local schema = require("mg.schema")
 
 local V = {}
+
+-- At most this many errors are reported; then "too many errors, stopping".
+V.MAX_ERRORS = 20
+
+-- ------------------------------------------------------------ quoting user text
+
+-- Code points that must not reach a terminal as they are (as sy_escape in
+-- gen/spec_yaml.c): C0/C1 controls, DEL, zero-width and bidi marks, line
+-- and paragraph separators, BOM.
+local function unsafe_cp(cp)
+  return cp < 0x20 or cp == 0x7F or (cp >= 0x80 and cp <= 0x9F) or (cp >= 0x200B and cp <= 0x200F)
+    or (cp >= 0x2028 and cp <= 0x202E) or (cp >= 0x2060 and cp <= 0x2069) or cp == 0xFEFF
+end
+
+local short_escapes = { [0] = "\\0", [9] = "\\t", [10] = "\\n", [13] = "\\r", [92] = "\\\\" }
+
+-- User text (a key, a value) made safe to quote in a message: NUL, tab,
+-- newline, CR and backslash as \0 \t \n \r \\, other controls and bytes
+-- that are not UTF-8 as \xHH, unsafe code points as \uXXXX; at most
+-- V.QUOTE_MAX characters, then "...". Same rules as gen/spec_yaml.c.
+V.QUOTE_MAX = 64
+function V.text(s)
+  s = tostring(s)
+  local out, i, n, chars = {}, 1, #s, 0
+  while i <= n do
+    if chars == V.QUOTE_MAX then out[#out + 1] = "..."; break end
+    local ok, cp = pcall(utf8.codepoint, s, i)
+    local len
+    if ok then len = #utf8.char(cp) end
+    if not ok or s:sub(i, i + len - 1) ~= utf8.char(cp) then
+      out[#out + 1] = string.format("\\x%02x", s:byte(i)); len = 1
+    elseif short_escapes[cp] then
+      out[#out + 1] = short_escapes[cp]
+    elseif unsafe_cp(cp) then
+      out[#out + 1] = cp < 0x80 and string.format("\\x%02x", cp) or string.format("\\u%04X", cp)
+    else
+      out[#out + 1] = s:sub(i, i + len - 1)
+    end
+    i, chars = i + len, chars + 1
+  end
+  return table.concat(out)
+end
+local qtext = V.text
 
 -- ------------------------------------------------------------ scalar typing
 
@@ -76,9 +120,9 @@ local function describe(node, cls)
   if node.kind == "seq" then return "a sequence" end
   cls = cls or V.classify(node)
   if cls.t == "null" then return "an empty value (null)" end
-  if cls.quoted then return string.format("the string %q", node.value) end
-  if cls.t == "str" then return "'" .. node.value .. "'" end
-  return node.value
+  if cls.quoted then return 'the string "' .. qtext(node.value) .. '"' end
+  if cls.t == "str" then return "'" .. qtext(node.value) .. "'" end
+  return qtext(node.value)
 end
 
 -- ------------------------------------------------------------ helpers
@@ -103,6 +147,7 @@ V.levenshtein = levenshtein
 -- The closest of `candidates` (list of strings, in order) to `word`, when
 -- close enough to be a plausible typo; nil otherwise.
 function V.suggest(word, candidates)
+  if #word > 64 then return nil end -- no key is that long; keep it cheap
   local lw = word:lower()
   local best, bestd
   for _, c in ipairs(candidates) do
@@ -146,6 +191,12 @@ local function pow2_list(lo, hi)
   return l
 end
 
+-- x rounded to a C float (IEEE binary32, round to nearest).
+function V.to_float(x) return (string.unpack("<f", string.pack("<f", x))) end
+V.FLT_MIN = 2.0 ^ -126                -- the smallest normal float
+V.FLT_MIN_TEXT = "1.1754944e-38"      -- its shortest round-trip text (>= FLT_MIN)
+V.FLT_MAX_TEXT = "3.4028235e+38"
+
 local function is_pow2(v) return v >= 1 and (v & (v - 1)) == 0 end
 
 -- ------------------------------------------------------------ checks per type
@@ -153,25 +204,65 @@ local function is_pow2(v) return v >= 1 and (v & (v - 1)) == 0 end
 -- Each returns value, or nil + message (without the "path: " prefix).
 local check = {}
 
+-- Why model name NAME cannot be used for its package's file names, or nil:
+-- a header NAME.h, NAME_train.h, .. of the package that would shadow a
+-- system header (schema.system_headers: the package compiles with -I.), or
+-- a file name the package already uses for a fixed file (mg/emit.lua).
+function V.name_clash(name)
+  local emit = require("mg.emit")  -- here: mg.emit itself requires this module
+  local fixed, patterns = {}, {}
+  for arch_name, arch in pairs(emit.ARCHES) do
+    for _, f in ipairs(emit.entries({ arch = arch_name, emit = { training = true, inference = true } }, arch)) do
+      if f.path:find("%s", 1, true) then patterns[f.path] = true else fixed[f.path] = true end
+    end
+  end
+  local list = {}
+  for p in pairs(patterns) do list[#list + 1] = p end
+  table.sort(list)
+  for _, p in ipairs(list) do
+    local path = p:format(name)
+    if fixed[path] then
+      return string.format("its file %s would collide with the package's own %s", path, path)
+    end
+    local base = path:match("^(.*)%.h$")
+    if base then
+      local sys = schema.system_headers[base]
+      for _, pre in ipairs(schema.system_header_prefixes) do
+        if base:sub(1, #pre) == pre then sys = true end
+      end
+      if sys then
+        return string.format("its header %s would shadow the system header <%s> (the package compiles with -I.)", path, path)
+      end
+    end
+  end
+  return nil
+end
+
 function check.identifier(e, node, cls, arch)
   if node.kind ~= "scalar" or cls.t == "null" then
     return nil, "expected a C identifier (lower-case letters, digits, '_'), got " .. describe(node, cls)
   end
   local s = node.value
-  if not s:match("^[a-z_][a-z0-9_]*$") then
-    return nil, string.format("'%s' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit", s)
+  local q = qtext(s)
+  if not s:match("^[a-z0-9_]*$") or not s:match("^[a-z]") then
+    return nil, string.format("'%s' is not a valid name; expected a C identifier of lower-case letters, digits and '_', starting with a letter", q)
   end
   if #s > schema.name_max_len then
-    return nil, string.format("'%s' is %d characters long; at most %d are allowed", s, #s, schema.name_max_len)
+    return nil, string.format("'%s' is %d characters long; at most %d are allowed", q, #s, schema.name_max_len)
+  end
+  if s:find("__", 1, true) or s:sub(-1) == "_" then
+    -- NAME_x symbols would then contain '__', reserved in C++ (the kernels)
+    return nil, string.format("'%s' contains '__' or ends with '_': the emitted symbols (%s_create, ...) would contain '__', which C++ reserves; choose another name", q, q)
   end
   if schema.c_keywords[s] then
-    return nil, string.format("'%s' is a C keyword; choose another name", s)
-  end
-  if s:sub(1, 2) == "__" then
-    return nil, string.format("'%s' starts with '__', which C reserves; choose another name", s)
+    return nil, string.format("'%s' is a C keyword; choose another name", q)
   end
   if s == "mg" or s:sub(1, 3) == "mg_" then
-    return nil, string.format("'%s' would clash with the runtime's mg_ symbols; choose a name that is not mg or mg_*", s)
+    return nil, string.format("'%s' would clash with the runtime's mg_ symbols; choose a name that is not mg or mg_*", q)
+  end
+  local clash = V.name_clash(s)
+  if clash then
+    return nil, string.format("'%s' cannot be used: %s; choose another name", q, clash)
   end
   return s
 end
@@ -183,7 +274,7 @@ function check.enum(e, node, cls, arch)
     return nil, "expected one of " .. join(values, ", ") .. ", got " .. describe(node, cls)
   end
   if contains(values, node.value) then return node.value end
-  local msg = string.format("'%s' is not valid; %s", node.value, expected)
+  local msg = string.format("'%s' is not valid; %s", qtext(node.value), expected)
   local sug = V.suggest(node.value, values)
   if sug then msg = msg .. string.format("; did you mean '%s'?", sug) end
   return nil, msg
@@ -241,11 +332,11 @@ function check.int(e, node, cls, arch)
     if cls.big then
       local min, max = schema.field(e, "min", arch), schema.field(e, "max", arch)
       if min and max then
-        return nil, string.format("%s is out of range %d..%d", node.value, min, max)
+        return nil, string.format("%s is out of range %d..%d", qtext(node.value), min, max)
       end
-      return nil, string.format("%s is too large", node.value)
+      return nil, string.format("%s is too large", qtext(node.value))
     end
-    local err = int_constraints(e, cls.v, arch, node.value)
+    local err = int_constraints(e, cls.v, arch, qtext(node.value))
     if err then return nil, err end
     return cls.v
   end
@@ -260,7 +351,7 @@ function check.number(e, node, cls, arch)
     return nil, "expected a number, got " .. describe(node, cls)
   end
   if cls.t == "float" and cls.nonfinite then
-    return nil, "expected a finite number, got " .. node.value
+    return nil, "expected a finite number, got " .. qtext(node.value)
   end
   if cls.t ~= "int" and cls.t ~= "float" then
     local extra = ""
@@ -269,13 +360,13 @@ function check.number(e, node, cls, arch)
     end
     return nil, "expected a number, got " .. describe(node, cls) .. extra
   end
-  if cls.big then return nil, string.format("%s is out of range", node.value) end
+  if cls.big then return nil, string.format("%s is out of range", qtext(node.value)) end
   local v = cls.v + 0.0
   local values = schema.field(e, "values", arch)
   if values and not contains(values, v) then
     local vs = {}
     for i, x in ipairs(values) do vs[i] = fmt_num(x) end
-    return nil, string.format("%s is not valid; expected one of %s", node.value, join(vs, ", "))
+    return nil, string.format("%s is not valid; expected one of %s", qtext(node.value), join(vs, ", "))
   end
   local gt, lt = schema.field(e, "gt", arch), schema.field(e, "lt", arch)
   local min, max = schema.field(e, "min", arch), schema.field(e, "max", arch)
@@ -286,7 +377,19 @@ function check.number(e, node, cls, arch)
     if min then parts[#parts + 1] = ">= " .. fmt_num(min) end
     if lt then parts[#parts + 1] = "< " .. fmt_num(lt) end
     if max then parts[#parts + 1] = "<= " .. fmt_num(max) end
-    return nil, string.format("%s is out of range; expected a number %s", node.value, join(parts, " and "))
+    return nil, string.format("%s is out of range; expected a number %s", qtext(node.value), join(parts, " and "))
+  end
+  -- Every number key is emitted as a C float (f32() in the templates): it
+  -- must be finite as a float, and a key that must be > 0 must not become
+  -- 0 or a subnormal (flushed to 0 on the GPU).
+  local f = V.to_float(v)
+  if f ~= f or f == math.huge or f == -math.huge then
+    return nil, string.format("%s is out of the float range (a C float is at most %s in magnitude)",
+      qtext(node.value), V.FLT_MAX_TEXT)
+  end
+  if ((gt and gt >= 0) or (min and min > 0)) and math.abs(f) < V.FLT_MIN then
+    return nil, string.format("%s is too small for a C float (it would be stored as %s); the smallest accepted value is %s",
+      qtext(node.value), f == 0 and "0" or "a subnormal", V.FLT_MIN_TEXT)
   end
   return v
 end
@@ -311,8 +414,10 @@ function V.validate(tree)
   local errors = {}
   local bad = {}   -- path -> true when that value failed its own checks
   local pos = {}
+  local too_many = {}  -- raised by err() past V.MAX_ERRORS, caught below
   local function err(node, msg)
     errors[#errors + 1] = { line = node.line or 1, col = node.col or 1, msg = msg, seq = #errors + 1 }
+    if #errors > V.MAX_ERRORS then error(too_many, 0) end
   end
   local function finish()
     if #errors > 0 then
@@ -322,7 +427,13 @@ function V.validate(tree)
         return a.seq < b.seq
       end)
       local out = {}
-      for i, x in ipairs(errors) do out[i] = { line = x.line, col = x.col, msg = x.msg } end
+      for i, x in ipairs(errors) do
+        if i > V.MAX_ERRORS then
+          out[i] = { line = x.line, col = x.col, msg = string.format("too many errors (more than %d), stopping", V.MAX_ERRORS) }
+          break
+        end
+        out[i] = { line = x.line, col = x.col, msg = x.msg }
+      end
       error({ spec_errors = out }, 0)
     end
   end
@@ -355,11 +466,14 @@ function V.validate(tree)
         local e
         for _, x in ipairs(entries) do if x.key == name then e = x end end
         if present[name] then
-          err(k, string.format("duplicate key '%s%s' (first at line %d)", prefix, name, node.keys[present[name]].line or 0))
+          err(k, string.format("duplicate key '%s%s' (first at line %d)", prefix, qtext(name), node.keys[present[name]].line or 0))
         elseif not e then
-          local msg = string.format("unknown key '%s' %s", name, where)
+          local msg = string.format("unknown key '%s' %s", qtext(name), where)
           local sug = V.suggest(name, all_keys(entries))
-          if sug then
+          local removed = schema.removed[prefix .. name]
+          if removed then
+            msg = string.format("%s%s is no longer a spec key: %s", prefix, name, removed)
+          elseif sug then
             msg = msg .. string.format("; did you mean '%s'?", sug)
           else
             msg = msg .. "; valid keys: " .. join(key_list(entries, arch), ", ")
@@ -424,10 +538,9 @@ function V.validate(tree)
     return out
   end
 
-  local spec = walk(tree, schema.keys, "")
-
-  -- Cross-key rules, only over values that passed their own checks.
-  if arch then
+  local spec
+  local function rules()
+    if not arch then return end
     for _, r in ipairs(schema.rules) do
       local ok = schema.applies(r, arch)
       for _, p in ipairs(r.reads) do
@@ -444,6 +557,10 @@ function V.validate(tree)
       end
     end
   end
+  -- The walk, then the cross-key rules (only over values that passed their
+  -- own checks); err() cuts either short past V.MAX_ERRORS.
+  local ok, e = pcall(function() spec = walk(tree, schema.keys, ""); rules() end)
+  if not ok and e ~= too_many then error(e, 0) end
 
   finish()
   return spec, pos

@@ -136,8 +136,7 @@ if spec then
   is(spec.target, "sm_90", "target default sm_90")
   is(spec.scan.mode, "auto", "scan.mode default auto")
   is(spec.scan.chunk_size, 64, "scan.chunk_size default 64")
-  is(spec.shapes.batch, 0, "shapes.batch default 0")
-  is(spec.shapes.seq_len, 0, "shapes.seq_len default 0")
+  is(spec.shapes.batch, nil, "no shapes.batch (removed)")
   is(spec.emit.training, true, "emit.training default true")
   is(spec.emit.inference, true, "emit.inference default true")
   is(spec.emit.deterministic, true, "emit.deterministic default true")
@@ -179,7 +178,7 @@ end
 
 -- YAML 1.2 core schema typing
 local full = run([[
-name: _m2
+name: m_2
 arch: mamba1
 model:
   d_model: 0x80
@@ -197,8 +196,6 @@ scan:
 shapes:
   max_batch: 4
   max_seq_len: 1024
-  batch: 4
-  seq_len: 1000
 emit:
   training: False
   inference: TRUE
@@ -216,7 +213,6 @@ if full then
   is(full.scan.chunk_size, "auto", "chunk_size auto")
   is(full.emit.training, false, "False is false")
   is(full.emit.inference, true, "TRUE is true")
-  is(full.shapes.seq_len, 1000, "fixed seq_len")
   is(full.target, "sm_80", "target sm_80")
 end
 
@@ -285,9 +281,9 @@ edit_errors(BASE_M1, {
   { "duplicate key (defence in depth)", "  n_layers: 4", "  n_layers: 4\n  n_layers: 5",
     "6:3: duplicate key 'model.n_layers' (first at line 5)" },
   { "upper-case name", "name: m", "name: M1",
-    "1:7: name: 'M1' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit" },
+    "1:7: name: 'M1' is not a valid name; expected a C identifier of lower-case letters, digits and '_', starting with a letter" },
   { "name starting with a digit", "name: m", "name: 1m",
-    "1:7: name: '1m' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit" },
+    "1:7: name: '1m' is not a valid name; expected a C identifier of lower-case letters, digits and '_', starting with a letter" },
   { "C keyword name", "name: m", "name: int",
     "1:7: name: 'int' is a C keyword; choose another name" },
   { "mg_ prefix", "name: m", "name: mg_model",
@@ -308,14 +304,49 @@ edit_errors(BASE_M1, {
     "3:15: scan.chunk_size: 48 is not valid; expected one of 16, 32, 64, 128, 256, or auto" },
   { "scan.mode", "name: m", "name: m\nscan:\n  mode: parallel",
     "3:9: scan.mode: 'parallel' is not valid; expected one of sequential, chunked, auto" },
-  { "batch <= max_batch", "  max_seq_len: 256", "  max_seq_len: 256\n  batch: 9",
-    "9:10: shapes.batch: 9 exceeds shapes.max_batch = 8" },
-  { "seq_len <= max_seq_len", "  max_seq_len: 256", "  max_seq_len: 256\n  seq_len: 257",
-    "9:12: shapes.seq_len: 257 exceeds shapes.max_seq_len = 256" },
+  { "shapes.batch removed", "  max_seq_len: 256", "  max_seq_len: 256\n  batch: 8",
+    "9:3: shapes.batch is no longer a spec key: the batch is given at run time by every call; use shapes.max_batch to bound it" },
+  { "shapes.seq_len removed", "  max_seq_len: 256", "  max_seq_len: 256\n  seq_len: 256",
+    "9:3: shapes.seq_len is no longer a spec key: the sequence length is given at run time by every call; use shapes.max_seq_len to bound it" },
   { "max_batch range", "  max_batch: 8", "  max_batch: 0",
-    "7:14: shapes.max_batch: 0 is out of range 1..65536" },
+    "7:14: shapes.max_batch: 0 is out of range 1..65535" },
+  { "max_batch is a grid dimension", "  max_batch: 8", "  max_batch: 65536",
+    "7:14: shapes.max_batch: 65536 is out of range 1..65535" },
   { "huge int", "  max_batch: 8", "  max_batch: 99999999999999999999",
-    "7:14: shapes.max_batch: 99999999999999999999 is out of range 1..65536" },
+    "7:14: shapes.max_batch: 99999999999999999999 is out of range 1..65535" },
+  { "32-bit indices: tokens x widest row", "  max_batch: 8", "  max_batch: 16384",
+    "9:16: shapes.max_seq_len: max_batch*max_seq_len*W = 16384*256*512 = 2147483648 does not fit the kernels' 32-bit indices (must be < 2^31 = 2147483648; W = 512 is the widest row of a token); lower max_batch or max_seq_len",
+    base = edit(BASE_M1, "  d_model: 128", "  d_model: 256\n  expand: 1") },
+  { "32-bit indices: input_dim counts when wider", "  max_seq_len: 256", "  max_seq_len: 65536",
+    "9:16: shapes.max_seq_len: max_batch*max_seq_len*W = 8*65536*65536 = 34359738368 does not fit the kernels' 32-bit indices (must be < 2^31 = 2147483648; W = 65536 is the widest row of a token); lower max_batch or max_seq_len",
+    base = edit(BASE_M1, "  n_layers: 4", "  n_layers: 4\n  input_dim: 65536") },
+  { "32-bit indices: states", "  max_batch: 8", "  max_batch: 65535",
+    "8:14: shapes.max_batch: max_batch*d_inner*d_state = 65535*16384*256 = 274873712640 does not fit the kernels' 32-bit indices (must be < 2^31 = 2147483648); lower max_batch",
+    base = edit(edit(BASE_M1, "  d_model: 128", "  d_model: 8192\n  d_state: 256"), "  max_seq_len: 256", "  max_seq_len: 1") },
+  { "name starting with '_'", "name: m", "name: _",
+    "1:7: name: '_' is not a valid name; expected a C identifier of lower-case letters, digits and '_', starting with a letter" },
+  { "name _x", "name: m", "name: _x",
+    "1:7: name: '_x' is not a valid name; expected a C identifier of lower-case letters, digits and '_', starting with a letter" },
+  { "name ending in '_'", "name: m", "name: m_",
+    "1:7: name: 'm_' contains '__' or ends with '_': the emitted symbols (m__create, ...) would contain '__', which C++ reserves; choose another name" },
+  { "libc header name", "name: m", "name: stdint",
+    "1:7: name: 'stdint' cannot be used: its header stdint.h would shadow the system header <stdint.h> (the package compiles with -I.); choose another name" },
+  { "CUDA header name", "name: m", "name: cuda_bf16",
+    "1:7: name: 'cuda_bf16' cannot be used: its header cuda_bf16.h would shadow the system header <cuda_bf16.h> (the package compiles with -I.); choose another name" },
+  { "POSIX header name", "name: m", "name: pthread",
+    "1:7: name: 'pthread' cannot be used: its header pthread.h would shadow the system header <pthread.h> (the package compiles with -I.); choose another name" },
+  { "the package's own file", "name: m", "name: model_alias",
+    "1:7: name: 'model_alias' cannot be used: its file model_alias.h would collide with the package's own model_alias.h; choose another name" },
+  { "the package's own file (bench_util)", "name: m", "name: bench_util",
+    "1:7: name: 'bench_util' cannot be used: its file bench_util.h would collide with the package's own bench_util.h; choose another name" },
+  { "norm_eps as a float: zero", "  n_layers: 4", "  n_layers: 4\n  norm_eps: 1e-50",
+    "6:13: model.norm_eps: 1e-50 is too small for a C float (it would be stored as 0); the smallest accepted value is 1.1754944e-38" },
+  { "norm_eps as a float: subnormal", "  n_layers: 4", "  n_layers: 4\n  norm_eps: 1e-40",
+    "6:13: model.norm_eps: 1e-40 is too small for a C float (it would be stored as a subnormal); the smallest accepted value is 1.1754944e-38" },
+  { "control characters are escaped", "name: m", 'name: "a\27[2J\tb\0c"',
+    "1:7: name: 'a\\x1b[2J\\tb\\0c' is not a valid name; expected a C identifier of lower-case letters, digits and '_', starting with a letter" },
+  { "long text is cut", "name: m", "name: " .. string.rep("A", 100),
+    "1:7: name: '" .. string.rep("A", 64) .. "...' is not a valid name; expected a C identifier of lower-case letters, digits and '_', starting with a letter" },
   { "sequence where a mapping is needed", "model:\n  d_model: 128\n  n_layers: 4\n", "model: [1, 2]\n",
     "3:8: model: expected a mapping of keys (d_model, n_layers, d_state, expand, d_conv, dt_rank, input_dim, norm_eps), got a sequence" },
   { "empty value where a mapping is needed", "model:\n  d_model: 128\n  n_layers: 4\n", "model:\n",
@@ -343,7 +374,7 @@ precision: fp64
 shapes:
   max_batch: 8
 ]], {
-  "1:7: name: 'Bad' is not a valid name; expected a C identifier of lower-case letters, digits and '_', not starting with a digit",
+  "1:7: name: 'Bad' is not a valid name; expected a C identifier of lower-case letters, digits and '_', starting with a letter",
   "4:12: model.d_model: 100 is not a multiple of 8 (rows are read as 16-byte vectors)",
   "5:13: model.n_layers: 0 is out of range 1..256",
   "6:3: unknown key 'd_sate' in model; did you mean 'd_state'?",
@@ -375,6 +406,13 @@ edit_errors(BASE_M3, {
     "6:18: model.rope_fraction: 0.25 is not valid; expected one of 0.5, 1.0" },
   { "a_floor > 0", "  n_layers: 4", "  n_layers: 4\n  a_floor: -1.0e-4",
     "6:12: model.a_floor: -1.0e-4 is out of range; expected a number > 0" },
+  { "a_floor beyond the float range", "  n_layers: 4", "  n_layers: 4\n  a_floor: 1e39",
+    "6:12: model.a_floor: 1e39 is out of the float range (a C float is at most 3.4028235e+38 in magnitude)" },
+  { "a_floor that would be 0 as a float", "  n_layers: 4", "  n_layers: 4\n  a_floor: 1e-46",
+    "6:12: model.a_floor: 1e-46 is too small for a C float (it would be stored as 0); the smallest accepted value is 1.1754944e-38" },
+  { "32-bit indices: mamba3_siso in_proj width", "  max_batch: 8", "  max_batch: 10331",
+    "8:16: shapes.max_seq_len: max_batch*max_seq_len*W = 10331*256*812 = 2147525632 does not fit the kernels' 32-bit indices (must be < 2^31 = 2147483648; W = 812 is the widest row of a token); lower max_batch or max_seq_len",
+  },
   { "a_activation", "  n_layers: 4", "  n_layers: 4\n  a_activation: relu",
     "6:17: model.a_activation: 'relu' is not valid; expected one of heavy_tail, softplus" },
   { "mamba1 key under mamba3", "  n_layers: 4", "  n_layers: 4\n  d_conv: 4",
@@ -383,6 +421,33 @@ edit_errors(BASE_M3, {
 local ok3 = run(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  rope_fraction: 1\n  d_state: 16\n  headdim: 16\n  ngroups: 4"))
 check(ok3 ~= nil and ok3.model.rope_fraction == 1.0 and math.type(ok3.model.rope_fraction) == "float",
   "rope_fraction 1 (an int) accepted as 1.0")
+
+-- The smallest accepted float and the largest are accepted
+local okf = run(edit(BASE_M3, "  n_layers: 4", "  n_layers: 4\n  a_floor: 3.4028235e38\n  norm_eps: 1.1754944e-38"))
+check(okf ~= nil, "a_floor 3.4028235e38 and norm_eps 1.1754944e-38 (float limits) are accepted")
+local okb = run(edit(BASE_M1, "  max_batch: 8", "  max_batch: 65535"))
+check(okb == nil, "max_batch 65535 x max_seq_len 256 x 512 is over 2^31")
+okb = run(edit(edit(BASE_M1, "  max_batch: 8", "  max_batch: 65535"), "  max_seq_len: 256", "  max_seq_len: 64"))
+check(okb ~= nil, "max_batch 65535 with max_seq_len 64 fits (65535*64*512 < 2^31)")
+okb = run(edit(BASE_M3, "  max_batch: 8", "  max_batch: 10330"))
+check(okb ~= nil, "mamba3_siso: max_batch 10330 fits (10330*256*812 < 2^31)")
+
+-- Quoting user text in messages (same rules as sy_escape in gen/spec_yaml.c)
+is(validate.text("a\nb"), "a\\nb", "text: newline escaped")
+is(validate.text("\0\t\r\\"), "\\0\\t\\r\\\\", "text: NUL, tab, CR, backslash")
+is(validate.text("\27[31m"), "\\x1b[31m", "text: ESC as \\x1b")
+is(validate.text("\xc2\x85x"), "\\u0085x", "text: C1 control as \\u0085")
+is(validate.text("\xe2\x80\xaeab"), "\\u202Eab", "text: bidi override")
+is(validate.text("\xff"), "\\xff", "text: a byte that is not UTF-8")
+is(validate.text("caf\xc3\xa9"), "caf\xc3\xa9", "text: printable UTF-8 kept")
+is(validate.text(string.rep("\xc3\xa9", 70)), string.rep("\xc3\xa9", 64) .. "...", "text: 64 characters, then ...")
+
+-- At most V.MAX_ERRORS errors, then "too many errors, stopping"
+local many = { "name: m" }
+for k = 1, 100 do many[#many + 1] = "k" .. k .. ": 1" end
+local _, merrs = run(table.concat(many, "\n") .. "\n")
+is(#merrs, validate.MAX_ERRORS + 1, "errors stop after MAX_ERRORS")
+is(merrs[#merrs], "22:1: too many errors (more than 20), stopping", "... with a last line saying so")
 
 -- Schema sanity: every entry has a doc line and a known type
 local types = { identifier = true, enum = true, int = true, number = true, bool = true, map = true }
