@@ -3,6 +3,7 @@
 #define MG_RUNTIME_H
 #include "mg_status.h"
 #include "mg_cuda.h"
+#include "mg_handle.h"
 #include "mg_rng.h"
 #include "mg_compare.h"
 #include "mg_ref_mamba1.h"

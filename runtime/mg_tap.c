@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cuda_runtime_api.h>
 
@@ -14,10 +15,23 @@
 
 static int n_tests, n_failed;
 
+int mg_tap_require_gpu(void)
+{
+    const char *env = getenv("MG_REQUIRE_GPU");
+    return env && strcmp(env, "1") == 0;
+}
+
 int mg_tap_start(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (mg_device_count() == 0) {
+        if (mg_tap_require_gpu()) {
+            /* a broken CUDA setup must not pass as a skip */
+            printf("not ok 1 - a CUDA device (MG_REQUIRE_GPU=1: no device is a failure, not a skip)\n");
+            printf("1..1\n");
+            fflush(stdout);
+            exit(1);
+        }
         printf("1..0 # SKIP no CUDA device\n");
         return 0;
     }
@@ -60,6 +74,7 @@ int mg_tap_ok(int pass, const char *fmt, ...)
 void mg_tap_skip(const char *why, const char *what)
 {
     printf("ok %d - %s # SKIP %s\n", ++n_tests, what, why);
+    fflush(stdout);
 }
 
 void mg_tap_bail(const char *what)

@@ -14,8 +14,15 @@ extern "C" {
 #endif
 
 /* The start of a test program: line-buffered stdout; without a CUDA device,
- * the plan "1..0 # SKIP no CUDA device" and 0 (the program then exits 0). */
+ * the plan "1..0 # SKIP no CUDA device" and 0 (the program then exits 0).
+ * With MG_REQUIRE_GPU=1 in the environment (set it on GPU machines) no
+ * device is a failure instead: "not ok 1 - a CUDA device ...", the plan
+ * "1..1", and exit(1), so a broken CUDA setup cannot pass as a skip. */
 int mg_tap_start(void);
+
+/* 1 when MG_REQUIRE_GPU=1 is set: a skip for lack of a device (or of
+ * anything a GPU run needs) must be a failure. */
+int mg_tap_require_gpu(void);
 
 /* Tokens the CPU reference may process in the whole run: ref_budget_macs
  * (the reference work at scale 1) times MG_TEST_SCALE (default 1; *scale

@@ -1,7 +1,42 @@
-# tests/gpu_lib.sh: what the GPU suites (gpu_mamba1.test, gpu_mamba3.test)
-# share: building the generated packages in parallel and running a generated
-# TAP program with its tests passed through. Source it after tests/tap.sh
-# and tap_tmpdir.
+# tests/gpu_lib.sh: what the GPU suites (gpu_mamba1.test, gpu_mamba3.test,
+# gpu_mamba3_dtypes.test, tune_gpu.test) share: whether they can run at all
+# (gpu_need_device, gpu_need_nvcc, gpu_skip_all), building the generated
+# packages in parallel and running a generated TAP program with its tests
+# passed through. Source it after tests/tap.sh; the build and run functions
+# need tap_tmpdir.
+#
+# MG_REQUIRE_GPU=1 (environment; set it on GPU machines): every skip for
+# lack of a device, of nvcc or of a GPU binary, in the suites and in the
+# generated test programs (a program printing "1..0 # SKIP"), is a failure
+# instead, so that a broken CUDA setup cannot give a green `make check`.
+
+# gpu_required: true when MG_REQUIRE_GPU=1.
+gpu_required() { [ "${MG_REQUIRE_GPU:-}" = 1 ]; }
+
+# gpu_skip_all REASON: the suite cannot run: "1..0 # SKIP REASON" and exit
+# 0; with MG_REQUIRE_GPU=1 one failed test naming REASON and exit 1.
+gpu_skip_all() {
+  if gpu_required; then
+    echo "1..1"
+    echo "not ok 1 - the GPU suite can run (MG_REQUIRE_GPU=1: no skip allowed): $1"
+    tap_diag "MG_REQUIRE_GPU=1: '$1' is a failure here, not a skip (unset it on machines without a GPU)"
+    exit 1
+  fi
+  tap_skip_all "$1"
+}
+
+# gpu_need_device [MG_DEVINFO-ARGS...]: a usable CUDA device ($MG_DEVINFO
+# exits 0), else gpu_skip_all.
+gpu_need_device() {
+  if [ -z "${MG_DEVINFO:-}" ] || ! "$MG_DEVINFO" "$@" > /dev/null 2>&1; then
+    gpu_skip_all "no CUDA device"
+  fi
+}
+
+# gpu_need_nvcc: NVCC set by configure, else gpu_skip_all.
+gpu_need_nvcc() {
+  case "${NVCC:-no}" in no) gpu_skip_all "nvcc not found (configure --with-cuda)" ;; esac
+}
 
 # build_models MODEL...: generate and build each package (spec
 # $top_srcdir/specs/NAME.yaml, else $tap_tmp/NAME.yaml) into $tap_tmp/NAME, in
@@ -77,7 +112,15 @@ run_program() {
   done < "$dir/$prog.tap"
 
   case "$plan" in
-    "0 # SKIP"*|"0 #SKIP"*) skip "$label: test program" "${plan#0 # SKIP }"; return ;;
+    "0 # SKIP"*|"0 #SKIP"*)
+      # the suite found a device: a program that skips for lack of one is a
+      # broken setup when MG_REQUIRE_GPU=1
+      if gpu_required; then
+        not_ok "$label: test program ran (MG_REQUIRE_GPU=1: no skip allowed)" "it skipped: ${plan#0 # SKIP }"
+      else
+        skip "$label: test program" "${plan#0 # SKIP }"
+      fi
+      return ;;
   esac
   if [ -n "$bailed" ]; then
     not_ok "$label: test program ran to the end" "$bailed"

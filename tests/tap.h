@@ -6,8 +6,8 @@
  *   tap_calloc(n, size) for test data (exits on out of memory);
  *   return tap_done();  -> 0 if every test passed and the count matches.
  * Every check returns 1 on pass, 0 on failure. Not thread-safe. */
-#ifndef MG_TAP_H
-#define MG_TAP_H
+#ifndef MG_TESTS_TAP_H
+#define MG_TESTS_TAP_H
 
 #include <stddef.h>
 

@@ -2,7 +2,9 @@
  * the blob layout against offsets computed by hand, a tiny model against
  * numbers derived by hand, the conv and the scan against naive loops, state
  * continuation, batch independence, and the backward against central finite
- * differences on every parameter, the input and the initial state. CPU only. */
+ * differences on every parameter, the input and the initial state: single
+ * entries (all of them, or a random sample), and directional derivatives
+ * along random directions over each whole tensor. CPU only. */
 #include "tap.h"
 #include "mg_runtime.h"
 
@@ -595,6 +597,49 @@ static void fd_check(fdcase *c, mg_rng *r, double *x, const double *g, size_t n,
                  worst_i, g[worst_i], worst_fd, scale);
 }
 
+/* Every entry of x at once: the derivative along `ndir` random directions v
+ * (v ~ N(0, 1) per entry), fd() of the loss in t for x + t v, against
+ * <g, v>; error |fd - <g, v>| / max(|<g, v>|, 1e-3 ||g||) (||g|| is the size
+ * of <g, v> for such v). */
+static void fd_dir_check(fdcase *c, mg_rng *r, double *x, const double *g, size_t n, int ndir, double tol,
+                         const char *what)
+{
+    double *x0 = dvec(n), *v = dvec(n), gn = 0, worst = 0, wf = 0, wg = 0;
+    memcpy(x0, x, n * sizeof *x0);
+    for (size_t i = 0; i < n; i++)
+        gn += g[i] * g[i];
+    gn = sqrt(gn);
+    for (int k = 0; k < ndir; k++) {
+        double gv = 0, t = 0;
+        for (size_t i = 0; i < n; i++) {
+            v[i] = mg_rng_normal(r);
+            gv += g[i] * v[i];
+        }
+        /* x = x0 + t v through fd()'s variable t (its step: FD_H) */
+        const double kk[4] = { -2, -1, 1, 2 };
+        double l[4];
+        for (int j = 0; j < 4; j++) {
+            t = kk[j] * FD_H;
+            for (size_t i = 0; i < n; i++)
+                x[i] = x0[i] + t * v[i];
+            l[j] = loss(c);
+        }
+        memcpy(x, x0, n * sizeof *x0);
+        double f = (8.0 * (l[2] - l[1]) - (l[3] - l[0])) / (12.0 * FD_H);
+        double e = fabs(f - gv) / fmax(fmax(fabs(gv), 1e-3 * gn), 1e-300);
+        if (!(e <= worst)) {
+            worst = isnan(e) ? INFINITY : e;
+            wf = f;
+            wg = gv;
+        }
+    }
+    if (!tap_ok(worst < tol && gn > 0, "backward: %s along %d random directions over all %zu entries (worst rel %.2e)",
+                what, ndir, n, worst))
+        tap_diag("<g, v> %.17g, finite difference %.17g, |g| %.3g", wg, wf, gn);
+    free(x0);
+    free(v);
+}
+
 static void backward_fd_suite(mg_m1_dims d, int B, int T, unsigned long long seed,
                               size_t per_tensor, const char *label)
 {
@@ -663,6 +708,19 @@ static void backward_fd_suite(mg_m1_dims d, int B, int T, unsigned long long see
     fd_check(&c, &r, c.cs, dcs, c.ncs, per_tensor * 4, 1e-6, what);
     snprintf(what, sizeof what, "%s d ssm_state_in", label);
     fd_check(&c, &r, c.ss, dss, c.nss, per_tensor * 4, 1e-6, what);
+
+    /* Each tensor, the input and each initial state as a whole: directional
+     * derivatives (every entry, also where the entries above are a sample). */
+    for (int i = 0; i < nt; i++) {
+        snprintf(what, sizeof what, "%.40s %.63s", label, t[i].name);
+        fd_dir_check(&c, &r, m.w + t[i].offset, gw + t[i].offset, t[i].numel, 4, 1e-6, what);
+    }
+    snprintf(what, sizeof what, "%s du", label);
+    fd_dir_check(&c, &r, c.u, du, c.nu, 4, 1e-6, what);
+    snprintf(what, sizeof what, "%s d conv_state_in", label);
+    fd_dir_check(&c, &r, c.cs, dcs, c.ncs, 4, 1e-6, what);
+    snprintf(what, sizeof what, "%s d ssm_state_in", label);
+    fd_dir_check(&c, &r, c.ss, dss, c.nss, 4, 1e-6, what);
 
     /* Every parameter at once: the directional derivative along a random
      * direction v equals <grad, v>. */

@@ -14,7 +14,10 @@
  *     the f64 entry points == the f32 ones on the same values,
  *     and the backward chained across the two calls == one backward;
  *  6. central finite differences (Richardson-extrapolated) on every
- *     parameter tensor, the input and every initial state, for tiny
+ *     parameter tensor, the input and every initial state: a few single
+ *     entries each, and directional derivatives along 6 random directions
+ *     over each whole tensor (with a sensitivity check: a gradient with one
+ *     entry off by 1e-5 relative fails), for tiny
  *     2-layer configs covering heavy_tail/softplus, outproj_norm on/off,
  *     rope_fraction 0.5/1.0, ngroups 1/2, input_dim 0/>0, an active a_floor
  *     clamp. */

@@ -1,6 +1,8 @@
 /* test_ref_mamba3_model.c: groups 5 and 6 of the test_ref_mamba3 program
  * (test_ref_mamba3.c): continuation across calls, and central finite
- * differences on every parameter, the input and every initial state. */
+ * differences on every parameter, the input and every initial state: a few
+ * single entries per tensor, and directional derivatives along random
+ * directions over the whole tensor (every entry at once). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,6 +241,114 @@ static int pick(const mcase *c, const mg_m3_param *p, mg_rng *r, size_t *idx)
     return m;
 }
 
+/* ---- directional derivatives ------------------------------------------
+ * The loss through the f64 entry point (blob wb, input ub: c's f32 values
+ * widened, so the analytic gradient of the f32 entry point is the gradient
+ * here), the initial states of c. A tensor x (inside wb, ub or one of c's
+ * states) is moved along a direction v over all its entries: the
+ * Richardson-extrapolated central difference of L(x + t v) at t = 0
+ * against <g, v>, v ~ N(0, 1) per entry (every entry moves by a few steps
+ * at most). Two step pairs: FD_H1, FD_H1/2 and FD_H1/4, FD_H1/8; a
+ * direction's error is the smaller of the two: a direction moves every
+ * token's dd_A at once, and the larger steps can cross the a_floor clamp's
+ * kink of case E (one direction there is off by 3.5e-8 with them), while
+ * the smaller ones alone carry more rounding noise (up to 3e-8). A wrong
+ * gradient is wrong at both. */
+#define N_DIRS 6
+
+typedef struct dctx {
+    const mcase *c;
+    double *wb, *ub;
+    double *out, *s, *k, *v, *a;   /* scratch */
+} dctx;
+
+static double loss64(dctx *x)
+{
+    const mcase *c = x->c;
+    memcpy(x->s, c->s0, c->nS * sizeof *x->s);
+    memcpy(x->k, c->k0, c->nK * sizeof *x->k);
+    memcpy(x->v, c->v0, c->nV * sizeof *x->v);
+    memcpy(x->a, c->a0, c->nA * sizeof *x->a);
+    mg_status st = mg_ref_mamba3_forward_f64(&c->d, &c->l, x->wb, c->B, c->T, x->ub, x->out, x->s, x->k,
+                                             x->v, x->a);
+    return st == MG_OK ? dot(x->out, c->dout, c->nout) + dot(x->s, c->wS, c->nS) +
+                             dot(x->k, c->wK, c->nK) + dot(x->v, c->wV, c->nV) + dot(x->a, c->wA, c->nA)
+                       : NAN;
+}
+
+/* d/dt L(x + t dir) at 0 with steps h1, h1/2; x[0..n) left as it was. */
+static double fd_dir(dctx *c, double *x, const double *dir, size_t n, double h1)
+{
+    double *x0 = dalloc(n), r[2];
+    memcpy(x0, x, n * sizeof *x0);
+    for (int i = 0; i < 2; i++) {
+        double h = h1 / (double)(1 << i), lp, lm;
+        for (size_t j = 0; j < n; j++) x[j] = x0[j] + h * dir[j];
+        lp = loss64(c);
+        for (size_t j = 0; j < n; j++) x[j] = x0[j] - h * dir[j];
+        lm = loss64(c);
+        r[i] = (lp - lm) / (2.0 * h);
+    }
+    memcpy(x, x0, n * sizeof *x0);
+    free(x0);
+    return (4.0 * r[1] - r[0]) / 3.0;
+}
+
+/* The finite differences along N_DIRS random directions over all of x:
+ * fd[k][2] (the two step pairs) and the directions (dirs, [N_DIRS][n]) for
+ * dir_err. */
+static void dir_fds(dctx *c, mg_rng *r, double *x, size_t n, double *dirs, double (*fd)[2])
+{
+    for (int k = 0; k < N_DIRS; k++) {
+        double *dir = dirs + (size_t)k * n;
+        for (size_t j = 0; j < n; j++) dir[j] = mg_rng_normal(r);
+        fd[k][0] = fd_dir(c, x, dir, n, FD_H1);
+        fd[k][1] = fd_dir(c, x, dir, n, FD_H1 / 4.0);
+    }
+}
+
+/* Worst error of the analytic gradient g of x against the differences:
+ * |<g, v> - fd| / max(|<g, v>|, |fd|, floor), floor = 1e-3 ||g|| (the size
+ * of <g, v> for v ~ N(0, I)) and at least the case's floor fl per entry. */
+static double dir_err(const double *g, size_t n, const double *dirs, double (*fd)[2], double fl)
+{
+    double worst = 0.0, floor_ = fmax(1e-3 * sqrt(dot(g, g, n)), fl);
+    for (int k = 0; k < N_DIRS; k++) {
+        double gv = dot(g, dirs + (size_t)k * n, n);
+        double e = fmin(g_err(gv, fd[k][0], floor_), g_err(gv, fd[k][1], floor_));
+        if (!(e <= worst)) worst = e;   /* NaN sticks */
+    }
+    return worst;
+}
+
+/* One tensor: the directional check, then the same directions against the
+ * gradient with its largest entry off by a relative 1e-5, which must fail
+ * (the check sees a single wrong entry); counts the caught ones. */
+static void dir_tensor(dctx *c, mg_rng *r, const char *label, const char *name, double *x, const double *g,
+                       size_t n, double fl, int *caught, int *tried)
+{
+    double *dirs = dalloc((size_t)N_DIRS * n), fd[N_DIRS][2];
+    dir_fds(c, r, x, n, dirs, fd);
+    double e = dir_err(g, n, dirs, fd, fl), gn = sqrt(dot(g, g, n));
+    if (!tap_ok(e < FD_TOL && gn > 0, "%s: d/d %s along %d random directions over all %zu entries, max err %.1e "
+                                      "(|g| %.2g)", label, name, N_DIRS, n, e, gn))
+        for (int k = 0; k < N_DIRS; k++)
+            tap_diag("direction %d: <g, v> %.12e fd %.12e / %.12e", k, dot(g, dirs + (size_t)k * n, n), fd[k][0],
+                     fd[k][1]);
+    double *gw = dalloc(n);
+    memcpy(gw, g, n * sizeof *gw);
+    size_t jm = 0;
+    for (size_t j = 1; j < n; j++)
+        if (fabs(gw[j]) > fabs(gw[jm])) jm = j;
+    gw[jm] *= 1.0 + 1e-5;
+    double ew = dir_err(gw, n, dirs, fd, fl);
+    ++*tried;
+    if (ew >= FD_TOL) ++*caught;
+    else tap_diag("%s: %s with entry %zu off by 1e-5 relative passes (max err %.1e)", label, name, jm, ew);
+    free(gw);
+    free(dirs);
+}
+
 static void fd_case(const char *label, mg_m3_dims d, unsigned long long seed)
 {
     mcase c;
@@ -336,19 +446,53 @@ static void fd_case(const char *label, mg_m3_dims d, unsigned long long seed)
                label, sv[k].name, n, worst);
     }
     tap_diag("%s: gradient RMS %.3g, worst parameter error %.2e", label, rms, worst_all);
+    /* every entry of every tensor: directional derivatives */
+    {
+        dctx x = {&c, dalloc(c.l.total), dalloc(c.nu), dalloc(c.nout), dalloc(c.nS), dalloc(c.nK),
+                  dalloc(c.nV), dalloc(c.nA)};
+        for (size_t i = 0; i < c.l.total; i++) x.wb[i] = c.w[i];
+        for (size_t i = 0; i < c.nu; i++) x.ub[i] = c.u[i];
+        int caught = 0, tried = 0;
+        for (size_t i = 0; i < np; i++)
+            dir_tensor(&x, &r, label, ps[i].name, x.wb + ps[i].offset, g + ps[i].offset, ps[i].numel, fl,
+                       &caught, &tried);
+        dir_tensor(&x, &r, label, "u", x.ub, du, c.nu, fl, &caught, &tried);
+        for (int k = 0; k < 4; k++)
+            if (sv[k].n) dir_tensor(&x, &r, label, sv[k].name, sv[k].x, sv[k].gx, sv[k].n, fl, &caught, &tried);
+        tap_ok(caught == tried, "%s: the directional checks are sensitive: a gradient with its largest entry "
+                                "off by 1e-5 relative fails in %d of %d tensors", label, caught, tried);
+        free(x.wb); free(x.ub); free(x.out); free(x.s); free(x.k); free(x.v); free(x.a);
+    }
 out:
     free(g); free(du); free(gs); free(gk); free(gv); free(ga);
     free(idx); free(cnt); free(ps);
     mcase_free(&c);
 }
 
-/* A deliberately wrong gradient must fail the FD check: perturb one
- * analytic entry by 1e-6 relative and recompute its error. */
+/* A deliberately wrong gradient must fail the per-entry FD check: on a
+ * model case, one in_proj entry's analytic gradient off by a relative 1e-6
+ * fails at FD_TOL, the true one passes. (The directional checks have their
+ * own sensitivity test per case, in fd_case.) */
 void test_fd_sensitivity(void)
 {
-    double ga = 0.123456789, gf = ga * (1.0 + 1e-6);
-    tap_ok(g_err(ga, gf, 1e-3) > FD_TOL, "FD tolerance %.0e catches a 1e-6 relative error",
-           FD_TOL);
+    mcase c;
+    if (!mcase_make(&c, "sens", dims_of(6, 2, 4, 8, 4, 1, 0.5, 0, MG_M3_A_HEAVY_TAIL, 1, 1e-4), 2, 5, 11)) {
+        tap_ok(0, "FD sensitivity: setup");
+        return;
+    }
+    const size_t o = c.l.layers[0].in_proj_w + 7;
+    c.w[o] = round20(c.w[o]);
+    double *g = dalloc(c.l.total);
+    mg_status st = mg_ref_mamba3_backward(&c.d, &c.l, c.w, c.B, c.T, c.u, c.s0, c.k0, c.v0, c.a0, c.dout,
+                                          c.wS, c.wK, c.wV, c.wA, NULL, g, NULL, NULL, NULL, NULL, NULL);
+    double rms = sqrt(dot(g, g, c.l.total) / (double)c.l.total);
+    double gf = fd_float(&c, c.w + o);
+    double e_true = g_err(g[o], gf, 1e-2 * rms), e_wrong = g_err(g[o] * (1.0 + 1e-6), gf, 1e-2 * rms);
+    tap_ok(st == MG_OK && e_true < FD_TOL && e_wrong > FD_TOL,
+           "FD tolerance %.0e: the analytic in_proj gradient %.6g passes (err %.1e), off by 1e-6 relative it "
+           "fails (err %.1e)", FD_TOL, g[o], e_true, e_wrong);
+    free(g);
+    mcase_free(&c);
 }
 
 void test_fd(void)

@@ -1,14 +1,21 @@
 /* test_runtime.c: unit tests of libmgrt's status codes, PRNG, comparison
  * helpers and CUDA/cuBLAS wrappers. Everything but the GEMMs runs without a
- * GPU; the GPU part is skipped when mg_device_count() is 0. */
+ * GPU; the GPU part is skipped when mg_device_count() is 0 (a failure with
+ * MG_REQUIRE_GPU=1). Also the MG_REQUIRE_GPU=1 switch itself, with the
+ * devices hidden (CUDA_VISIBLE_DEVICES=""): a generated test program's start
+ * (mg_tap_start, run as a child of this program) and the GPU shell suites
+ * (tests/gpu_lib.sh) skip without it and fail with it. */
 #include "tap.h"
 #include "mg_runtime.h"
+#include "mg_tap.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define N_GPU_TESTS 16
 
@@ -272,9 +279,18 @@ static void test_cuda_host(int ndev)
     s = mg_blas_set_stream(NULL, 0);
     tap_is_int(s, MG_ERR_INVALID_ARG, "mg_blas_set_stream: NULL handle");
     tap_is_int(mg_blas_create(NULL, 0), MG_ERR_INVALID_ARG, "mg_blas_create: NULL out");
+    /* NULL is a no-op: no crash (cublasDestroy of a NULL handle), the
+     * message kept, and with a device no CUDA error left behind (without
+     * one, the runtime's init error is sticky: not checked). */
+    (void)cudaGetLastError();
+    mg_fail(MG_ERR_IO, "sentinel message");
     mg_blas_destroy(NULL);
     mg_dev_free(NULL);
-    tap_ok(1, "destroy/free accept NULL");
+    cudaError_t ce = cudaGetLastError();
+    tap_ok((ndev == 0 || ce == cudaSuccess) && strcmp(mg_last_error(), "sentinel message") == 0,
+           "destroy/free accept NULL: message kept (%s), CUDA error %s", mg_last_error(),
+           ndev ? cudaGetErrorName(ce) : "not checked (no device)");
+    mg_clear_error();
     void *p = (void *)1;
     tap_ok(mg_dev_alloc(&p, 0, "empty") == MG_OK && p == NULL, "mg_dev_alloc: 0 bytes gives NULL");
 
@@ -523,16 +539,135 @@ static void test_gemm(void)
     mg_blas_destroy(b);
 }
 
+/* ------------------------------------------------------------ MG_REQUIRE_GPU */
+
+/* The child mode (MG_TEST_RUNTIME_CHILD=tap_start): the start of a generated
+ * test program (mg_tap_start), then one test that a device is there. */
+static int child_tap_start(void)
+{
+    if (!mg_tap_start()) return 0;
+    mg_tap_ok(mg_device_count() > 0, "a CUDA device is present");
+    return mg_tap_done();
+}
+
+/* Runs CMD with /bin/sh (stderr into stdout); out gets the start of its
+ * output; returns its exit status, -1 when it did not exit normally. */
+static int run_sh(const char *cmd, char *out, size_t n)
+{
+    out[0] = '\0';
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    size_t got = 0, r;
+    char sink[256];
+    while ((r = fread(got + 1 < n ? out + got : sink, 1, got + 1 < n ? n - 1 - got : sizeof sink, f)) > 0)
+        if (got + 1 < n) got += r;
+    out[got] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* One case: CMD exits with want_rc, its output contains `want` and not
+ * `unwanted` (NULL: no such condition). */
+static void expect_run(const char *what, const char *cmd, int want_rc, const char *want, const char *unwanted)
+{
+    static char out[16384];
+    int rc = run_sh(cmd, out, sizeof out);
+    int pass = rc == want_rc && strstr(out, want) != NULL && (!unwanted || strstr(out, unwanted) == NULL);
+    if (!tap_ok(pass, "MG_REQUIRE_GPU: %s (exit %d, want %d)", what, rc, want_rc))
+        tap_diag("command: %s\nwanted in the output: '%s'%s%s%s\noutput:\n%s", cmd, want,
+                 unwanted ? ", not: '" : "", unwanted ? unwanted : "", unwanted ? "'" : "", out);
+}
+
+#define N_REQUIRE_TESTS 12
+
+static void test_require_gpu(int ndev)
+{
+    char exe[4096], cmd[8192];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0 || strchr(exe, '\'') != NULL) {
+        tap_skip(N_REQUIRE_TESTS, "cannot name this program (/proc/self/exe) for its child runs");
+        return;
+    }
+    exe[len] = '\0';
+    /* a generated program's start, devices hidden */
+    const char *child = "CUDA_VISIBLE_DEVICES= MG_TEST_RUNTIME_CHILD=tap_start";
+    snprintf(cmd, sizeof cmd, "env -u MG_REQUIRE_GPU %s '%s' 2>&1", child, exe);
+    expect_run("no device, unset: the program skips (exit 0)", cmd, 0, "1..0 # SKIP no CUDA device", "not ok");
+    snprintf(cmd, sizeof cmd, "env MG_REQUIRE_GPU=0 %s '%s' 2>&1", child, exe);
+    expect_run("no device, MG_REQUIRE_GPU=0: the program skips", cmd, 0, "1..0 # SKIP no CUDA device", "not ok");
+    snprintf(cmd, sizeof cmd, "env MG_REQUIRE_GPU=1 %s '%s' 2>&1", child, exe);
+    expect_run("no device, MG_REQUIRE_GPU=1: the program fails (not ok, exit 1)", cmd, 1,
+               "not ok 1 - a CUDA device (MG_REQUIRE_GPU=1", "# SKIP");
+    if (ndev > 0) {
+        snprintf(cmd, sizeof cmd, "env MG_REQUIRE_GPU=1 MG_TEST_RUNTIME_CHILD=tap_start '%s' 2>&1", exe);
+        expect_run("a device, MG_REQUIRE_GPU=1: the program runs", cmd, 0, "ok 1 - a CUDA device is present",
+                   "not ok");
+    } else {
+        tap_skip(1, "no CUDA device here: the program's device-present path is not reachable");
+    }
+
+    /* the shell suites (gpu_lib.sh), from the environment `make check` sets */
+    const char *top = getenv("top_srcdir"), *devinfo = getenv("MG_DEVINFO");
+    if (!top || !devinfo || strchr(top, '\'') || strchr(devinfo, '\'')) {
+        tap_skip(N_REQUIRE_TESTS - 4, "top_srcdir / MG_DEVINFO not set (run it under make check)");
+        return;
+    }
+    const char *suite = "CUDA_VISIBLE_DEVICES= sh \"$top_srcdir/tests/gpu_mamba1.test\" 2>&1";
+    snprintf(cmd, sizeof cmd, "env -u MG_REQUIRE_GPU %s", suite);
+    expect_run("no device, unset: gpu_mamba1.test skips", cmd, 0, "1..0 # SKIP no CUDA device", "not ok");
+    snprintf(cmd, sizeof cmd, "env MG_REQUIRE_GPU=1 %s", suite);
+    expect_run("no device, MG_REQUIRE_GPU=1: gpu_mamba1.test fails", cmd, 1,
+               "not ok 1 - the GPU suite can run (MG_REQUIRE_GPU=1: no skip allowed): no CUDA device", "# SKIP");
+    /* a device found, nvcc missing */
+    suite = "MG_DEVINFO=true NVCC=no sh \"$top_srcdir/tests/gpu_mamba3.test\" 2>&1";
+    snprintf(cmd, sizeof cmd, "env -u MG_REQUIRE_GPU %s", suite);
+    expect_run("no nvcc, unset: gpu_mamba3.test skips", cmd, 0, "1..0 # SKIP nvcc not found", "not ok");
+    snprintf(cmd, sizeof cmd, "env MG_REQUIRE_GPU=1 %s", suite);
+    expect_run("no nvcc, MG_REQUIRE_GPU=1: gpu_mamba3.test fails", cmd, 1, "not ok 1 - the GPU suite can run", "# SKIP");
+    /* run_program (a device found by the suite): a generated program that
+     * skips for lack of a device; this program's child mode with the
+     * devices hidden, and a stand-in that only prints the skip plan (the
+     * shell's own guard) */
+    const char *prog =
+        "sh -c '. \"$top_srcdir/tests/tap.sh\"; . \"$top_srcdir/tests/gpu_lib.sh\"; tap_tmpdir; "
+        "ln -s \"$0\" \"$tap_tmp/real_test\"; printf \"#!/bin/sh\\necho \\\"1..0 # SKIP no CUDA device\\\"\\n\" "
+        "> \"$tap_tmp/fake_test\"; chmod +x \"$tap_tmp/fake_test\"; "
+        "CUDA_VISIBLE_DEVICES=; MG_TEST_RUNTIME_CHILD=tap_start; export CUDA_VISIBLE_DEVICES MG_TEST_RUNTIME_CHILD; "
+        "run_program \"$tap_tmp\" $1 prog; tap_done' '%s' %s 2>&1";
+    char body[6144];
+    snprintf(body, sizeof body, prog, exe, "real_test");
+    snprintf(cmd, sizeof cmd, "env -u MG_REQUIRE_GPU %s", body);
+    expect_run("run_program, unset: a program's device skip is a skip", cmd, 0,
+               "ok 1 - prog: test program # SKIP no CUDA device", "not ok");
+    snprintf(cmd, sizeof cmd, "env MG_REQUIRE_GPU=1 %s", body);
+    expect_run("run_program, MG_REQUIRE_GPU=1: the program's failure is passed through", cmd, 1,
+               "not ok 1 - prog: a CUDA device (MG_REQUIRE_GPU=1", "# SKIP");
+    snprintf(body, sizeof body, prog, exe, "fake_test");
+    snprintf(cmd, sizeof cmd, "env -u MG_REQUIRE_GPU %s", body);
+    expect_run("run_program, unset: a program printing only the skip plan 1..0 is a skip", cmd, 0,
+               "ok 1 - prog: test program # SKIP no CUDA device", "not ok");
+    snprintf(cmd, sizeof cmd, "env MG_REQUIRE_GPU=1 %s", body);
+    expect_run("run_program, MG_REQUIRE_GPU=1: a program printing only the skip plan 1..0 fails", cmd, 1,
+               "not ok 1 - prog: test program ran (MG_REQUIRE_GPU=1: no skip allowed)", "ok 1 - prog: test program # SKIP");
+}
+
 int main(void)
 {
+    const char *child = getenv("MG_TEST_RUNTIME_CHILD");
+    if (child && strcmp(child, "tap_start") == 0) return child_tap_start();
     test_status();
     test_rng();
     test_compare();
     int ndev = mg_device_count();
     test_cuda_host(ndev);
-    if (ndev > 0)
+    if (ndev > 0) {
         test_gemm();
-    else
+    } else if (mg_tap_require_gpu()) {
+        tap_ok(0, "a CUDA device for the GPU tests (MG_REQUIRE_GPU=1: no skip allowed)");
+        tap_skip(N_GPU_TESTS - 1, "no CUDA device (mg_device_count() = 0)");
+    } else {
         tap_skip(N_GPU_TESTS, "no CUDA device (mg_device_count() = 0)");
+    }
+    test_require_gpu(ndev);
     return tap_done();
 }

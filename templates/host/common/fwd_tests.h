@@ -109,6 +109,14 @@ static void fwd_model_start(void)
     d_blob = mg_tap_dalloc((size_t)MODEL_WEIGHTS_FLOATS + 64);
     mg_tap_up(d_blob, blob, (size_t)MODEL_WEIGHTS_FLOATS);
 
+    {   /* a destroyed model is refused, not read (the handle registry), and so is a
+         * decode graph whose model was destroyed; a second destroy is a no-op */
+        model_model *gone = NULL;
+        if (model_create(&gone, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_create");
+        model_destroy(gone);
+        mg_tap_expect_status(model_set_scan(gone, 0), MG_ERR_INVALID_ARG, "set_scan on a destroyed model");
+        model_destroy(gone);
+    }
     if (model_create(&model, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_create");
     {
         float *du = mg_tap_dalloc(n_u(1, 1)), *dout = mg_tap_dalloc(n_out(1, 1));

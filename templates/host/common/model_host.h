@@ -30,9 +30,27 @@ static size_t ws_bytes(size_t elems, size_t elem_size)
     return (elems * elem_size + 255u) & ~(size_t)255u;
 }
 
-void model_destroy(model_model *m)
+/* ---- Handles: every model and decode graph of this library is in the
+ * runtime's registry (mg_handle.h) while it lives; a call checks its
+ * handle there before reading it, so a destroyed or forged handle, or a
+ * graph whose model was destroyed, is an error rather than a read of freed
+ * memory. The kinds are the addresses of these objects. ---- */
+static const char model_kind_model = 'm', model_kind_graph = 'g';
+
+/* MG_OK if m is a live model of this library, else the error for fn. */
+static mg_status model_live(const model_model *m, const char *fn)
 {
-    if (!m) return;
+    if (!m) return mg_fail(MG_ERR_INVALID_ARG, "%s: model is NULL", fn);
+    if (!mg_handle_live(m, &model_kind_model))
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: %p is not a live " MODEL_NAME " model (destroyed, or not from "
+                       MODEL_NAME "_create)", fn, (const void *)m);
+    return MG_OK;
+}
+#define MODEL_LIVE(m, fn) do { const mg_status live_s_ = model_live((m), (fn)); if (live_s_ != MG_OK) return live_s_; } while (0)
+
+/* Frees what create allocated (any part may still be NULL). */
+static void model_free(model_model *m)
+{
 #ifdef ARCH_DESTROY
     ARCH_DESTROY(m);
 #endif
@@ -42,14 +60,32 @@ void model_destroy(model_model *m)
     free(m);
 }
 
+/* The last step of create: m gets its serial and enters the registry (on
+ * failure it is freed). */
+static mg_status model_register(model_model *m)
+{
+    static _Atomic unsigned long long next_serial = 1;
+    m->serial = next_serial++;
+    const mg_status s = mg_handle_add(m, &model_kind_model);
+    if (s != MG_OK) model_free(m);
+    return s;
+}
+
+void model_destroy(model_model *m)
+{
+    if (!m || !mg_handle_live(m, &model_kind_model)) return;   /* NULL, or already destroyed: nothing to do */
+    mg_handle_remove(m);
+    model_free(m);
+}
+
 size_t model_workspace_bytes(const model_model *m)
 {
-    return m ? m->ws_total : 0;
+    return mg_handle_live(m, &model_kind_model) ? m->ws_total : 0;
 }
 
 mg_status model_set_stream(model_model *m, cudaStream_t stream)
 {
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_stream: model is NULL");
+    MODEL_LIVE(m, MODEL_NAME "_set_stream");
     mg_status s = mg_blas_set_stream(m->blas, stream);
     if (s != MG_OK) return s;
     m->stream = stream;
@@ -58,7 +94,7 @@ mg_status model_set_stream(model_model *m, cudaStream_t stream)
 
 mg_status model_set_weights(model_model *m, const float *d_weights, size_t n_floats)
 {
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_weights: model is NULL");
+    MODEL_LIVE(m, MODEL_NAME "_set_weights");
     if (!d_weights) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_weights: weights pointer is NULL");
     if (n_floats != (size_t)MODEL_WEIGHTS_FLOATS)
         return mg_fail(MG_ERR_SIZE, MODEL_NAME "_set_weights: blob has %zu floats, expected %zu (" MODEL_UPPER "_WEIGHTS_FLOATS)",
@@ -72,7 +108,7 @@ mg_status model_set_weights(model_model *m, const float *d_weights, size_t n_flo
 
 const void *model__gemm_weights(const model_model *m)
 {
-    if (!m || !m->w) return NULL;
+    if (!mg_handle_live(m, &model_kind_model) || !m->w) return NULL;
 #if LOWP
     return m->wa;
 #else
@@ -82,7 +118,7 @@ const void *model__gemm_weights(const model_model *m)
 
 mg_status model_set_scan(model_model *m, int choice)
 {
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_scan: model is NULL");
+    MODEL_LIVE(m, MODEL_NAME "_set_scan");
     if (choice != MODEL_SCAN_SPEC && choice != MODEL_SCAN_SEQUENTIAL && choice != MODEL_SCAN_CHUNKED)
         return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_scan: unknown choice %d (0 spec, 1 sequential, 2 chunked)", choice);
     if (choice == MODEL_SCAN_CHUNKED && !HAS_CHUNKED)
@@ -100,13 +136,15 @@ mg_status model_set_scan(model_model *m, int choice)
 /* ---- CUDA Graph of the decode step ---- */
 struct model_graph {
     model_model *m;
+    unsigned long long serial;   /* m->serial at capture: the model is still the one captured */
     cudaGraph_t graph;
     cudaGraphExec_t exec;
 };
 
 void model_decode_graph_destroy(model_graph *g)
 {
-    if (!g) return;
+    if (!g || !mg_handle_live(g, &model_kind_graph)) return;   /* NULL, or already destroyed */
+    mg_handle_remove(g);
     if (g->exec) cudaGraphExecDestroy(g->exec);
     if (g->graph) cudaGraphDestroy(g->graph);
     free(g);
@@ -122,7 +160,9 @@ mg_status model_decode_graph_create(model_model *m, int batch, const float *d_u,
     if (s != MG_OK) return s;
     model_graph *g = (model_graph *)calloc(1, sizeof *g);
     if (!g) return mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    if ((s = mg_handle_add(g, &model_kind_graph)) != MG_OK) { free(g); return s; }
     g->m = m;
+    g->serial = m->serial;
     /* Capture on an internal stream (the legacy default stream cannot be
      * captured), after the model's pending work. A warm-up step from a fresh
      * state on that stream first, so cuBLAS has set itself up for these
@@ -157,7 +197,13 @@ mg_status model_decode_graph_create(model_model *m, int batch, const float *d_u,
 
 mg_status model_decode_graph_launch(model_graph *g)
 {
-    if (!g || !g->exec) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_decode_graph_launch: graph is NULL");
+    static const char fn[] = MODEL_NAME "_decode_graph_launch";
+    if (!g) return mg_fail(MG_ERR_INVALID_ARG, "%s: graph is NULL", fn);
+    if (!mg_handle_live(g, &model_kind_graph) || !g->exec)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: %p is not a live decode graph (destroyed, or not from "
+                       MODEL_NAME "_decode_graph_create)", fn, (const void *)g);
+    if (!mg_handle_live(g->m, &model_kind_model) || g->m->serial != g->serial)
+        return mg_fail(MG_ERR_STATE, "%s: the graph's model was destroyed (destroy the graph first)", fn);
     MG_CUDA(cudaGraphLaunch(g->exec, g->m->stream));
     return MG_OK;
 }

@@ -21,6 +21,28 @@ size_t model_trainer_workspace_bytes(void)
     return carve(NULL, NULL);
 }
 
+/* ---- Handles: trainers and training graphs are in the runtime's
+ * registry while they live (as models are: mg_model_host.h). ---- */
+static const char trainer_kind_trainer = 't', trainer_kind_graph = 'g';
+
+/* MG_OK if t is a live trainer of this library, else the error for fn. */
+static mg_status trainer_live(const model_trainer *t, const char *fn)
+{
+    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    if (!mg_handle_live(t, &trainer_kind_trainer))
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: %p is not a live " MODEL_NAME " trainer (destroyed, or not from "
+                       MODEL_NAME "_trainer_create)", fn, (const void *)t);
+    return MG_OK;
+}
+#define TRAINER_LIVE(t, fn) do { const mg_status live_s_ = trainer_live((t), (fn)); if (live_s_ != MG_OK) return live_s_; } while (0)
+
+static void trainer_free(model_trainer *t)
+{
+    mg_dev_free(t->ws);
+    mg_blas_destroy(t->blas);
+    free(t);
+}
+
 mg_status model_trainer_create(model_trainer **out, cudaStream_t stream)
 {
     if (!out) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_create: trainer pointer is NULL");
@@ -46,24 +68,26 @@ mg_status model_trainer_create(model_trainer **out, cudaStream_t stream)
     }
     if (ce != cudaSuccess) {
         s = mg_cuda_check(ce, MODEL_NAME "_trainer_create: initialising the statistics");
-        model_trainer_destroy(t);
+        trainer_free(t);
         return s;
     }
+    static _Atomic unsigned long long next_serial = 1;
+    t->serial = next_serial++;
+    if ((s = mg_handle_add(t, &trainer_kind_trainer)) != MG_OK) { trainer_free(t); return s; }
     *out = t;
     return MG_OK;
 }
 
 void model_trainer_destroy(model_trainer *t)
 {
-    if (!t) return;
-    mg_dev_free(t->ws);
-    mg_blas_destroy(t->blas);
-    free(t);
+    if (!t || !mg_handle_live(t, &trainer_kind_trainer)) return;   /* NULL, or already destroyed */
+    mg_handle_remove(t);
+    trainer_free(t);
 }
 
 mg_status model_trainer_set_stream(model_trainer *t, cudaStream_t stream)
 {
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_set_stream: trainer is NULL");
+    TRAINER_LIVE(t, MODEL_NAME "_trainer_set_stream");
     mg_status s = mg_blas_set_stream(t->blas, stream);
     if (s != MG_OK) return s;
     t->stream = stream;
@@ -72,18 +96,18 @@ mg_status model_trainer_set_stream(model_trainer *t, cudaStream_t stream)
 
 const float *model_trainer_grad_norm(const model_trainer *t)
 {
-    return t ? t->stat : NULL;
+    return mg_handle_live(t, &trainer_kind_trainer) ? t->stat : NULL;
 }
 
 const float *model_trainer_loss_scale(const model_trainer *t)
 {
-    return t ? t->scaler : NULL;
+    return mg_handle_live(t, &trainer_kind_trainer) ? t->scaler : NULL;
 }
 
 mg_status model_trainer_set_loss_scaling(model_trainer *t, float init_scale, int growth_interval)
 {
     static const char fn[] = MODEL_NAME "_trainer_set_loss_scaling";
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     int ex = 0;
     /* A power of two has mantissa exactly 0.5 in frexp's [0.5, 1) form. */
     if (init_scale != 0.0f &&
@@ -109,6 +133,25 @@ static mg_status need_ptr(const char *fn, const void *p, const char *what, int r
 }
 
 #define CHECK(x) do { mg_status s_ = (x); if (s_ != MG_OK) return s_; } while (0)
+
+/* The four blobs of an AdamW step (weights, gradients, m, v; WEIGHTS_FLOATS
+ * each) must not overlap: the step reads the gradients while it writes the
+ * others, and m and v are updated from their own old values. NULLs are
+ * need_ptr's business. */
+static mg_status blobs_disjoint(const char *fn, const void *w, const void *g, const void *m, const void *v)
+{
+    const void *const ptr[4] = { w, g, m, v };
+    static const char *const name[4] = { "weights", "grads", "m", "v" };
+    const uintptr_t n = (uintptr_t)WEIGHTS_FLOATS * sizeof(float);
+    for (int i = 0; i < 4; ++i)
+        for (int j = i + 1; j < 4; ++j) {
+            const uintptr_t a = (uintptr_t)ptr[i], b = (uintptr_t)ptr[j];
+            if (a && b && a < b + n && b < a + n)
+                return mg_fail(MG_ERR_INVALID_ARG, "%s: %s (%p) and %s (%p) overlap (each blob is %zu bytes)", fn,
+                               name[i], ptr[i], name[j], ptr[j], (size_t)n);
+        }
+    return MG_OK;
+}
 
 /* Activation buffers of layer l. */
 static char *act_l(char *base, int l, size_t per_token)
@@ -157,6 +200,7 @@ static mg_status check_adamw(const char *fn, const model_adamw_params *p)
 /* ---- CUDA Graph of the training step ---- */
 struct model_train_graph {
     model_trainer *t;
+    unsigned long long serial;   /* t->serial at capture */
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     void *dmem;                      /* device: next, cur, coef */
@@ -165,9 +209,23 @@ struct model_train_graph {
     float *coef;                     /* derived factors of the replay in flight */
 };
 
+/* MG_OK if g is a live training graph whose trainer is the one it was
+ * captured on and still lives, else the error for fn. */
+static mg_status train_graph_live(const model_train_graph *g, const char *fn)
+{
+    if (!g) return mg_fail(MG_ERR_INVALID_ARG, "%s: graph is NULL", fn);
+    if (!mg_handle_live(g, &trainer_kind_graph) || !g->exec)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: %p is not a live training graph (destroyed, or not from "
+                       MODEL_NAME "_train_graph_create)", fn, (const void *)g);
+    if (!mg_handle_live(g->t, &trainer_kind_trainer) || g->t->serial != g->serial)
+        return mg_fail(MG_ERR_STATE, "%s: the graph's trainer was destroyed (destroy the graph first)", fn);
+    return MG_OK;
+}
+
 void model_train_graph_destroy(model_train_graph *g)
 {
-    if (!g) return;
+    if (!g || !mg_handle_live(g, &trainer_kind_graph)) return;   /* NULL, or already destroyed */
+    mg_handle_remove(g);
     if (g->exec) cudaGraphExecDestroy(g->exec);
     if (g->graph) cudaGraphDestroy(g->graph);
     mg_dev_free(g->dmem);
@@ -185,7 +243,7 @@ static mg_status graph_write_params(model_train_graph *g, const model_adamw_para
 
 mg_status model_train_graph_launch(model_train_graph *g)
 {
-    if (!g || !g->exec) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_train_graph_launch: graph is NULL");
+    CHECK(train_graph_live(g, MODEL_NAME "_train_graph_launch"));
     MG_CUDA(cudaGraphLaunch(g->exec, g->t->stream));
     return MG_OK;
 }
@@ -193,7 +251,7 @@ mg_status model_train_graph_launch(model_train_graph *g)
 mg_status model_train_graph_set_params(model_train_graph *g, const model_adamw_params *p)
 {
     static const char fn[] = MODEL_NAME "_train_graph_set_params";
-    if (!g || !g->exec) return mg_fail(MG_ERR_INVALID_ARG, "%s: graph is NULL", fn);
+    CHECK(train_graph_live(g, fn));
     CHECK(check_adamw(fn, p));
     return graph_write_params(g, p);
 }

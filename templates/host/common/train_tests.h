@@ -58,6 +58,21 @@ static int cmp_ref(const char *what, const float *got, const double *ref, size_t
     return mg_tap_ok(mg_err_ok(&e, tol), "%s: rel_l2 <= %g", what, tol);
 }
 
+/* An initial state's gradient vs the reference; where the reference's is
+ * all zeros (an exact 0: from a fresh start, k_prev and v_prev of Mamba-3
+ * enter only through their product), 0 vs 0 proves nothing: a TAP skip
+ * saying so (the random-state run compares that gradient). */
+static int cmp_ref_state_grad(const char *what, const float *got, const double *ref, size_t n, double tol)
+{
+    size_t nz = 0;
+    for (size_t i = 0; i < n; ++i) nz += ref[i] != 0.0;
+    if (nz > 0) return cmp_ref(what, got, ref, n, tol);
+    mg_err e = mg_compare_f32(got, ref, n);
+    mg_tap_diag("%s: max_abs=%.3e (the reference's is exactly 0)", what, e.max_abs);
+    mg_tap_skip("the exact gradient is 0 here, 0 vs 0 proves nothing (checked from a random state)", what);
+    return 1;
+}
+
 #if MODEL_HAS_CHUNKED_BWD
 /* The call of a chunked-backward test (NAME in its checks, DIAG_NAME in
  * its diag line) over chunks of q steps (UNIT): B = min(2, MAX_BATCH), T =
@@ -329,6 +344,9 @@ static void test_bad_adamw(float *dw, float *dg, float *dm, float *dv, float *du
     p.eps = 1e-8f; p.lr = -1.0f;
     mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw lr < 0");
     p.lr = 1e-3f;
+    mg_tap_expect_status(model_adamw_step(tr, dw, dw, dm, dv, &p), MG_ERR_INVALID_ARG, "adamw grads = weights");
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm, dm, &p), MG_ERR_INVALID_ARG, "adamw v = m");
+    mg_tap_expect_status(model_adamw_step(tr, dw, dg, dm + 4, dm, &p), MG_ERR_INVALID_ARG, "adamw m overlaps v");
     mg_tap_expect_status(model_train_step_mse(tr, dw, dg, dm, dv, &p, B, T, du, NULL, NO_STATES, NULL),
                   MG_ERR_INVALID_ARG, "train_step_mse target = NULL");
     *pp = p;
@@ -481,6 +499,9 @@ static void bad_calls_start(int B, int T, float **du, float **dout, float **dg, 
     if (model_trainer_create(&fresh, 0) != MG_OK) mg_tap_bail(MODEL_NAME "_trainer_create");
     mg_tap_expect_status(model_backward(fresh, *dout, *dg, NULL, NO_STATES), MG_ERR_STATE, "backward before forward_train");
     model_trainer_destroy(fresh);
+    /* a destroyed trainer is refused, not read (the handle registry) */
+    mg_tap_expect_status(model_backward(fresh, *dout, *dg, NULL, NO_STATES), MG_ERR_INVALID_ARG, "backward on a destroyed trainer");
+    model_trainer_destroy(fresh);   /* a second destroy is a no-op */
     mg_tap_expect_status(model_trainer_create(NULL, 0), MG_ERR_INVALID_ARG, "trainer_create(NULL)");
 }
 

@@ -27,6 +27,7 @@ struct model_model {
     int decode_fused;   /* decode path: MODEL_DECODE_UNFUSED | _FUSED | _SINGLE (MODEL_DECODE_DEFAULT) */
     void *wa;           /* low-precision copy of the blob (act elements, blob offsets); NULL for f32 */
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
+    unsigned long long serial;   /* unique per model of the process (decode graphs check it) */
     size_t ws_total;    /* device bytes held: ws (+ wa) */
     int sms;            /* multiprocessors of the device (scan.mode auto picks the scan with it) */
 };
@@ -86,19 +87,20 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     m->decode_fused = MODEL_DECODE_DEFAULT;
     m->scan_choice = MODEL_SCAN_SPEC;
     m->sms = mg_device_sms();
+    if ((s = model_register(m)) != MG_OK) return s;
     *out = m;
     return MG_OK;
 }
 
 mg_status model__convert_weights(model_model *m)
 {
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "__convert_weights: model is NULL");
+    MODEL_LIVE(m, MODEL_NAME "__convert_weights");
     return model__convert_weights_on(m, m->stream);
 }
 
 mg_status model__convert_weights_on(model_model *m, cudaStream_t stream)
 {
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "__convert_weights: model is NULL");
+    MODEL_LIVE(m, MODEL_NAME "__convert_weights");
     if (!m->w) return mg_fail(MG_ERR_STATE, MODEL_NAME "__convert_weights: no weights set (" MODEL_NAME "_set_weights)");
 #if LOWP
     MG_CUDA(model_launch_convert(m->w, m->wa, (size_t)MODEL_WEIGHTS_FLOATS, stream));
@@ -110,7 +112,7 @@ mg_status model__convert_weights_on(model_model *m, cudaStream_t stream)
 
 mg_status model_set_decode_fused(model_model *m, int fused)
 {
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_decode_fused: model is NULL");
+    MODEL_LIVE(m, MODEL_NAME "_set_decode_fused");
     if (fused == MODEL_DECODE_SINGLE && !HAS_DECODE_SINGLE)
         return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_decode_fused: this library has no single-launch decode "
                        "(" DECODE_SINGLE_WHY ")");
@@ -154,7 +156,7 @@ static mg_status check_call(const model_model *m, const char *fn, int batch, int
                             const float *u, const float *out, const float *cs, const float *ss,
                             int states_required)
 {
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, "%s: model is NULL", fn);
+    MODEL_LIVE(m, fn);
     if (!m->w) return mg_fail(MG_ERR_STATE, "%s: no weights set (" MODEL_NAME "_set_weights)", fn);
     if (batch < 1 || batch > MODEL_MAX_BATCH)
         return mg_fail(MG_ERR_INVALID_ARG, "%s: batch = %d is out of range 1..%d", fn, batch, MODEL_MAX_BATCH);

@@ -13,6 +13,7 @@
 
 struct model_trainer {
     cudaStream_t stream;
+    unsigned long long serial;   /* unique per trainer of the process (training graphs check it) */
     mg_blas *blas;
     model_model *model;   /* attached model (low-precision copy refresh), or NULL */
     void *ws;
@@ -110,7 +111,7 @@ static size_t carve(model_trainer *t, char *p)
 mg_status model_trainer_set_scan(model_trainer *t, int choice)
 {
     static const char fn[] = MODEL_NAME "_trainer_set_scan";
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     if (choice != MODEL_SCAN_SPEC && choice != MODEL_SCAN_SEQUENTIAL && choice != MODEL_SCAN_CHUNKED)
         return mg_fail(MG_ERR_INVALID_ARG, "%s: unknown choice %d (0 spec, 1 sequential, 2 chunked)", fn, choice);
     if (choice == MODEL_SCAN_CHUNKED && !HAS_CHUNKED_BWD)
@@ -152,7 +153,7 @@ static int bwd_spans(model_trainer *t, int batch, int seqlen)
 
 mg_status model_trainer_attach_model(model_trainer *t, model_model *m)
 {
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_attach_model: trainer is NULL");
+    TRAINER_LIVE(t, MODEL_NAME "_trainer_attach_model");
     t->model = m;
     return MG_OK;
 }
@@ -241,7 +242,7 @@ mg_status model_forward_train(model_trainer *t, const float *d_weights, int batc
                             const float *d_u, float *d_out, float *d_conv_state, float *d_ssm_state)
 {
     static const char fn[] = MODEL_NAME "_forward_train";
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     CHECK(check_forward(fn, d_weights, batch, seqlen, d_u, d_conv_state, d_ssm_state));
     CHECK(need_ptr(fn, d_out, "out", 1));
     return forward_train(t, d_weights, batch, seqlen, d_u, d_out, d_conv_state, d_ssm_state);
@@ -353,7 +354,7 @@ mg_status model_backward(model_trainer *t, const float *d_dout, float *d_grads,
                        float *d_du, float *d_dconv_state, float *d_dssm_state)
 {
     static const char fn[] = MODEL_NAME "_backward";
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     if (!t->have_fwd)
         return mg_fail(MG_ERR_STATE, "%s: no saved activations (" MODEL_NAME "_forward_train first)", fn);
     CHECK(need_ptr(fn, d_dout, "dout", 1));
@@ -383,12 +384,13 @@ mg_status model_adamw_step(model_trainer *t, float *d_weights, const float *d_gr
                          float *d_m, float *d_v, const model_adamw_params *p)
 {
     static const char fn[] = MODEL_NAME "_adamw_step";
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     CHECK(check_adamw(fn, p));
     CHECK(need_ptr(fn, d_weights, "weights", 1));
     CHECK(need_ptr(fn, d_grads, "grads", 1));
     CHECK(need_ptr(fn, d_m, "m", 1));
     CHECK(need_ptr(fn, d_v, "v", 1));
+    CHECK(blobs_disjoint(fn, d_weights, d_grads, d_m, d_v));
     return adamw(t, d_weights, d_grads, d_m, d_v, p, NULL, t->hp, t->coef);
 }
 
@@ -411,12 +413,13 @@ mg_status model_train_step_mse(model_trainer *t, float *d_weights, float *d_grad
                              float *d_conv_state, float *d_ssm_state, float *d_loss)
 {
     static const char fn[] = MODEL_NAME "_train_step_mse";
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     CHECK(check_adamw(fn, p));
     CHECK(need_ptr(fn, d_target, "target", 1));
     CHECK(need_ptr(fn, d_grads, "grads", 1));
     CHECK(need_ptr(fn, d_m, "m", 1));
     CHECK(need_ptr(fn, d_v, "v", 1));
+    CHECK(blobs_disjoint(fn, d_weights, d_grads, d_m, d_v));
     if (d_loss && !mg_aligned(d_loss, 4))
         return mg_fail(MG_ERR_ALIGNMENT, "%s: loss %p is not 4-byte aligned", fn, (void *)d_loss);
     CHECK(check_forward(fn, d_weights, batch, seqlen, d_u, d_conv_state, d_ssm_state));

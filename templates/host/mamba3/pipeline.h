@@ -36,6 +36,7 @@ struct model_model {
     float *q;           /* [split_tokens][N_HEADS][D_STATE]  q (rotated in place) */
     float *y;           /* [split_tokens][D_INNER]  SSM output (f32) */
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
+    unsigned long long serial;   /* unique per model of the process (decode graphs check it) */
     int sms;            /* SMs of the device at create (the fused scan's segments) */
     size_t ws_total;    /* device bytes held: ws + wa + split_ws (+ split_old) */
 };
@@ -151,13 +152,14 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     m->ws_total = total + (LOWP ? (size_t)MODEL_WEIGHTS_FLOATS * ACT_SIZE : 0);
     s = split_reserve(m, MODEL_SCAN_SPEC);
     if (s != MG_OK) { mg_dev_free(m->wa); mg_dev_free(m->ws); mg_blas_destroy(m->blas); free(m); return s; }
+    if ((s = model_register(m)) != MG_OK) return s;
     *out = m;
     return MG_OK;
 }
 
 mg_status model__convert_weights(model_model *m)
 {
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "__convert_weights: model is NULL");
+    MODEL_LIVE(m, MODEL_NAME "__convert_weights");
     if (!m->w) return mg_fail(MG_ERR_STATE, MODEL_NAME "__convert_weights: no weights set (" MODEL_NAME "_set_weights)");
 #if LOWP
     MG_CUDA(MG_LAUNCH(convert)(m->w, m->wa, (size_t)MODEL_WEIGHTS_FLOATS, m->stream));
@@ -220,7 +222,7 @@ static mg_status check_call(const model_model *m, const char *fn, int batch, int
                             int states_required)
 {
     static const char *const st_name[4] = { "ssm", "k_prev", "v_prev", "angle" };
-    if (!m) return mg_fail(MG_ERR_INVALID_ARG, "%s: model is NULL", fn);
+    MODEL_LIVE(m, fn);
     if (!m->w) return mg_fail(MG_ERR_STATE, "%s: no weights set (" MODEL_NAME "_set_weights)", fn);
     if (batch < 1 || batch > MODEL_MAX_BATCH)
         return mg_fail(MG_ERR_INVALID_ARG, "%s: batch = %d is out of range 1..%d", fn, batch, MODEL_MAX_BATCH);
@@ -616,6 +618,13 @@ mg_status model_selfcheck(const model_check_opts *opts, model_check_report *rep)
         r.ssm = mg_compare_f32(hst[0], rst[0], n_st[0]);
         r.k_prev = mg_compare_f32(hst[1], rst[1], n_st[1]);
         r.v_prev = mg_compare_f32(hst[2], rst[2], n_st[2]);
+        /* The angle is compared on the circle: an angle near 0 and one near
+         * 2pi are the same rotation, so the GPU's angle is moved by whole
+         * turns to the one nearest the reference's before the comparison. */
+        for (size_t j = 0; j < n_st[3]; ++j) {
+            const double d = (double)hst[3][j] - rst[3][j];
+            hst[3][j] = (float)(rst[3][j] + (d - 6.283185307179586 * nearbyint(d / 6.283185307179586)));
+        }
         r.angle = mg_compare_f32(hst[3], rst[3], n_st[3]);
         r.passed = r.passed && mg_err_ok(&r.ssm, o.tol) && mg_err_ok(&r.k_prev, o.tol) &&
                    mg_err_ok(&r.v_prev, o.tol) && mg_err_ok(&r.angle, o.tol);

@@ -14,6 +14,7 @@
 
 struct model_trainer {
     cudaStream_t stream;
+    unsigned long long serial;   /* unique per trainer of the process (training graphs check it) */
     mg_blas *blas;
     model_model *model;   /* attached model (its GEMM copy refreshed after every update), or NULL */
     const float *model_w;      /* the blob the attached model was last pointed at */
@@ -117,7 +118,7 @@ static size_t carve(model_trainer *t, char *p)
 mg_status model_trainer_set_scan(model_trainer *t, int choice)
 {
     static const char fn[] = MODEL_NAME "_trainer_set_scan";
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     if (choice != MODEL_SCAN_SPEC && choice != MODEL_SCAN_SEQUENTIAL && choice != MODEL_SCAN_CHUNKED)
         return mg_fail(MG_ERR_INVALID_ARG, "%s: unknown choice %d (0 spec, 1 sequential, 2 chunked)", fn, choice);
     if (choice == MODEL_SCAN_CHUNKED && !HAS_CHUNKED_BWD)
@@ -151,7 +152,7 @@ static int scan_chunked(const model_trainer *t, int seqlen)
 
 mg_status model_trainer_attach_model(model_trainer *t, model_model *m)
 {
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_trainer_attach_model: trainer is NULL");
+    TRAINER_LIVE(t, MODEL_NAME "_trainer_attach_model");
     t->model = m;
     t->model_w = NULL;
     return MG_OK;
@@ -258,7 +259,7 @@ mg_status model_forward_train(model_trainer *t, const float *d_weights, int batc
                             float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
 {
     static const char fn[] = MODEL_NAME "_forward_train";
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     CHECK(need_ptr(fn, d_out, "out", 1));
     CHECK(check_forward(fn, d_weights, batch, seqlen, d_u, d_ssm, d_k_prev, d_v_prev, d_angle));
     return forward_train(t, d_weights, batch, seqlen, d_u, d_out, d_ssm, d_k_prev, d_v_prev, d_angle);
@@ -416,7 +417,7 @@ mg_status model_backward(model_trainer *t, const float *d_dout, float *d_grads, 
                        float *d_dssm, float *d_dk_prev, float *d_dv_prev, float *d_dangle)
 {
     static const char fn[] = MODEL_NAME "_backward";
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     if (!t->have_fwd)
         return mg_fail(MG_ERR_STATE, "%s: no saved activations (" MODEL_NAME "_forward_train first)", fn);
     CHECK(need_ptr(fn, d_dout, "dout", 1));
@@ -465,12 +466,13 @@ mg_status model_adamw_step(model_trainer *t, float *d_weights, const float *d_gr
                          float *d_m, float *d_v, const model_adamw_params *p)
 {
     static const char fn[] = MODEL_NAME "_adamw_step";
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     CHECK(check_adamw(fn, p));
     CHECK(need_ptr(fn, d_weights, "weights", 1));
     CHECK(need_ptr(fn, d_grads, "grads", 1));
     CHECK(need_ptr(fn, d_m, "m", 1));
     CHECK(need_ptr(fn, d_v, "v", 1));
+    CHECK(blobs_disjoint(fn, d_weights, d_grads, d_m, d_v));
     CHECK(model_follow(t, d_weights));
     return adamw(t, d_weights, d_grads, d_m, d_v, p, NULL, t->hp, t->coef);
 }
@@ -495,12 +497,13 @@ static mg_status check_step(const char *fn, model_trainer *t, const float *w, fl
                             const float *u, const float *target, float *ssm, float *kp, float *vp,
                             float *ang, float *loss)
 {
-    if (!t) return mg_fail(MG_ERR_INVALID_ARG, "%s: trainer is NULL", fn);
+    TRAINER_LIVE(t, fn);
     CHECK(check_adamw(fn, p));
     CHECK(need_ptr(fn, target, "target", 1));
     CHECK(need_ptr(fn, grads, "grads", 1));
     CHECK(need_ptr(fn, m, "m", 1));
     CHECK(need_ptr(fn, v, "v", 1));
+    CHECK(blobs_disjoint(fn, w, grads, m, v));
     if (loss && !mg_aligned(loss, 4))
         return mg_fail(MG_ERR_ALIGNMENT, "%s: loss %p is not 4-byte aligned", fn, (void *)loss);
     return check_forward(fn, w, batch, seqlen, u, ssm, kp, vp, ang);

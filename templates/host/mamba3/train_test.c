@@ -5,8 +5,9 @@
  *   - the gradient of every parameter tensor, of u and of the four initial
  *     states (ssm, k_prev, v_prev, angle) vs mg_ref_mamba3_backward (rel-L2 <=
  *     MODEL_GRAD_TOL per tensor; max_abs and rel_l2 printed), from a random
- *     state and from a fresh start, with a length crossing a checkpoint chunk;
- *     padding of the gradient blob is 0;
+ *     state and from a fresh start, with a length crossing a checkpoint chunk
+ *     (from a fresh start the k_prev, v_prev and angle gradients are exactly
+ *     0: TAP skips, 0 vs 0 proves nothing); padding of the gradient blob is 0;
  *   - two identical runs give bit-identical gradients (and NULL optional
  *     outputs do not change the parameter gradients);
  *   - the SSM choice (model_trainer_set_scan): with the chunked backward
@@ -214,16 +215,15 @@ static void test_grads(int B, int T, int with_state, uint64_t seed)
         if (!with_state && i == 3) {
             /* From a fresh start (no state rotated by the initial angle
              * yet), an offset of every θ cancels in q'·k' (rotary depends
-             * on angle differences only): the exact gradient is 0, and a
-             * relative error is undefined. Hold it absolutely, at the
-             * gradient tolerance times the scale of the input gradient. */
-            double scale = 0, got = 0;
-            for (size_t j = 0; j < n_u(B, T); ++j) scale = fmax(scale, fabs(rdu[j]));
+             * on angle differences only): the exact gradient is 0 (the
+             * reference's is rounding noise), and 0 vs 0 proves nothing. */
+            double got = 0;
             for (size_t j = 0; j < st_floats(i, B); ++j) got = fmax(got, fabs((double)r.dst[i][j]));
-            mg_tap_diag("%s: max_abs=%.3e (exact: 0; input-gradient scale %.3e)", what, got, scale);
-            mg_tap_ok(got <= GRAD_TOL * scale, "%s: max_abs <= %g * max|du|", what, GRAD_TOL);
+            mg_tap_diag("%s: max_abs=%.3e (exact: 0)", what, got);
+            mg_tap_skip("the exact gradient is 0 from a fresh start (rotary depends on angle differences only), "
+                        "0 vs 0 proves nothing (checked from a random state)", what);
         } else {
-            cmp_ref(what, r.dst[i], rdst[i], st_floats(i, B), GRAD_TOL);
+            cmp_ref_state_grad(what, r.dst[i], rdst[i], st_floats(i, B), GRAD_TOL);
         }
     }
     size_t bad = 0;
