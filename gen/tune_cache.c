@@ -222,7 +222,7 @@ int tc_read(const char *dir, const tc_select *sel, tc_files *out, char **err)
     }
     oom |= !prefix;
     size_t nfirst = 0;
-    if (!oom) {
+    if (!oom && nn > 0) { /* names is NULL when the directory has no *.json: no qsort(NULL, 0) (UB) */
         for (size_t i = 0; i < nn; i++)
             if (tc_named_for(names[i], prefix)) {
                 char *t = names[i];

@@ -130,7 +130,7 @@ static void bounds(void)
 
 int main(void)
 {
-    tap_plan(43);
+    tap_plan(45);
     snprintf(tmpdir, sizeof tmpdir, "%s/mg-tc.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(tmpdir)) {
         tap_skip_all("cannot create a temporary directory");
@@ -284,6 +284,19 @@ int main(void)
     tc_files_free(&fs);
     snprintf(path, sizeof path, "%s/does/not/exist", tmpdir);
     tap_ok(tc_read_all(path, &fs, &err) == 0 && fs.n == 0, "read_all: a missing directory is an empty cache");
+    /* an existing directory without entries: no names to sort (qsort(NULL, 0) was UB; make check-sanitize) */
+    snprintf(path, sizeof path, "%s/empty", tmpdir);
+    mkdir(path, 0755);
+    tc_select sel0 = {"m", "NVIDIA H200"};
+    tap_ok(tc_read(path, &sel0, &fs, &err) == 0 && fs.n == 0 && fs.nwarnings == 0,
+           "read: an empty directory is an empty cache, no warning");
+    tc_files_free(&fs);
+    snprintf(path, sizeof path, "%s/empty/notes.txt", tmpdir);
+    write_file(path, "not an entry\n");
+    snprintf(path, sizeof path, "%s/empty", tmpdir);
+    tap_ok(tc_read_all(path, &fs, &err) == 0 && fs.n == 0 && fs.nwarnings == 0,
+           "read_all: a directory without *.json is an empty cache");
+    tc_files_free(&fs);
     snprintf(path, sizeof path, "%s/b-2.json", dir);
     tap_ok(tc_read_all(path, &fs, &err) == -1 && err && strstr(err, "autotune cache"), "read_all: a file as the directory: error");
     free(err);

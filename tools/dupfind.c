@@ -324,7 +324,7 @@ static void find_runs(int minl) {
       seeds[ns++] = (seed_t){h, f, i};
     }
   }
-  qsort(seeds, ns, sizeof *seeds, cmp_seed);
+  if (ns) qsort(seeds, ns, sizeof *seeds, cmp_seed); /* seeds may be NULL: no qsort(NULL, 0) (UB) */
   for (size_t g = 0, e; g < ns; g = e) {
     for (e = g + 1; e < ns && seeds[e].h == seeds[g].h; e++) {}
     if (e - g > MAXPLACES) continue;
@@ -360,13 +360,13 @@ int main(int argc, char **argv) {
   }
   find_runs(minl);
   /* one row per pair of files: its longest run, the others counted */
-  qsort(runs, (size_t)nruns, sizeof *runs, cmp_run_files);
+  if (nruns) qsort(runs, (size_t)nruns, sizeof *runs, cmp_run_files); /* runs may be NULL */
   int npairs = 0;
   for (int r = 0; r < nruns; r++) {
     if (npairs && runs[npairs - 1].fa == runs[r].fa && runs[npairs - 1].fb == runs[r].fb) runs[npairs - 1].more++;
     else runs[npairs++] = runs[r];
   }
-  qsort(runs, (size_t)npairs, sizeof *runs, cmp_run_rows);
+  if (npairs) qsort(runs, (size_t)npairs, sizeof *runs, cmp_run_rows);
   for (int r = 0; r < npairs; r++) {
     const run_t *u = &runs[r];
     const line_t *A = files[u->fa].v, *B = files[u->fb].v;

@@ -1,0 +1,104 @@
+#!/bin/sh
+# tools/check-sanitize.sh DIR: `make check-sanitize` (Makefile.am copies the
+# distribution into DIR/src first and sets the variables below).
+#
+# 1. Host code under ASan + UBSan: DIR/src configured with
+#    CC=DIR/cc-sanitize ("$CC $SANITIZE_FLAGS") (the generator, libmgrt, mg-devinfo,
+#    mamba-tune and the CPU test programs all instrumented; warnings stay
+#    fatal), then its `make check`, with ASAN_OPTIONS / UBSAN_OPTIONS set to
+#    halt on the first error. Leak checking stays on; tools/lsan.supp only
+#    silences what the CUDA runtime's own initialisation keeps allocated.
+# 2. GPU code under compute-sanitizer, only with a CUDA device (mg-devinfo)
+#    and compute-sanitizer ($CUDA_HOME/bin or PATH); otherwise skipped with a
+#    message. The emitted test programs of SANITIZE_GPU_SPECS (small specs),
+#    built against the main build's uninstrumented libmgrt (ASan and the
+#    CUDA driver's address space do not mix), each run under memcheck
+#    (--leak-check full), racecheck and initcheck; any report fails.
+#    On a GPU machine: `make check-sanitize` (or only this part:
+#    `tools/check-sanitize.sh --gpu-only DIR` from the build directory).
+#
+# Environment: MAKE, CC, SANITIZE_FLAGS, CUDA_HOME, MG_MAIN_BUILD (the main
+# build directory, absolute), SANITIZE_GPU_SPECS (default: mamba1_rl
+# mamba3_rl), SANITIZE_GPU_TOOLS (default: memcheck racecheck initcheck).
+set -u
+gpu_only=0
+[ "${1:-}" = --gpu-only ] && { gpu_only=1; shift; }
+dir=${1:?usage: check-sanitize.sh [--gpu-only] DIR}
+MAKE=${MAKE:-make}
+CC=${CC:-cc}
+SANITIZE_FLAGS=${SANITIZE_FLAGS:--fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+main=${MG_MAIN_BUILD:-$(pwd)}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$dir" && dir=$(cd "$dir" && pwd) || exit 1
+echo '*' > "$dir/.gitignore" # a build directory: git (and make dupcheck) ignore it
+
+status=0
+if [ "$gpu_only" = 0 ]; then
+  echo "check-sanitize: host code with $SANITIZE_FLAGS in $dir/src"
+  [ -x "$dir/src/configure" ] || { echo "check-sanitize: no $dir/src/configure (run make check-sanitize)"; exit 1; }
+  supp=$here/lsan.supp
+  [ -f "$supp" ] || supp=$dir/src/tools/lsan.supp
+  ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1"
+  UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+  LSAN_OPTIONS="suppressions=$supp:print_suppressions=0"
+  export ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
+  start=$(date +%s)
+  # CC is a wrapper adding the flags (the suites run "$CC" as one word, and
+  # so the programs they build from emitted code are instrumented too)
+  printf '#!/bin/sh\nexec %s %s "$@"\n' "$CC" "$SANITIZE_FLAGS" > "$dir/cc-sanitize" && chmod +x "$dir/cc-sanitize" || exit 1
+  ( cd "$dir/src" && ./configure -q --with-cuda="$CUDA_HOME" CC="$dir/cc-sanitize" > "$dir/configure.log" 2>&1 ) ||
+    { echo "check-sanitize: configure failed (see $dir/configure.log)"; tail -n 20 "$dir/configure.log"; exit 1; }
+  if ( cd "$dir/src" && $MAKE check ) > "$dir/check.log" 2>&1; then
+    echo "check-sanitize: host: ok ($(($(date +%s) - start))s; $dir/check.log)"
+  else
+    echo "check-sanitize: host: FAIL ($(($(date +%s) - start))s); the end of $dir/check.log and the failed logs:"
+    tail -n 30 "$dir/check.log"
+    grep -l ':test-result: \(FAIL\|ERROR\)' "$dir"/src/tests/*.trs 2>/dev/null | sed 's/\.trs$/.log/' |
+      while read -r f; do echo "--- $f"; tail -n 40 "$f"; done
+    status=1
+  fi
+  grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR):' "$dir/check.log" | tr '\n' ' ' | sed 's/^/check-sanitize: /;s/ $/\n/'
+fi
+
+# ---- GPU: compute-sanitizer over the emitted test programs
+cs=$CUDA_HOME/bin/compute-sanitizer
+[ -x "$cs" ] || cs=$(command -v compute-sanitizer 2>/dev/null || true)
+if [ -z "$cs" ] || [ ! -x "$cs" ]; then
+  echo "check-sanitize: GPU part skipped: no compute-sanitizer (in $CUDA_HOME/bin or PATH)"
+elif ! "$main/mg-devinfo" > /dev/null 2>&1; then
+  echo "check-sanitize: GPU part skipped: no CUDA device ($main/mg-devinfo)"
+else
+  nvcc=$CUDA_HOME/bin/nvcc
+  srcroot=$(sed -n 's/^abs_top_srcdir = //p' "$main/Makefile")
+  rtc="-I$srcroot/runtime -I$CUDA_HOME/include"
+  rtl="-L$main/.libs -Wl,-rpath,$main/.libs -lmgrt $(sed -n 's/^CUDA_LIBS = //p' "$main/Makefile") -lm"
+  for spec in ${SANITIZE_GPU_SPECS:-mamba1_rl mamba3_rl}; do
+    pkg=$dir/gpu/$spec
+    rm -rf "$pkg"
+    if ! "$main/mamba-gen" -q -o "$pkg" "$srcroot/specs/$spec.yaml" ||
+       ! make -C "$pkg" -j4 NVCC="$nvcc" CUDA_HOME="$CUDA_HOME" MG_RUNTIME_CFLAGS="$rtc" MG_RUNTIME_LIBS="$rtl" all \
+         > "$dir/gpu_$spec.build.log" 2>&1; then
+      echo "check-sanitize: GPU: FAIL: cannot generate or build $spec ($dir/gpu_$spec.build.log)"
+      status=1
+      continue
+    fi
+    for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
+      [ -x "$prog" ] || continue
+      for tool in ${SANITIZE_GPU_TOOLS:-memcheck racecheck initcheck}; do
+        extra=
+        [ "$tool" = memcheck ] && extra="--leak-check full"
+        log=$dir/gpu_$(basename "$prog").$tool.log
+        start=$(date +%s)
+        if (cd "$pkg" && "$cs" --tool "$tool" $extra --error-exitcode 99 "$prog") > "$log" 2>&1; then
+          echo "check-sanitize: GPU: ok: $tool $(basename "$prog") ($(($(date +%s) - start))s)"
+        else
+          echo "check-sanitize: GPU: FAIL: $tool $(basename "$prog") ($log):"
+          grep -E '^========= |^not ok' "$log" | head -n 20
+          status=1
+        fi
+      done
+    done
+  done
+fi
+exit $status
