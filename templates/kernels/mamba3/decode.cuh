@@ -326,34 +326,18 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     // prep: the group's BCNorm scales and the head's scalars (warp 0)
     const int grp = h / HPG;
     if (warp == 0) {
-        float sb = 0.0f, scc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PREP_NPL; ++i) {
-            const int n = lane + 32 * i;
-            if (n < N) {
-                const float bv = to_f32(pr[OFF_B + grp * N + n]);
-                const float cv = to_f32(pr[OFF_C + grp * N + n]);
-                sb += bv * bv;
-                scc += cv * cv;
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            sb += __shfl_xor_sync(FULL_MASK, sb, o);
-            scc += __shfl_xor_sync(FULL_MASK, scc, o);
-        }
+        float rb, rc;
+        bc_rms(pr + OFF_B + grp * N, pr + OFF_C + grp * N, lane, rb, rc);
         if (lane == 0) {
-            const float d = softplus(to_f32(pr[OFF_DT + h]) + dt_bias[h]);
-            const float act = a_act(to_f32(pr[OFF_A + h]));
-            const float A = -(act >= A_FLOOR ? act : A_FLOOR);
+            float d, adt, lam;
+            row_head_scalars(pr, h, dt_bias[h], d, adt, lam);
             sc[0] = d;
-            sc[1] = A * d;
-            sc[2] = sigmoid(to_f32(pr[OFF_TRAP + h]));
-            sc[3] = 1.0f / sqrtf(sb / (float)N + EPS);
-            rC = 1.0f / sqrtf(scc / (float)N + EPS);
+            sc[1] = adt;
+            sc[2] = lam;
+            sc[3] = rb;
+            rC = rc;
         }
     }
-    for (int p = tid; p < P; p += DEC_MIX_THREADS) sv[p] = to_f32(pr[OFF_X + h * P + p]);
     __syncthreads();
     for (int n = tid; n < N; n += DEC_MIX_THREADS) {
         const int i = h * N + n;
@@ -429,19 +413,7 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     // gate (warp 0): the head's P values, lane l holding p = l + 32*i
     if (warp == 0) {
         float yv[GATE_VPL];
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GATE_VPL; ++i) {
-            const int p = lane + 32 * i;
-            yv[i] = p < P ? sy[p] : 0.0f;
-            ss += yv[i] * yv[i];
-        }
-        float r = 1.0f;
-        if (OUTPROJ_NORM) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
-            r = 1.0f / sqrtf(ss / (float)P + EPS);
-        }
+        const float r = gate_head_load(sy, 0, lane, yv);   // sy is the head's row: h = 0
         const act_t *zt = pr + OFF_Z;
         act_t *gt = g + b * E;
 #pragma unroll
