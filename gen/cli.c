@@ -15,6 +15,7 @@
 
 #include "cli_util.h"
 #include "gpu_query.h"
+#include "hf_config.h"
 #include "lua_host.h"
 #include "outdir.h"
 #include "spec_yaml.h"
@@ -32,6 +33,8 @@ typedef struct {
     const char *lua_test;  /* --lua-test FILE */
     const char *gpu;       /* --gpu NAME, or NULL */
     const char *tune_cache; /* --tune-cache DIR, or NULL */
+    const char *from_hf;   /* --from-hf CONFIG.json, or NULL */
+    const char *name;      /* --name NAME (with --from-hf), or NULL */
     const char *spec;
     int check, print_spec, spec_reference, quiet;
 } cli_opts;
@@ -39,6 +42,7 @@ typedef struct {
 static void cli_usage(FILE *fp)
 {
     fputs("Usage: mamba-gen [OPTION]... SPEC.yaml\n"
+          "       mamba-gen --from-hf CONFIG.json [--name NAME] [-o SPEC.yaml]\n"
           "       mamba-gen tune SPEC.yaml [OPTION]...   (autotuning on the GPU: runs mamba-tune;\n"
           "                                              see mamba-gen tune --help)\n"
           "Generate specialized CUDA kernels and a C host pipeline for the Mamba model\n"
@@ -61,6 +65,13 @@ static void cli_usage(FILE *fp)
           "                       first CUDA device, if any (else chunk_size 64)\n"
           "      --tune-cache DIR the autotune cache directory (default: $MG_TUNE_CACHE,\n"
           "                       else $XDG_CACHE_HOME/mamba-gen, else ~/.cache/mamba-gen)\n"
+          "      --from-hf CONFIG.json  write a spec (arch mamba1) for the Hugging Face\n"
+          "                       MambaConfig CONFIG.json (the config.json of a Mamba-1\n"
+          "                       *-hf checkpoint, e.g. state-spaces/mamba-130m-hf) on\n"
+          "                       standard output, or into the file given with -o;\n"
+          "                       shapes.max_batch/max_seq_len are placeholders to edit\n"
+          "      --name NAME      with --from-hf: the spec's name (default: from the\n"
+          "                       config's _name_or_path, else mamba1_dD_lL)\n"
           "      --lua-test FILE  (developer) run the Lua file FILE in the generator's\n"
           "                       sandbox; exit 0 if it returns true or nothing\n"
           "  -h, --help           print this help and exit\n"
@@ -84,7 +95,7 @@ static int cli_finish_stdout(int status)
 static int cli_parse(int argc, char **argv, cli_opts *o)
 {
     enum { OPT_CHECK = 256, OPT_PRINT_SPEC, OPT_TEMPLATES, OPT_VERSION, OPT_LUA_TEST, OPT_SPEC_REF, OPT_GPU,
-           OPT_TUNE_CACHE };
+           OPT_TUNE_CACHE, OPT_FROM_HF, OPT_NAME };
     static const struct option longopts[] = {
         {"output", required_argument, NULL, 'o'},
         {"check", no_argument, NULL, OPT_CHECK},
@@ -95,6 +106,8 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
         {"spec-reference", no_argument, NULL, OPT_SPEC_REF},
         {"gpu", required_argument, NULL, OPT_GPU},
         {"tune-cache", required_argument, NULL, OPT_TUNE_CACHE},
+        {"from-hf", required_argument, NULL, OPT_FROM_HF},
+        {"name", required_argument, NULL, OPT_NAME},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
@@ -116,6 +129,8 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
         case OPT_SPEC_REF: o->spec_reference = 1; break;
         case OPT_GPU: o->gpu = optarg; break;
         case OPT_TUNE_CACHE: o->tune_cache = optarg; break;
+        case OPT_FROM_HF: o->from_hf = optarg; break;
+        case OPT_NAME: o->name = optarg; break;
         case OPT_VERSION: version = 1; break;
         default: return cu_getopt_error("mamba-gen", CLI_USAGE, c, argv);
         }
@@ -127,6 +142,20 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
     if (version) {
         printf("mamba-gen %s\n%s\nlibyaml %s\n", MG_VERSION, LUA_RELEASE, yaml_get_version_string());
         return cli_finish_stdout(CLI_OK);
+    }
+    if (o->name && !o->from_hf)
+        return cli_usage_error("%s", "--name is only used with --from-hf");
+    if (o->from_hf) {
+        if (optind < argc)
+            return cli_usage_error("--from-hf takes no spec ('%s')", argv[optind]);
+        if (o->check || o->print_spec || o->lua_test || o->spec_reference)
+            return cli_usage_error("%s", "--from-hf cannot be combined with --check, --print-spec, --lua-test or "
+                                         "--spec-reference (run --check on the spec it writes)");
+        if (!*o->from_hf)
+            return cli_usage_error("%s", "--from-hf needs a file name");
+        if (o->output && !*o->output)
+            return cli_usage_error("%s", "-o/--output needs a non-empty file name");
+        return -1;
     }
     if (o->lua_test) {
         if (optind < argc)
@@ -312,6 +341,30 @@ static int cli_spec_reference(lh_host *h)
     return status == LH_OK ? CLI_OK : CLI_INTERNAL;
 }
 
+/* --from-hf: the spec on stdout, or written to -o FILE. */
+static int cli_from_hf(const cli_opts *o, lh_host *h)
+{
+    char *text = NULL, *err = NULL;
+    size_t size = 0;
+    int status = hf_from_config(h, o->from_hf, o->name, &text, &size, &err);
+    if (status != 0) {
+        fputs(err, stderr);
+        free(err);
+        return status == 1 ? CLI_SPEC_ERROR : CLI_INTERNAL;
+    }
+    if (!o->output) {
+        fwrite(text, 1, size, stdout);
+    } else if (hf_write_file(o->output, text, size, &err) != 0) {
+        fprintf(stderr, "mamba-gen: %s\n", err);
+        free(err);
+        status = CLI_SPEC_ERROR;
+    } else if (!o->quiet) {
+        printf("wrote %s\n", o->output);
+    }
+    free(text);
+    return status;
+}
+
 /* What Lua made of the spec: the notes, then the errors or the product. */
 static int cli_report(const cli_opts *o, int status, const lh_result *r)
 {
@@ -352,6 +405,8 @@ static int cli_run(const cli_opts *o)
     int status;
     if (o->lua_test) {
         status = cli_lua_test(o, h);
+    } else if (o->from_hf) {
+        status = cli_from_hf(o, h);
     } else if (o->spec_reference) {
         status = cli_spec_reference(h);
     } else {

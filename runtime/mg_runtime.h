@@ -8,4 +8,5 @@
 #include "mg_compare.h"
 #include "mg_ref_mamba1.h"
 #include "mg_ref_mamba3.h"
+#include "mg_safetensors.h"
 #endif

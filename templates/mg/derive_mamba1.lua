@@ -163,8 +163,9 @@ end
 --   d.decode_persistent true when the single-launch decode kernel is emitted
 --                       (decode_persistent_kernel: the whole backbone of one
 --                       decode step in one launch, a thread-block cluster per
---                       stream); false keeps the fused path only. Needs sm_90
---                       (clusters), the GEMV weights of all layers (storage
+--                       stream); false keeps the fused path only. Needs
+--                       clusters (sm_90 and later targets: sm_90, sm_100,
+--                       sm_120), the GEMV weights of all layers (storage
 --                       dtype, + input_proj f32) <= 16 MiB (they stay L2-resident
 --                       and one cluster of decode_cluster SMs streams them per
 --                       step: beyond that the whole-GPU GEMMs of the fused
@@ -249,7 +250,7 @@ function M.derive_inference(spec, d)
   -- s_xpart, s_dbl [XP]; s_red [threads/32]
   d.decode_smem_bytes = 4 * (3 * d.D + d.input_dim + 4 * ec + 2 * d.XP + d.decode_threads // 32)
   local why = ""
-  if spec.target ~= "sm_90" then
+  if d.sm < 90 then
     why = "target " .. spec.target .. " has no thread-block clusters (sm_90 and later)"
   elseif d.decode_weight_bytes > 16 * 1024 * 1024 then
     why = string.format("the GEMV weights (%d bytes per step) exceed 16 MiB: one cluster per stream "

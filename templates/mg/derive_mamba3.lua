@@ -218,9 +218,15 @@ end
 --   d.ck_min_blocks     blocks per SM of __launch_bounds__ (1 or 2)
 -- ===========================================================================
 -- Largest dynamic shared memory the chunked kernel may ask for, per target
--- (the opt-in limit per block, less 2 KiB of slack): sm_90 227 KiB, sm_80
--- 163 KiB, sm_86 / sm_89 99 KiB.
-M.CK_SMEM_MAX = { [90] = 225 * 1024, [80] = 161 * 1024, [86] = 97 * 1024, [89] = 97 * 1024 }
+-- (the opt-in limit per block, less 2 KiB of slack): sm_90 / sm_100 227 KiB,
+-- sm_80 163 KiB, sm_86 / sm_89 / sm_120 99 KiB (CUDA C++ Programming Guide,
+-- technical specifications per compute capability).
+M.CK_SMEM_MAX = { [80] = 161 * 1024, [86] = 97 * 1024, [89] = 97 * 1024, [90] = 225 * 1024,
+                  [100] = 225 * 1024, [120] = 97 * 1024 }
+-- Shared memory of one SM, per target (two blocks fit when both do):
+-- sm_90 / sm_100 228 KiB, sm_80 164 KiB, sm_86 / sm_89 / sm_120 100 KiB.
+M.SM_SMEM = { [80] = 164 * 1024, [86] = 100 * 1024, [89] = 100 * 1024, [90] = 228 * 1024,
+              [100] = 228 * 1024, [120] = 100 * 1024 }
 
 -- The chunked kernel's shared memory in bytes for chunk q and `warps`
 -- warps: the staged tiles (rows padded by 16 bytes of the operand type
@@ -239,14 +245,14 @@ end
 --   dividing P) that still gives every warp an item;
 --   blocks per SM the kernel is compiled for (__launch_bounds__ minimum):
 --   2 for the tensor-core engines when two blocks' shared memory fits in the
---   SM's 228 KiB (1 KiB each reserved) and the block is <= 256 threads (128
+--   SM's (M.SM_SMEM, 1 KiB each reserved) and the block is <= 256 threads (128
 --   registers per thread), else 1 (up to 255 registers: no spills of the
 --   state tile).
 local function ck_items(d, q, warps, threads, smem_bytes)
   local pw = math.min(d.P, 64)
   while pw > 8 and (q // 16) * (d.P // pw) < warps do pw = pw // 2 end
   local min_blocks = (d.ck_engine ~= "fma" and threads <= 256 and
-    2 * (smem_bytes + 1024) <= 228 * 1024) and 2 or 1
+    2 * (smem_bytes + 1024) <= (M.SM_SMEM[d.sm] or M.SM_SMEM[80])) and 2 or 1
   return pw, (q // 16) * (d.P // pw), min_blocks
 end
 

@@ -89,6 +89,10 @@ E.FILES = {
   { path = "mg_train_host.h",  copy = "host/common/train_host.h",     when = "training" },
   { path = "%s_train_test.c",  copy = "host/{dir}/train_test.c",      when = "training" },
   { path = "train_tests.h",    copy = "host/common/train_tests.h",    when = "training" },
+  -- packaging: pkg-config and CMake files, completed by `make install`
+  { path = "%s.pc.in",                 template = "common/pkgconfig.pc.tmpl",              prefix = "#" },
+  { path = "%sConfig.cmake.in",        template = "common/cmake_config.cmake.tmpl",        prefix = "#" },
+  { path = "%sConfigVersion.cmake",    template = "common/cmake_config_version.cmake.tmpl", prefix = "#" },
   { path = "Makefile",         template = "common/Makefile.tmpl", prefix = "#" },
 }
 
@@ -118,6 +122,17 @@ function E.int(x)
   local i = math.tointeger(x)
   if not i then error("int(): " .. tostring(x) .. " is not an integer", 2) end
   return string.format("%d", i)
+end
+
+-- The generated library's own version {major, minor, patch, text = "x.y.z"}:
+-- the spec schema has no version key, so every library is 0.1.0 (its
+-- generator's version is NAME_GENERATOR_VERSION, its spec's hash
+-- NAME_SPEC_SHA256).
+E.LIB_VERSION = { 0, 1, 0 }
+
+function E.lib_version(spec)
+  local v = E.LIB_VERSION
+  return { major = v[1], minor = v[2], patch = v[3], text = string.format("%d.%d.%d", v[1], v[2], v[3]) }
 end
 
 function E.provenance_line(version, spec_name, spec_hash, template, prefix)
@@ -150,6 +165,11 @@ function E.env(spec, d, args, template)
     end,
     f32 = E.f32,
     int = E.int,
+    -- the versions and the spec's hash in the generated library (NAME.h
+    -- macros, the Makefile's SONAME, NAME.pc, the CMake package)
+    lib_version = E.lib_version(spec),
+    generator_version = version,
+    spec_hash = args.spec_hash or "",
   }
   return env
 end

@@ -9,6 +9,10 @@
 --   key       the YAML key
 --   type      "identifier" | "enum" | "int" | "number" | "bool" | "map"
 --   values    enum: allowed strings; int/number: allowed values (a set)
+--   list_values  enum: what the values are ("targets"); a bad value is
+--             answered with the whole list, never with a "did you mean" (the
+--             values are names, not spellings: sm_99 is no typo of sm_90,
+--             mamba2 none of mamba1)
 --   auto      true: the string `auto` is also accepted (kept as "auto")
 --   min, max  inclusive range (int/number); for numbers `gt`/`lt` are strict
 --   pow2      int must be a power of two
@@ -87,7 +91,7 @@ M.INDEX_LIMIT = 2 ^ 31
 M.keys = {
   { key = "name", type = "identifier", required = true,
     doc = "model name: a C identifier [a-z][a-z0-9_]*, at most 48 characters, no '__', not ending in '_', not a C keyword, not mg or mg_*, not the name of a C, POSIX or CUDA header (NAME.h would shadow it); prefix of every emitted symbol and file" },
-  { key = "arch", type = "enum", values = { "mamba1", "mamba3_siso" }, required = true,
+  { key = "arch", type = "enum", values = { "mamba1", "mamba3_siso" }, required = true, list_values = "architectures",
     doc = "architecture: mamba1 (selective SSM, Gu & Dao 2023) or mamba3_siso (Mamba-3 SISO, Lahoti et al. 2026)" },
   { key = "model", type = "map", required = true,
     doc = "model dimensions and options",
@@ -153,8 +157,9 @@ M.keys = {
       { key = "deterministic", type = "bool", default = true,
         doc = "no atomics in any reduction: bit-identical results run to run" },
     } },
-  { key = "target", type = "enum", default = "sm_90", values = { "sm_80", "sm_86", "sm_89", "sm_90" },
-    doc = "CUDA architecture the kernels are compiled for" },
+  { key = "target", type = "enum", default = "sm_90",
+    values = { "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120" }, list_values = "targets",
+    doc = "CUDA architecture the kernels are compiled for (sm_100, sm_120: CUDA 12.8 or later)" },
 }
 
 -- The widest row of a token's activations, in elements: the in_proj output

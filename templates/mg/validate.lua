@@ -274,6 +274,10 @@ function check.enum(e, node, cls, arch)
     return nil, "expected one of " .. join(values, ", ") .. ", got " .. describe(node, cls)
   end
   if contains(values, node.value) then return node.value end
+  if e.list_values then
+    return nil, string.format("'%s' is not one of the %s mamba-gen supports: %s", qtext(node.value),
+      e.list_values, join(values, ", "))
+  end
   local msg = string.format("'%s' is not valid; %s", qtext(node.value), expected)
   local sug = V.suggest(node.value, values)
   if sug then msg = msg .. string.format("; did you mean '%s'?", sug) end

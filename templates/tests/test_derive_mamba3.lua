@@ -335,6 +335,10 @@ if ok then
       bn["m3n_train_test.c"] == nil, "emit: no training files without emit.training")
     check(not bn["m3n.h"]:find("_train.h", 1, true), "emit: no training include without emit.training")
     check(not bn["Makefile"]:find("./$(NAME)_train_test", 1, true), "emit: make check without the training test")
+    check(bn["m3n.h"]:find('\n#define M3N_SPEC_SHA256 "' .. string.rep("d", 64) .. '"', 1, true) ~= nil and
+      bn["m3n.h"]:find('\n#define M3N_VERSION "0.1.0"', 1, true) ~= nil, "emit: version and spec hash macros")
+    check(bn["Makefile"]:find("\nVERSION = 0.1.0\n", 1, true) ~= nil and bn["m3n.pc.in"]:find("\nVersion: 0.1.0\n", 1, true) ~= nil,
+      "emit: the Makefile and m3n.pc.in carry the version")
   end
   local sp2 = spec3({ outproj_norm = false, input_dim = 0, a_activation = "softplus" }, nil, { name = "m3b", precision = "bf16" })
   local ok2, f2 = pcall(emit.files, sp2, derive.derive(sp2), { spec_name = "m3b.yaml", spec_hash = string.rep("c", 64) }, {})
