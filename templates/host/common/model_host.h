@@ -207,3 +207,135 @@ mg_status model_decode_graph_launch(model_graph *g)
     MG_CUDA(cudaGraphLaunch(g->exec, g->m->stream));
     return MG_OK;
 }
+
+/* ---- Checkpoints: a safetensors file <-> the host f32 weights blob, by
+ * the parameter table (model_load_safetensors / model_save_safetensors,
+ * aliased in NAME.h's internal section). Host memory only. A parameter's
+ * canonical name is its table name without a leading "backbone." (Mamba-1's
+ * table has the prefix, Mamba-3's has not); loading with prefix NULL tries
+ * the table names as they are, then the canonical names against the file's
+ * names with "backbone." removed, so either form loads in either arch. ---- */
+#include "mg_safetensors.h"
+
+/* The parameter table as mg_st_load_table and mg_st_write take it. */
+typedef struct model_st_table {
+    const char *names[MODEL_N_PARAMS];
+    const char *canon[MODEL_N_PARAMS];   /* names without "backbone." */
+    long dims[MODEL_N_PARAMS][4];
+    const long *shapes[MODEL_N_PARAMS];
+    int ndims[MODEL_N_PARAMS];
+    size_t offsets[MODEL_N_PARAMS];
+    const float *data[MODEL_N_PARAMS];   /* for a save */
+    int prefixed;                        /* some table name has "backbone." */
+} model_st_table;
+
+static const char model_st_backbone[] = "backbone.";
+
+static model_st_table *model_st_table_new(const char *fn)
+{
+    model_st_table *t = (model_st_table *)calloc(1, sizeof *t);
+    if (!t) { mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn); return NULL; }
+    const size_t bl = sizeof model_st_backbone - 1;
+    for (int i = 0; i < MODEL_N_PARAMS; ++i) {
+        const char *nm = model_params[i].name;
+        t->names[i] = nm;
+        const int pre = strncmp(nm, model_st_backbone, bl) == 0;
+        t->canon[i] = pre ? nm + bl : nm;
+        t->prefixed |= pre;
+        t->ndims[i] = model_params[i].ndim;
+        for (int d = 0; d < model_params[i].ndim && d < 4; ++d) t->dims[i][d] = model_params[i].shape[d];
+        t->shapes[i] = t->dims[i];
+        t->offsets[i] = model_params[i].offset;
+    }
+    return t;
+}
+
+/* MG_OK, or the error for fn, for a blob pointer and size. */
+static mg_status model_st_check_blob(const void *blob, size_t n_floats, const char *fn)
+{
+    if (!blob) return mg_fail(MG_ERR_INVALID_ARG, "%s: blob is NULL", fn);
+    if (n_floats != (size_t)MODEL_WEIGHTS_FLOATS)
+        return mg_fail(MG_ERR_SIZE, "%s: blob has %zu floats, expected %zu (" MODEL_UPPER "_WEIGHTS_FLOATS)",
+                       fn, n_floats, (size_t)MODEL_WEIGHTS_FLOATS);
+    return MG_OK;
+}
+
+/* Whether some tensor name of f starts with "backbone.". */
+static int model_st_file_prefixed(const mg_st_file *f)
+{
+    const size_t n = mg_st_count(f);
+    for (size_t i = 0; i < n; ++i) {
+        mg_st_info info;
+        if (mg_st_get(f, i, &info) == MG_OK &&
+            strncmp(info.name, model_st_backbone, sizeof model_st_backbone - 1) == 0) return 1;
+    }
+    return 0;
+}
+
+mg_status model_load_safetensors(const char *path, const char *prefix, float *blob, size_t n_floats)
+{
+    static const char fn[] = MODEL_NAME "_load_safetensors";
+    if (!path) return mg_fail(MG_ERR_INVALID_ARG, "%s: path is NULL", fn);
+    mg_status s = model_st_check_blob(blob, n_floats, fn);
+    if (s != MG_OK) return s;
+    model_st_table *t = model_st_table_new(fn);
+    if (!t) return MG_ERR_OUT_OF_MEMORY;
+    mg_st_file *f = NULL;
+    s = mg_st_open(path, &f);
+    if (s == MG_OK && prefix) {
+        /* the file's names that start with `prefix`, without it, are the canonical names */
+        s = mg_st_load_table(f, t->canon, t->shapes, t->ndims, t->offsets, MODEL_N_PARAMS,
+                             prefix, blob, n_floats);
+    } else if (s == MG_OK) {
+        /* the table names as they are, then the canonical ones against the
+         * file's names without "backbone." (mg_st_load_table leaves the blob
+         * untouched on error); when both fail, the message of the first,
+         * unless the file and the table differ in the prefix */
+        s = mg_st_load_table(f, t->names, t->shapes, t->ndims, t->offsets, MODEL_N_PARAMS,
+                             NULL, blob, n_floats);
+        if (s == MG_ERR_SIZE) {
+            char first[1024];
+            size_t len = strlen(mg_last_error());
+            if (len >= sizeof first) len = sizeof first - 1;
+            memcpy(first, mg_last_error(), len);
+            first[len] = '\0';
+            s = mg_st_load_table(f, t->canon, t->shapes, t->ndims, t->offsets, MODEL_N_PARAMS,
+                                 model_st_backbone, blob, n_floats);
+            if (s == MG_ERR_SIZE && model_st_file_prefixed(f) == t->prefixed)
+                mg_fail(MG_ERR_SIZE, "%s", first);
+        }
+    }
+    mg_st_close(f);
+    if (s == MG_OK) {   /* the padding between tensors (the table is in blob order) */
+        size_t end = 0;
+        for (int i = 0; i < MODEL_N_PARAMS; ++i) {
+            if (model_params[i].offset > end) memset(blob + end, 0, (model_params[i].offset - end) * sizeof *blob);
+            if (model_params[i].offset + model_params[i].numel > end) end = model_params[i].offset + model_params[i].numel;
+        }
+        if (n_floats > end) memset(blob + end, 0, (n_floats - end) * sizeof *blob);
+    }
+    free(t);
+    return s;
+}
+
+mg_status model_save_safetensors(const char *path, const float *blob, size_t n_floats, int dtype)
+{
+    static const char fn[] = MODEL_NAME "_save_safetensors";
+    if (!path) return mg_fail(MG_ERR_INVALID_ARG, "%s: path is NULL", fn);
+    mg_status s = model_st_check_blob(blob, n_floats, fn);
+    if (s != MG_OK) return s;
+    if (dtype != 0 && dtype != 1 && dtype != 2)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: unknown dtype %d (0 f32, 1 bf16, 2 f16)", fn, dtype);
+    model_st_table *t = model_st_table_new(fn);
+    if (!t) return MG_ERR_OUT_OF_MEMORY;
+    for (int i = 0; i < MODEL_N_PARAMS; ++i) t->data[i] = blob + model_params[i].offset;
+    static const char meta[] = "{\"format\":\"pt\","
+#ifdef MODEL_SPEC_SHA256
+        "\"mamba_gen_spec_sha256\":\"" MODEL_SPEC_SHA256 "\","
+#endif
+        "\"mamba_gen_model\":\"" MODEL_NAME "\"}";
+    const mg_st_dtype dt = dtype == 1 ? MG_ST_BF16 : dtype == 2 ? MG_ST_F16 : MG_ST_F32;
+    s = mg_st_write(path, MODEL_N_PARAMS, t->names, t->shapes, t->ndims, t->data, dt, meta);
+    free(t);
+    return s;
+}
