@@ -414,16 +414,6 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     if (warp == 0) {
         float yv[GATE_VPL];
         const float r = gate_head_load(sy, 0, lane, yv);   // sy is the head's row: h = 0
-        const act_t *zt = pr + OFF_Z;
-        act_t *gt = g + b * E;
-#pragma unroll
-        for (int i = 0; i < GATE_VPL; ++i) {
-            const int p = lane + 32 * i;
-            if (p < P) {
-                const int e = h * P + p;
-                const float gw = OUTPROJ_NORM ? r * ngw[e] : 1.0f;
-                gt[e] = from_f32<act_t>(yv[i] * gw * silu(to_f32(zt[e])));
-            }
-        }
+        gate_head_store(yv, r, h, lane, pr + OFF_Z, ngw, g + b * E);
     }
 }

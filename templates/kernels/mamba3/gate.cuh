@@ -26,6 +26,24 @@ __device__ __forceinline__ float gate_head_load(const float *yt, int h, int lane
     return r;
 }
 
+// Writes head h's gated outputs gt[h*P + p] (lane's entries p = lane +
+// 32*i) from its values yv and scale r (gate_head_load), z (zt, the token's
+// z row) and norm_gate_w: the expression of doc/math.md step 11. The gate
+// kernel and the decode mixer share it.
+__device__ __forceinline__ void gate_head_store(const float (&yv)[GATE_VPL], float r, int h, int lane,
+                                                const act_t *zt, const float *ngw, act_t *gt)
+{
+#pragma unroll
+    for (int i = 0; i < GATE_VPL; ++i) {
+        const int p = lane + 32 * i;
+        if (p < P) {
+            const int e = h * P + p;
+            const float gw = OUTPROJ_NORM ? r * ngw[e] : 1.0f;
+            gt[e] = from_f32<act_t>(yv[i] * gw * silu(to_f32(zt[e])));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // gate_kernel: doc/math.md step 11, one block of GATE_THREADS per token; warp w
 // handles heads w, w+GATE_WARPS, ...; lane l holds the head's entries
@@ -46,14 +64,6 @@ gate_kernel(const float *__restrict__ y, const act_t *__restrict__ proj,
     for (int h = warp; h < H; h += GATE_WARPS) {
         float yv[GATE_VPL];
         const float r = gate_head_load(yt, h, lane, yv);
-#pragma unroll
-        for (int i = 0; i < GATE_VPL; ++i) {
-            const int p = lane + 32 * i;
-            if (p < P) {
-                const int e = h * P + p;
-                const float gw = OUTPROJ_NORM ? r * ngw[e] : 1.0f;
-                gt[e] = from_f32<act_t>(yv[i] * gw * silu(to_f32(zt[e])));
-            }
-        }
+        gate_head_store(yv, r, h, lane, zt, ngw, gt);
     }
 }
