@@ -2,6 +2,7 @@
  * config, calls require("mg.hf").from_hf(text, path, name) in the generator's
  * sandbox, and turns its result or its errors into C data. */
 #include "hf_config.h"
+#include "lua_host.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -81,22 +82,6 @@ static int hf_read(const char *path, char **data, size_t *size, char **err)
     return 0;
 }
 
-/* Message handler: spec errors pass through, anything else gets a traceback. */
-static int hf_msgh(lua_State *L)
-{
-    if (lua_type(L, 1) == LUA_TTABLE) {
-        lua_pushliteral(L, "spec_errors");
-        if (lua_rawget(L, 1) == LUA_TTABLE) {
-            lua_settop(L, 1);
-            return 1;
-        }
-        lua_pop(L, 1);
-    }
-    const char *msg = lua_tostring(L, 1);
-    luaL_traceback(L, L, msg ? msg : "(error object is not a string)", 1);
-    return 1;
-}
-
 /* require("mg.hf").from_hf(text, path, name): 1..3 the arguments. */
 static int hf_call(lua_State *L)
 {
@@ -157,7 +142,7 @@ int hf_from_config(lh_host *h, const char *path, const char *name, char **text, 
         return 1;
     lua_State *L = lh_state(h);
     int top = lua_gettop(L);
-    lua_pushcfunction(L, hf_msgh);
+    lua_pushcfunction(L, lh_msgh);
     lua_pushcfunction(L, hf_call);
     lua_pushlstring(L, data, n);
     free(data);

@@ -484,7 +484,7 @@ lua_State *lh_state(lh_host *h)
 
 /* Message handler: spec errors pass through untouched (they are data, not
  * bugs); anything else becomes a string with the traceback. */
-static int lh_msgh(lua_State *L)
+int lh_msgh(lua_State *L)
 {
     if (lua_type(L, 1) == LUA_TTABLE) {
         lua_pushliteral(L, "spec_errors");

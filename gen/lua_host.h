@@ -104,4 +104,9 @@ void lh_result_free(lh_result *r);
  * raises an error or returns anything else. */
 int lh_run_file(lh_host *h, const char *path, char **message);
 
+/* The message handler of every protected call into the generator's Lua
+ * (lua_pcall's msgh): a spec-error table passes through untouched (data,
+ * not a bug); anything else becomes a string with the traceback. */
+int lh_msgh(lua_State *L);
+
 #endif
