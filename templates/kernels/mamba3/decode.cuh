@@ -338,6 +338,7 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
             rC = rc;
         }
     }
+    for (int p = tid; p < P; p += DEC_MIX_THREADS) sv[p] = to_f32(pr[OFF_X + h * P + p]);
     __syncthreads();
     for (int n = tid; n < N; n += DEC_MIX_THREADS) {
         const int i = h * N + n;
