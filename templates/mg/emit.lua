@@ -72,7 +72,7 @@ E.FILES = {
     { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh" },
   },
   { arch = "mamba3_siso", when = "training",
-    bodies("angles_bwd.cuh"),
+    bodies("prep_rot.cuh angles_bwd.cuh"),
     { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh" },
     bodies("train_util.cuh train_fwd.cuh norm_bwd.cuh gate_bwd.cuh scan_bwd.cuh chunked_bwd.cuh prep_bwd.cuh"
         .. " launch_train.cuh launch_train.h"),

@@ -154,11 +154,11 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
     core_bwd_ctx *x = p;
     core_ctx *c = x->c;
     const int tokens = c->batch * c->seqlen;
-    if (x->parts & BK_PREP)
-        MG_CUDA(model_launch_prep_train(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, c->dt, c->adt,
-                            c->lam, c->k, c->q, st));
     if (x->parts & BK_ANGLES)
-        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt, c->ang, NULL, c->k, c->q, x->cs, st));
+        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, c->ang, NULL, x->cs, st));
+    if (x->parts & BK_PREP)
+        MG_CUDA(model_launch_prep_train(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, x->cs, c->dt,
+                            c->adt, c->lam, c->k, c->q, st));
     if (x->parts & BK_SCAN) {
 #if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)

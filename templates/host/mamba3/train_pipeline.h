@@ -224,9 +224,9 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
             MG_CUDA(cudaMemsetAsync(vp0, 0, (size_t)batch * VPREV_PER_SEQ * sizeof(float), st));
             MG_CUDA(cudaMemsetAsync(ang0, 0, (size_t)batch * ANGLE_PER_SEQ * sizeof(float), st));
         }
+        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, ang_l, t->cs, st));
         MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
-                            lw + L0_B_BIAS, lw + L0_C_BIAS, t->dt, t->adt, t->lam, t->k, t->q, st));
-        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, t->dt, ang0, ang_l, t->k, t->q, NULL, st));
+                            lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
 #if HAS_CHUNKED_BWD
         if (chunked)
             MG_CUDA(model_launch_scan_fwd_chunked(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam,
@@ -349,9 +349,9 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         CHECK(mg_linear_dw(t->blas, tokens, D_MODEL, D_INNER, ACT, dhA, D_MODEL, t->g, D_INNER,
                            MG_F32, gl + L0_OUT_PROJ_W, D_INNER, 0.0f));
         /* recompute the SSM inputs (forward arithmetic), with the rotary cos/sin */
+        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, NULL, t->cs, st));
         MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
-                            lw + L0_B_BIAS, lw + L0_C_BIAS, t->dt, t->adt, t->lam, t->k, t->q, st));
-        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, t->dt, ang0, NULL, t->k, t->q, t->cs, st));
+                            lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
         /* the SSM, in reverse from the checkpoints */
 #if HAS_CHUNKED_BWD
         if (chunked)

@@ -31,6 +31,17 @@ __device__ __forceinline__ double wrap_2pi(double th)
     return th;
 }
 
+// The rotation of one (even, odd) pair by the angle with cosine c, sine s;
+// the one expression of every kernel that rotates (angles_kernel here, the
+// training forward's prep_rot_kernel), so they give the same bits.
+__device__ __forceinline__ float2 rotate_pair(float c, float s, float2 v)
+{
+    float2 o;
+    o.x = c * v.x - s * v.y;
+    o.y = s * v.x + c * v.y;
+    return o;
+}
+
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt,
               const float *angle_in, float *angle_out, float *__restrict__ k,
@@ -73,13 +84,10 @@ angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restric
         double sd, cd;
         sincos(th, &sd, &cd);
         const float c = (float)cd, s = (float)sd;
-        float *kp = k + (tok * H + h) * N + 2 * a;
-        float *qp = q + (tok * H + h) * N + 2 * a;
-        const float k0 = kp[0], k1 = kp[1], q0 = qp[0], q1 = qp[1];
-        kp[0] = c * k0 - s * k1;
-        kp[1] = s * k0 + c * k1;
-        qp[0] = c * q0 - s * q1;
-        qp[1] = s * q0 + c * q1;
+        float2 *kp = reinterpret_cast<float2 *>(k + (tok * H + h) * N + 2 * a);
+        float2 *qp = reinterpret_cast<float2 *>(q + (tok * H + h) * N + 2 * a);
+        *kp = rotate_pair(c, s, *kp);
+        *qp = rotate_pair(c, s, *qp);
         if (cs) {
             float2 v;
             v.x = c;

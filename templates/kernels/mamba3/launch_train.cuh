@@ -13,20 +13,20 @@ extern "C" cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, i
 
 extern "C" cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias,
                                              const float *B_norm_w, const float *C_norm_w, const float *B_bias,
-                                             const float *C_bias, float *dt, float *adt, float *lam, float *k,
-                                             float *q, cudaStream_t st)
+                                             const float *C_bias, const float *cs, float *dt, float *adt,
+                                             float *lam, float *k, float *q, cudaStream_t st)
 {
-    prep_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt_bias, B_norm_w,
-                                                 C_norm_w, B_bias, C_bias, dt, adt, lam, k, q);
+    prep_rot_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt_bias, B_norm_w,
+                                                     C_norm_w, B_bias, C_bias, cs, dt, adt, lam, k, q);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt,
-                                               const float *angle_in, float *angle_out, float *k, float *q,
-                                               float *cs, cudaStream_t st)
+extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
+                                               const float *angle_in, float *angle_out, float *cs,
+                                               cudaStream_t st)
 {
-    angles_kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, cs);
+    angles_cs_kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
+        seqlen, static_cast<const act_t *>(proj), dt_bias, angle_in, angle_out, cs);
     return cudaGetLastError();
 }
 

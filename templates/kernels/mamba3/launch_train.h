@@ -12,12 +12,16 @@
 cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cudaStream_t st);
 cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
                                    float *rstd, int rows, cudaStream_t st);
+/* The SSM inputs of the training forward: angles_train first (the (cos, sin)
+ * table cs [tokens][H][S][2] of the rotary angles, and the final angle),
+ * then prep_train (dt, A*dt, lambda and the per-head k, q, rotated by cs
+ * as they are written). */
+cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
+                                    const float *angle_in, float *angle_out, float *cs, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias, const float *B_norm_w,
                                   const float *C_norm_w, const float *B_bias, const float *C_bias,
-                                  float *dt, float *adt, float *lam, float *k, float *q, cudaStream_t st);
-cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt,
-                                    const float *angle_in, float *angle_out, float *k, float *q,
-                                    float *cs, cudaStream_t st);
+                                  const float *cs, float *dt, float *adt, float *lam, float *k, float *q,
+                                  cudaStream_t st);
 cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const float *k,
                                 const float *q, const float *dt, const float *adt, const float *lam,
                                 const float *Dskip, const float *ssm_in, const float *kp_in,
