@@ -8,8 +8,12 @@
 #        is in the third column of every row (a dashed line), the generic
 #        variant's time (model dims as kernel arguments) in the fourth (a
 #        dotted line); NaN where there is none.
-#   gnuplot -e "kind='roofline'; data='F'; out='X.svg'; ttl='...'; bw=GBPS; peak=TFLOPS; peak2=TFLOPS" bench/plot.gp
-#     F: "label intensity tflops" rows (intensity in flop/byte).
+#   gnuplot -e "kind='roofline'; data='F'; out='X.svg'; ttl='...'; bw=GBPS; peak=TFLOPS; peak2=TFLOPS; nblocks=N" bench/plot.gp
+#     F: one block per kind of work (a header line naming it), "intensity
+#        tflops" rows (intensity in flop/byte); peak is the bf16 GEMM
+#        ceiling, peak2 the f32 one (0: not measured, no roof drawn).
+#   gnuplot -e "kind='latency'; data='F'; out='X.svg'; ttl='...'; nblocks=N" bench/plot.gp
+#     F: one block per model (a header line), "batch p50_us p99_us" rows.
 # noenhanced: model names contain underscores, which enhanced text would
 # turn into subscripts.
 set terminal svg size 900,600 dynamic noenhanced font "sans,12" background "white"
@@ -30,6 +34,15 @@ if (kind eq 'sweep') {
        for [i=0:nblocks-1] data index i using 1:3 with lines dt 2 lc i+1 notitle, \
        for [i=0:nblocks-1] data index i using 1:4 with lines dt 3 lc i+1 notitle
 } else {
+if (kind eq 'latency') {
+  set logscale x 2
+  set xlabel "batch (streams stepped together)"
+  set ylabel "one decode step (microseconds)"
+  set yrange [0:*]
+  set label 1 "solid: p50; dashed: p99" at screen 0.01, screen 0.02 font ",9"
+  plot for [i=0:nblocks-1] data index i using 1:2 with linespoints lw 2 pt 7 lc i+1 title columnheader(1), \
+       for [i=0:nblocks-1] data index i using 1:3 with linespoints lw 1 dt 2 pt 6 lc i+1 notitle
+} else {
   set logscale xy
   set xlabel "arithmetic intensity (flop/byte moved)"
   set ylabel "achieved TFLOP/s"
@@ -37,8 +50,13 @@ if (kind eq 'sweep') {
   roof2(x) = (bw * x / 1000.0 < peak2) ? bw * x / 1000.0 : peak2
   set samples 400
   set xrange [0.01:10000]
-  plot roof(x) with lines lw 2 lc rgb "#444444" title sprintf("roof: copy %.0f GB/s, GEMM %.0f TFLOP/s", bw, peak), \
-       roof2(x) with lines lw 1 dt 2 lc rgb "#888888" title sprintf("roof: GEMM %.1f TFLOP/s", peak2), \
-       data using 2:3 with points pt 7 ps 1.2 lc rgb "#c03030" title "measured", \
-       data using 2:3:1 with labels offset 1,0.6 left font ",9" notitle
+  if (peak2 > 0) {
+    plot roof(x) with lines lw 2 lc rgb "#444444" title sprintf("roof: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s", bw, peak), \
+         roof2(x) with lines lw 1 dt 2 lc rgb "#888888" title sprintf("roof: f32 GEMM %.1f TFLOP/s", peak2), \
+         for [i=0:nblocks-1] data index i using 1:2 with points pt (5 + 2 * i) ps 1.3 lc i+1 title columnheader(1)
+  } else {
+    plot roof(x) with lines lw 2 lc rgb "#444444" title sprintf("roof: copy %.0f GB/s, GEMM %.0f TFLOP/s", bw, peak), \
+         for [i=0:nblocks-1] data index i using 1:2 with points pt (5 + 2 * i) ps 1.3 lc i+1 title columnheader(1)
+  }
+}
 }

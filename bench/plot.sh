@@ -4,7 +4,10 @@
 #   DIR/plots/roofline.svg        every row of DIR/results.csv (make bench) on
 #                                 a roofline: achieved TFLOP/s against flop per
 #                                 byte, under the measured copy-bandwidth and
-#                                 GEMM ceilings of the run
+#                                 GEMM ceilings of the run (one marker per
+#                                 kind of work)
+#   DIR/plots/decode-latency.svg  the decode latency curve: p50 and p99 of
+#                                 one step against batch size, per model
 #   DIR/plots/sweep-MODEL.svg     for each DIR/tune-MODEL.csv (mamba-tune
 #                                 --csv; make bench writes them): scan time
 #                                 against chunk size, one line per batch x
@@ -66,21 +69,74 @@ for csv in "$dir"/tune-*.csv; do
 done
 
 # ---- roofline: results.csv columns
-# model,precision,what,batch,seqlen,median_ms,min_ms,tokens_per_s,gbps,frac_copy,tflops,frac_gemm
+# model,precision,what,batch,seqlen,median_ms,min_ms,tokens_per_s,gbps,frac_copy,tflops,frac_gemm,
+# p99_ms,ceil_copy_gbps,ceil_bf16_tflops,ceil_f32_tflops,gpu,driver_cuda,runtime_cuda,commit,date_utc,spec_sha256
+# The roofs are the ceilings the run measured (columns 14-16); a CSV of the
+# 12-column format (before they were stored) gets them back from the
+# fractions. One marker per kind of work (prefill, decode, SSM core,
+# training, other), named in the legend: no per-point labels to overlap.
 if [ -f "$dir/results.csv" ]; then
   data=$dir/plots/roofline.dat
-  awk -F, 'NR > 1 && $9 > 0 && $11 > 0 {
-      printf "\"%s %s %dx%d\" %.6g %.6g\n", $1, $3, $4, $5, $11 * 1000 / $9, $11
-      if ($10 > 0 && $9 / $10 > bw) bw = $9 / $10
-      if ($12 > 0) { p = $11 / $12; if (p > hi) hi = p; if (lo == 0 || p < lo) lo = p }
+  awk -F, '
+    function kind(w) {
+      sub(/^ +/, "", w)
+      if (w ~ /^prefill/) return "prefill"
+      if (w ~ /^decode/) return "decode"
+      if (w ~ /^ssm core/ || w ~ /^(fwd|bwd|scan|prep|angles|gate)/) return "SSM core"
+      if (w ~ /train/ || w ~ /backward/) return "training"
+      return "other"
     }
-    END { printf "%g %g %g\n", bw, hi, lo > "/dev/stderr" }' "$dir/results.csv" > "$data" 2> "$data.c"
+    NR > 1 && (NF == 12 || NF == 22) && $9 > 0 && $11 > 0 {   # (older CSVs have rows split by a comma in "what")
+      k = kind($3)
+      if (!(k in n)) { n[k] = 0; order[++nk] = k }
+      pts[k, ++n[k]] = sprintf("%.6g %.6g", $11 * 1000 / $9, $11)
+      if ($14 > 0) { bw = $14; bf = $15; f32 = $16 }
+      else {
+        # the largest fraction has the fewest rounded digits lost
+        if ($10 > fb) { fb = $10; bw = $9 / $10 }
+        if ($12 > 0) {
+          if ($2 == "f32") { if ($12 > ff) { ff = $12; f32 = $11 / $12 } }
+          else if ($12 > fg) { fg = $12; bf = $11 / $12 }
+        }
+      }
+    }
+    END {
+      for (i = 1; i <= nk; i++) {
+        k = order[i]
+        if (i > 1) printf "\n\n"
+        printf "\"%s\"\n", k
+        for (j = 1; j <= n[k]; j++) print pts[k, j]
+      }
+      printf "%g %g %g %d\n", bw, bf, f32, nk > "/dev/stderr"
+    }' "$dir/results.csv" > "$data" 2> "$data.c"
   set -- $(cat "$data.c"); rm -f "$data.c"
   if [ -s "$data" ] && [ "${1:-0}" != 0 ] && gnuplot -e "kind='roofline'; data='$data'; out='$dir/plots/roofline.svg'; \
-        ttl='mamba-gen benchmarks on the roofline of this GPU'; bw=$1; peak=$2; peak2=$3" "$here/plot.gp"; then
+        ttl='mamba-gen benchmarks on the roofline of this GPU'; bw=$1; peak=$2; peak2=$3; nblocks=$4" "$here/plot.gp"; then
     echo "plots: $dir/plots/roofline.svg"; made=$((made + 1))
   else
     echo "plots: no usable rows in $dir/results.csv (or gnuplot failed)" >&2; status=1
+  fi
+  # ---- decode latency: the "decode latency (graph)" rows, p50 (median_ms)
+  # and p99 (p99_ms) against batch, one block per model
+  data=$dir/plots/decode-latency.dat
+  awk -F, 'NR > 1 && $3 == "decode latency (graph)" && $13 != "" {
+      m = $1 " (" $2 ")"
+      if (!(m in seen)) { seen[m] = 1; order[++n] = m }
+      rows[m] = rows[m] sprintf("%d %.6g %.6g\n", $4, $6 * 1000, $13 * 1000)
+    }
+    END {
+      for (i = 1; i <= n; i++) { if (i > 1) printf "\n\n"; printf "\"%s\"\n%s", order[i], rows[order[i]] }
+      print n > "/dev/stderr"
+    }' "$dir/results.csv" > "$data" 2> "$data.n"
+  n=$(cat "$data.n"); rm -f "$data.n"
+  [ "${n:-0}" -gt 0 ] || rm -f "$data"
+  if [ "${n:-0}" -gt 0 ]; then
+    if gnuplot -e "kind='latency'; data='$data'; out='$dir/plots/decode-latency.svg'; \
+          ttl='decode step latency (CUDA Graph replay, L2 flushed)'; nblocks=$n" "$here/plot.gp"; then
+      echo "plots: $dir/plots/decode-latency.svg"; made=$((made + 1))
+    else
+      echo "plots: gnuplot failed on $data" >&2; status=1
+    fi
   fi
 fi
 [ "$made" -gt 0 ] || { echo "plots: nothing to plot in $dir (run make bench first)" >&2; status=1; }

@@ -22,11 +22,18 @@ out=${BENCH_OUT:-bench-out}
 mkdir -p "$out"
 csv=$out/results.csv
 rm -f "$out/speedup.txt"
-echo "model,precision,what,batch,seqlen,median_ms,min_ms,tokens_per_s,gbps,frac_copy,tflops,frac_gemm" > "$csv"
+echo "model,precision,what,batch,seqlen,median_ms,min_ms,tokens_per_s,gbps,frac_copy,tflops,frac_gemm,p99_ms,ceil_copy_gbps,ceil_bf16_tflops,ceil_f32_tflops,gpu,driver_cuda,runtime_cuda,commit,date_utc,spec_sha256" > "$csv"
 if ! "${MG_DEVINFO:-mg-devinfo}" -q; then
   echo "bench: no CUDA device; nothing measured"
   exit 77
 fi
+# The mamba-gen commit every CSV row names: $MG_BENCH_COMMIT when set, else
+# the source tree's git HEAD, else the .commit file of a `make dist` tarball.
+if [ -z "${MG_BENCH_COMMIT:-}" ]; then
+  src=$(cd "$(dirname "$0")/.." && pwd)
+  MG_BENCH_COMMIT=$(git -C "$src" rev-parse --short=12 HEAD 2>/dev/null || cat "$src/.commit" 2>/dev/null || echo unknown)
+fi
+export MG_BENCH_COMMIT
 status=0
 for spec in "$@"; do
   name=$(basename "$spec" .yaml)

@@ -44,6 +44,9 @@ static void bench_summarize(double *ms, int n, mg_bench_stats *out)
     out->max_ms = ms[n - 1];
     out->mean_ms = sum / n;
     out->median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+    /* nearest rank: the smallest time that at least 99% of the runs met */
+    int r = (99 * n + 99) / 100;
+    out->p99_ms = ms[(r < 1 ? 1 : r) - 1];
 }
 
 typedef struct { cudaGraphExec_t g; } bench_graph_ctx;
@@ -210,6 +213,9 @@ mg_status mg_bench_ceilings(mg_ceilings *c)
     MG_CUDA(cudaGetDeviceProperties(&p, dev));
     snprintf(c->device, sizeof c->device, "%s (sm_%d%d, %d SMs)", p.name, p.major, p.minor,
              p.multiProcessorCount);
+    snprintf(c->gpu, sizeof c->gpu, "%s", p.name);
+    MG_CUDA(cudaDriverGetVersion(&c->driver_version));
+    MG_CUDA(cudaRuntimeGetVersion(&c->runtime_version));
 
     /* Copy: 2 GiB each way, far beyond L2; count bytes read plus written. */
     bench_copy_ctx cp = {NULL, NULL, (size_t)1 << 31};
@@ -243,7 +249,8 @@ mg_status mg_bench_ceilings(mg_ceilings *c)
 
 void mg_bench_print_ceilings(FILE *f, const mg_ceilings *c)
 {
-    fprintf(f, "device: %s\n", c->device);
+    fprintf(f, "device: %s, driver CUDA %d.%d, runtime %d.%d\n", c->device, c->driver_version / 1000,
+            c->driver_version % 1000 / 10, c->runtime_version / 1000, c->runtime_version % 1000 / 10);
     fprintf(f, "ceilings: copy %.0f GB/s (read+write), bf16 GEMM %.0f TFLOP/s, f32 GEMM %.1f TFLOP/s\n",
             c->copy_gbps, c->bf16_tflops, c->f32_tflops);
 }

@@ -23,6 +23,7 @@ typedef struct mg_bench_opts {
 
 typedef struct mg_bench_stats {
     double median_ms, min_ms, mean_ms, max_ms;
+    double p99_ms;   /* 99th percentile (nearest rank): the tail a latency budget must cover */
     int iters;
 } mg_bench_stats;
 
@@ -39,7 +40,10 @@ typedef struct mg_ceilings {
     double copy_gbps;     /* device-to-device copy, bytes read + written per second / 1e9 */
     double bf16_tflops;   /* cuBLAS bf16 GEMM (f32 accumulate), 8192^3, random data */
     double f32_tflops;    /* cuBLAS f32 GEMM (no TF32), 4096^3 */
-    char device[320];
+    char device[320];     /* "NAME (sm_XY, N SMs)" */
+    char gpu[256];        /* the device's name alone */
+    int driver_version;   /* cudaDriverGetVersion: 1000*major + 10*minor */
+    int runtime_version;  /* cudaRuntimeGetVersion, the same encoding */
 } mg_ceilings;
 
 /* Measure the ceilings once (about a second of GPU time). */

@@ -15,6 +15,39 @@
 static FILE *csv;
 static mg_ceilings ceil_;
 static double gemm_ceiling_tflops;   /* the GEMM rate of this spec's storage dtype */
+static char csv_tail[800];           /* the columns every CSV row ends with (csv_tail_init) */
+
+/* A CSV field from free text: commas and line breaks become ';' and ' ',
+ * so the plain comma split of bench/plot.sh (and of users' scripts) holds. */
+static void csv_field(char *dst, size_t n, const char *src)
+{
+    size_t i = 0;
+    for (; src[i] && i + 1 < n; i++)
+        dst[i] = src[i] == ',' ? ';' : (src[i] == '\n' || src[i] == '\r') ? ' ' : src[i];
+    dst[i] = 0;
+}
+
+/* The ceilings measured in this run (the fractions of the row are taken
+ * against them: a plot reads them back instead of dividing rounded
+ * fractions), then where the row comes from: GPU, the driver's and the
+ * runtime's CUDA versions, the mamba-gen commit ($MG_BENCH_COMMIT, which
+ * bench/run.sh sets; else the generator's version), the UTC date and the
+ * spec's SHA-256. */
+static void csv_tail_init(void)
+{
+    char gpu[256], commit[96];
+    csv_field(gpu, sizeof gpu, ceil_.gpu);
+    const char *cm = getenv("MG_BENCH_COMMIT");
+    csv_field(commit, sizeof commit, cm && *cm ? cm : MODEL_GENERATOR_VERSION);
+    char date[32] = "unknown";
+    time_t now = time(NULL);
+    const struct tm *tmv = gmtime(&now);
+    if (tmv) strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", tmv);
+    snprintf(csv_tail, sizeof csv_tail, "%.1f,%.2f,%.3f,%s,%d.%d,%d.%d,%s,%s,%s", ceil_.copy_gbps,
+             ceil_.bf16_tflops, ceil_.f32_tflops, gpu, ceil_.driver_version / 1000,
+             ceil_.driver_version % 1000 / 10, ceil_.runtime_version / 1000, ceil_.runtime_version % 1000 / 10,
+             commit, date, MODEL_SPEC_SHA256);
+}
 
 static void die(const char *what, mg_status s)
 {
@@ -58,10 +91,12 @@ static void report(const char *what, int batch, int seqlen, const mg_bench_stats
     printf("%-*s %5d %6d %10.4f %12.0f %9.1f %6.1f%% %8.2f %6.1f%%\n", WHAT_WIDTH, what, batch, seqlen,
            st->median_ms, tokens / s, gbps, 100.0 * gbps / ceil_.copy_gbps, tflops,
            100.0 * tflops / gemm_ceiling_tflops);
+    char field[128];
+    csv_field(field, sizeof field, what);   /* "ssm core (chunked, split)": no comma may split the row */
     if (csv)
-        fprintf(csv, MODEL_NAME "," MODEL_PRECISION ",%s,%d,%d,%.6f,%.6f,%.1f,%.2f,%.4f,%.4f,%.4f\n", what,
+        fprintf(csv, MODEL_NAME "," MODEL_PRECISION ",%s,%d,%d,%.6f,%.6f,%.1f,%.2f,%.4f,%.4f,%.4f,%.6f,%s\n", field,
                 batch, seqlen, st->median_ms, st->min_ms, tokens / s, gbps, gbps / ceil_.copy_gbps,
-                tflops, tflops / gemm_ceiling_tflops);
+                tflops, tflops / gemm_ceiling_tflops, st->p99_ms, csv_tail);
 }
 
 /* A decode row: one token for each of batch streams (weights read once,
@@ -70,6 +105,26 @@ static void report_decode(const char *what, int batch, const mg_bench_stats *st)
 {
     report(what, batch, 1, st, batch, WEIGHT_BYTES + batch * (BYTES_PER_TOKEN + STATE_BYTES_PER_SEQ),
            batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+}
+
+/* The decode latency curve: one graph-replayed step per batch size of
+ * latency_batches (1, 2, 4, ... and MAX_BATCH), LATENCY_ITERS timed steps
+ * each (enough runs for a 99th percentile), printed as p50 and p99; the
+ * CSV row's median_ms is the p50, p99_ms the tail. */
+#define LATENCY_ITERS 400
+static int latency_batches(int *b, int cap)
+{
+    int n = 0;
+    for (int x = 1; x < MODEL_MAX_BATCH && n < cap - 1; x *= 2) b[n++] = x;
+    b[n++] = MODEL_MAX_BATCH;
+    return n;
+}
+
+static void report_latency(int batch, const mg_bench_stats *st)
+{
+    report_decode("decode latency (graph)", batch, st);
+    printf("%-*s %5d   p50 %.4f ms  p99 %.4f ms  (%d steps)\n", WHAT_WIDTH, "  p50 / p99", batch, st->median_ms,
+           st->p99_ms, st->iters);
 }
 
 /* The command line (--csv FILE, --iters N), a device, its ceilings and the
@@ -96,6 +151,7 @@ static int bench_start(int argc, char **argv, int *iters)
     mg_status s = mg_bench_ceilings(&ceil_);
     if (s != MG_OK) die("ceilings", s);
     gemm_ceiling_tflops = MODEL_F32_STORAGE ? ceil_.f32_tflops : ceil_.bf16_tflops;
+    csv_tail_init();
     return -1;
 }
 

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mg_bench.h>
 #include <mg_cuda.h>
@@ -134,6 +135,20 @@ int main(int argc, char **argv)
         model_decode_graph_destroy(g);
 #endif
         if ((s = model_set_decode_fused(m, MODEL_DECODE_DEFAULT)) != MG_OK) die("set_decode_fused", s);
+    }
+    /* The decode latency curve: the library's default decode path (set
+     * back above), graph replay, p50 / p99 per batch size. */
+    {
+        int lb[32];
+        const int nl = latency_batches(lb, 32);
+        mg_bench_opts ol = {10, LATENCY_ITERS, 1};
+        for (int i = 0; i < nl; ++i) {
+            model_graph *g = NULL;
+            if ((s = model_decode_graph_create(m, lb[i], u, out, cs, ss, &g)) != MG_OK) die("graph", s);
+            if ((s = mg_bench_time(stream, run_graph, g, &ol, &st)) != MG_OK) die("graph replay", s);
+            report_latency(lb[i], &st);
+            model_decode_graph_destroy(g);
+        }
     }
 
 #if MODEL_TRAINING

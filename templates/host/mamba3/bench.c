@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mg_bench.h>
 #include <mg_cuda.h>
@@ -401,6 +402,19 @@ int main(int argc, char **argv)
         if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay", s);
         report_decode("decode (graph)", c.batch, &st);
         model_decode_graph_destroy(g);
+    }
+    /* ---- The decode latency curve (graph replay, p50 / p99 per batch). ---- */
+    {
+        int lb[32];
+        const int nl = latency_batches(lb, 32);
+        mg_bench_opts ol = {10, LATENCY_ITERS, 1};
+        for (int i = 0; i < nl; ++i) {
+            model_graph *g = NULL;
+            if ((s = model_decode_graph_create(m, lb[i], u, out, ssm, kp, vp, ang, &g)) != MG_OK) die("graph", s);
+            if ((s = mg_bench_time(stream, run_graph, g, &ol, &st)) != MG_OK) die("graph replay", s);
+            report_latency(lb[i], &st);
+            model_decode_graph_destroy(g);
+        }
     }
 
 #if MODEL_TRAINING
