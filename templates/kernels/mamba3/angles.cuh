@@ -23,9 +23,18 @@
 // training) [tok][H][S][2] receives the (cos, sin) of every rotation: the
 // backward's R^T.
 // ---------------------------------------------------------------------------
+// The angle reduced into [0, 2pi) (2pi: TWO_PI_D): fmod, then one step up
+// or down. A walk's angle leaves [0, 2pi) by less than 2pi per token, and
+// the f64 fmod is a loop slow enough to make the angle kernels compute-
+// bound, so the three ranges a step lands in skip it with the same bits:
+// on [0, 2pi) and (-2pi, 0) fmod is the identity; on [2pi, 4pi) its exact
+// result th - 2pi is what the subtraction gives (exact by Sterbenz's
+// lemma, 2pi/2 <= th <= 2*2pi). NaN and anything farther take fmod.
 __device__ __forceinline__ double wrap_2pi(double th)
 {
-    th = fmod(th, TWO_PI_D);
+    if (th >= 0.0 && th < TWO_PI_D) return th;
+    if (th >= TWO_PI_D && th < 2.0 * TWO_PI_D) return th - TWO_PI_D;
+    if (!(th > -TWO_PI_D && th < 0.0)) th = fmod(th, TWO_PI_D);
     if (th < 0.0) th += TWO_PI_D;
     if (th >= TWO_PI_D) th -= TWO_PI_D;
     return th;
