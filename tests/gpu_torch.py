@@ -327,14 +327,15 @@ else:
                 v = torch.randn(numel, device=dev)
                 an = (g[off:off + numel].double() * v.double()).sum().item()
                 w = model.weights
+                keep = w[off:off + numel].clone()
                 with torch.no_grad():
-                    w[off:off + numel] += h * v
+                    w[off:off + numel] = keep + h * v
                 lp = loss_of(model, u, base, R)
                 with torch.no_grad():
-                    w[off:off + numel] -= 2 * h * v
+                    w[off:off + numel] = keep - h * v
                 lm = loss_of(model, u, base, R)
                 with torch.no_grad():
-                    w[off:off + numel] += h * v
+                    w[off:off + numel] = keep   # exactly as it was
                 judge(n, an, (lp - lm) / (2 * h))
             v = torch.randn_like(u)
             judge("u", (x.grad.double() * v.double()).sum().item(),

@@ -422,7 +422,8 @@ class Model(torch.nn.Module):
                     child = torch.nn.Module()
                     mod.add_module(comp, child)
                 mod = child
-            p = torch.nn.Parameter(self.weights[off:off + numel].view(shape))
+            # without training in the library, nothing requires grad: model(u) is prefill
+            p = torch.nn.Parameter(self.weights[off:off + numel].view(shape), requires_grad=HAS_TRAINING)
             mod.register_parameter(leaf, p)
             self._params.append(p)
         self.zero_grad()
