@@ -94,6 +94,8 @@ E.FILES = {
   { path = "%sConfig.cmake.in",        template = "common/cmake_config.cmake.tmpl",        prefix = "#" },
   { path = "%sConfigVersion.cmake",    template = "common/cmake_config_version.cmake.tmpl", prefix = "#" },
   { path = "Makefile",         template = "common/Makefile.tmpl", prefix = "#" },
+  -- the PyTorch module (ctypes over libNAME.so; the code is python/torch_module.py)
+  { path = "%s.py",            template = "common/torch_module.py.tmpl", prefix = "#" },
 }
 
 -- A C float literal for x that reads back to exactly float(x): the shortest
