@@ -26,7 +26,7 @@ extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void
                                                float *cs, cudaStream_t st)
 {
     angles_kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, cs);
+        seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, cs, nullptr);
     return cudaGetLastError();
 }
 
