@@ -84,6 +84,7 @@ E.FILES = {
   { path = "mg_launch_train_norm.cuh", copy = "kernels/common/launch_train_norm.cuh", when = "training" },
   { path = "mg_grad_norm.cuh", copy = "kernels/common/grad_norm.cuh", when = "training" },
   { path = "mg_loss.cuh",      copy = "kernels/common/loss.cuh",      when = "training" },
+  { path = "mg_grad_accum.cuh", copy = "kernels/common/grad_accum.cuh", when = "training" },
   { path = "%s_train.c",       template = "{dir}/train.c.tmpl",       when = "training" },
   { path = "mg_{k}_train_pipeline.h", copy = "host/{dir}/train_pipeline.h", when = "training" },
   { path = "mg_train_host.h",  copy = "host/common/train_host.h",     when = "training" },

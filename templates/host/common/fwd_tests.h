@@ -11,11 +11,14 @@
  * differ by arch: REF(x) (the reference's function mg_ref_<arch>_x),
  * NO_STATES (NULL for every state argument of the library's calls),
  * DEV_STATES(st) (the state arguments of a decode step from an array of
- * device states), SELFCHECK_DIAG(T, r) (the diag line of a selfcheck report)
+ * device states), SELFCHECK_DIAG(T, r) (the diag line of a selfcheck report),
+ * NST (the number of recurrent states) and st_floats(i, batch) (floats of
+ * state i for batch streams, all layers)
  * (part 2): the end of the parameter-table test (param_table_end), the
- * steps of the decode-graph test (decode_graph_steps), main's first steps
- * after the layout (fwd_model_start), the library's self-check
- * (test_selfcheck) and main's last steps (fwd_end). */
+ * steps of the decode-graph test (decode_graph_steps), the reset-mask tests
+ * (test_decode_reset, test_decode_graph_reset, test_reset_bad_calls),
+ * main's first steps after the layout (fwd_model_start), the library's
+ * self-check (test_selfcheck) and main's last steps (fwd_end). */
 #ifndef MG_FWD_TESTS_PART1
 #define MG_FWD_TESTS_PART1
 
@@ -97,6 +100,241 @@ static mg_status decode_graph_steps(model_graph *g, int batch, int T, const floa
     }
     free(ut); free(ot);
     return s;
+}
+
+/* ---- Decode with a reset mask ---- */
+
+/* The mask of step t: pattern 0 none, 1 some (streams b with (b + t) % 3 ==
+ * 0, with values 1 and 255: any nonzero byte resets), 2 all. */
+static void reset_mask(unsigned char *mask, int batch, int pattern, int t)
+{
+    for (int b = 0; b < batch; ++b)
+        mask[b] = pattern == 2 ? 1 : pattern == 1 && (b + t) % 3 == 0 ? (unsigned char)(b % 2 ? 255 : 1) : 0;
+}
+
+static void up_mask(unsigned char *d, const unsigned char *h, int batch)
+{
+    if (cudaMemcpy(d, h, (size_t)batch, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy mask");
+}
+
+/* A device buffer of n bytes (mg_tap_dalloc: floats, 256-byte aligned). */
+static unsigned char *dalloc_bytes(size_t n) { return (unsigned char *)mg_tap_dalloc((n + 3) / 4); }
+
+/* Zero the states of the streams whose mask byte is set: every state,
+ * every layer ([n_layers][batch][per stream]), on the device. */
+static void zero_streams(float *const ds[], int batch, const unsigned char *mask)
+{
+    for (int i = 0; i < NST; ++i) {
+        const size_t per = st_floats(i, 1) / MODEL_N_LAYERS;
+        for (int l = 0; l < MODEL_N_LAYERS; ++l)
+            for (int b = 0; b < batch; ++b)
+                if (mask[b] && cudaMemset(ds[i] + ((size_t)l * batch + b) * per, 0, per * sizeof(float)) != cudaSuccess)
+                    mg_tap_bail("cudaMemset");
+    }
+}
+
+/* Whether the NST device states of two runs are bit-identical. */
+static int same_states(float *const da[], float *const db[], int batch)
+{
+    int same = 1;
+    for (int i = 0; i < NST && same; ++i) {
+        const size_t n = st_floats(i, batch);
+        float *a = FALLOC(n), *b = FALLOC(n);
+        mg_tap_down(a, da[i], n);
+        mg_tap_down(b, db[i], n);
+        same = memcmp(a, b, n * sizeof(float)) == 0;
+        free(a); free(b);
+    }
+    return same;
+}
+
+/* Decode with a reset mask vs its definition: T steps from random states
+ * (nonzero, so a stream that ignores its reset, or one reset that should
+ * not be, changes the results) with the mask of `pattern` (0 none, 1 some,
+ * changing every step, 2 all, 3 a NULL mask): decode_step_reset (run a)
+ * against decode_step after zeroing the masked streams' states (run b).
+ * Same kernels on the same values: out of every step and the final states
+ * bit-identical, in every storage dtype. Two TAP lines per pattern. */
+static void test_decode_reset(int batch, int T, const char *path, uint64_t seed)
+{
+    static const char *const pname[4] = { "no stream reset", "some streams reset", "every stream reset",
+                                          "NULL mask" };
+    float *u = FALLOC(n_u(batch, T)), *oa = FALLOC(n_out(batch, T)), *ob = FALLOC(n_out(batch, T));
+    float *du = mg_tap_dalloc(n_u(batch, 1)), *doa = mg_tap_dalloc(n_out(batch, 1)), *dob = mg_tap_dalloc(n_out(batch, 1));
+    unsigned char *mask = (unsigned char *)mg_tap_malloc((size_t)batch), *dmask = dalloc_bytes((size_t)batch);
+    float *dsa[NST], *dsb[NST];
+    for (int i = 0; i < NST; ++i) { dsa[i] = mg_tap_dalloc(st_floats(i, batch)); dsb[i] = mg_tap_dalloc(st_floats(i, batch)); }
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    for (int pattern = 0; pattern < 4; ++pattern) {
+        for (int i = 0; i < NST; ++i) {
+            const size_t n = st_floats(i, batch);
+            float *h = FALLOC(n);
+            mg_tap_randn(h, n, seed + 1 + (uint64_t)(pattern * NST + i), 0.5f);
+            mg_tap_up(dsa[i], h, n);
+            mg_tap_up(dsb[i], h, n);
+            free(h);
+        }
+        mg_status s = MG_OK;
+        for (int t = 0; t < T && s == MG_OK; ++t) {
+            float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
+            for (int b = 0; b < batch; ++b)
+                memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
+            mg_tap_up(du, ut, n_u(batch, 1));
+            reset_mask(mask, batch, pattern == 3 ? 0 : pattern, t);
+            up_mask(dmask, mask, batch);
+            s = model_decode_step_reset(model, batch, du, doa, DEV_STATES(dsa), pattern == 3 ? NULL : dmask);
+            if (s == MG_OK) {
+                zero_streams(dsb, batch, mask);
+                s = model_decode_step(model, batch, du, dob, DEV_STATES(dsb));
+            }
+            if (s == MG_OK) {
+                mg_tap_down(ot, doa, n_out(batch, 1));
+                for (int b = 0; b < batch; ++b)
+                    memcpy(oa + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+                mg_tap_down(ot, dob, n_out(batch, 1));
+                for (int b = 0; b < batch; ++b)
+                    memcpy(ob + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+            }
+            free(ut); free(ot);
+        }
+        if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+        const int same_out = s == MG_OK && memcmp(oa, ob, n_out(batch, T) * sizeof(float)) == 0;
+        if (s == MG_OK && !same_out) {
+            mg_err e = mg_compare_f32f32(oa, ob, n_out(batch, T));
+            mg_tap_diag("decode_step_reset vs zeroed decode_step: out rel_l2 %.3e", e.rel_l2);
+        }
+        mg_tap_ok(same_out, "decode_step_reset (%s, %s, batch %d, %d steps) == decode_step with those streams' "
+                  "states zeroed: out of every step, bit-identical", pname[pattern], path, batch, T);
+        mg_tap_ok(s == MG_OK && same_states(dsa, dsb, batch),
+                  "decode_step_reset (%s, %s, batch %d): final states bit-identical", pname[pattern], path, batch);
+    }
+    for (int i = 0; i < NST; ++i) { mg_dev_free(dsa[i]); mg_dev_free(dsb[i]); }
+    mg_dev_free(du); mg_dev_free(doa); mg_dev_free(dob); mg_dev_free(dmask);
+    free(u); free(oa); free(ob); free(mask);
+}
+
+/* The decode graph with a reset buffer: T replays, the mask in the graph's
+ * buffer changed before each (some streams, none, all, others), against T
+ * eager decode_step_reset calls with the same masks from a buffer of their
+ * own, from the same random states: out of every step and the final states
+ * bit-identical (a graph that kept the mask it was captured with, or read
+ * none, differs). */
+static void test_decode_graph_reset(int batch, int T, const char *path, uint64_t seed)
+{
+    float *u = FALLOC(n_u(batch, T)), *oe = FALLOC(n_out(batch, T)), *og = FALLOC(n_out(batch, T));
+    float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
+    float *due = mg_tap_dalloc(n_u(batch, 1)), *doe = mg_tap_dalloc(n_out(batch, 1));
+    float *dug = mg_tap_dalloc(n_u(batch, 1)), *dog = mg_tap_dalloc(n_out(batch, 1));
+    unsigned char *mask = (unsigned char *)mg_tap_malloc((size_t)batch);
+    unsigned char *dme = dalloc_bytes((size_t)batch), *dmg = dalloc_bytes((size_t)batch);
+    float *dse[NST], *dsg[NST];
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    for (int i = 0; i < NST; ++i) {
+        const size_t n = st_floats(i, batch);
+        float *h = FALLOC(n);
+        mg_tap_randn(h, n, seed + 1 + (uint64_t)i, 0.5f);
+        dse[i] = mg_tap_dalloc(n); dsg[i] = mg_tap_dalloc(n);
+        mg_tap_up(dse[i], h, n); mg_tap_up(dsg[i], h, n);
+        free(h);
+    }
+    reset_mask(mask, batch, 2, 0);   /* the buffer's contents at capture: all set, unlike most steps */
+    up_mask(dmg, mask, batch);
+    if (cudaMemset(dug, 0, n_u(batch, 1) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
+    model_graph *g = NULL;
+    mg_status s = model_decode_graph_create_reset(model, batch, dug, dog, DEV_STATES(dsg), dmg, &g);
+    if (!mg_tap_ok(s == MG_OK, "decode_graph_create_reset batch=%d (%s)", batch, path))
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    static const int step_pattern[4] = { 1, 0, 2, 1 };
+    for (int t = 0; t < T && s == MG_OK; ++t) {
+        for (int b = 0; b < batch; ++b)
+            memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
+        mg_tap_up(due, ut, n_u(batch, 1));
+        mg_tap_up(dug, ut, n_u(batch, 1));
+        reset_mask(mask, batch, step_pattern[t % 4], t);
+        up_mask(dme, mask, batch);
+        up_mask(dmg, mask, batch);
+        s = model_decode_step_reset(model, batch, due, doe, DEV_STATES(dse), dme);
+        if (s == MG_OK) s = model_decode_graph_launch(g);
+        if (s != MG_OK) break;
+        mg_tap_down(ot, doe, n_out(batch, 1));
+        for (int b = 0; b < batch; ++b)
+            memcpy(oe + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+        mg_tap_down(ot, dog, n_out(batch, 1));
+        for (int b = 0; b < batch; ++b)
+            memcpy(og + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+    }
+    if (g) {
+        if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+        const int same_out = s == MG_OK && memcmp(oe, og, n_out(batch, T) * sizeof(float)) == 0;
+        if (s == MG_OK && !same_out) {
+            mg_err e = mg_compare_f32f32(og, oe, n_out(batch, T));
+            mg_tap_diag("graph vs eager out: rel_l2 %.3e", e.rel_l2);
+        }
+        mg_tap_ok(same_out, "decode graph with a reset mask changed between %d replays == eager decode_step_reset: "
+                  "out of every step, bit-identical", T);
+        mg_tap_ok(s == MG_OK && same_states(dse, dsg, batch),
+                  "decode graph with a reset mask == eager decode_step_reset: final states bit-identical");
+        model_decode_graph_destroy(g);
+    }
+    for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); }
+    mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dug); mg_dev_free(dog); mg_dev_free(dme); mg_dev_free(dmg);
+    free(u); free(oe); free(og); free(ut); free(ot); free(mask);
+}
+
+/* Bad calls of the reset API: the documented status, and nothing launched
+ * (out and the states keep their sentinel values). */
+static void test_reset_bad_calls(void)
+{
+    const int B = imin(2, MAX_BATCH);
+    const size_t no = n_out(B, 1);
+    float *du = mg_tap_dalloc(n_u(B, 1)), *dout = mg_tap_dalloc(no);
+    float *ds[NST], *sent[NST + 1];
+    unsigned char *dmask = dalloc_bytes((size_t)B);
+    unsigned char *hmask = (unsigned char *)mg_tap_calloc((size_t)MAX_BATCH + 1);   /* plain host memory */
+    if (cudaMemset(dmask, 1, (size_t)B) != cudaSuccess) mg_tap_bail("cudaMemset");
+    for (int i = 0; i <= NST; ++i) {
+        const size_t n = i < NST ? st_floats(i, B) : no;
+        sent[i] = FALLOC(n);
+        for (size_t k = 0; k < n; ++k) sent[i][k] = 4242.0f + (float)(k % 89);
+        if (i < NST) { ds[i] = mg_tap_dalloc(n); mg_tap_up(ds[i], sent[i], n); }
+    }
+    mg_tap_up(dout, sent[NST], no);
+    mg_tap_expect_status(model_decode_step_reset(model, B, du, dout, DEV_STATES(ds), hmask), MG_ERR_INVALID_ARG,
+                         "decode_step_reset with a mask in unregistered host memory");
+    mg_tap_expect_status(model_decode_step_reset(NULL, B, du, dout, DEV_STATES(ds), dmask), MG_ERR_INVALID_ARG,
+                         "decode_step_reset with a NULL model");
+    mg_tap_expect_status(model_decode_step_reset(model, 0, du, dout, DEV_STATES(ds), dmask), MG_ERR_INVALID_ARG,
+                         "decode_step_reset batch = 0");
+    mg_tap_expect_status(model_decode_step_reset(model, MAX_BATCH + 1, du, dout, DEV_STATES(ds), dmask),
+                         MG_ERR_INVALID_ARG, "decode_step_reset batch = MAX_BATCH + 1");
+    mg_tap_expect_status(model_decode_step_reset(model, B, du, dout, NO_STATES, dmask), MG_ERR_INVALID_ARG,
+                         "decode_step_reset without states");
+    mg_tap_expect_status(model_decode_step_reset(model, B, NULL, dout, DEV_STATES(ds), dmask), MG_ERR_INVALID_ARG,
+                         "decode_step_reset u = NULL");
+    mg_tap_expect_status(model_decode_step_reset(model, B, du + 1, dout, DEV_STATES(ds), dmask), MG_ERR_ALIGNMENT,
+                         "decode_step_reset misaligned u");
+    {
+        model_graph *g = (model_graph *)hmask;   /* must come back NULL */
+        mg_tap_expect_status(model_decode_graph_create_reset(model, B, du, dout, DEV_STATES(ds), hmask, &g),
+                             MG_ERR_INVALID_ARG, "decode_graph_create_reset with a mask in unregistered host memory");
+        mg_tap_ok(g == NULL, "decode_graph_create_reset: no graph on error");
+        mg_tap_expect_status(model_decode_graph_create_reset(model, B, du, dout, DEV_STATES(ds), dmask, NULL),
+                             MG_ERR_INVALID_ARG, "decode_graph_create_reset graph pointer NULL");
+        mg_tap_expect_status(model_decode_graph_create_reset(model, B, du, dout, NO_STATES, dmask, &g),
+                             MG_ERR_INVALID_ARG, "decode_graph_create_reset without states");
+    }
+    int untouched = cudaDeviceSynchronize() == cudaSuccess;
+    for (int i = 0; i <= NST && untouched; ++i) {
+        const size_t n = i < NST ? st_floats(i, B) : no;
+        float *back = FALLOC(n);
+        mg_tap_down(back, i < NST ? ds[i] : dout, n);
+        untouched = memcmp(back, sent[i], n * sizeof(float)) == 0;
+        free(back);
+    }
+    mg_tap_ok(untouched, "bad reset calls left out and the states untouched");
+    for (int i = 0; i <= NST; ++i) { if (i < NST) mg_dev_free(ds[i]); free(sent[i]); }
+    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dmask);
+    free(hmask);
 }
 
 /* main's steps after the parameter-table test: the weights from the

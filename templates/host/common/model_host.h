@@ -13,6 +13,7 @@
  *   NO_STATES          NULL for each state (a call from a fresh state)
  *   CHECK_STATES(fn, batch, seqlen, u, out, required)
  *                      the arch's check_call of those states
+ * and its forward takes (..., STATE_ARGS, last_only, decode, reset).
  * The names model_X / MODEL_X, MODEL_NAME, MODEL_UPPER, SCAN_SPEC_WHY,
  * HAS_CHUNKED, LOWP and GRAPH_CAPTURE_MODE come from NAME.c. Plain C11. */
 
@@ -133,6 +134,38 @@ mg_status model_set_scan(model_model *m, int choice)
     return MG_OK;
 }
 
+/* ---- Decode with a reset mask ----
+ * reset [batch] is uint8 in device memory (or host memory registered with
+ * CUDA: the kernels read it), nonzero = that stream starts an episode: its
+ * states are zeros before the step. NULL = no reset. A host pointer the
+ * device cannot read would fault the kernels, so it is refused here
+ * (cudaPointerGetAttributes, a host-side lookup: no launch, no sync). */
+static mg_status check_reset(const char *fn, const unsigned char *reset)
+{
+    if (!reset) return MG_OK;
+    struct cudaPointerAttributes a;
+    const cudaError_t ce = cudaPointerGetAttributes(&a, reset);
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();   /* not sticky: clear it for the next call */
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: reset %p is not a pointer CUDA knows (%s)", fn,
+                       (const void *)reset, cudaGetErrorString(ce));
+    }
+    if (a.type == cudaMemoryTypeUnregistered)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: reset %p is host memory the device cannot read "
+                       "(pass device memory, or cudaHostRegister it)", fn, (const void *)reset);
+    return MG_OK;
+}
+
+mg_status model_decode_step_reset(model_model *m, int batch, const float *d_u, float *d_out, STATE_PARAMS,
+                                  const uint8_t *d_reset)
+{
+    static const char fn[] = MODEL_NAME "_decode_step_reset";
+    mg_status s = CHECK_STATES(fn, batch, 1, d_u, d_out, 1);
+    if (s == MG_OK) s = check_reset(fn, d_reset);
+    if (s != MG_OK) return s;
+    return forward(m, batch, 1, d_u, d_out, STATE_ARGS, 0, 1, d_reset);
+}
+
 /* ---- CUDA Graph of the decode step ---- */
 struct model_graph {
     model_model *m;
@@ -150,13 +183,14 @@ void model_decode_graph_destroy(model_graph *g)
     free(g);
 }
 
-mg_status model_decode_graph_create(model_model *m, int batch, const float *d_u, float *d_out,
-                                    STATE_PARAMS, model_graph **out)
+/* The decode graph, with or without a reset buffer (fn names the caller). */
+static mg_status graph_create(const char *fn, model_model *m, int batch, const float *d_u, float *d_out,
+                              STATE_PARAMS, const unsigned char *reset, model_graph **out)
 {
-    static const char fn[] = MODEL_NAME "_decode_graph_create";
     if (!out) return mg_fail(MG_ERR_INVALID_ARG, "%s: graph pointer is NULL", fn);
     *out = NULL;
     mg_status s = CHECK_STATES(fn, batch, 1, d_u, d_out, 1);
+    if (s == MG_OK) s = check_reset(fn, reset);
     if (s != MG_OK) return s;
     model_graph *g = (model_graph *)calloc(1, sizeof *g);
     if (!g) return mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
@@ -173,13 +207,15 @@ mg_status model_decode_graph_create(model_model *m, int batch, const float *d_u,
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking);
     if (ce != cudaSuccess) { free(g); return mg_cuda_check(ce, "decode_graph_create: stream"); }
     s = model_set_stream(m, cap);
-    if (s == MG_OK) s = forward(m, batch, 1, d_u, d_out, NO_STATES, 0, 1);
+    if (s == MG_OK) s = forward(m, batch, 1, d_u, d_out, NO_STATES, 0, 1, NULL);
     if (s == MG_OK) s = mg_cuda_check(cudaStreamSynchronize(cap), "decode_graph_create: warm-up");
     if (s == MG_OK) {
         s = mg_cuda_check(cudaStreamBeginCapture(cap, GRAPH_CAPTURE_MODE),
                           "decode_graph_create: cudaStreamBeginCapture");
         if (s == MG_OK) {
-            const mg_status sf = forward(m, batch, 1, d_u, d_out, STATE_ARGS, 0, 1);
+            /* the kernels read reset[] at every replay: the mask is the
+             * buffer's contents at launch time */
+            const mg_status sf = forward(m, batch, 1, d_u, d_out, STATE_ARGS, 0, 1, reset);
             /* End the capture whatever happened, so the stream is usable again. */
             const cudaError_t ee = cudaStreamEndCapture(cap, &g->graph);
             s = sf != MG_OK ? sf : mg_cuda_check(ee, "decode_graph_create: cudaStreamEndCapture");
@@ -193,6 +229,18 @@ mg_status model_decode_graph_create(model_model *m, int batch, const float *d_u,
     if (s != MG_OK) { model_decode_graph_destroy(g); return s; }
     *out = g;
     return MG_OK;
+}
+
+mg_status model_decode_graph_create(model_model *m, int batch, const float *d_u, float *d_out,
+                                    STATE_PARAMS, model_graph **out)
+{
+    return graph_create(MODEL_NAME "_decode_graph_create", m, batch, d_u, d_out, STATE_ARGS, NULL, out);
+}
+
+mg_status model_decode_graph_create_reset(model_model *m, int batch, const float *d_u, float *d_out,
+                                          STATE_PARAMS, const uint8_t *d_reset, model_graph **out)
+{
+    return graph_create(MODEL_NAME "_decode_graph_create_reset", m, batch, d_u, d_out, STATE_ARGS, d_reset, out);
 }
 
 mg_status model_decode_graph_launch(model_graph *g)

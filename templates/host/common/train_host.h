@@ -7,7 +7,8 @@
  * launch and set_params. It names no model: the arch's training pipeline
  * (host/ARCH/train_pipeline.h) includes it once, after its struct
  * model_trainer (with the common fields: stream, blas, ws, w, wa, stat,
- * scaler, scaling, scan_choice) and the prototype of its carve(); the arch's
+ * scaler, scaling, scan_choice, gacc, accumulate) and the prototype of its
+ * carve(); the arch's
  * NAME_train.c defines model_X / MODEL_X, MODEL_NAME, LOWP, ACT_SIZE and
  * MAX_TOKENS. Plain C11. */
 
@@ -38,6 +39,7 @@ static mg_status trainer_live(const model_trainer *t, const char *fn)
 
 static void trainer_free(model_trainer *t)
 {
+    mg_dev_free(t->gacc);
     mg_dev_free(t->ws);
     mg_blas_destroy(t->blas);
     free(t);
@@ -118,6 +120,22 @@ mg_status model_trainer_set_loss_scaling(model_trainer *t, float init_scale, int
         return mg_fail(MG_ERR_INVALID_ARG, "%s: growth_interval = %d (need >= 1)", fn, growth_interval);
     MG_CUDA(model_launch_scaler_init(t->scaler, init_scale > 0.0f ? init_scale : 1.0f, growth_interval, t->stream));
     t->scaling = init_scale > 0.0f;
+    return MG_OK;
+}
+
+mg_status model_trainer_set_grad_accumulate(model_trainer *t, int on)
+{
+    static const char fn[] = MODEL_NAME "_trainer_set_grad_accumulate";
+    TRAINER_LIVE(t, fn);
+    if (on != 0 && on != 1) return mg_fail(MG_ERR_INVALID_ARG, "%s: on = %d (0 overwrite, 1 accumulate)", fn, on);
+    /* the scratch blob the backward writes before adding it: once, here,
+     * never on a backward */
+    if (on && !t->gacc) {
+        const mg_status s = mg_dev_alloc((void **)&t->gacc, (size_t)WEIGHTS_FLOATS * sizeof(float),
+                                         MODEL_NAME " gradient accumulation blob");
+        if (s != MG_OK) return s;
+    }
+    t->accumulate = on;
     return MG_OK;
 }
 

@@ -14,7 +14,8 @@
  * RAND_CALL, STATE_ARGS, CREATE_CHECKS_STATE, STATE_NAMES (part 2): the
  * tests every arch runs word for word: AdamW vs a CPU implementation in
  * double (test_adamw), a NaN gradient skips the update (test_adamw_skip),
- * dynamic loss scaling (test_loss_scaling), a few MSE training steps
+ * dynamic loss scaling (test_loss_scaling), gradient accumulation
+ * (test_grad_accumulate), a few MSE training steps
  * (test_training), the training step as a CUDA Graph (test_train_graph),
  * AdamW's bad arguments (test_bad_adamw); and the steps of main around the
  * arch's own tests (train_budget, train_start, test_grads_first,
@@ -505,6 +506,92 @@ static void bad_calls_start(int B, int T, float **du, float **dout, float **dg, 
     mg_tap_expect_status(model_trainer_create(NULL, 0), MG_ERR_INVALID_ARG, "trainer_create(NULL)");
 }
 
+/* Gradient accumulation, on one forward_train (fresh state) and several
+ * backward calls with the same dout, which give the same gradient g every
+ * time (deterministic; the loss scale, when on, is set so that it does not
+ * move between them): accumulation off overwrites grads (two calls over
+ * different garbage, bit-identical, padding 0); on, the next call gives
+ * g + g == 2g exactly and the one after (2g) + g as the host computes it in
+ * f32; du still overwrites; off again overwrites (== g). Then the setter's
+ * bad arguments. */
+static void test_grad_accumulate(int B, int T, uint64_t seed)
+{
+    float *u = FALLOC(n_u(B, T)), *dout = FALLOC(n_out(B, T));
+    float *g = FALLOC(WFLOATS), *got = FALLOC(WFLOATS), *want = FALLOC(WFLOATS), *du1 = FALLOC(n_u(B, T)),
+          *du2 = FALLOC(n_u(B, T));
+    mg_tap_randn(u, n_u(B, T), seed, 1.0f);
+    mg_tap_randn(dout, n_out(B, T), seed + 1, 1.0f);
+    float *d_u = mg_tap_dalloc(n_u(B, T)), *d_out = mg_tap_dalloc(n_out(B, T)), *d_dout = mg_tap_dalloc(n_out(B, T));
+    float *d_g = mg_tap_dalloc(WFLOATS), *d_du = mg_tap_dalloc(n_u(B, T));
+    mg_tap_up(d_u, u, n_u(B, T));
+    mg_tap_up(d_dout, dout, n_out(B, T));
+    /* loss scaling as this precision uses it (on for f16), from a scale low
+     * enough not to overflow here, reset so that it does not grow between
+     * the calls below */
+    mg_status s = model_trainer_set_loss_scaling(tr, MODEL_LOSS_SCALE_INIT > 0.0f ? 1024.0f : 0.0f, 2000);
+    if (s == MG_OK) s = model_forward_train(tr, d_blob, B, T, d_u, d_out, NO_STATES);
+
+    /* off: overwrite, whatever grads held */
+    for (size_t i = 0; i < WFLOATS; ++i) got[i] = 7.0f + (float)(i % 13);
+    mg_tap_up(d_g, got, WFLOATS);
+    if (s == MG_OK) s = model_backward(tr, d_dout, d_g, d_du, NO_STATES);
+    if (s == MG_OK) { mg_tap_down(g, d_g, WFLOATS); mg_tap_down(du1, d_du, n_u(B, T)); }
+    for (size_t i = 0; i < WFLOATS; ++i) got[i] = -3.0f;
+    mg_tap_up(d_g, got, WFLOATS);
+    if (s == MG_OK) s = model_backward(tr, d_dout, d_g, NULL, NO_STATES);
+    if (s == MG_OK) mg_tap_down(got, d_g, WFLOATS);
+    size_t pad = 0, nonfin = 0, nonzero = 0;
+    for (size_t i = 0; i < WFLOATS; ++i) {
+        pad += !inside[i] && g[i] != 0.0f;
+        nonfin += !(g[i] - g[i] == 0.0f);
+        nonzero += g[i] != 0.0f;
+    }
+    mg_tap_diag("grad accumulation b=%d T=%d: %zu nonzero, %zu non-finite gradients", B, T, nonzero, nonfin);
+    mg_tap_ok(s == MG_OK && nonfin == 0 && nonzero > 0 && pad == 0 && memcmp(got, g, WFLOATS * sizeof(float)) == 0,
+              "grad accumulation off: backward overwrites grads (bit-identical over different contents, padding 0)");
+
+    /* on: g + g, then (g + g) + g */
+    if (s == MG_OK) s = model_trainer_set_grad_accumulate(tr, 1);
+    mg_tap_ok(s == MG_OK, "trainer_set_grad_accumulate(1)");
+    if (s == MG_OK) s = model_backward(tr, d_dout, d_g, d_du, NO_STATES);
+    if (s == MG_OK) { mg_tap_down(got, d_g, WFLOATS); mg_tap_down(du2, d_du, n_u(B, T)); }
+    for (size_t i = 0; i < WFLOATS; ++i) want[i] = 2.0f * g[i];
+    mg_tap_ok(s == MG_OK && memcmp(got, want, WFLOATS * sizeof(float)) == 0,
+              "grad accumulation on: a second backward gives grads == 2g, bit-identical");
+    mg_tap_ok(s == MG_OK && memcmp(du1, du2, n_u(B, T) * sizeof(float)) == 0,
+              "grad accumulation on: du is overwritten (== the first backward's)");
+    if (s == MG_OK) s = model_backward(tr, d_dout, d_g, NULL, NO_STATES);
+    if (s == MG_OK) mg_tap_down(got, d_g, WFLOATS);
+    for (size_t i = 0; i < WFLOATS; ++i) want[i] = want[i] + g[i];   /* f32, as the kernel adds */
+    mg_tap_ok(s == MG_OK && memcmp(got, want, WFLOATS * sizeof(float)) == 0,
+              "grad accumulation on: a third backward gives grads == 2g + g (f32), bit-identical");
+
+    /* off again: overwrite */
+    if (s == MG_OK) s = model_trainer_set_grad_accumulate(tr, 0);
+    if (s == MG_OK) s = model_backward(tr, d_dout, d_g, NULL, NO_STATES);
+    if (s == MG_OK) mg_tap_down(got, d_g, WFLOATS);
+    mg_tap_ok(s == MG_OK && memcmp(got, g, WFLOATS * sizeof(float)) == 0,
+              "grad accumulation turned off again: backward overwrites grads (== g)");
+    if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+
+    mg_tap_expect_status(model_trainer_set_grad_accumulate(tr, 2), MG_ERR_INVALID_ARG, "trainer_set_grad_accumulate(2)");
+    mg_tap_expect_status(model_trainer_set_grad_accumulate(tr, -1), MG_ERR_INVALID_ARG, "trainer_set_grad_accumulate(-1)");
+    mg_tap_expect_status(model_trainer_set_grad_accumulate(NULL, 1), MG_ERR_INVALID_ARG,
+                         "trainer_set_grad_accumulate(NULL trainer)");
+    /* the refused calls left accumulation off: a backward still overwrites */
+    for (size_t i = 0; i < WFLOATS; ++i) got[i] = 5.0f;
+    mg_tap_up(d_g, got, WFLOATS);
+    s = model_backward(tr, d_dout, d_g, NULL, NO_STATES);
+    if (s == MG_OK) mg_tap_down(got, d_g, WFLOATS);
+    mg_tap_ok(s == MG_OK && memcmp(got, g, WFLOATS * sizeof(float)) == 0,
+              "refused trainer_set_grad_accumulate calls leave the setting as it was");
+
+    if (model_trainer_set_loss_scaling(tr, MODEL_LOSS_SCALE_INIT, MODEL_LOSS_SCALE_GROWTH) != MG_OK)
+        mg_tap_bail("set_loss_scaling (default)");
+    mg_dev_free(d_u); mg_dev_free(d_out); mg_dev_free(d_dout); mg_dev_free(d_g); mg_dev_free(d_du);
+    free(u); free(dout); free(g); free(got); free(want); free(du1); free(du2);
+}
+
 /* The program defines this one after this part. */
 static void test_bad_calls(void);
 
@@ -516,6 +603,7 @@ static void train_end(int ba)
     test_adamw(0, 0, 404);
     test_adamw(1, 1, 505);
     test_adamw_skip(909);
+    test_grad_accumulate(ba, imin(MAX_SEQ_LEN, CKPT + 3), 919);
 
     /* Training from this precision's default loss scale. */
     if (model_trainer_set_loss_scaling(tr, MODEL_LOSS_SCALE_INIT, MODEL_LOSS_SCALE_GROWTH) != MG_OK)

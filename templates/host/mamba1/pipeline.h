@@ -37,7 +37,7 @@ static mg_status check_call(const model_model *m, const char *fn, int batch, int
                             const float *u, const float *out, const float *cs, const float *ss,
                             int states_required);
 static mg_status forward(model_model *m, int batch, int seqlen, const float *u, float *out,
-                         float *cs, float *ss, int last_only, int decode);
+                         float *cs, float *ss, int last_only, int decode, const unsigned char *reset);
 #define STATE_PARAMS float *d_conv_state, float *d_ssm_state
 #define STATE_ARGS d_conv_state, d_ssm_state
 #define NO_STATES NULL, NULL
@@ -181,14 +181,18 @@ static mg_status check_call(const model_model *m, const char *fn, int batch, int
 
 /* The forward over batch x seqlen tokens (arguments already checked). */
 /* last_only (burn-in): out is [batch][D], the last token of each sequence:
- * the last layer's out_proj and norm_f run on those rows only. */
+ * the last layer's out_proj and norm_f run on those rows only. reset
+ * [batch] (device, NULL: none): the sequences whose entry is nonzero start
+ * from zero states; the kernels that load a state read it (no launch of
+ * its own, so a decode graph replays it with whatever mask the buffer
+ * holds). */
 static mg_status forward(model_model *m, int batch, int seqlen, const float *u, float *out,
-                         float *cs, float *ss, int last_only, int decode)
+                         float *cs, float *ss, int last_only, int decode, const unsigned char *reset)
 {
 #if HAS_DECODE_SINGLE
     /* decode (seqlen 1), level 2: the whole step in one cluster launch */
     if (decode && seqlen == 1 && m->decode_fused == MODEL_DECODE_SINGLE) {
-        MG_CUDA(model_launch_decode_persistent(batch, u, out, m->w, model__gemm_weights(m), cs, ss, m->stream));
+        MG_CUDA(model_launch_decode_persistent(batch, u, out, m->w, model__gemm_weights(m), cs, ss, reset, m->stream));
         return MG_OK;
     }
 #endif
@@ -231,12 +235,12 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
             /* conv step + x_proj + dt_proj + scan step + gate: two kernels */
             MG_CUDA(model_launch_decode_mixer(batch, m->xz, lw + L0_CONV_W, lw + L0_CONV_B, cs_l, GW(L0_X_PROJ_W),
                                             GW(L0_DT_PROJ_W), lw + L0_DT_PROJ_B, lw + L0_A_LOG, lw + L0_D, ss_l,
-                                            m->xc, m->dpart, m->g, st));
+                                            m->xc, m->dpart, m->g, reset, st));
         } else {
         /* xc = silu(causal_conv(x) + bias), conv state carried (parallel over
          * time tiles whatever the scan mode) */
         MG_CUDA(model_launch_conv(batch, seqlen, m->xz, lw + L0_CONV_W, lw + L0_CONV_B, cs_l, cs_l,
-                                m->xc, st));
+                                m->xc, reset, st));
         /* dbl = xc . x_proj.weight^T   [tokens][DT_RANK+2N] */
         s = mg_linear(m->blas, tokens, XP_DIM, D_INNER, ACT, m->xc, D_INNER, GW(L0_X_PROJ_W), D_INNER,
                       ACT, m->dbl, XP_DIM, 1.0f, 0.0f);
@@ -249,11 +253,11 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
 #if HAS_CHUNKED
         if (chunked)
             MG_CUDA(model_launch_scan_chunked(batch, seqlen, m->xc, m->dt, m->dbl, m->xz, lw + L0_DT_PROJ_B,
-                                            lw + L0_A_LOG, lw + L0_D, ss_l, ss_l, m->cstate, m->dsum, m->g, st));
+                                            lw + L0_A_LOG, lw + L0_D, ss_l, ss_l, m->cstate, m->dsum, m->g, reset, st));
         else
 #endif
             MG_CUDA(model_launch_scan(batch, seqlen, m->xc, m->dt, m->dbl, m->xz, lw + L0_DT_PROJ_B,
-                                    lw + L0_A_LOG, lw + L0_D, ss_l, ss_l, m->g, st));
+                                    lw + L0_A_LOG, lw + L0_D, ss_l, ss_l, m->g, reset, st));
         }
         /* h += g . out_proj.weight^T (burn-in, last layer: the last token's rows only,
          * row b*seqlen + seqlen-1, through the leading dimensions) */
@@ -283,7 +287,7 @@ static mg_status checked_forward(model_model *m, const char *fn, int batch, int 
 {
     mg_status s = check_call(m, fn, batch, seqlen, u, out, cs, ss, 0);
     if (s != MG_OK) return s;
-    return forward(m, batch, seqlen, u, out, cs, ss, last_only, 0);
+    return forward(m, batch, seqlen, u, out, cs, ss, last_only, 0, NULL);
 }
 
 mg_status model_prefill(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
@@ -308,7 +312,7 @@ mg_status model_decode_step(model_model *m, int batch, const float *d_u, float *
     mg_status s = check_call(m, MODEL_NAME "_decode_step", batch, 1, d_u, d_out, d_conv_state,
                              d_ssm_state, 1);
     if (s != MG_OK) return s;
-    return forward(m, batch, 1, d_u, d_out, d_conv_state, d_ssm_state, 0, 1);
+    return forward(m, batch, 1, d_u, d_out, d_conv_state, d_ssm_state, 0, 1, NULL);
 }
 
 /* ======================================================================

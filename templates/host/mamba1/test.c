@@ -16,6 +16,10 @@
  *     the chunk, one chunk, many chunks, from a random state; auto dispatch;
  *   - burn-in: last-step output and states vs prefill and the reference;
  *   - decode CUDA Graph: replays bit-identical to eager decode steps.
+ *   - decode with a reset mask (none, some, all streams, NULL) on every
+ *     decode path == decode with those streams' states zeroed, bit for bit;
+ *     the decode graph with a reset buffer changed between replays == eager;
+ *     bad reset calls return the documented status and launch nothing.
  *   - fused single-token decode vs the unfused path (within the tolerance;
  *     unfused decode == prefill with seqlen 1, bit for bit).
  *   - single-launch decode (level 2, when the library has it; the default
@@ -139,6 +143,12 @@ static void cmp_decode(const char *what_case, size_t nout, int batch, const floa
 /* for fwd_tests.h: the reference's functions, the state arguments of a
  * fresh start and of a decode step, a selfcheck report's diag line */
 #define REF(x) mg_ref_mamba1_##x
+#define NST 2                                   /* states: conv, ssm */
+/* Floats of state i (0 conv, 1 ssm) for batch streams, all layers. */
+static size_t st_floats(int i, int batch)
+{
+    return i == 0 ? model_conv_state_floats(batch) : model_ssm_state_floats(batch);
+}
 #define NO_STATES NULL, NULL
 #define DEV_STATES(st) st[0], st[1]
 #define SELFCHECK_DIAG(T, r)                                                                                        \
@@ -781,6 +791,20 @@ int main(void)
     test_decode_graph(MAX_BATCH, 3, MODEL_DECODE_DEFAULT, 910);
     test_decode_graph(imin(3, MAX_BATCH), 3, MODEL_DECODE_FUSED, 911);
     test_decode_graph(1, 4, MODEL_DECODE_DEFAULT, 912);
+
+    /* Decode with a reset mask, on every decode path, and its graph. */
+    {
+        static const char *const path[3] = { "unfused decode", "fused decode", "single-launch decode" };
+        for (int level = MODEL_DECODE_UNFUSED; level <= (MODEL_HAS_DECODE_SINGLE ? MODEL_DECODE_SINGLE : MODEL_DECODE_FUSED);
+             ++level) {
+            if (model_set_decode_fused(model, level) != MG_OK) mg_tap_bail("set_decode_fused");
+            test_decode_reset(imin(4, MAX_BATCH), 3, path[level], 920 + (uint64_t)level);
+            if (MAX_BATCH > 4) test_decode_reset(MAX_BATCH, 2, path[level], 930 + (uint64_t)level);
+            test_decode_graph_reset(imin(5, MAX_BATCH), 6, path[level], 940 + (uint64_t)level);
+        }
+        model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
+        test_reset_bad_calls();
+    }
 
     /* The library's own self-check. */
     test_selfcheck(imin(MAX_SEQ_LEN, imax(1, budget / 8)));

@@ -37,6 +37,8 @@ struct model_trainer {
     float *span_p, *span_ds;       /* chunked scan backward: per span products / adjoints (or NULL) */
     float *cstate, *dsum;          /* chunked training forward: chunk states, sums of delta (or NULL) */
     int scan_choice;               /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED (the scan's walk) */
+    float *gacc;                   /* gradient accumulation: the backward's scratch blob (NULL until turned on) */
+    int accumulate;                /* the backward adds its parameter gradients to grads */
     int sms;                       /* multiprocessors of the device (0: not asked yet) */
     float *outbuf, *dout, *stat, *loss;
     double *gpart;
@@ -265,6 +267,10 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
 #endif
     void *dhA_out = LOWP ? dhA : NULL;
 
+    /* Gradient accumulation: the tensors below go to the trainer's scratch
+     * blob, added to the caller's at the end (after the unscale). */
+    float *const grads = gr;
+    if (t->accumulate) gr = t->gacc;
     /* Overwrite semantics: every tensor is written below; the padding is 0. */
     MG_CUDA(cudaMemsetAsync(gr, 0, WEIGHTS_FLOATS * sizeof(float), st));
 
@@ -347,6 +353,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         if (dss) MG_CUDA(model_launch_unscale((size_t)N_LAYERS * batch * SS_PER_SEQ, dss, t->scaler, NULL, st));
         if (!t->hold_scale) MG_CUDA(model_launch_scaler_update(t->gpart, t->scaler, st));
     }
+    if (t->accumulate) MG_CUDA(model_launch_grad_accum(WEIGHTS_FLOATS, grads, gr, st));
     return MG_OK;
 }
 

@@ -12,6 +12,9 @@
  *     active, decay on every tensor and on matrices only; padding untouched;
  *     a NaN gradient skips the update;
  *   - dynamic loss scaling: arguments, growth, back-off on overflow, off;
+ *   - gradient accumulation: off overwrites grads; on, backward adds
+ *     (2g, then 2g + g, bit for bit), du still overwrites; the setter's
+ *     bad arguments;
  *   - a few MSE training steps reduce the loss; the device loss equals the
  *     host loss of forward_train's output;
  *   - the training step captured as a CUDA Graph: N replays == N eager

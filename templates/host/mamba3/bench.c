@@ -111,7 +111,7 @@ static mg_status run_core(void *p, cudaStream_t st)
         MG_CUDA(model_launch_prep(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, c->dt, c->adt,
                            c->lam, c->k, c->q, st));
     if (c->parts & 2)
-        MG_CUDA(model_launch_angles(c->batch, c->seqlen, c->proj, c->dt, c->ang, c->ang, c->k, c->q, st));
+        MG_CUDA(model_launch_angles(c->batch, c->seqlen, c->proj, c->dt, c->ang, c->ang, c->k, c->q, NULL, st));
     if (c->parts & 4) {
 #if MODEL_HAS_CHUNKED_SCAN
         if (c->chunked)
@@ -120,7 +120,7 @@ static mg_status run_core(void *p, cudaStream_t st)
         else
 #endif
         MG_CUDA(model_launch_scan(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
-                           c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, st));
+                           c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, NULL, st));
     }
     if (c->parts & 8)
         MG_CUDA(model_launch_gate(tokens, c->y, c->proj, c->ngw, c->g, st));

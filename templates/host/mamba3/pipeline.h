@@ -52,7 +52,8 @@ static mg_status check_call(const model_model *m, const char *fn, int batch, int
                             const float *u, const float *out, const float *const st[4],
                             int states_required);
 static mg_status forward(model_model *m, int batch, int seqlen, const float *u, float *out,
-                         float *ssm, float *kp, float *vp, float *ang, int last_only, int decode);
+                         float *ssm, float *kp, float *vp, float *ang, int last_only, int decode,
+                         const unsigned char *reset);
 #define STATE_PARAMS float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle
 #define STATE_ARGS d_ssm, d_k_prev, d_v_prev, d_angle
 #define NO_STATES NULL, NULL, NULL, NULL
@@ -260,7 +261,7 @@ static mg_status check_call(const model_model *m, const char *fn, int batch, int
  * input projection (f32, any input_dim) and norm_f are the prefill's;
  * without one, layer 0 reads u where prefill copies it to h first. */
 static mg_status decode_forward(model_model *m, int batch, const float *u, float *out, float *ssm, float *kp,
-                                float *vp, float *ang)
+                                float *vp, float *ang, const unsigned char *reset)
 {
     const cudaStream_t st = m->stream;
     const float *w = m->w;
@@ -289,7 +290,7 @@ static mg_status decode_forward(model_model *m, int batch, const float *u, float
 #endif
                                         ssm ? ssm + sb * SSM_PER_SEQ : NULL, kp ? kp + sb * KPREV_PER_SEQ : NULL,
                                         vp ? vp + sb * VPREV_PER_SEQ : NULL, ang ? ang + sb * ANGLE_PER_SEQ : NULL,
-                                        m->g, st));
+                                        m->g, reset, st));
         MG_CUDA(MG_LAUNCH(decode_out_proj)(batch, m->g, wg + (lo + L0_OUT_PROJ_W) * ACT_SIZE, hin, m->h, st));
     }
     MG_CUDA(MG_LAUNCH(rmsnorm)(m->h, w + OFF_NORM_F_W, out, 1, batch, st));
@@ -299,13 +300,18 @@ static mg_status decode_forward(model_model *m, int batch, const float *u, float
 /* The forward over batch x seqlen tokens (arguments already checked; the
  * states are all NULL or all set). last_only (burn-in): out is [batch][D],
  * the last token of each sequence: the last layer's out_proj and norm_f run
- * on those rows only. */
+ * on those rows only. reset [batch] (device, NULL: none; decode only): the
+ * sequences whose entry is nonzero start from zero states; the kernels that
+ * load a state read it (no launch of its own, so a decode graph replays it
+ * with whatever mask the buffer holds). Decode never takes the chunked or
+ * fused kernels, which therefore do not take it. */
 static mg_status forward(model_model *m, int batch, int seqlen, const float *u, float *out,
-                         float *ssm, float *kp, float *vp, float *ang, int last_only, int decode)
+                         float *ssm, float *kp, float *vp, float *ang, int last_only, int decode,
+                         const unsigned char *reset)
 {
     /* a decode step within the GEMV batch: the single-token kernels */
     if (decode && seqlen == 1 && !last_only && batch <= DEC_MAX_BATCH)
-        return decode_forward(m, batch, u, out, ssm, kp, vp, ang);
+        return decode_forward(m, batch, u, out, ssm, kp, vp, ang, reset);
     const int tokens = batch * seqlen;
     const float *w = m->w;
     const char *wg = (const char *)model__gemm_weights(m);   /* GEMM weights, ACT elements */
@@ -366,7 +372,7 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
         MG_CUDA(MG_LAUNCH(prep)(tokens, m->proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
                            lw + L0_B_BIAS, lw + L0_C_BIAS, m->dt, m->adt, m->lam, m->k, m->q, st));
         /* theta recurrence, rotary of k and q in place; angle state carried */
-        MG_CUDA(MG_LAUNCH(angles)(batch, seqlen, m->proj, m->dt, ang_l, ang_l, m->k, m->q, st));
+        MG_CUDA(MG_LAUNCH(angles)(batch, seqlen, m->proj, m->dt, ang_l, ang_l, m->k, m->q, reset, st));
         /* y = SSM(...); ssm, k_prev, v_prev states carried */
 #if HAS_CHUNKED
         if (chunked)
@@ -375,7 +381,7 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
         else
 #endif
         MG_CUDA(MG_LAUNCH(scan)(batch, seqlen, m->proj, m->k, m->q, m->dt, m->adt, m->lam, lw + L0_D,
-                           ssm_l, kp_l, vp_l, ssm_l, kp_l, vp_l, m->y, st));
+                           ssm_l, kp_l, vp_l, ssm_l, kp_l, vp_l, m->y, reset, st));
         /* g = gate(y, z) */
 #if OUTPROJ_NORM
         MG_CUDA(MG_LAUNCH(gate)(tokens, m->y, m->proj, lw + L0_NORM_GATE_W, m->g, st));
@@ -415,7 +421,7 @@ static mg_status checked_forward(model_model *m, const char *fn, int batch, int 
     const float *const st[4] = { ssm, k_prev, v_prev, angle };
     mg_status s = check_call(m, fn, batch, seqlen, u, out, st, 0);
     if (s != MG_OK) return s;
-    return forward(m, batch, seqlen, u, out, ssm, k_prev, v_prev, angle, last_only, 0);
+    return forward(m, batch, seqlen, u, out, ssm, k_prev, v_prev, angle, last_only, 0, NULL);
 }
 
 mg_status model_prefill(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
@@ -441,7 +447,7 @@ mg_status model_decode_step(model_model *m, int batch, const float *d_u, float *
     const float *const st[4] = { d_ssm, d_k_prev, d_v_prev, d_angle };
     mg_status s = check_call(m, MODEL_NAME "_decode_step", batch, 1, d_u, d_out, st, 1);
     if (s != MG_OK) return s;
-    return forward(m, batch, 1, d_u, d_out, d_ssm, d_k_prev, d_v_prev, d_angle, 0, 1);
+    return forward(m, batch, 1, d_u, d_out, d_ssm, d_k_prev, d_v_prev, d_angle, 0, 1, NULL);
 }
 
 /* ======================================================================

@@ -23,6 +23,11 @@
  *     reference, from a random state and from a fresh start (NULL states);
  *   - decode CUDA Graph: replays bit-identical to eager decode steps (out of
  *     every step, the four final states); creation leaves the states untouched;
+ *   - decode with a reset mask (none, some, all streams, NULL), on the fused
+ *     single-token kernels and on the prefill kernels (batch above
+ *     DEC_MAX_BATCH) == decode with those streams' states zeroed, bit for
+ *     bit; the decode graph with a reset buffer changed between replays ==
+ *     eager; bad reset calls return the documented status and launch nothing;
  *   - NAME_selfcheck passes.
  * Relative-L2 tolerance MODEL_CHECK_TOL (of the storage precision). Every
  * comparison prints max_abs and rel_l2. Case sizes follow the cost of the
@@ -736,6 +741,14 @@ int main(void)
     /* Decode CUDA Graph: replay == eager, bit for bit. */
     test_decode_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 8), 909);
     test_decode_graph(MAX_BATCH, 3, 910);
+
+    /* Decode with a reset mask (the fused single-token kernels up to
+     * DEC_MAX_BATCH streams, the prefill kernels above), and its graph. */
+    test_decode_reset(imin(4, MAX_BATCH), 3, "fused decode", 920);
+    if (MAX_BATCH > MODEL_DEC_MAX_BATCH) test_decode_reset(MAX_BATCH, 2, "prefill-kernel decode", 921);
+    test_decode_graph_reset(imin(5, MAX_BATCH), 6, "fused decode", 940);
+    if (MAX_BATCH > MODEL_DEC_MAX_BATCH) test_decode_graph_reset(MAX_BATCH, 5, "prefill-kernel decode", 941);
+    test_reset_bad_calls();
 
     /* The library's own self-check. */
     test_selfcheck(imin(MAX_SEQ_LEN, imin(CHUNK + 9, imax(1, budget / 8))));

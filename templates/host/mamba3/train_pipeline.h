@@ -52,6 +52,8 @@ struct model_trainer {
     int scaling;                   /* backward applies the loss scale */
     int hold_scale;                /* backward leaves the scale as it is (graph warm-up) */
     int scan_choice;               /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED (the training SSM) */
+    float *gacc;                   /* gradient accumulation: the backward's scratch blob (NULL until turned on) */
+    int accumulate;                /* the backward adds its parameter gradients to grads */
     int fwd_chunked;               /* the last forward_train ran the chunked SSM (its checkpoints) */
 };
 
@@ -306,6 +308,10 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
     void *dhA_out = LOWP ? dhA : NULL;
     const int chunked = t->fwd_chunked;   /* the SSM of the forward's checkpoints, for every layer */
 
+    /* Gradient accumulation: the tensors below go to the trainer's scratch
+     * blob, added to the caller's at the end (after the unscale). */
+    float *const grads = gr;
+    if (t->accumulate) gr = t->gacc;
     /* Overwrite semantics: every tensor is written below; the padding is 0. */
     MG_CUDA(cudaMemsetAsync(gr, 0, WEIGHTS_FLOATS * sizeof(float), st));
 
@@ -410,6 +416,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         if (dang) MG_CUDA(model_launch_unscale(nb * ANGLE_PER_SEQ, dang, t->scaler, NULL, st));
         if (!t->hold_scale) MG_CUDA(model_launch_scaler_update(t->gpart, t->scaler, st));
     }
+    if (t->accumulate) MG_CUDA(model_launch_grad_accum(WEIGHTS_FLOATS, grads, gr, st));
     return MG_OK;
 }
 

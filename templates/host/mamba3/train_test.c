@@ -24,6 +24,9 @@
  *     active, decay on every tensor and on matrices only; padding untouched;
  *     a NaN gradient skips the update;
  *   - dynamic loss scaling: arguments, growth, back-off on overflow, off;
+ *   - gradient accumulation: off overwrites grads; on, backward adds
+ *     (2g, then 2g + g, bit for bit), du still overwrites; the setter's
+ *     bad arguments;
  *   - the training step captured as a CUDA Graph: N replays == N eager
  *     train_step_mse calls, bit-identical weights, moments, losses, states
  *     (with a set_params change of the learning rate before the last);

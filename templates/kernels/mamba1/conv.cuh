@@ -16,14 +16,17 @@
 // same bits as a serial walk over time. state_out (NULL: not written) is
 // written here only when the call is one tile (the launcher passes NULL
 // otherwise and runs conv_state_kernel after): each thread has then read its
-// old state before writing the new one, so the two may alias.
+// old state before writing the new one, so the two may alias. reset
+// [batch] (NULL: none): a sequence whose entry is nonzero starts from zeros
+// instead of state_in (the decode step's reset mask).
 // ---------------------------------------------------------------------------
 __global__ void __launch_bounds__(CONV_THREADS)
 conv_silu_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const float *__restrict__ cw,
                  const float *__restrict__ cb, const float *state_in, float *state_out,
-                 act_t *__restrict__ xc)
+                 act_t *__restrict__ xc, const unsigned char *__restrict__ reset)
 {
-    conv_fwd_tile(seqlen, ntiles, xz, cw, cb, state_in, state_out, xc);
+    const bool fresh = reset && reset[blockIdx.x / ntiles];
+    conv_fwd_tile(seqlen, ntiles, xz, cw, cb, fresh ? nullptr : state_in, state_out, xc);
 }
 
 // conv_state_kernel: state_out[b][e][:] = the last K-1 inputs of the
@@ -31,13 +34,15 @@ conv_silu_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const flo
 // seqlen < K-1; each thread reads all of its values before writing, so
 // state_in may alias state_out. Runs after conv_silu_kernel when a call has
 // more than one tile (tile 0 reads the old state, which the last tile must
-// not overwrite). Grid (batch, CONV_BLOCKS).
+// not overwrite). Grid (batch, CONV_BLOCKS). reset as in conv_silu_kernel.
 __global__ void __launch_bounds__(CONV_THREADS)
-conv_state_kernel(int seqlen, const act_t *__restrict__ xz, const float *state_in, float *state_out)
+conv_state_kernel(int seqlen, const act_t *__restrict__ xz, const float *state_in, float *state_out,
+                  const unsigned char *__restrict__ reset)
 {
     const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
     if (e >= E) return;
     const size_t b = blockIdx.x;
+    if (reset && reset[b]) state_in = nullptr;   // a new sequence: zeros before t = 0
     const size_t st = (b * E + e) * (K - 1);
     const act_t *xp = xz + b * (size_t)seqlen * E2 + e;
     float v[K];

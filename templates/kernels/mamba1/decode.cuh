@@ -26,15 +26,20 @@
 // products are summed in a different order than cuBLAS's, so the fused
 // step agrees with the unfused one (and with prefill) to rounding, not to
 // the bit. NULL states: zeros in, nothing written (graph warm-up).
+// reset [batch] (NULL: none): a sequence whose entry is nonzero reads zeros
+// instead of its states (a new episode) and writes them as usual; the flag
+// is read where the state is loaded, so a reset costs no launch.
 // ---------------------------------------------------------------------------
 __global__ void __launch_bounds__(CONV_THREADS)
 decode_conv_xproj_kernel(const act_t *__restrict__ xz, const float *__restrict__ cw,
                          const float *__restrict__ cb, float *state, const act_t *__restrict__ xw,
-                         act_t *__restrict__ xc, float *__restrict__ part)
+                         act_t *__restrict__ xc, float *__restrict__ part,
+                         const unsigned char *__restrict__ reset)
 {
     __shared__ float sx[CONV_THREADS];
     const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
     const size_t b = blockIdx.x;
+    const bool fresh = !state || (reset && reset[b]);   // zeros in
     float xv = 0.0f;
     if (e < E) {
         float w[K], win[K];
@@ -43,7 +48,7 @@ decode_conv_xproj_kernel(const act_t *__restrict__ xz, const float *__restrict__
         const float bias = cb[e];
         const size_t st = (b * E + e) * (K - 1);
 #pragma unroll
-        for (int k = 0; k < K - 1; ++k) win[k] = state ? state[st + k] : 0.0f;
+        for (int k = 0; k < K - 1; ++k) win[k] = fresh ? 0.0f : state[st + k];
         win[K - 1] = to_f32(xz[b * E2 + e]);
         float acc = bias;
 #pragma unroll
@@ -75,10 +80,12 @@ __global__ void __launch_bounds__(SCAN_THREADS)
 decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
                    const act_t *__restrict__ xz, const act_t *__restrict__ dtw,
                    const float *__restrict__ dt_bias, const float *__restrict__ A_log,
-                   const float *__restrict__ Dskip, float *state, act_t *__restrict__ g)
+                   const float *__restrict__ Dskip, float *state, act_t *__restrict__ g,
+                   const unsigned char *__restrict__ reset)
 {
     __shared__ float sdbl[XP];
     const size_t b = blockIdx.x;
+    const bool fresh = !state || (reset && reset[b]);   // zeros in
     for (int j = threadIdx.x; j < XP; j += SCAN_THREADS) {
         float acc = 0.0f;
         for (int p = 0; p < CONV_BLOCKS; ++p) acc += part[(b * CONV_BLOCKS + p) * XP + j];
@@ -104,7 +111,7 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
     for (int j = 0; j < SCAN_NPT; ++j) {
         const int n = lane * SCAN_NPT + j;
         const float A = -expf(A_log[(size_t)ec * N + n]);
-        float s = state ? state[sb + j] : 0.0f;
+        float s = fresh ? 0.0f : state[sb + j];
         s = expf(delta * A) * s + dx * sdbl[R + n];
         y += s * sdbl[R + N + n];
         if (state && valid) state[sb + j] = s;
@@ -147,7 +154,8 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
 // deterministic. The per-channel parameters of a layer and the states are
 // loaded into registers at the start of the layer, and the GEMV weights too
 // when they fit the register budget (DecGemv::ONE_PASS), so their latency
-// overlaps the norm. NULL states: zeros in, nothing written (graph warm-up).
+// overlaps the norm. NULL states: zeros in, nothing written (graph warm-up);
+// reset [batch] (NULL: none) as in the fused kernels above.
 // ---------------------------------------------------------------------------
 namespace cg = cooperative_groups;
 
@@ -268,11 +276,12 @@ __device__ __forceinline__ float dec_block_sum(float v, float *s_red)
 __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
 decode_persistent_kernel(int batch, const float *__restrict__ u, float *__restrict__ out,
                          const float *__restrict__ w, const act_t *__restrict__ wg,
-                         float *conv_state, float *ssm_state)
+                         float *conv_state, float *ssm_state, const unsigned char *__restrict__ reset)
 {
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank();
     const size_t b = blockIdx.x / DEC_CLUSTER;
+    const bool fresh = reset && reset[b];            // a new episode: zero states in (reset mask)
     const int e0 = rank * DEC_EC;                    // first channel of this block
     __shared__ __align__(16) float s_h[D];           // residual stream (identical in every block)
     __shared__ __align__(16) float s_hn[D];          // rmsnorm(h) * norm.weight, rounded
@@ -325,13 +334,13 @@ decode_persistent_kernel(int batch, const float *__restrict__ u, float *__restri
 #pragma unroll
         for (int k = 0; k < K; ++k) cw[k] = lw[DL0_CONV_W + (size_t)e * K + k];
 #pragma unroll
-        for (int k = 0; k < K - 1; ++k) win[k] = cs ? cs[(size_t)e * (K - 1) + k] : 0.0f;
+        for (int k = 0; k < K - 1; ++k) win[k] = cs && !fresh ? cs[(size_t)e * (K - 1) + k] : 0.0f;
         const float cb = lw[DL0_CONV_B + e], dtb = lw[DL0_DT_PROJ_B + e], dsk = lw[DL0_D + e];
 #pragma unroll
         for (int j = 0; j < DEC_NPT; ++j) {
             const int n = lane * DEC_NPT + j;
             alog[j] = lw[DL0_A_LOG + (size_t)e * N + n];
-            sv[j] = ss ? ss[(size_t)e * N + n] : 0.0f;
+            sv[j] = ss && !fresh ? ss[(size_t)e * N + n] : 0.0f;
         }
 #pragma unroll
         for (int q = 0; q < DEC_RPL; ++q) {

@@ -10,7 +10,7 @@
 // ===========================================================================
 extern "C" cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *conv_w,
                                 const float *conv_b, const float *state_in, float *state_out,
-                                void *xc, cudaStream_t stream)
+                                void *xc, const unsigned char *reset, cudaStream_t stream)
 {
     // Time tiles of CONV_TILE steps. One tile: the kernel updates the state
     // itself; more: tile 0 reads state_in while the last tile would write
@@ -18,24 +18,24 @@ extern "C" cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, co
     const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
     conv_silu_kernel<<<dim3((unsigned)batch * ntiles, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
         seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in,
-        ntiles == 1 ? state_out : nullptr, static_cast<act_t *>(xc));
+        ntiles == 1 ? state_out : nullptr, static_cast<act_t *>(xc), reset);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || ntiles == 1 || !state_out) return e;
     conv_state_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
-        seqlen, static_cast<const act_t *>(xz), state_in, state_out);
+        seqlen, static_cast<const act_t *>(xz), state_in, state_out, reset);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *xc, const void *dt,
                                 const void *dbl, const void *xz, const float *dt_bias,
                                 const float *A_log, const float *Dskip, const float *state_in,
-                                float *state_out, void *g, cudaStream_t stream)
+                                float *state_out, void *g, const unsigned char *reset, cudaStream_t stream)
 {
     const dim3 grid(batch, SCAN_BLOCKS);
     scan_kernel<<<grid, SCAN_THREADS, 0, stream>>>(
         seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
         static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
-        state_in, state_out, static_cast<act_t *>(g));
+        state_in, state_out, static_cast<act_t *>(g), reset);
     return cudaGetLastError();
 }
 
@@ -43,23 +43,24 @@ extern "C" cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *xz, const 
                                         const float *conv_b, float *conv_state, const void *x_proj_w,
                                         const void *dt_proj_w, const float *dt_bias,
                                         const float *A_log, const float *Dskip, float *ssm_state,
-                                        void *xc, float *part, void *g, cudaStream_t stream)
+                                        void *xc, float *part, void *g, const unsigned char *reset,
+                                        cudaStream_t stream)
 {
     decode_conv_xproj_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
         static_cast<const act_t *>(xz), conv_w, conv_b, conv_state, static_cast<const act_t *>(x_proj_w),
-        static_cast<act_t *>(xc), part);
+        static_cast<act_t *>(xc), part, reset);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     decode_scan_kernel<<<dim3(batch, SCAN_BLOCKS), SCAN_THREADS, 0, stream>>>(
         part, static_cast<const act_t *>(xc), static_cast<const act_t *>(xz),
-        static_cast<const act_t *>(dt_proj_w), dt_bias, A_log, Dskip, ssm_state, static_cast<act_t *>(g));
+        static_cast<const act_t *>(dt_proj_w), dt_bias, A_log, Dskip, ssm_state, static_cast<act_t *>(g), reset);
     return cudaGetLastError();
 }
 #if MG_M1_DECODE_PERSISTENT
 
 extern "C" cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, float *out, const float *w,
                                              const void *wg, float *conv_state, float *ssm_state,
-                                             cudaStream_t stream)
+                                             const unsigned char *reset, cudaStream_t stream)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)batch * DEC_CLUSTER, 1, 1);
@@ -74,18 +75,18 @@ extern "C" cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, f
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     const cudaError_t e = cudaLaunchKernelEx(&cfg, decode_persistent_kernel, batch, u, out, w,
-                                             static_cast<const act_t *>(wg), conv_state, ssm_state);
+                                             static_cast<const act_t *>(wg), conv_state, ssm_state, reset);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 #endif
 #if MG_M1_SCAN_CHUNKED
 
 // Passes 1 and 2 of the chunked scan: every chunk's incoming state into
-// cstate (the training forward runs its own output pass after them).
-extern "C" cudaError_t MG_LAUNCH(scan_chunk_states)(int batch, int seqlen, const void *xc, const void *dt,
-                                             const void *dbl, const float *dt_bias, const float *A_log,
-                                             const float *state_in, float *cstate, float *dsum,
-                                             cudaStream_t stream)
+// cstate; reset [batch] (NULL: none) zeroes a sequence's state_in.
+static cudaError_t chunk_states_launch(int batch, int seqlen, const void *xc, const void *dt, const void *dbl,
+                                       const float *dt_bias, const float *A_log, const float *state_in,
+                                       float *cstate, float *dsum, const unsigned char *reset,
+                                       cudaStream_t stream)
 {
     const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
     if (nc > 1) {
@@ -97,19 +98,28 @@ extern "C" cudaError_t MG_LAUNCH(scan_chunk_states)(int batch, int seqlen, const
     }
     const size_t n = (size_t)batch * E * N;
     chunk_combine_kernel<<<(unsigned)((n + COMBINE_THREADS - 1) / COMBINE_THREADS), COMBINE_THREADS, 0,
-                           stream>>>(batch, nc, A_log, state_in, cstate, dsum);
+                           stream>>>(batch, nc, A_log, state_in, cstate, dsum, reset);
     return cudaGetLastError();
+}
+
+// The same for the training forward (which runs its own output pass after).
+extern "C" cudaError_t MG_LAUNCH(scan_chunk_states)(int batch, int seqlen, const void *xc, const void *dt,
+                                             const void *dbl, const float *dt_bias, const float *A_log,
+                                             const float *state_in, float *cstate, float *dsum,
+                                             cudaStream_t stream)
+{
+    return chunk_states_launch(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum, nullptr, stream);
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *xc, const void *dt,
                                         const void *dbl, const void *xz, const float *dt_bias,
                                         const float *A_log, const float *Dskip,
                                         const float *state_in, float *state_out, float *cstate,
-                                        float *dsum, void *g, cudaStream_t stream)
+                                        float *dsum, void *g, const unsigned char *reset, cudaStream_t stream)
 {
     const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
-    const cudaError_t e = MG_LAUNCH(scan_chunk_states)(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in,
-                                                       cstate, dsum, stream);
+    const cudaError_t e = chunk_states_launch(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum,
+                                              reset, stream);
     if (e != cudaSuccess) return e;
     chunk_output_kernel<<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, stream>>>(
         seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),

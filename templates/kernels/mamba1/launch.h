@@ -14,17 +14,20 @@ cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int rows, cudaStre
 /* y[rows][D] = rmsnorm(h[rows][D]) * w; y has type act (out_f32 = 0) or f32. */
 cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_f32,
                         int rows, cudaStream_t stream);
+/* The launchers that read a recurrent state take reset [batch] (uint8, NULL:
+ * none): a sequence whose entry is nonzero starts from zeros instead of its
+ * state in (the decode step's reset mask; prefill passes NULL). */
 /* Causal depthwise conv + SiLU over x = xz[:, 0:E], parallel over time tiles;
  * conv state in/out (state_in NULL: zeros; state_out NULL: not written; they
  * may alias). One launch, two when seqlen > CONV_TILE (then the state update). */
 cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *conv_w,
                      const float *conv_b, const float *state_in, float *state_out,
-                     void *xc, cudaStream_t stream);
+                     void *xc, const unsigned char *reset, cudaStream_t stream);
 /* Selective scan + D skip + SiLU(z) gate -> g[tokens][E]. */
 cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *xc, const void *dt,
                      const void *dbl, const void *xz, const float *dt_bias,
                      const float *A_log, const float *Dskip, const float *state_in,
-                     float *state_out, void *g, cudaStream_t stream);
+                     float *state_out, void *g, const unsigned char *reset, cudaStream_t stream);
 /* Fused decode of one layer's mixer for one token per sequence: conv step
  * (conv_state in place), x_proj partials part [batch][CONV_BLOCKS][XP] f32,
  * then dt_proj + scan step (ssm_state in place) + gate -> g [batch][E].
@@ -34,14 +37,15 @@ cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *xz, const float *conv
                              const float *conv_b, float *conv_state, const void *x_proj_w,
                              const void *dt_proj_w, const float *dt_bias,
                              const float *A_log, const float *Dskip, float *ssm_state,
-                             void *xc, float *part, void *g, cudaStream_t stream);
+                             void *xc, float *part, void *g, const unsigned char *reset,
+                             cudaStream_t stream);
 /* The single-launch decode step of the whole backbone: u [batch][IN_DIM] ->
  * out [batch][D]; w the f32 blob, wg the GEMM weights (storage dtype, blob
  * offsets); states [N_LAYERS][batch][...] in place (NULL: zeros in, nothing
  * out). One cluster launch (cudaLaunchKernelEx), capturable in a graph. */
 cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, float *out, const float *w,
                                   const void *wg, float *conv_state, float *ssm_state,
-                                  cudaStream_t stream);
+                                  const unsigned char *reset, cudaStream_t stream);
 /* y[r][D] = rmsnorm(h[r*in_stride + in_off]) * w, f32 out (burn-in: last rows). */
 cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
                              int in_stride, int in_off, cudaStream_t stream);
@@ -57,6 +61,6 @@ cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *xc, const
                              const void *dbl, const void *xz, const float *dt_bias,
                              const float *A_log, const float *Dskip,
                              const float *state_in, float *state_out, float *cstate,
-                             float *dsum, void *g, cudaStream_t stream);
+                             float *dsum, void *g, const unsigned char *reset, cudaStream_t stream);
 /* wa[i] = (storage dtype) w[i], i < n (round to nearest). */
 cudaError_t MG_LAUNCH(convert)(const float *w, void *wa, size_t n, cudaStream_t stream);

@@ -7,16 +7,21 @@
 // act_t); #included by NAME_kernels.cu inside its anonymous namespace, after
 // mg_m1_scan_body.cuh, so it includes nothing itself.
 
-// Sequential scan (scan_seq_body). Grid (batch, SCAN_BLOCKS).
+// Sequential scan (scan_seq_body). Grid (batch, SCAN_BLOCKS). reset [batch]
+// (NULL: none): a sequence whose entry is nonzero starts from zeros instead
+// of state_in (the decode step's reset mask; a block scans one sequence, so
+// the body just gets no state for it).
 __global__ void __launch_bounds__(SCAN_THREADS)
 scan_kernel(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
             const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
             const float *__restrict__ dt_bias, const float *__restrict__ A_log,
             const float *__restrict__ Dskip, const float *state_in, float *state_out,
-            act_t *__restrict__ g)
+            act_t *__restrict__ g, const unsigned char *__restrict__ reset)
 {
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, dt, z]
-    scan_seq_body(seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, state_in, state_out, g, sBC, ModelDims());
+    const bool fresh = reset && reset[blockIdx.x];
+    scan_seq_body(seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, fresh ? nullptr : state_in, state_out, g, sBC,
+                  ModelDims());
 }
 #if MG_M1_SCAN_CHUNKED
 
@@ -31,11 +36,15 @@ chunk_state_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t
     chunk_state_body(seqlen, nc, xc, dt, dbl, dt_bias, A_log, cstate, dsum_out, sBC, ModelDims());
 }
 
+// reset [batch] (NULL: none) as in scan_kernel; one thread per (b, e, n).
 __global__ void __launch_bounds__(COMBINE_THREADS)
 chunk_combine_kernel(int batch, int nc, const float *__restrict__ A_log, const float *state_in,
-                     float *__restrict__ cstate, const float *__restrict__ dsum)
+                     float *__restrict__ cstate, const float *__restrict__ dsum,
+                     const unsigned char *__restrict__ reset)
 {
-    chunk_combine_body(batch, nc, A_log, state_in, cstate, dsum, ModelDims());
+    const size_t b = ((size_t)blockIdx.x * COMBINE_THREADS + threadIdx.x) / ((size_t)E * N);
+    const bool fresh = reset && b < (size_t)batch && reset[b];
+    chunk_combine_body(batch, nc, A_log, fresh ? nullptr : state_in, cstate, dsum, ModelDims());
 }
 
 __global__ void __launch_bounds__(SCAN_THREADS)

@@ -54,14 +54,14 @@ __device__ __forceinline__ float2 rotate_pair(float c, float s, float2 v)
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt,
               const float *angle_in, float *angle_out, float *__restrict__ k,
-              float *__restrict__ q, float *__restrict__ cs)
+              float *__restrict__ q, float *__restrict__ cs, const unsigned char *__restrict__ reset)
 {
     __shared__ double part[ANGLE_SLICES][S];
     const int a = threadIdx.x % S, sl = threadIdx.x / S;
     const int h = blockIdx.x;
     const size_t b = blockIdx.y;
     const size_t st = (b * H + h) * (size_t)S + a;
-    const double th0 = angle_in ? (double)angle_in[st] : 0.0;
+    const double th0 = angle_in && !(reset && reset[b]) ? (double)angle_in[st] : 0.0;
     const int len = (seqlen + ANGLE_SLICES - 1) / ANGLE_SLICES;
     const int t0 = min(seqlen, sl * len), t1 = min(seqlen, t0 + len);
     const size_t row0 = b * (size_t)seqlen;

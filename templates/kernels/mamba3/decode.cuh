@@ -290,14 +290,17 @@ dec_out_proj_kernel(int batch, const act_t *__restrict__ g, const act_t *__restr
 //   gate_kernel (mg_m3_gate.cuh): g = y * [rms(y) * norm_w] * silu(z),
 //     warp 0 holding the head's P values as gate_head_load does.
 // States are updated in place (ssm, kp, vp, angle: NULL = zeros in, not
-// written); each entry is read and written by the same thread.
+// written); each entry is read and written by the same thread. reset
+// [batch] (NULL: none): a sequence whose entry is nonzero reads zeros
+// instead of its states (a new episode) and writes them as usual; the flag
+// is read where the states are loaded, so a reset costs no launch.
 // ---------------------------------------------------------------------------
 __global__ void __launch_bounds__(DEC_MIX_THREADS)
 dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
                  const float *__restrict__ Bnw, const float *__restrict__ Cnw,
                  const float *__restrict__ Bbias, const float *__restrict__ Cbias,
                  const float *__restrict__ Dskip, const float *__restrict__ ngw, float *ssm, float *kps,
-                 float *vps, float *ang, act_t *__restrict__ g)
+                 float *vps, float *ang, act_t *__restrict__ g, const unsigned char *__restrict__ reset)
 {
     __shared__ float sk[N], sq[N], sv[P], sy[P];
     __shared__ float sc[4];   // dt, A*dt, lambda, BCNorm scale of B
@@ -309,11 +312,12 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     const int sl = tid % SCAN_LANES, rg = tid / SCAN_LANES;
     const bool scanner = tid < SCAN_THREADS;
     const act_t *pr = proj + b * NP;
+    const bool fresh = reset && reset[b];   // zero states in
 
     // The states are loaded after the angle step (the f64 sincos may call its
     // slow path: registers live across that call would spill), so their lines
     // are requested from L2 now, overlapping the per-head maps.
-    if (scanner && ssm) {
+    if (scanner && ssm && !fresh) {
 #pragma unroll
         for (int j = 0; j < SCAN_RPT; ++j) {
             const int p = rg + j * SCAN_ROWGROUPS;
@@ -350,7 +354,7 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     // angles: one step of the recurrence per angle a, rotary of k and q
     for (int a = tid; a < S; a += DEC_MIX_THREADS) {
         const size_t st = bh * S + a;
-        const double th0 = ang ? (double)ang[st] : 0.0;
+        const double th0 = ang && !fresh ? (double)ang[st] : 0.0;
         double th = wrap_2pi(th0 + 0.0);   // angles_kernel's slice start (prefix 0)
         th = wrap_2pi(th + PI_D * (double)tanhf(to_f32(pr[OFF_ANG + a])) * (double)sc[0]);
         double sd, cd;
@@ -369,13 +373,13 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     if (scanner) {
         float hs[SCAN_RPT][SCAN_NPT], kp[SCAN_NPT], vp[SCAN_RPT];
 #pragma unroll
-        for (int i = 0; i < SCAN_NPT; ++i) kp[i] = kps ? kps[bh * N + sl + i * SCAN_LANES] : 0.0f;
+        for (int i = 0; i < SCAN_NPT; ++i) kp[i] = kps && !fresh ? kps[bh * N + sl + i * SCAN_LANES] : 0.0f;
 #pragma unroll
         for (int j = 0; j < SCAN_RPT; ++j) {
             const int p = rg + j * SCAN_ROWGROUPS;
-            vp[j] = vps ? vps[bh * P + p] : 0.0f;
+            vp[j] = vps && !fresh ? vps[bh * P + p] : 0.0f;
 #pragma unroll
-            for (int i = 0; i < SCAN_NPT; ++i) hs[j][i] = ssm ? ssm[(bh * P + p) * N + sl + i * SCAN_LANES] : 0.0f;
+            for (int i = 0; i < SCAN_NPT; ++i) hs[j][i] = ssm && !fresh ? ssm[(bh * P + p) * N + sl + i * SCAN_LANES] : 0.0f;
         }
         const float d = sc[0], l = sc[2];
         const float al = expf(sc[1]);

@@ -23,18 +23,22 @@ cudaError_t MG_LAUNCH(prep)(int tokens, const void *proj, const float *dt_bias,
                             const float *B_norm_w, const float *C_norm_w, const float *B_bias,
                             const float *C_bias, float *dt, float *adt, float *lam, float *k,
                             float *q, cudaStream_t stream);
+/* The launchers that read a recurrent state (angles, scan, decode_mixer)
+ * take reset [batch] (uint8, NULL: none): a sequence whose entry is nonzero
+ * starts from zero states instead of its states in (the decode step's reset
+ * mask; prefill passes NULL). */
 /* Angle recurrence (sequential in t) and rotary of k and q in place.
  * angle_in NULL: zeros; angle_out NULL: not written (may alias angle_in). */
 cudaError_t MG_LAUNCH(angles)(int batch, int seqlen, const void *proj, const float *dt,
                               const float *angle_in, float *angle_out, float *k, float *q,
-                              cudaStream_t stream);
+                              const unsigned char *reset, cudaStream_t stream);
 /* The SSM (exponential-trapezoidal recurrence) -> y [tokens][E] (f32).
  * Each state pointer: NULL in = zeros, NULL out = not written; out may alias in. */
 cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *proj, const float *k,
                             const float *q, const float *dt, const float *adt, const float *lam,
                             const float *Dskip, const float *ssm_in, const float *kp_in,
                             const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                            float *y, cudaStream_t stream);
+                            float *y, const unsigned char *reset, cudaStream_t stream);
 /* Gate: g = y*silu(z), or per head y*rms(y)*norm_gate_w*silu(z) -> g [tokens][E] (act). */
 cudaError_t MG_LAUNCH(gate)(int tokens, const float *y, const void *proj, const float *norm_gate_w,
                             void *g, cudaStream_t stream);
@@ -77,7 +81,7 @@ cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *proj, const float *dt
                                     const float *B_norm_w, const float *C_norm_w, const float *B_bias,
                                     const float *C_bias, const float *Dskip, const float *norm_gate_w,
                                     float *ssm, float *k_prev, float *v_prev, float *angle, void *g,
-                                    cudaStream_t stream);
+                                    const unsigned char *reset, cudaStream_t stream);
 /* h[b] = res[b] + g[b] . w^T (f32 accumulate), w the storage-dtype out_proj
  * weight [D][E]; res may be h (the residual add) or another [batch][D]. */
 cudaError_t MG_LAUNCH(decode_out_proj)(int batch, const void *g, const void *w, const float *res, float *h,

@@ -45,13 +45,13 @@ extern "C" cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *proj, cons
                                                const float *B_norm_w, const float *C_norm_w, const float *B_bias,
                                                const float *C_bias, const float *Dskip, const float *norm_gate_w,
                                                float *ssm, float *k_prev, float *v_prev, float *angle, void *g,
-                                               cudaStream_t stream)
+                                               const unsigned char *reset, cudaStream_t stream)
 {
     if (batch < 1 || batch > DEC_MAX_BATCH) return cudaErrorInvalidValue;
     const dim3 grid(H, batch);
     dec_mixer_kernel<<<grid, DEC_MIX_THREADS, 0, stream>>>(
         static_cast<const act_t *>(proj), dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, ssm,
-        k_prev, v_prev, angle, static_cast<act_t *>(g));
+        k_prev, v_prev, angle, static_cast<act_t *>(g), reset);
     return cudaGetLastError();
 }
 

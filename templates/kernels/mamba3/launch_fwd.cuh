@@ -16,11 +16,11 @@ extern "C" cudaError_t MG_LAUNCH(prep)(int tokens, const void *proj, const float
 
 extern "C" cudaError_t MG_LAUNCH(angles)(int batch, int seqlen, const void *proj, const float *dt,
                                          const float *angle_in, float *angle_out, float *k, float *q,
-                                         cudaStream_t stream)
+                                         const unsigned char *reset, cudaStream_t stream)
 {
     const dim3 grid(ANGLE_BLOCKS, batch);
     angles_kernel<<<grid, ANGLE_THREADS, 0, stream>>>(
-        seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, nullptr);
+        seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, nullptr, reset);
     return cudaGetLastError();
 }
 
@@ -28,12 +28,12 @@ extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *proj, 
                                        const float *q, const float *dt, const float *adt, const float *lam,
                                        const float *Dskip, const float *ssm_in, const float *kp_in,
                                        const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                                       float *y, cudaStream_t stream)
+                                       float *y, const unsigned char *reset, cudaStream_t stream)
 {
     const dim3 grid(H, batch);
     scan_kernel<<<grid, SCAN_THREADS, 0, stream>>>(
         seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-        ssm_out, kp_out, vp_out, y);
+        ssm_out, kp_out, vp_out, y, reset);
     return cudaGetLastError();
 }
 

@@ -26,7 +26,7 @@ scan_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
             const float *__restrict__ adt, const float *__restrict__ lam,
             const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
             const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-            float *__restrict__ y)
+            float *__restrict__ y, const unsigned char *__restrict__ reset)
 {
     __shared__ float sk[SCAN_TCHUNK][N];
     __shared__ float sq[SCAN_TCHUNK][N];
@@ -37,6 +37,7 @@ scan_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
     const int lane = threadIdx.x % SCAN_LANES, rg = threadIdx.x / SCAN_LANES;
     const size_t bh = b * H + h;
     const size_t row0 = b * (size_t)seqlen;   // first token of the sequence
+    if (reset && reset[b]) ssm_in = kp_in = vp_in = nullptr;   // a new sequence: zero states in
 
     float hs[SCAN_RPT][SCAN_NPT], kp[SCAN_NPT], vp[SCAN_RPT];
 #pragma unroll
