@@ -107,6 +107,19 @@ static void report_decode(const char *what, int batch, const mg_bench_stats *st)
            batch * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
 }
 
+/* A device reset mask of batch bytes for the "reset mask" decode rows:
+ * every other stream resets (the kernels of both kinds of stream run), so
+ * the row shows what reading the mask costs next to the maskless one. */
+static uint8_t *bench_reset_mask(int batch)
+{
+    uint8_t *h = malloc((size_t)batch), *d = dalloc((size_t)batch);
+    if (!h) { fprintf(stderr, MODEL_NAME "_bench: out of host memory\n"); exit(1); }
+    for (int i = 0; i < batch; i++) h[i] = (uint8_t)(i % 2);
+    if (cudaMemcpy(d, h, (size_t)batch, cudaMemcpyHostToDevice) != cudaSuccess) die("upload", MG_ERR_CUDA);
+    free(h);
+    return d;
+}
+
 /* The decode latency curve: one graph-replayed step per batch size of
  * latency_batches (1, 2, 4, ... and MAX_BATCH), LATENCY_ITERS timed steps
  * each (enough runs for a 99th percentile), printed as p50 and p99; the

@@ -122,6 +122,14 @@ int main(int argc, char **argv)
         if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay", s);
         report_decode("decode (graph)", c.batch, &st);
         model_decode_graph_destroy(g);
+        /* the same with a reset mask (every other stream starts an episode) */
+        uint8_t *mask = bench_reset_mask(c.batch);
+        if ((s = model_decode_graph_create_reset(m, c.batch, u, out, cs, ss, mask, &g)) != MG_OK)
+            die("graph (reset mask)", s);
+        if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay (reset mask)", s);
+        report_decode("decode (graph; mask)", c.batch, &st);
+        model_decode_graph_destroy(g);
+        mg_dev_free(mask);
 #if MODEL_HAS_DECODE_SINGLE
         /* The single-launch decode (one cluster kernel for the whole step),
          * eager and as a CUDA Graph. */
