@@ -225,6 +225,53 @@ def _():
     return ok
 
 
+RB = min(4, M.MAX_BATCH)
+
+
+@test("decode_step with a reset mask == decode_step after zeroing those streams' states (bit-identical)")
+def _():
+    s1 = random_state(RB)
+    s2 = s1.clone()
+    ok = True
+    for step in range(3):
+        x = torch.randn(RB, M.IN_DIM, device=dev)
+        mask = torch.tensor([(i + step) % 2 == 0 for i in range(RB)], device=dev)   # bool, changing
+        a = model.decode_step(x, s1, reset=mask)
+        with torch.no_grad():
+            for t in s2.tensors():
+                t[:, mask] = 0.0
+        b = model.decode_step(x, s2)
+        ok = ok and torch.equal(a, b)
+    torch.cuda.synchronize()
+    return ok and states_equal(s1, s2)
+
+
+@test("decode graph with a reset mask == eager decode_step with it (bit-identical); mask checks")
+def _():
+    s1 = random_state(RB)
+    s2 = s1.clone()
+    g = model.decode_graph(s2, reset=True)
+    ok = True
+    try:
+        for step in range(3):
+            x = torch.randn(RB, M.IN_DIM, device=dev)
+            mask = torch.tensor([int(i == step % RB) for i in range(RB)], dtype=torch.uint8, device=dev)
+            a = model.decode_step(x, s1, reset=mask)
+            b = g.step(x, mask).clone()
+            ok = ok and torch.equal(a, b)
+        torch.cuda.synchronize()
+        ok = ok and states_equal(s1, s2)
+        x = torch.randn(RB, M.IN_DIM, device=dev)
+        checks = [raises(lambda: model.decode_step(x, s1, reset=torch.zeros(RB, device=dev)), TypeError, "uint8"),
+                  raises(lambda: model.decode_step(x, s1, reset=torch.zeros(RB + 1, dtype=torch.bool, device=dev)),
+                         ValueError, "one entry per stream"),
+                  raises(lambda: model.decode_step(x, s1, reset=torch.zeros(RB, dtype=torch.bool)), ValueError, "on cpu")]
+        ok = ok and all(c[0] for c in checks)
+    finally:
+        g.close()
+    return ok, "; ".join(c[1] for c in checks) if ok else None
+
+
 @test("calls run on the current stream: prefill on a side stream == on the default stream")
 def _():
     s = torch.cuda.Stream()

@@ -73,6 +73,8 @@ _API = {
     "decode_step": (_I, (_P, _I, _P, _P) + _STATES),
     "burn_in": (_I, (_P, _I, _I, _P, _P) + _STATES),
     "decode_graph_create": (_I, (_P, _I, _P, _P) + _STATES + (ctypes.POINTER(_P),)),
+    "decode_step_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P,)),
+    "decode_graph_create_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P, ctypes.POINTER(_P))),
     "decode_graph_launch": (_I, (_P,)),
     "decode_graph_destroy": (None, (_P,)),
     "set_scan": (_I, (_P, _I)),
@@ -217,6 +219,23 @@ def _check_tensor(t, what, shape, device):
     if t.data_ptr() % 16:
         raise ValueError("%s: data pointer not 16-byte aligned, as the library needs (pass .clone())" % what)
     return t
+
+
+def _check_reset(r, what, batch, device):
+    """r: a reset mask, a bool or uint8 CUDA tensor [batch] on `device`,
+    contiguous (the library reads one byte per stream: nonzero = start from
+    zero states)."""
+    if not isinstance(r, torch.Tensor):
+        raise TypeError("%s: expected a torch.Tensor, got %s" % (what, type(r).__name__))
+    if r.dtype not in (torch.bool, torch.uint8):
+        raise TypeError("%s: dtype %s, expected torch.bool or torch.uint8" % (what, r.dtype))
+    if r.device != device:
+        raise ValueError("%s: on %s, the model is on %s" % (what, r.device, device))
+    if tuple(r.shape) != (batch,):
+        raise ValueError("%s: shape %s, expected (%d,) (one entry per stream)" % (what, tuple(r.shape), batch))
+    if not r.is_contiguous():
+        raise ValueError("%s: not contiguous (pass .contiguous())" % what)
+    return r
 
 
 def _batch_seqlen(u, what, seq):
@@ -652,9 +671,12 @@ class Model(torch.nn.Module):
         return out, state
 
     @torch.no_grad()
-    def decode_step(self, u, state):
+    def decode_step(self, u, state, reset=None):
         """One token per sequence: out [batch][D_MODEL] for u [batch][IN_DIM];
-        state (required) advances in place."""
+        state (required) advances in place. reset: None, or a bool / uint8
+        CUDA tensor [batch] (NAME_decode_step_reset): the streams where it
+        is nonzero start from zero states at this step (a new episode), the
+        others continue."""
         batch, _ = _batch_seqlen(u, "decode_step: u", False)
         _check_tensor(u, "decode_step: u", u.shape, self.device)
         if state is None:
@@ -662,8 +684,13 @@ class Model(torch.nn.Module):
         state = self._state_for(state, batch, "decode_step")
         out = torch.empty((batch, D_MODEL), dtype=_f32, device=self.device)
         with torch.cuda.device(self.device):
-            self._lib.call("decode_step", self._model_on_stream(), batch, u.data_ptr(), out.data_ptr(),
-                           *state._ptrs())
+            if reset is None:
+                self._lib.call("decode_step", self._model_on_stream(), batch, u.data_ptr(), out.data_ptr(),
+                               *state._ptrs())
+            else:
+                _check_reset(reset, "decode_step: reset", batch, self.device)
+                self._lib.call("decode_step_reset", self._model_on_stream(), batch, u.data_ptr(), out.data_ptr(),
+                               *state._ptrs(), reset.data_ptr())
         return out
 
     @torch.no_grad()
@@ -680,10 +707,11 @@ class Model(torch.nn.Module):
                            *state._ptrs())
         return out, state
 
-    def decode_graph(self, state):
+    def decode_graph(self, state, reset=False):
         """A DecodeGraph: decode_step captured once as a CUDA Graph for this
-        state's batch and tensors."""
-        return DecodeGraph(self, state)
+        state's batch and tensors; reset=True: with a reset mask buffer
+        (DecodeGraph.reset, step(u, reset))."""
+        return DecodeGraph(self, state, reset)
 
     def set_scan(self, choice):
         """Force the scan of prefill / burn-in and of training: "spec" (as the
@@ -772,20 +800,28 @@ class DecodeGraph:
     [batch][D_MODEL] (output, overwritten by every step) and the state's
     tensors (advanced in place). step(u) copies u in, replays, and returns
     .out; replay() replays with .u as it is. Bit-identical to decode_step.
-    Close it (or let it go) before the model."""
+    With reset=True (NAME_decode_graph_create_reset) it also has .reset, a
+    uint8 [batch] mask buffer read at every replay (zeros: no stream
+    resets); step(u, reset) copies a mask in first. Close it (or let it go)
+    before the model."""
 
-    def __init__(self, model, state):
+    def __init__(self, model, state, reset=False):
         if not isinstance(state, State):
             raise TypeError("decode_graph: expected a %s.State, got %s" % (NAME, type(state).__name__))
         model._state_for(state, state.batch, "decode_graph")
         self.model, self.state, self.batch = model, state, state.batch
         self.u = torch.zeros((self.batch, IN_DIM), dtype=_f32, device=model.device)
         self.out = torch.zeros((self.batch, D_MODEL), dtype=_f32, device=model.device)
+        self.reset = torch.zeros((self.batch,), dtype=torch.uint8, device=model.device) if reset else None
         self._g = None
         h = _P()
         with torch.cuda.device(model.device):
-            model._lib.call("decode_graph_create", model._model_on_stream(), self.batch, self.u.data_ptr(),
-                            self.out.data_ptr(), *state._ptrs(), ctypes.byref(h))
+            if reset:
+                model._lib.call("decode_graph_create_reset", model._model_on_stream(), self.batch, self.u.data_ptr(),
+                                self.out.data_ptr(), *state._ptrs(), self.reset.data_ptr(), ctypes.byref(h))
+            else:
+                model._lib.call("decode_graph_create", model._model_on_stream(), self.batch, self.u.data_ptr(),
+                                self.out.data_ptr(), *state._ptrs(), ctypes.byref(h))
         self._g = h.value
         model._graphs.append(self)
 
@@ -798,9 +834,14 @@ class DecodeGraph:
         return self.out
 
     @torch.no_grad()
-    def step(self, u):
+    def step(self, u, reset=None):
         _batch_seqlen(u, "DecodeGraph.step: u", False)
         _check_tensor(u, "DecodeGraph.step: u", self.u.shape, self.model.device)
+        if reset is not None:
+            if self.reset is None:
+                raise ValueError("DecodeGraph.step: reset given to a graph made without one (decode_graph(state, reset=True))")
+            _check_reset(reset, "DecodeGraph.step: reset", self.batch, self.model.device)
+            self.reset.copy_(reset)
         self.u.copy_(u)
         return self.replay()
 
