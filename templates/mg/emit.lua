@@ -90,6 +90,7 @@ E.FILES = {
   { path = "mg_train_host.h",  copy = "host/common/train_host.h",     when = "training" },
   { path = "%s_train_test.c",  copy = "host/{dir}/train_test.c",      when = "training" },
   { path = "train_tests.h",    copy = "host/common/train_tests.h",    when = "training" },
+  { path = "%s_nccl.c",        copy = "host/common/nccl_train.c",     when = "training" },
   -- packaging: pkg-config and CMake files, completed by `make install`
   { path = "%s.pc.in",                 template = "common/pkgconfig.pc.tmpl",              prefix = "#" },
   { path = "%sConfig.cmake.in",        template = "common/cmake_config.cmake.tmpl",        prefix = "#" },

@@ -296,7 +296,7 @@ if ok then
     "mamba3_rl_train.c<mamba3/train.c.tmpl", "mg_m3_train_pipeline.h<host/mamba3/train_pipeline.h",
     "mg_train_host.h<host/common/train_host.h",
     "mamba3_rl_train_test.c<host/mamba3/train_test.c",
-    "train_tests.h<host/common/train_tests.h" }
+    "train_tests.h<host/common/train_tests.h", "mamba3_rl_nccl.c<host/common/nccl_train.c" }
   local have = {}
   for _, nm in ipairs(names) do have[nm] = true end
   for _, nm in ipairs(want) do check(have[nm], "emit: mamba3 file " .. nm) end
