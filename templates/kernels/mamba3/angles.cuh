@@ -51,6 +51,32 @@ __device__ __forceinline__ float2 rotate_pair(float c, float s, float2 v)
     return o;
 }
 
+// The starting angle of thread (a, sl)'s time slice [t0, t1): pass 1 sums
+// the slice's increments inc(t) in f64, one thread per angle turns the
+// slice sums into exclusive prefixes in slice order (deterministic), and
+// the start is th0 plus the prefix, wrapped. part: the block's
+// [ANGLE_SLICES][S] shared scratch. Every thread of the block calls it
+// (two barriers). The angle kernels of inference and training share it.
+template <class Inc>
+__device__ __forceinline__ double angle_slice_start(double th0, int t0, int t1, int a, int sl,
+                                                    double (*part)[S], Inc inc)
+{
+    double sum = 0.0;
+    for (int t = t0; t < t1; ++t) sum += inc(t);
+    part[sl][a] = sum;
+    __syncthreads();
+    if (sl == 0) {   // exclusive prefix over the slices, in order
+        double run = 0.0;
+        for (int j = 0; j < ANGLE_SLICES; ++j) {
+            const double v = part[j][a];
+            part[j][a] = run;
+            run += v;
+        }
+    }
+    __syncthreads();
+    return wrap_2pi(th0 + part[sl][a]);
+}
+
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt,
               const float *angle_in, float *angle_out, float *__restrict__ k,
@@ -66,30 +92,15 @@ angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restric
     const int t0 = min(seqlen, sl * len), t1 = min(seqlen, t0 + len);
     const size_t row0 = b * (size_t)seqlen;
 
-    // Pass 1: this slice's sum of increments.
-    double sum = 0.0;
+    const auto inc = [&](int t) {   // theta_t - theta_{t-1} before the wrap
+        const size_t tok = row0 + t;
+        return PI_D * (double)tanhf(to_f32(proj[tok * NP + OFF_ANG + a])) * (double)dt[tok * H + h];
+    };
+    // Walk the slice from its starting angle, rotating k and q.
+    double th = angle_slice_start(th0, t0, t1, a, sl, part, inc);
     for (int t = t0; t < t1; ++t) {
         const size_t tok = row0 + t;
-        sum += PI_D * (double)tanhf(to_f32(proj[tok * NP + OFF_ANG + a])) * (double)dt[tok * H + h];
-    }
-    part[sl][a] = sum;
-    __syncthreads();
-    if (sl == 0) {   // exclusive prefix over the slices, in order
-        double run = 0.0;
-        for (int j = 0; j < ANGLE_SLICES; ++j) {
-            const double v = part[j][a];
-            part[j][a] = run;
-            run += v;
-        }
-    }
-    __syncthreads();
-
-    // Pass 2: walk the slice from its starting angle, rotating k and q.
-    double th = wrap_2pi(th0 + part[sl][a]);
-    for (int t = t0; t < t1; ++t) {
-        const size_t tok = row0 + t;
-        const float x = to_f32(proj[tok * NP + OFF_ANG + a]);
-        th = wrap_2pi(th + PI_D * (double)tanhf(x) * (double)dt[tok * H + h]);
+        th = wrap_2pi(th + inc(t));
         double sd, cd;
         sincos(th, &sd, &cd);
         const float c = (float)cd, s = (float)sd;

@@ -62,16 +62,15 @@ __device__ __forceinline__ void bc_rms(const act_t *brow, const act_t *crow, int
     rc = 1.0f / sqrtf(sc / (float)N + EPS);
 }
 
-__global__ void __launch_bounds__(PREP_THREADS)
-prep_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
-            const float *__restrict__ Bnw, const float *__restrict__ Cnw,
-            const float *__restrict__ Bbias, const float *__restrict__ Cbias,
-            float *__restrict__ dt, float *__restrict__ adt, float *__restrict__ lam,
-            float *__restrict__ k, float *__restrict__ q)
+// A token's maps but k and q, by a block of PREP_THREADS: the BCNorm scales
+// 1/rms of every group's B and C row into rB, rC [G] (shared; warp w takes
+// groups w, w+PREP_WARPS, ...) and the head scalars dt, A*dt, lambda into
+// row tok of dt, adt, lam. The caller syncs before reading rB, rC.
+// prep_kernel and the training forward's prep_rot_kernel share it.
+__device__ __forceinline__ void token_maps(const act_t *pr, size_t tok, const float *__restrict__ dt_bias,
+                                           float *rB, float *rC, float *__restrict__ dt,
+                                           float *__restrict__ adt, float *__restrict__ lam)
 {
-    __shared__ float rB[G], rC[G];
-    const size_t tok = blockIdx.x;
-    const act_t *pr = proj + tok * NP;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int g = warp; g < G; g += PREP_WARPS) {
         float rb, rc;
@@ -83,6 +82,19 @@ prep_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
     }
     for (int h = threadIdx.x; h < H; h += PREP_THREADS)
         row_head_scalars(pr, h, dt_bias[h], dt[tok * H + h], adt[tok * H + h], lam[tok * H + h]);
+}
+
+__global__ void __launch_bounds__(PREP_THREADS)
+prep_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
+            const float *__restrict__ Bnw, const float *__restrict__ Cnw,
+            const float *__restrict__ Bbias, const float *__restrict__ Cbias,
+            float *__restrict__ dt, float *__restrict__ adt, float *__restrict__ lam,
+            float *__restrict__ k, float *__restrict__ q)
+{
+    __shared__ float rB[G], rC[G];
+    const size_t tok = blockIdx.x;
+    const act_t *pr = proj + tok * NP;
+    token_maps(pr, tok, dt_bias, rB, rC, dt, adt, lam);
     __syncthreads();
     float *kt = k + tok * (size_t)(H * N), *qt = q + tok * (size_t)(H * N);
     for (int i = threadIdx.x; i < H * N; i += PREP_THREADS) {

@@ -37,30 +37,15 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
     const int t0 = min(seqlen, sl * len), t1 = min(seqlen, t0 + len);
     const size_t row0 = b * (size_t)seqlen;
 
-    // Pass 1: this slice's sum of increments.
-    double sum = 0.0;
-    for (int t = t0; t < t1; ++t) {
+    const auto inc = [&](int t) {   // theta_t - theta_{t-1} before the wrap
         const act_t *pr = proj + (row0 + t) * NP;
-        sum += PI_D * (double)tanhf(to_f32(pr[OFF_ANG + a])) * (double)row_head_dt(pr, h, dtb);
-    }
-    part[sl][a] = sum;
-    __syncthreads();
-    if (sl == 0) {   // exclusive prefix over the slices, in order
-        double run = 0.0;
-        for (int j = 0; j < ANGLE_SLICES; ++j) {
-            const double v = part[j][a];
-            part[j][a] = run;
-            run += v;
-        }
-    }
-    __syncthreads();
-
-    // Pass 2: walk the slice from its starting angle; one (cos, sin) per token.
-    double th = wrap_2pi(th0 + part[sl][a]);
+        return PI_D * (double)tanhf(to_f32(pr[OFF_ANG + a])) * (double)row_head_dt(pr, h, dtb);
+    };
+    // Walk the slice from its starting angle; one (cos, sin) per token.
+    double th = angle_slice_start(th0, t0, t1, a, sl, part, inc);
     for (int t = t0; t < t1; ++t) {
         const size_t tok = row0 + t;
-        const act_t *pr = proj + tok * NP;
-        th = wrap_2pi(th + PI_D * (double)tanhf(to_f32(pr[OFF_ANG + a])) * (double)row_head_dt(pr, h, dtb));
+        th = wrap_2pi(th + inc(t));
         double sd, cd;
         sincos(th, &sd, &cd);
         float2 v;
@@ -89,17 +74,7 @@ prep_rot_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bia
     __shared__ float rB[G], rC[G];
     const size_t tok = blockIdx.x;
     const act_t *pr = proj + tok * NP;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int g = warp; g < G; g += PREP_WARPS) {
-        float rb, rc;
-        bc_rms(pr + OFF_B + g * N, pr + OFF_C + g * N, lane, rb, rc);
-        if (lane == 0) {
-            rB[g] = rb;
-            rC[g] = rc;
-        }
-    }
-    for (int h = threadIdx.x; h < H; h += PREP_THREADS)
-        row_head_scalars(pr, h, dt_bias[h], dt[tok * H + h], adt[tok * H + h], lam[tok * H + h]);
+    token_maps(pr, tok, dt_bias, rB, rC, dt, adt, lam);
     __syncthreads();
     float2 *kt = reinterpret_cast<float2 *>(k + tok * (size_t)(H * N));
     float2 *qt = reinterpret_cast<float2 *>(q + tok * (size_t)(H * N));
