@@ -1,0 +1,70 @@
+#!/bin/sh
+# tools/digest-ab.sh: proof on a GPU that a change of the templates changed
+# no result: the same specs generated from two template trees (BEFORE, e.g.
+# a git revision's templates/, and AFTER), each package built and its test
+# programs (NAME_test, and NAME_train_test where the spec trains) run with
+# MG_DIGEST_DIR, so that every result they compare (outputs, states,
+# gradients) is hashed in call order (runtime/mg_compare.c). The test
+# programs come from each tree, so keep the host test sources the same on
+# both sides (change kernels and pipelines, not what the tests call).
+# AFTER runs twice: a digest that differs between its own runs is
+# nondeterminism, not a difference of the change.
+#
+#   tools/digest-ab.sh OUTDIR BEFORE_TEMPLATES AFTER_TEMPLATES SPEC.yaml...
+#   git archive REV templates | tar -x -C /tmp/old   # BEFORE = /tmp/old/templates
+#
+# Prints one line per test program: "NAME_test: same" or "NAME_test: DIFFERS
+# (first at line K)"; exit 0 when every program is the same, 1 when one
+# differs or fails to build or run, 2 on usage errors.
+# Env: MG (the mamba-gen binary, default ./mamba-gen), NVCC, CUDA_HOME,
+# MG_RUNTIME_CFLAGS, MG_RUNTIME_LIBS (as for the emitted Makefile; `make
+# check`'s environment has them), JOBS (make -j, default nproc).
+set -u
+[ $# -ge 4 ] || { echo "usage: $0 OUTDIR BEFORE_TEMPLATES AFTER_TEMPLATES SPEC.yaml..." >&2; exit 2; }
+out=$1 before=$2 after=$3; shift 3
+mg=${MG:-./mamba-gen}
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+for d in "$before" "$after"; do
+  [ -d "$d" ] || { echo "$0: $d: not a directory of templates" >&2; exit 2; }
+done
+mkdir -p "$out" || exit 2
+status=0
+for spec in "$@"; do
+  name=$(basename "$spec" .yaml)
+  for side in before after; do
+    tpl=$before; [ $side = after ] && tpl=$after
+    dir=$out/$side/$name
+    if ! "$mg" -q --gpu none --templates "$tpl" -o "$dir" "$spec" > "$out/$side-$name.gen" 2>&1; then
+      echo "$name ($side): generate failed:"; cat "$out/$side-$name.gen"; status=1; continue 2
+    fi
+    if ! make -C "$dir" -j"$jobs" ${NVCC:+NVCC="$NVCC"} ${CUDA_HOME:+CUDA_HOME="$CUDA_HOME"} \
+         MG_RUNTIME_CFLAGS="${MG_RUNTIME_CFLAGS:-}" MG_RUNTIME_LIBS="${MG_RUNTIME_LIBS:-}" all \
+         > "$out/$side-$name.build" 2>&1; then
+      echo "$name ($side): build failed:"; tail -20 "$out/$side-$name.build"; status=1; continue 2
+    fi
+  done
+  for prog in "${name}_test" "${name}_train_test"; do
+    [ -x "$out/after/$name/$prog" ] || continue
+    for run in before after after2; do
+      side=${run%2}
+      mkdir -p "$out/dig-$run"
+      (cd "$out/$side/$name" && MG_DIGEST_DIR=$(cd "$out/dig-$run" && pwd) "./$prog" > "../../$run-$prog.tap" 2>&1)
+      rc=$?
+      if [ $rc -ne 0 ]; then
+        echo "$prog ($run): exit $rc (see $out/$run-$prog.tap)"; status=1
+      fi
+    done
+    a=$out/dig-before/$prog.digest b=$out/dig-after/$prog.digest c=$out/dig-after2/$prog.digest
+    if [ ! -s "$a" ] || [ ! -s "$b" ]; then
+      echo "$prog: no results hashed (no GPU? see $out/after-$prog.tap)"; status=1
+    elif ! cmp -s "$b" "$c"; then
+      echo "$prog: NONDETERMINISTIC (two runs of the change differ)"; status=1
+    elif cmp -s "$a" "$b"; then
+      echo "$prog: same ($(wc -l < "$b") results)"
+    else
+      k=$(cmp "$a" "$b" 2>/dev/null | sed -n 's/.* line \([0-9]*\).*/\1/p')
+      echo "$prog: DIFFERS (first at line ${k:-?}: $(sed -n "${k:-1}p" "$b" 2>/dev/null))"; status=1
+    fi
+  done
+done
+exit $status
