@@ -40,6 +40,21 @@ static model_model *model;
 static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
 static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
 
+/* One decode step's slice of whole sequences: step_in gathers token t of
+ * every stream, ut [batch][IN_DIM] <- u [batch][T][IN_DIM]; step_out
+ * scatters a step's outputs, o [batch][T][D_MODEL] <- ot [batch][D_MODEL]. */
+static void step_in(float *ut, const float *u, int batch, int T, int t)
+{
+    for (int b = 0; b < batch; ++b)
+        memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
+}
+
+static void step_out(float *o, const float *ot, int batch, int T, int t)
+{
+    for (int b = 0; b < batch; ++b)
+        memcpy(o + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+}
+
 static int cmp_ref(const char *what, const float *got, const double *ref, size_t n)
 {
     mg_err e = mg_compare_f32(got, ref, n);
@@ -84,19 +99,16 @@ static mg_status decode_graph_steps(model_graph *g, int batch, int T, const floa
 {
     float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
     for (int t = 0; t < T && s == MG_OK; ++t) {
-        for (int b = 0; b < batch; ++b)
-            memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
+        step_in(ut, u, batch, T, t);
         mg_tap_up(due, ut, n_u(batch, 1));
         mg_tap_up(dug, ut, n_u(batch, 1));
         s = model_decode_step(model, batch, due, doe, DEV_STATES(dse));
         if (s == MG_OK) s = model_decode_graph_launch(g);
         if (s != MG_OK) break;
         mg_tap_down(ot, doe, n_out(batch, 1));
-        for (int b = 0; b < batch; ++b)
-            memcpy(oe + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+        step_out(oe, ot, batch, T, t);
         mg_tap_down(ot, dog, n_out(batch, 1));
-        for (int b = 0; b < batch; ++b)
-            memcpy(og + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+        step_out(og, ot, batch, T, t);
     }
     free(ut); free(ot);
     return s;
@@ -177,8 +189,7 @@ static void test_decode_reset(int batch, int T, const char *path, uint64_t seed)
         mg_status s = MG_OK;
         for (int t = 0; t < T && s == MG_OK; ++t) {
             float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
-            for (int b = 0; b < batch; ++b)
-                memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
+            step_in(ut, u, batch, T, t);
             mg_tap_up(du, ut, n_u(batch, 1));
             reset_mask(mask, batch, pattern == 3 ? 0 : pattern, t);
             up_mask(dmask, mask, batch);
@@ -189,11 +200,9 @@ static void test_decode_reset(int batch, int T, const char *path, uint64_t seed)
             }
             if (s == MG_OK) {
                 mg_tap_down(ot, doa, n_out(batch, 1));
-                for (int b = 0; b < batch; ++b)
-                    memcpy(oa + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+                step_out(oa, ot, batch, T, t);
                 mg_tap_down(ot, dob, n_out(batch, 1));
-                for (int b = 0; b < batch; ++b)
-                    memcpy(ob + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+                step_out(ob, ot, batch, T, t);
             }
             free(ut); free(ot);
         }
@@ -246,8 +255,7 @@ static void test_decode_graph_reset(int batch, int T, const char *path, uint64_t
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     static const int step_pattern[4] = { 1, 0, 2, 1 };
     for (int t = 0; t < T && s == MG_OK; ++t) {
-        for (int b = 0; b < batch; ++b)
-            memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
+        step_in(ut, u, batch, T, t);
         mg_tap_up(due, ut, n_u(batch, 1));
         mg_tap_up(dug, ut, n_u(batch, 1));
         reset_mask(mask, batch, step_pattern[t % 4], t);
@@ -257,11 +265,9 @@ static void test_decode_graph_reset(int batch, int T, const char *path, uint64_t
         if (s == MG_OK) s = model_decode_graph_launch(g);
         if (s != MG_OK) break;
         mg_tap_down(ot, doe, n_out(batch, 1));
-        for (int b = 0; b < batch; ++b)
-            memcpy(oe + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+        step_out(oe, ot, batch, T, t);
         mg_tap_down(ot, dog, n_out(batch, 1));
-        for (int b = 0; b < batch; ++b)
-            memcpy(og + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+        step_out(og, ot, batch, T, t);
     }
     if (g) {
         if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());

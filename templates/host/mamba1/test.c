@@ -294,14 +294,12 @@ static void test_decode(int batch, int T, uint64_t seed)
     if (cudaMemset(dcs, 0, ncs * sizeof(float)) != cudaSuccess ||
         cudaMemset(dss, 0, nss * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
     for (int t = 0; t < T && s == MG_OK; ++t) {
-        for (int b = 0; b < batch; ++b)
-            memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
+        step_in(ut, u, batch, T, t);
         mg_tap_up(du, ut, n_u(batch, 1));
         s = model_decode_step(model, batch, du, dout_t, dcs, dss);
         if (s != MG_OK) break;
         mg_tap_down(ot, dout_t, n_out(batch, 1));
-        for (int b = 0; b < batch; ++b)
-            memcpy(dout + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+        step_out(dout, ot, batch, T, t);
     }
     if (s == MG_OK) { mg_tap_down(dcs_h, dcs, ncs); mg_tap_down(dss_h, dss, nss); }
     char what[160];
@@ -393,8 +391,7 @@ static void test_decode_single(int batch, int T, uint64_t seed)
     static const int level[2] = { MODEL_DECODE_SINGLE, MODEL_DECODE_FUSED };
     mg_status s = MG_OK;
     for (int t = 0; t < T && s == MG_OK; ++t) {
-        for (int b = 0; b < batch; ++b)
-            memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
+        step_in(ut, u, batch, T, t);
         mg_tap_up(du, ut, n_u(batch, 1));
         for (int k = 0; k < 2 && s == MG_OK; ++k) {
             s = model_set_decode_fused(model, level[k]);

@@ -325,14 +325,12 @@ static void test_decode(int batch, int T, uint64_t seed)
         mg_tap_up(ds[i], dst.s[i], st_floats(i, batch));
     }
     for (int t = 0; t < T && s == MG_OK; ++t) {
-        for (int b = 0; b < batch; ++b)
-            memcpy(ut + n_u(b, 1), u + n_u(b, T) + n_u(1, t), n_u(1, 1) * sizeof(float));
+        step_in(ut, u, batch, T, t);
         mg_tap_up(du, ut, n_u(batch, 1));
         s = model_decode_step(model, batch, du, dout_t, ds[0], ds[1], ds[2], ds[3]);
         if (s != MG_OK) break;
         mg_tap_down(ot, dout_t, n_out(batch, 1));
-        for (int b = 0; b < batch; ++b)
-            memcpy(dout + n_out(b, T) + n_out(1, t), ot + n_out(b, 1), n_out(1, 1) * sizeof(float));
+        step_out(dout, ot, batch, T, t);
     }
     if (s == MG_OK)
         for (int i = 0; i < NST; ++i) mg_tap_down(dst.s[i], ds[i], st_floats(i, batch));
