@@ -36,11 +36,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <mg_rng.h>
-#if MODEL_ARCH_MAMBA1
-#include <mg_ref_mamba1.h>
-#else
-#include <mg_ref_mamba3.h>
-#endif
+#include MODEL_REF_HEADER
 
 #define MAX_GPUS 16
 
@@ -57,23 +53,13 @@ static void die(const char *what, const char *detail)
 /* The reference path's initial weights (the test and bench programs' too). */
 static float *initial_weights(void)
 {
-#if MODEL_ARCH_MAMBA1
-    mg_m1_dims dims = MODEL_REF_DIMS;
-    mg_m1_layout lay;
+    model_ref_dims dims = MODEL_REF_DIMS;
+    model_ref_layout lay;
     memset(&lay, 0, sizeof lay);
-    MG_OK_(mg_ref_mamba1_layout(&dims, &lay));
+    MG_OK_(MODEL_REF(layout)(&dims, &lay));
     float *hw = malloc(sizeof(float) * lay.total);
     if (!hw) die("init", "out of host memory");
-    MG_OK_(mg_ref_mamba1_init(&dims, &lay, hw, 1));
-#else
-    mg_m3_dims dims = MODEL_REF_DIMS;
-    mg_m3_layout lay;
-    memset(&lay, 0, sizeof lay);
-    MG_OK_(mg_ref_mamba3_layout(&dims, &lay));
-    float *hw = malloc(sizeof(float) * lay.total);
-    if (!hw) die("init", "out of host memory");
-    MG_OK_(mg_ref_mamba3_init(&dims, &lay, hw, 1));
-#endif
+    MG_OK_(MODEL_REF(init)(&dims, &lay, hw, 1));
     if (lay.total != MODEL_WEIGHTS_FLOATS) die("init", "the reference layout is not the library's blob");
     return hw;
 }
