@@ -19,7 +19,7 @@ enum { TM_OK = 0, TM_FAIL = 1, TM_USAGE = 2 };
 
 typedef struct {
     const char *spec, *templates, *cache_dir, *csv, *emit_dir, *arch, *cuda_include;
-    const char *chunks, *threads; /* lists as given (checked), passed to Lua */
+    const char *chunks, *threads, *lanes; /* lists as given (checked), passed to Lua */
     int seqlens[TM_MAX_LIST], nseqlens, batches[TM_MAX_LIST], nbatches;
     int iters, warmup, device, jobs, quiet, compile_only, no_cache, print_key, no_sequential, no_generic;
 } tm_opts;

@@ -43,9 +43,9 @@ static void tm_usage(FILE *fp)
     fputs("Usage: mamba-tune [OPTION]... SPEC.yaml   (also: mamba-gen tune SPEC.yaml [OPTION]...)\n"
           "Autotune the selective scan of the model in SPEC.yaml on this machine's GPU\n"
           "(mamba1: the scan kernels; mamba3_siso: the chunked SSM kernel): compile every\n"
-          "candidate (chunk size x block size) with NVRTC, check it against the f64\n"
-          "reference, time it, and store the best in the autotune cache that\n"
-          "`scan.chunk_size: auto` reads at generation time.\n"
+          "candidate (chunk size x block size, for mamba1 also x lanes per channel) with\n"
+          "NVRTC, check it against the f64 reference, time it, and store the best in the\n"
+          "autotune cache that `scan.chunk_size: auto` reads at generation time.\n"
           "\n"
           "  --seqlen LIST        sequence lengths to time, comma-separated (default: the\n"
           "                       spec's max_seq_len, /4 and /16, those >= 16)\n"
@@ -53,6 +53,9 @@ static void tm_usage(FILE *fp)
           "  --chunks LIST        chunk sizes to try (default 16,32,64,128,256)\n"
           "  --threads LIST       scan block sizes to try, multiples of 32 (default\n"
           "                       64,128,256,512; mamba3_siso: 128,256,512)\n"
+          "  --lanes LIST         mamba1: threads sharing one channel's state, powers of\n"
+          "                       two (default: the spec's own count x 1, 2, 4, those\n"
+          "                       leaving 1..16 states per thread)\n"
           "  --no-sequential      do not time the sequential scan as a baseline (mamba1)\n"
           "  --no-generic         do not time the generic variant (model dims as kernel\n"
           "                       arguments) that the specialized kernels are compared with\n"
@@ -126,11 +129,12 @@ static int tm_parse_int(const char *opt, const char *s, int lo, int hi, int *out
 
 static int tm_parse(int argc, char **argv, tm_opts *o)
 {
-    enum { O_SEQ = 256, O_BATCH, O_CHUNKS, O_THREADS, O_NOSEQ, O_NOGEN, O_ITERS, O_WARMUP, O_DEVICE, O_JOBS, O_CACHE,
+    enum { O_SEQ = 256, O_BATCH, O_CHUNKS, O_THREADS, O_LANES, O_NOSEQ, O_NOGEN, O_ITERS, O_WARMUP, O_DEVICE, O_JOBS, O_CACHE,
            O_NOCACHE, O_CSV, O_COMPILE, O_ARCH, O_EMIT, O_KEY, O_TEMPLATES, O_INC, O_VERSION };
     static const struct option lo[] = {
         {"seqlen", required_argument, NULL, O_SEQ},      {"batch", required_argument, NULL, O_BATCH},
         {"chunks", required_argument, NULL, O_CHUNKS},   {"threads", required_argument, NULL, O_THREADS},
+        {"lanes", required_argument, NULL, O_LANES},
         {"no-sequential", no_argument, NULL, O_NOSEQ},   {"no-generic", no_argument, NULL, O_NOGEN},
         {"iters", required_argument, NULL, O_ITERS},
         {"warmup", required_argument, NULL, O_WARMUP},   {"device", required_argument, NULL, O_DEVICE},
@@ -172,6 +176,14 @@ static int tm_parse(int argc, char **argv, tm_opts *o)
                 if (v[i] % 32)
                     return tm_usage_error("--threads '%s': block sizes are multiples of 32 (32..1024)", optarg);
             o->threads = optarg;
+            break;
+        case O_LANES:
+            if (tm_parse_list("--lanes", optarg, 1, 32, v, &n) != 0)
+                return TM_USAGE;
+            for (int i = 0; i < n; i++)
+                if (v[i] & (v[i] - 1))
+                    return tm_usage_error("--lanes '%s': lanes per channel are powers of two (1..32)", optarg);
+            o->lanes = optarg;   /* the d_state bounds are checked on the Lua side, which knows N */
             break;
         case O_NOSEQ: o->no_sequential = 1; break;
         case O_NOGEN: o->no_generic = 1; break;
@@ -241,7 +253,7 @@ static int tm_sources(const tm_opts *o, lh_host **hp, lh_result *r)
         free(err);
         return TM_FAIL;
     }
-    const char *opts[10];
+    const char *opts[12];
     int n = 0;
     if (o->chunks) {
         opts[n++] = "chunks";
@@ -250,6 +262,10 @@ static int tm_sources(const tm_opts *o, lh_host **hp, lh_result *r)
     if (o->threads) {
         opts[n++] = "threads";
         opts[n++] = o->threads;
+    }
+    if (o->lanes) {
+        opts[n++] = "lanes";
+        opts[n++] = o->lanes;
     }
     if (o->no_sequential) {
         opts[n++] = "sequential";
@@ -414,8 +430,12 @@ static int tm_report(const tm_opts *o, tm_run *run)
                         "the cache is not written\n");
         return TM_FAIL;
     }
-    printf("best: chunk_size %d, scan_threads %d (%.3fx the fastest chunked variant per shape, geometric mean)\n",
-           best->chunk, best->threads, score);
+    if (m->m3)
+        printf("best: chunk_size %d, scan_threads %d (%.3fx the fastest chunked variant per shape, geometric mean)\n",
+               best->chunk, best->threads, score);
+    else
+        printf("best: chunk_size %d, scan_threads %d, scan_lanes %d (%.3fx the fastest chunked variant per shape, "
+               "geometric mean)\n", best->chunk, best->threads, best->threads / best->channels, score);
     if (!o->no_cache && tm_write_cache(o, m, &run->dev, run->nvrtc, best, score, best_seq) != 0)
         status = TM_FAIL;
     return status;

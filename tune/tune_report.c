@@ -122,8 +122,10 @@ static char *tm_entry_json(const tm_manifest *m, const tm_opts *o, const tg_devi
     for (int s = 0; s < o->nseqlens * o->nbatches; s++)
         tc_buf_printf(&b, "%s{\"batch\": %d, \"seqlen\": %d}", s ? ", " : "", o->batches[s % o->nbatches],
                       o->seqlens[s / o->nbatches]);
-    tc_buf_printf(&b, "],\n  \"best\": {\"chunk_size\": %d, \"scan_threads\": %d, \"score\": %s},\n", best->chunk,
-                  best->threads, tm_num(n1, sizeof n1, score));
+    tc_buf_printf(&b, "],\n  \"best\": {\"chunk_size\": %d, \"scan_threads\": %d, ", best->chunk, best->threads);
+    if (!m->m3)   /* mamba1: threads sharing one channel (derive_mamba1.lua takes them with the block size) */
+        tc_buf_printf(&b, "\"scan_lanes\": %d, ", best->threads / best->channels);
+    tc_buf_printf(&b, "\"score\": %s},\n", tm_num(n1, sizeof n1, score));
     if (best_seq)
         tc_buf_printf(&b, "  \"best_sequential\": {\"scan_threads\": %d},\n", best_seq->threads);
     for (size_t i = 0; i < m->ncands; i++) {

@@ -10,7 +10,8 @@
 --            d.conv_state_per_seq (= E*(K-1) floats), d.ssm_state_per_seq (= E*N)
 --   weights  d.params, d.off, d.layer0, d.layer_stride, d.weights_total
 --   launch   d.conv_threads, d.conv_blocks, d.conv_tile, d.conv_max_tiles
---            (the conv: see the comment at d.conv_threads), d.scan_lanes, d.scan_npt,
+--            (the conv: see the comment at d.conv_threads), d.scan_lanes
+--            (+ d.scan_lanes_source "default" | "tuned"), d.scan_npt,
 --            d.scan_threads (+ d.scan_threads_source "default" | "tuned"),
 --            d.scan_channels, d.scan_blocks, d.scan_tchunk, d.scan_stage_w
 --            (floats per staged timestep), d.scan_smem_bytes (M.scan_stage)
@@ -47,6 +48,27 @@ function M.scan_stage(N, channels)
   local tchunk = 32
   while tchunk > 1 and tchunk * w * 4 > 40960 do tchunk = tchunk // 2 end
   return tchunk, w, tchunk * w * 4
+end
+
+-- The bound of the scan body's per-thread state arrays (NPT_MAX of
+-- kernels/mamba1/scan_body.cuh's policies): the default lane count keeps
+-- N / lanes within it, and so must a tuned one.
+M.SCAN_NPT_MAX = 16
+
+-- Whether `lanes` threads can share one channel of the scan at d_state N:
+-- a power of two dividing 32 and N (a channel's lanes sit in one warp and
+-- reduce y with xor shuffles), leaving at most SCAN_NPT_MAX states per
+-- thread. -> true, or false and why.
+function M.scan_lanes_ok(N, lanes)
+  if math.type(lanes) ~= "integer" or lanes < 1 or lanes > 32 or lanes & (lanes - 1) ~= 0 then
+    return false, "lanes per channel must be a power of two from 1 to 32"
+  end
+  if N % lanes ~= 0 then return false, string.format("%d lanes do not divide d_state %d", lanes, N) end
+  if N // lanes > M.SCAN_NPT_MAX then
+    return false, string.format("%d lanes leave %d states per thread (at most %d)", lanes, N // lanes,
+      M.SCAN_NPT_MAX)
+  end
+  return true
 end
 
 function M.derive(spec, d)
@@ -90,8 +112,17 @@ function M.derive(spec, d)
   -- power of two keeping scan_npt <= 16 (register pressure): N=16 -> 1 lane,
   -- N=64 -> 4, N=256 -> 16. It divides 32, so a channel's lanes sit in one
   -- warp and y = sum_n s*C reduces with shuffles.
+  -- With `chunk_size: auto` and a tune-cache entry that names its lane
+  -- count (mamba-tune sweeps 1x, 2x and 4x this default and verifies each),
+  -- the measured best when the scan body can take it (mg/tune.lua lanes_ok).
   local lanes = 1
-  while d.N // lanes > 16 do lanes = lanes * 2 end
+  while d.N // lanes > M.SCAN_NPT_MAX do lanes = lanes * 2 end
+  d.scan_lanes_source = "default"
+  local tl = d.tuned and d.tuned.source == "tuned" and d.tuned.scan_lanes
+  if tl and M.scan_lanes_ok(d.N, tl) then
+    lanes = tl
+    d.scan_lanes_source = "tuned"
+  end
   d.scan_lanes = lanes
   d.scan_npt = d.N // lanes
   -- Block size: 128 threads (4 warps), halved (down to one warp) while a

@@ -10,7 +10,8 @@
 --                            tuned keys (scan.chunk_size) written as `auto`,
 --                            so tuning with chunk_size 64 or auto gives one key
 --   M.candidates(spec, d, opts)  the variants a sweep compiles and times
---                            (mamba1: chunk x scan block size + sequential;
+--                            (mamba1: chunk x scan block size x lanes per
+--                            channel + sequential;
 --                            mamba3_siso: chunk x block size of the chunked
 --                            SSM kernel, shapes from mg/derive_mamba3.lua
 --                            ck_variant, chunks that do not fit left out;
@@ -42,6 +43,15 @@ M.FORMAT = "mamba-gen-tune 1"
 -- Chunk sizes and scan block sizes a sweep tries by default.
 M.CHUNKS = { 16, 32, 64, 128, 256 }
 M.THREADS = { 64, 128, 256, 512 }
+-- Mamba-1: threads sharing one channel's state a sweep tries by default, as
+-- multiples of the spec's own count (mg/derive_mamba1.lua: the fewest lanes
+-- keeping N / lanes <= 16). More lanes per channel mean fewer states per
+-- thread and more warps for the same work: at small d_state and large
+-- batch the one-lane scan runs a few warps per SM and waits on its own
+-- dependency chains, so the sweep measures whether spreading a channel
+-- over 2 or 4 lanes hides that (at the cost of the per-channel work every
+-- lane repeats and the y shuffles).
+M.LANE_FACTORS = { 1, 2, 4 }
 -- The chunk length used for `chunk_size: auto` without a cache entry
 -- (mg/derive.lua's DEFAULT_CHUNK; repeated here for the messages).
 M.DEFAULT_CHUNK = require("mg.derive").DEFAULT_CHUNK
@@ -73,7 +83,7 @@ M.TEMPLATE_SET = M.TEMPLATE_SETS.mamba1
 -- picks scan_lanes so that N / lanes <= 16); Mamba-3 state columns per warp
 -- (ck_variant: at most 64 state registers per thread = CK_NW / 2) and output
 -- columns per item (derive_mamba3: ck_pw <= 64).
-M.GENERIC_M1_NPT_MAX = 16
+M.GENERIC_M1_NPT_MAX = require("mg.derive_mamba1").SCAN_NPT_MAX
 M.GENERIC_M3_NW_MAX = 128
 M.GENERIC_M3_PW_MAX = 64
 
@@ -126,19 +136,41 @@ end
 -- ---------------------------------------------------------------- candidates
 
 -- One candidate: the scan kernels with chunk length `chunk` (0: the
--- sequential scan) and block size `threads`. Derived launch values are
--- computed here so the template does no arithmetic.
-local function candidate(d, mode, chunk, threads)
-  local channels = threads // d.scan_lanes
+-- sequential scan), block size `threads` and `lanes` threads per channel.
+-- Derived launch values are computed here so the template does no
+-- arithmetic. Ids name the lanes only where they differ from the spec's own
+-- (c64_t128 is the spec's lane count, c64_t128_l4 four lanes), so the ids of
+-- earlier sweeps keep their meaning.
+local function candidate(d, mode, chunk, threads, lanes)
+  lanes = lanes or d.scan_lanes
+  local channels = threads // lanes
   local c = {
-    mode = mode, chunk = chunk, threads = threads, channels = channels,
+    mode = mode, chunk = chunk, threads = threads, channels = channels, lanes = lanes,
     blocks = (d.E + channels - 1) // channels,
   }
-  c.id = mode == "sequential" and string.format("seq_t%d", threads)
-                               or string.format("c%d_t%d", chunk, threads)
-  c.desc = mode == "sequential" and string.format("sequential, %d threads per block", threads)
-                                 or string.format("chunked, chunk %d, %d threads per block", chunk, threads)
+  local lid = lanes ~= d.scan_lanes and string.format("_l%d", lanes) or ""
+  local ldesc = lanes ~= d.scan_lanes and string.format(", %d lanes per channel", lanes) or ""
+  c.id = (mode == "sequential" and string.format("seq_t%d", threads)
+                                or string.format("c%d_t%d", chunk, threads)) .. lid
+  c.desc = (mode == "sequential" and string.format("sequential, %d threads per block", threads)
+                                  or string.format("chunked, chunk %d, %d threads per block", chunk, threads)) .. ldesc
   return c
+end
+
+-- Whether `lanes` threads can share one channel of a Mamba-1 scan with
+-- d_state N (mg/derive_mamba1.lua scan_lanes_ok): -> true, or false and why.
+function M.lanes_ok(N, lanes) return require("mg.derive_mamba1").scan_lanes_ok(N, lanes) end
+
+-- The lane counts of a Mamba-1 sweep: opts.lanes (checked with lanes_ok by
+-- the caller) or the spec's own count times M.LANE_FACTORS, those that
+-- lanes_ok accepts, in that order.
+function M.lane_counts(d, opts)
+  if opts and opts.lanes and #opts.lanes > 0 then return opts.lanes end
+  local out = {}
+  for _, f in ipairs(M.LANE_FACTORS) do
+    if M.lanes_ok(d.N, d.scan_lanes * f) then out[#out + 1] = d.scan_lanes * f end
+  end
+  return out
 end
 
 local function list_or(v, default)
@@ -234,17 +266,19 @@ function M.generic(spec, d, cands)
   local own_threads = spec.arch == "mamba3_siso" and d.ck_threads or d.scan_threads
   local base
   for _, c in ipairs(cands) do
-    if c.mode == "chunked" and c.chunk == own_chunk and c.threads == own_threads then base = c; break end
+    if c.mode == "chunked" and c.chunk == own_chunk and c.threads == own_threads
+       and (c.lanes == nil or c.lanes == d.scan_lanes) then base = c; break end
   end
   if not base then
     for _, c in ipairs(cands) do
-      if c.mode == "chunked" then base = c; break end
+      if c.mode == "chunked" and (c.lanes == nil or c.lanes == d.scan_lanes) then base = c; break end
     end
   end
   if not base then return nil end
   local g = {
     mode = "generic", generic = true, id = "generic", same_as = base.id,
     chunk = base.chunk, threads = base.threads, channels = base.channels, blocks = base.blocks,
+    lanes = base.lanes,
   }
   if spec.arch == "mamba3_siso" then
     local v = base.ck
@@ -263,8 +297,8 @@ function M.generic(spec, d, cands)
   return g
 end
 
--- opts.chunks, opts.threads: lists overriding the defaults (validated by
--- the caller); opts.sequential = false leaves out the sequential baseline
+-- opts.chunks, opts.threads, opts.lanes (mamba1): lists overriding the
+-- defaults (validated by the caller); opts.sequential = false leaves out the sequential baseline
 -- (mamba1 only: the Mamba-3 sweep has no sequential candidate);
 -- opts.generic = false leaves out the generic candidate.
 -- opts.skipped (a list) collects the Mamba-3 shapes left out, with why.
@@ -277,10 +311,12 @@ function M.candidates(spec, d, opts)
     local chunks = list_or(opts.chunks, M.CHUNKS)
     local threads = list_or(opts.threads, M.THREADS)
     out = {}
-    for _, t in ipairs(threads) do
-      if t % 32 == 0 and t >= 32 and t <= 1024 and t >= d.scan_lanes then
-        if opts.sequential ~= false then out[#out + 1] = candidate(d, "sequential", 0, t) end
-        for _, c in ipairs(chunks) do out[#out + 1] = candidate(d, "chunked", c, t) end
+    for _, l in ipairs(M.lane_counts(d, opts)) do
+      for _, t in ipairs(threads) do
+        if t % 32 == 0 and t >= 32 and t <= 1024 and t >= l then
+          if opts.sequential ~= false then out[#out + 1] = candidate(d, "sequential", 0, t, l) end
+          for _, c in ipairs(chunks) do out[#out + 1] = candidate(d, "chunked", c, t, l) end
+        end
       end
     end
   end
@@ -390,7 +426,17 @@ function M.sources(spec, d, args)
   end
   local o = args.options or {}
   local skipped = {}
-  local cands = M.candidates(spec, d, { chunks = int_list(o.chunks), threads = int_list(o.threads),
+  local lanes = int_list(o.lanes)
+  if lanes and spec.arch ~= "mamba1" then
+    error("tune: --lanes is for mamba1 specs (the mamba3_siso sweep has no lanes per channel)", 0)
+  end
+  if lanes then
+    for _, l in ipairs(lanes) do
+      local ok, why = M.lanes_ok(d.N, l)
+      if not ok then error("tune: --lanes " .. o.lanes .. ": " .. why, 0) end
+    end
+  end
+  local cands = M.candidates(spec, d, { chunks = int_list(o.chunks), threads = int_list(o.threads), lanes = lanes,
                                         sequential = o.sequential ~= "0", generic = o.generic ~= "0",
                                         skipped = skipped })
   if spec.arch == "mamba3_siso" then return M.sources_m3(spec, d, args, template, cands, skipped) end
@@ -403,6 +449,7 @@ function M.sources(spec, d, args)
   }, function(c)
     local td = setmetatable({
       scan_threads = c.threads, scan_channels = c.channels, scan_blocks = c.blocks,
+      scan_lanes = c.lanes, scan_npt = d.N // c.lanes,
       scan_chunk = c.chunk > 0 and c.chunk or M.DEFAULT_CHUNK,
     }, { __index = d })
     local env = emit.env(spec, td, args, template)
@@ -465,7 +512,8 @@ local function valid_chunk(v)
   return nil
 end
 
--- -> tuned = { chunk_size =, scan_threads = (or nil), source = "tuned" |
+-- -> tuned = { chunk_size =, scan_threads = (or nil), scan_lanes = (mamba1,
+-- or nil), source = "tuned" |
 -- "default", note = "message for stderr" }, or nil when nothing is auto.
 function M.resolve(spec, args)
   if spec.scan.chunk_size ~= "auto" then return nil end
@@ -506,8 +554,9 @@ function M.resolve(spec, args)
   local v = best.v
   local chunk = valid_chunk(v.best.chunk_size)
   local threads = math.tointeger(tonumber(v.best.scan_threads))
+  local lanes = math.tointeger(tonumber(v.best.scan_lanes))   -- mamba1 entries since lanes are swept
   return {
-    chunk_size = chunk, scan_threads = threads, source = "tuned", file = best_path,
+    chunk_size = chunk, scan_threads = threads, scan_lanes = lanes, source = "tuned", file = best_path,
     note = string.format("scan.chunk_size: auto -> %d (tuned on %s, %s, %s)", chunk, t.gpu,
       tostring(v.created or "?"), best_path),
   }

@@ -43,7 +43,7 @@ end
 local s1 = T.spec("mamba1", T1)
 local d1 = derive.derive(s1)
 local c1 = tune.candidates(s1, d1, {})
-is(#c1, 25, "mamba1: 4 block sizes x (5 chunks + sequential) + generic")
+is(#c1, 73, "mamba1: 3 lane counts x 4 block sizes x (5 chunks + sequential) + generic")
 is(count(c1, function(c) return c.generic end), 1, "mamba1: one generic candidate")
 local g1 = c1[#c1]
 is(g1.id, "generic", "mamba1: the generic candidate is last, id generic")
@@ -56,7 +56,34 @@ local names = {}
 for i, a in ipairs(g1.args) do names[i] = a.name .. "=" .. a.value end
 is(table.concat(names, " "), "E=512 E2=1024 N=64 R=16 XP=144 lanes=4 npt=16 channels=32 tchunk=32",
   "mamba1: the kernel's runtime dims, in struct order")
-is(#tune.candidates(s1, d1, { generic = false }), 24, "mamba1: generic = false leaves it out")
+is(#tune.candidates(s1, d1, { generic = false }), 72, "mamba1: generic = false leaves it out")
+
+-- lanes per channel: the spec's own count (4 at N = 64) x 1, 2, 4; ids name
+-- the others; channels and stage follow; the generic keeps the own count
+is(table.concat(tune.lane_counts(d1), ","), "4,8,16", "mamba1 N=64: lanes 4, 8, 16 by default")
+is(count(c1, function(c) return c.lanes == 8 end), 24, "mamba1: 24 candidates with 8 lanes")
+local l8 = find(c1, "c64_t128_l8")
+check(l8 ~= nil, "mamba1: id c64_t128_l8 names its lanes")
+is(l8 and (l8.channels .. "/" .. l8.blocks), "16/32", "c64_t128_l8: 16 channels per block, 32 blocks for E = 512")
+check(find(c1, "c64_t128_l4") == nil and find(c1, "c64_t128") ~= nil, "mamba1: the own lane count keeps the old id")
+is(g1.lanes, 4, "mamba1: the generic candidate has the spec's own lanes")
+local d16 = derive.derive(T.spec("mamba1", { name = "t16", model = { d_model = 128, n_layers = 1, d_state = 16 },
+  shapes = { max_batch = 64, max_seq_len = 256 }, emit = { training = false } }))
+is(table.concat(tune.lane_counts(d16), ","), "1,2,4", "mamba1 N=16: lanes 1, 2, 4 by default")
+is(table.concat(tune.lane_counts(d16, { lanes = { 8 } }), ","), "8", "opts.lanes replaces the default list")
+local d4 = derive.derive(T.spec("mamba1", { name = "t4", model = { d_model = 128, n_layers = 1, d_state = 4 },
+  shapes = { max_batch = 8, max_seq_len = 256 }, emit = { training = false } }))
+is(table.concat(tune.lane_counts(d4), ","), "1,2,4", "mamba1 N=4: up to 4 lanes (one state each)")
+check(tune.lanes_ok(16, 16) and not tune.lanes_ok(16, 32) and not tune.lanes_ok(64, 2) and not tune.lanes_ok(64, 3),
+  "lanes_ok: 16 of 16 yes; 32 of 16, 2 of 64 (32 states), 3: no")
+local f8 = files_by_path(tune.sources(s1, d1, args(s1, { chunks = "64", threads = "128", lanes = "8" })))
+local src8 = f8["tune_c64_t128_l8.cu"]
+check(src8 ~= nil and src8:find("static constexpr int lanes = 8;", 1, true) ~= nil
+  and src8:find("static constexpr int npt = 8;", 1, true) ~= nil
+  and src8:find("static constexpr int channels = 16;", 1, true) ~= nil, "--lanes 8: the candidate's dims policy")
+local okl, errl = pcall(tune.sources, s1, d1, args(s1, { lanes = "2" }))
+check(not okl and tostring(errl):find("--lanes 2: 2 lanes leave 32 states per thread", 1, true) ~= nil,
+  "--lanes 2 at N = 64: a clear error", errl)
 
 -- the spec's shape not in the sweep: the first chunked candidate's
 local c1b = tune.candidates(s1, d1, { chunks = { 32, 256 }, threads = { 256 } })
