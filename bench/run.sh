@@ -18,6 +18,7 @@
 # Needs a CUDA device; without one it says so and exits 77 (skipped).
 set -u
 : "${MG:?MG must point at the mamba-gen binary}"
+. "$(dirname "$0")/lib.sh"
 out=${BENCH_OUT:-bench-out}
 mkdir -p "$out"
 csv=$out/results.csv
@@ -39,11 +40,7 @@ for spec in "$@"; do
   name=$(basename "$spec" .yaml)
   dir=$out/$name
   echo "== $spec"
-  if ! "$MG" -q "$spec" -o "$dir"; then status=1; continue; fi
-  if ! make -s -C "$dir" "${name}_bench" NVCC="${NVCC:-nvcc}" CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" \
-       MG_RUNTIME_CFLAGS="$MG_RUNTIME_CFLAGS" MG_RUNTIME_LIBS="$MG_RUNTIME_LIBS" >"$dir/build.log" 2>&1; then
-    echo "bench: build of $name failed:"; tail -30 "$dir/build.log"; status=1; continue
-  fi
+  if ! bench_build "$spec" "$dir"; then status=1; continue; fi
   "$dir/${name}_bench" --csv "$csv" ${BENCH_ARGS:-} || status=1
   echo
   if [ "${BENCH_TUNE:-1}" != 0 ] && [ -n "${MG_TUNE:-}" ] && [ -x "$MG_TUNE" ] && \

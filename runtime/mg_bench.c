@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 
 static int bench_cmp_double(const void *a, const void *b)
 {
@@ -65,6 +66,9 @@ mg_status mg_bench_time(cudaStream_t stream, mg_bench_fn fn, void *ctx,
     int warmup = opts && opts->warmup > 0 ? opts->warmup : 3;
     int iters = opts && opts->iters > 0 ? opts->iters : 20;
     int flush = opts ? opts->flush_l2 : 1;
+    const int profile = opts && opts->profile;
+    if (profile)   /* one run, nothing else in the capture range */
+        iters = 1, flush = 0;
     mg_status s = MG_OK;
     for (int i = 0; i < warmup && s == MG_OK; i++)
         s = fn(ctx, stream);
@@ -78,6 +82,8 @@ mg_status mg_bench_time(cudaStream_t stream, mg_bench_fn fn, void *ctx,
     cudaError_t e = cudaEventCreate(&a);
     if (e == cudaSuccess)
         e = cudaEventCreate(&b);
+    if (profile && e == cudaSuccess)
+        e = cudaProfilerStart();
     for (int i = 0; i < iters && e == cudaSuccess && s == MG_OK; i++) {
         if (flush && (s = bench_flush(stream)) != MG_OK)
             break;
@@ -90,6 +96,11 @@ mg_status mg_bench_time(cudaStream_t stream, mg_bench_fn fn, void *ctx,
         if (e == cudaSuccess && s == MG_OK)
             e = cudaEventElapsedTime(&t, a, b);
         ms[i] = t;
+    }
+    if (profile) {
+        const cudaError_t e2 = cudaProfilerStop();
+        if (e == cudaSuccess)
+            e = e2;
     }
     if (a)
         cudaEventDestroy(a);
@@ -189,7 +200,7 @@ static mg_status bench_gemm_rate(mg_blas *blas, int n, mg_dtype t, double *tflop
     if (s == MG_OK)
         s = bench_fill_random(g.b, nn, t, 2);
     mg_bench_stats st;
-    mg_bench_opts o = {3, 10, 0};
+    mg_bench_opts o = {3, 10, 0, 0};
     if (s == MG_OK)
         s = mg_bench_time(0, bench_gemm_fn, &g, &o, &st);
     if (s == MG_OK)
@@ -227,7 +238,7 @@ mg_status mg_bench_ceilings(mg_ceilings *c)
         s = mg_cuda_check(cudaMemset(src, 0x3c, cp.bytes), "bench copy fill");
     cp.src = src;
     mg_bench_stats st;
-    mg_bench_opts o = {2, 10, 0};
+    mg_bench_opts o = {2, 10, 0, 0};
     if (s == MG_OK)
         s = mg_bench_time(0, bench_copy_fn, &cp, &o, &st);
     if (s == MG_OK)

@@ -19,6 +19,9 @@ typedef struct mg_bench_opts {
     int warmup;      /* untimed runs first (default 3 when 0) */
     int iters;       /* timed runs (default 20 when 0) */
     int flush_l2;    /* 1: overwrite a buffer twice the L2 size before each run */
+    int profile;     /* 1: after the warm-up, ONE run (no flush) between cudaProfilerStart and
+                      * cudaProfilerStop: a profiler started with its capture off
+                      * (`ncu --profile-from-start off`) sees that run's kernels only */
 } mg_bench_opts;
 
 typedef struct mg_bench_stats {
@@ -28,7 +31,8 @@ typedef struct mg_bench_stats {
 } mg_bench_stats;
 
 /* Time fn on stream: each run between its own pair of events (the flush is
- * outside them), median over opts->iters runs. */
+ * outside them), median over opts->iters runs (opts->profile: one run,
+ * inside the profiler's capture range). */
 mg_status mg_bench_time(cudaStream_t stream, mg_bench_fn fn, void *ctx,
                         const mg_bench_opts *opts, mg_bench_stats *out);
 

@@ -585,7 +585,7 @@ int tg_time(tg_data *t, tg_kernels *k, const tg_cand *c, int batch, int seqlen, 
     if (!tg_shape_ok(t, c, batch, seqlen, err))
         return -1;
     tg_run_ctx r = {t, k, c, batch, seqlen};
-    mg_bench_opts o = {warmup, iters, 1};
+    mg_bench_opts o = {warmup, iters, 1, 0};
     mg_bench_stats st;
     mg_status s = mg_bench_time(0, tg_run_fn, &r, &o, &st);
     if (s != MG_OK) {

@@ -4,7 +4,7 @@
  * call): the cost model's figures, the CSV file and the ceilings the rows
  * are quoted against, errors that end the program, random device buffers,
  * one row of the report (the program defines WHAT_WIDTH, the width of its
- * first column), the command line, the model on the device, the graph
+ * first column) and its timing (time_row: --only, --profile), the command line, the model on the device, the graph
  * replays, the training rows' buffers. */
 #define GEMM_FLOPS_PER_TOKEN  MODEL_COST_GEMM_FLOPS_PER_TOKEN
 #define OTHER_FLOPS_PER_TOKEN MODEL_COST_OTHER_FLOPS_PER_TOKEN
@@ -13,6 +13,9 @@
 #define STATE_BYTES_PER_SEQ   MODEL_COST_STATE_BYTES_PER_SEQ
 
 static FILE *csv;
+static int bench_profile;            /* --profile: each row one run inside the profiler's capture range */
+static const char *bench_only[16];   /* --only PATTERN (repeatable): the rows to run (none: all) */
+static int bench_n_only;
 static mg_ceilings ceil_;
 static double gemm_ceiling_tflops;   /* the GEMM rate of this spec's storage dtype */
 static char csv_tail[800];           /* the columns every CSV row ends with (csv_tail_init) */
@@ -99,6 +102,37 @@ static void report(const char *what, int batch, int seqlen, const mg_bench_stats
                 tflops, tflops / gemm_ceiling_tflops, st->p99_ms, csv_tail);
 }
 
+/* Whether the row labelled `label` ("WHAT bBATCH TSEQLEN") runs: every row
+ * without --only; else the rows where some pattern occurs and is not
+ * followed by a digit (so "T256" does not pick "T2560", nor "b6" "b64"). */
+static int row_wanted(const char *label)
+{
+    if (bench_n_only == 0) return 1;
+    for (int i = 0; i < bench_n_only; i++) {
+        const size_t n = strlen(bench_only[i]);
+        for (const char *p = strstr(label, bench_only[i]); p; p = strstr(p + 1, bench_only[i]))
+            if (p[n] < '0' || p[n] > '9') return 1;
+    }
+    return 0;
+}
+
+/* Times one row (what, batch x seqlen) with mg_bench_time unless --only
+ * leaves it out: -> 1 when timed (st filled; a failure ends the program),
+ * 0 when left out. With --profile the row is one run inside the profiler's
+ * capture range (bench/profile.sh). */
+static int time_row(const char *what, int batch, int seqlen, cudaStream_t stream, mg_bench_fn fn, void *ctx,
+                    const mg_bench_opts *o, mg_bench_stats *st)
+{
+    char label[160];
+    snprintf(label, sizeof label, "%s b%d T%d", what, batch, seqlen);
+    if (!row_wanted(label)) return 0;
+    mg_bench_opts ro = *o;
+    ro.profile = bench_profile;
+    const mg_status s = mg_bench_time(stream, fn, ctx, &ro, st);
+    if (s != MG_OK) die(label, s);
+    return 1;
+}
+
 /* A decode row: one token for each of batch streams (weights read once,
  * every stream's state read and written). */
 static void report_decode(const char *what, int batch, const mg_bench_stats *st)
@@ -152,8 +186,16 @@ static int bench_start(int argc, char **argv, int *iters)
         } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
             *iters = atoi(argv[++i]);
             if (*iters < 1) *iters = 1;
+        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc && bench_n_only < 16) {
+            bench_only[bench_n_only++] = argv[++i];
+        } else if (strcmp(argv[i], "--profile") == 0) {
+            bench_profile = 1;
         } else {
-            fprintf(stderr, "usage: %s [--csv FILE] [--iters N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--csv FILE] [--iters N] [--only PATTERN]... [--profile]\n"
+                            "  --only PATTERN  run the rows whose label \"WHAT bBATCH TSEQLEN\" contains PATTERN\n"
+                            "                  (not followed by a digit; up to 16 patterns)\n"
+                            "  --profile       each row: warm-up, then one run between cudaProfilerStart/Stop\n"
+                            "                  (for ncu --profile-from-start off; bench/profile.sh)\n", argv[0]);
             return 2;
         }
     }

@@ -89,7 +89,7 @@ int main(int argc, char **argv)
     float *out = dalloc(sizeof(float) * (size_t)B * T * MODEL_D_MODEL);
     float *cs = drandom(model_conv_state_floats(B), 3, -0.5f, 0.5f);
     float *ss = drandom(model_ssm_state_floats(B), 4, -0.5f, 0.5f);
-    mg_bench_opts o = {3, iters, 1};
+    mg_bench_opts o = {3, iters, 1, 0};
     static const int prefill[][2] = MODEL_BENCH_PREFILL;   /* {batch, seqlen} of each prefill row */
     static const int decode[] = MODEL_BENCH_DECODE;        /* batch of each decode row */
     const size_t n_prefill = sizeof prefill / sizeof prefill[0];
@@ -98,10 +98,10 @@ int main(int argc, char **argv)
     /* Prefill: the largest batch, and sequence lengths up to the largest. */
     for (size_t i = 0; i < n_prefill; ++i) {
         bench_ctx c = {m, prefill[i][0], prefill[i][1], u, out, cs, ss};
-        if ((s = mg_bench_time(stream, run_prefill, &c, &o, &st)) != MG_OK) die("prefill", s);
         double tok = (double)c.batch * c.seqlen;
-        report("prefill", c.batch, c.seqlen, &st, tok, WEIGHT_BYTES + tok * BYTES_PER_TOKEN,
-               tok * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        if (time_row("prefill", c.batch, c.seqlen, stream, run_prefill, &c, &o, &st))
+            report("prefill", c.batch, c.seqlen, &st, tok, WEIGHT_BYTES + tok * BYTES_PER_TOKEN,
+                   tok * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
     }
 
     /* Decode: one token per stream, eager launches (latency bound): the
@@ -111,35 +111,35 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof decode / sizeof decode[0]; ++i) {
         bench_ctx c = {m, decode[i], 1, u, out, cs, ss};
         if ((s = model_set_decode_fused(m, 0)) != MG_OK) die("set_decode_fused", s);
-        if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode", s);
-        report_decode("decode (unfused)", c.batch, &st);
+        if (time_row("decode (unfused)", c.batch, 1, stream, run_decode, &c, &o, &st))
+            report_decode("decode (unfused)", c.batch, &st);
         if ((s = model_set_decode_fused(m, MODEL_DECODE_FUSED)) != MG_OK) die("set_decode_fused", s);
-        if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode", s);
-        report_decode("decode (eager)", c.batch, &st);
+        if (time_row("decode (eager)", c.batch, 1, stream, run_decode, &c, &o, &st))
+            report_decode("decode (eager)", c.batch, &st);
         /* The same step captured once as a CUDA Graph and replayed. */
         model_graph *g = NULL;
         if ((s = model_decode_graph_create(m, c.batch, u, out, cs, ss, &g)) != MG_OK) die("graph", s);
-        if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay", s);
-        report_decode("decode (graph)", c.batch, &st);
+        if (time_row("decode (graph)", c.batch, 1, stream, run_graph, g, &o, &st))
+            report_decode("decode (graph)", c.batch, &st);
         model_decode_graph_destroy(g);
         /* the same with a reset mask (every other stream starts an episode) */
         uint8_t *mask = bench_reset_mask(c.batch);
         if ((s = model_decode_graph_create_reset(m, c.batch, u, out, cs, ss, mask, &g)) != MG_OK)
             die("graph (reset mask)", s);
-        if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay (reset mask)", s);
-        report_decode("decode (graph; mask)", c.batch, &st);
+        if (time_row("decode (graph; mask)", c.batch, 1, stream, run_graph, g, &o, &st))
+            report_decode("decode (graph; mask)", c.batch, &st);
         model_decode_graph_destroy(g);
         mg_dev_free(mask);
 #if MODEL_HAS_DECODE_SINGLE
         /* The single-launch decode (one cluster kernel for the whole step),
          * eager and as a CUDA Graph. */
         if ((s = model_set_decode_fused(m, MODEL_DECODE_SINGLE)) != MG_OK) die("set_decode_fused", s);
-        if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode single", s);
-        report_decode("decode single (eager)", c.batch, &st);
+        if (time_row("decode single (eager)", c.batch, 1, stream, run_decode, &c, &o, &st))
+            report_decode("decode single (eager)", c.batch, &st);
         g = NULL;
         if ((s = model_decode_graph_create(m, c.batch, u, out, cs, ss, &g)) != MG_OK) die("graph single", s);
-        if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph single replay", s);
-        report_decode("decode single (graph)", c.batch, &st);
+        if (time_row("decode single (graph)", c.batch, 1, stream, run_graph, g, &o, &st))
+            report_decode("decode single (graph)", c.batch, &st);
         model_decode_graph_destroy(g);
 #endif
         if ((s = model_set_decode_fused(m, MODEL_DECODE_DEFAULT)) != MG_OK) die("set_decode_fused", s);
@@ -149,12 +149,12 @@ int main(int argc, char **argv)
     {
         int lb[32];
         const int nl = latency_batches(lb, 32);
-        mg_bench_opts ol = {10, LATENCY_ITERS, 1};
+        mg_bench_opts ol = {10, LATENCY_ITERS, 1, 0};
         for (int i = 0; i < nl; ++i) {
             model_graph *g = NULL;
             if ((s = model_decode_graph_create(m, lb[i], u, out, cs, ss, &g)) != MG_OK) die("graph", s);
-            if ((s = mg_bench_time(stream, run_graph, g, &ol, &st)) != MG_OK) die("graph replay", s);
-            report_latency(lb[i], &st);
+            if (time_row("decode latency (graph)", lb[i], 1, stream, run_graph, g, &ol, &st))
+                report_latency(lb[i], &st);
             model_decode_graph_destroy(g);
         }
     }
@@ -168,20 +168,20 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < n_prefill; ++i) {
             if (prefill[i][0] != MODEL_MAX_BATCH) continue;   /* the largest batch only */
             x.c.batch = prefill[i][0]; x.c.seqlen = prefill[i][1]; x.c.u = u;
-            if ((s = mg_bench_time(stream, run_train, &x, &o, &st)) != MG_OK) die("train step", s);
-            report("train step", x.c.batch, x.c.seqlen, &st, (double)x.c.batch * x.c.seqlen,
-                   MODEL_COST_TRAIN_WEIGHT_BYTES + (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_BYTES_PER_TOKEN,
-                   (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_FLOPS_PER_TOKEN);
+            if (time_row("train step", x.c.batch, x.c.seqlen, stream, run_train, &x, &o, &st))
+                report("train step", x.c.batch, x.c.seqlen, &st, (double)x.c.batch * x.c.seqlen,
+                       MODEL_COST_TRAIN_WEIGHT_BYTES + (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_BYTES_PER_TOKEN,
+                       (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_FLOPS_PER_TOKEN);
             /* The same step captured once as a CUDA Graph and replayed (the
              * AdamW step count advances on the device). */
             {
                 model_train_graph *tg = NULL;
                 if ((s = model_train_graph_create(x.t, x.w, x.grads, x.m, x.v, &x.p, x.c.batch, x.c.seqlen, u,
                                                 x.target, NULL, NULL, x.loss, &tg)) != MG_OK) die("train graph", s);
-                if ((s = mg_bench_time(stream, run_train_graph, tg, &o, &st)) != MG_OK) die("train graph replay", s);
-                report("train step (graph)", x.c.batch, x.c.seqlen, &st, (double)x.c.batch * x.c.seqlen,
-                       MODEL_COST_TRAIN_WEIGHT_BYTES + (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_BYTES_PER_TOKEN,
-                       (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_FLOPS_PER_TOKEN);
+                if (time_row("train step (graph)", x.c.batch, x.c.seqlen, stream, run_train_graph, tg, &o, &st))
+                    report("train step (graph)", x.c.batch, x.c.seqlen, &st, (double)x.c.batch * x.c.seqlen,
+                           MODEL_COST_TRAIN_WEIGHT_BYTES + (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_BYTES_PER_TOKEN,
+                           (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_FLOPS_PER_TOKEN);
                 model_train_graph_destroy(tg);
             }
         }

@@ -237,7 +237,7 @@ int main(int argc, char **argv)
     float *kp = drandom(model_k_prev_state_floats(B), 4, -0.5f, 0.5f);
     float *vp = drandom(model_v_prev_state_floats(B), 5, -0.5f, 0.5f);
     float *ang = drandom(model_angle_state_floats(B), 6, 0.0f, 6.28f);
-    mg_bench_opts o = {3, iters, 1};
+    mg_bench_opts o = {3, iters, 1, 0};
     static const int prefill[][2] = MODEL_BENCH_PREFILL;   /* {batch, seqlen} of each prefill row */
     static const int decode[] = MODEL_BENCH_DECODE;        /* batch of each decode row */
     const size_t n_prefill = sizeof prefill / sizeof prefill[0];
@@ -309,7 +309,7 @@ int main(int argc, char **argv)
                 c.parts = runs[r].parts;
                 c.chunked = runs[r].chunked;
                 if ((s = run_core(&c, stream)) != MG_OK) die(runs[r].what, s);   /* k, q valid for parts alone */
-                if ((s = mg_bench_time(stream, run_core, &c, &o, &st)) != MG_OK) die(runs[r].what, s);
+                if (!time_row(runs[r].what, c.batch, c.seqlen, stream, run_core, &c, &o, &st)) continue;
                 const double fl = runs[r].whole ? (c.chunked ? MODEL_COST_CORE_FLOPS_PER_TOKEN : MODEL_COST_CORE_SEQ_FLOPS_PER_TOKEN) : 0.0;
                 /* bytes: the fused kernel's minimum traffic, or the four kernels' */
                 const double by = c.parts == 16 ? MODEL_COST_CORE_BYTES_PER_TOKEN : MODEL_COST_CORE_SPLIT_BYTES_PER_TOKEN;
@@ -365,8 +365,8 @@ int main(int argc, char **argv)
                 x.parts = BK_ALL;   /* everything valid (checkpoints of this scan) before timing parts alone */
                 if ((s = run_core_bwd(&x, stream)) != MG_OK) die(runs[r].what, s);
                 x.parts = runs[r].parts;
-                if ((s = mg_bench_time(stream, run_core_bwd, &x, &o, &st)) != MG_OK) die(runs[r].what, s);
-                report(runs[r].what, B, T, &st, tok, 0.0, 0.0);
+                if (time_row(runs[r].what, B, T, stream, run_core_bwd, &x, &o, &st))
+                    report(runs[r].what, B, T, &st, tok, 0.0, 0.0);
             }
             mg_dev_free(x.cs); mg_dev_free(x.ckpt); mg_dev_free(x.dg); mg_dev_free(x.dy); mg_dev_free(x.dk);
             mg_dev_free(x.dq); mg_dev_free(x.dv); mg_dev_free(x.dadt); mg_dev_free(x.ddt); mg_dev_free(x.dlam);
@@ -385,29 +385,29 @@ int main(int argc, char **argv)
     /* ---- Prefill: the largest batch, and sequence lengths up to the largest. ---- */
     for (size_t i = 0; i < n_prefill; ++i) {
         bench_ctx c = {m, prefill[i][0], prefill[i][1], u, out, ssm, kp, vp, ang};
-        if ((s = mg_bench_time(stream, run_prefill, &c, &o, &st)) != MG_OK) die("prefill", s);
         double tok = (double)c.batch * c.seqlen;
-        report("prefill", c.batch, c.seqlen, &st, tok, WEIGHT_BYTES + tok * BYTES_PER_TOKEN,
-               tok * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        if (time_row("prefill", c.batch, c.seqlen, stream, run_prefill, &c, &o, &st))
+            report("prefill", c.batch, c.seqlen, &st, tok, WEIGHT_BYTES + tok * BYTES_PER_TOKEN,
+                   tok * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
     }
 
     /* ---- Decode: one token per stream, eager launches (latency bound). ---- */
     for (size_t i = 0; i < sizeof decode / sizeof decode[0]; ++i) {
         bench_ctx c = {m, decode[i], 1, u, out, ssm, kp, vp, ang};
-        if ((s = mg_bench_time(stream, run_decode, &c, &o, &st)) != MG_OK) die("decode", s);
-        report_decode("decode (eager)", c.batch, &st);
+        if (time_row("decode (eager)", c.batch, 1, stream, run_decode, &c, &o, &st))
+            report_decode("decode (eager)", c.batch, &st);
         /* the same step captured once as a CUDA Graph and replayed */
         model_graph *g = NULL;
         if ((s = model_decode_graph_create(m, c.batch, u, out, ssm, kp, vp, ang, &g)) != MG_OK) die("graph", s);
-        if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay", s);
-        report_decode("decode (graph)", c.batch, &st);
+        if (time_row("decode (graph)", c.batch, 1, stream, run_graph, g, &o, &st))
+            report_decode("decode (graph)", c.batch, &st);
         model_decode_graph_destroy(g);
         /* the same with a reset mask (every other stream starts an episode) */
         uint8_t *mask = bench_reset_mask(c.batch);
         if ((s = model_decode_graph_create_reset(m, c.batch, u, out, ssm, kp, vp, ang, mask, &g)) != MG_OK)
             die("graph (reset mask)", s);
-        if ((s = mg_bench_time(stream, run_graph, g, &o, &st)) != MG_OK) die("graph replay (reset mask)", s);
-        report_decode("decode (graph; mask)", c.batch, &st);
+        if (time_row("decode (graph; mask)", c.batch, 1, stream, run_graph, g, &o, &st))
+            report_decode("decode (graph; mask)", c.batch, &st);
         model_decode_graph_destroy(g);
         mg_dev_free(mask);
     }
@@ -415,12 +415,12 @@ int main(int argc, char **argv)
     {
         int lb[32];
         const int nl = latency_batches(lb, 32);
-        mg_bench_opts ol = {10, LATENCY_ITERS, 1};
+        mg_bench_opts ol = {10, LATENCY_ITERS, 1, 0};
         for (int i = 0; i < nl; ++i) {
             model_graph *g = NULL;
             if ((s = model_decode_graph_create(m, lb[i], u, out, ssm, kp, vp, ang, &g)) != MG_OK) die("graph", s);
-            if ((s = mg_bench_time(stream, run_graph, g, &ol, &st)) != MG_OK) die("graph replay", s);
-            report_latency(lb[i], &st);
+            if (time_row("decode latency (graph)", lb[i], 1, stream, run_graph, g, &ol, &st))
+                report_latency(lb[i], &st);
             model_decode_graph_destroy(g);
         }
     }
@@ -439,16 +439,16 @@ int main(int argc, char **argv)
             const double tok = (double)x.c.batch * x.c.seqlen;
             const double tby = MODEL_COST_TRAIN_WEIGHT_BYTES + tok * MODEL_COST_TRAIN_BYTES_PER_TOKEN;
             const double tfl = tok * MODEL_COST_TRAIN_FLOPS_PER_TOKEN;
-            if ((s = mg_bench_time(stream, run_fwd_bwd, &x, &o, &st)) != MG_OK) die("forward_train + backward", s);
-            report("fwd_train + backward", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
-            if ((s = mg_bench_time(stream, run_train, &x, &o, &st)) != MG_OK) die("train step", s);
-            report("train step", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
+            if (time_row("fwd_train + backward", x.c.batch, x.c.seqlen, stream, run_fwd_bwd, &x, &o, &st))
+                report("fwd_train + backward", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
+            if (time_row("train step", x.c.batch, x.c.seqlen, stream, run_train, &x, &o, &st))
+                report("train step", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
             model_train_graph *tg = NULL;
             if ((s = model_train_graph_create(x.t, x.w, x.grads, x.m, x.v, &x.p, x.c.batch, x.c.seqlen, u,
                                             x.target, NULL, NULL, NULL, NULL, x.loss, &tg)) != MG_OK)
                 die("train graph", s);
-            if ((s = mg_bench_time(stream, run_train_graph, tg, &o, &st)) != MG_OK) die("train graph replay", s);
-            report("train step (graph)", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
+            if (time_row("train step (graph)", x.c.batch, x.c.seqlen, stream, run_train_graph, tg, &o, &st))
+                report("train step (graph)", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
             model_train_graph_destroy(tg);
         }
         train_end(&x);
