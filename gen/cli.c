@@ -258,6 +258,7 @@ static int cli_tune_cache(void *ctx, lh_tune_input *t)
     t->gpu = td->gpu.found ? td->gpu.name : NULL;
     t->cc = td->gpu.cc[0] ? td->gpu.cc : NULL;
     t->driver = td->gpu.driver[0] ? td->gpu.driver : NULL;
+    t->sms = td->gpu.sms;
     t->gpu_source = td->gpu.source;
     td->dir = tc_dir(td->o->tune_cache, &err);
     if (!td->dir) {

@@ -17,7 +17,8 @@ typedef int (*gq_attr_fn)(int *, int, int);
 typedef int (*gq_ver_fn)(int *);
 typedef const char *(*gq_errstr_fn)(int);
 
-enum { GQ_ATTR_CC_MAJOR = 75, GQ_ATTR_CC_MINOR = 76 }; /* cudaDevAttrComputeCapabilityMajor/Minor */
+/* cudaDevAttrComputeCapabilityMajor/Minor, cudaDevAttrMultiProcessorCount */
+enum { GQ_ATTR_CC_MAJOR = 75, GQ_ATTR_CC_MINOR = 76, GQ_ATTR_SMS = 16 };
 
 /* NAME given by hand (SOURCE: "--gpu" or "MG_GPU"); "none": no GPU. */
 static void gq_set_name(gq_gpu *out, const char *name, const char *source)
@@ -98,6 +99,9 @@ void gq_detect(const char *override_name, gq_gpu *out)
     free(buf);
     if (attr(&major, GQ_ATTR_CC_MAJOR, 0) == 0 && attr(&minor, GQ_ATTR_CC_MINOR, 0) == 0)
         snprintf(out->cc, sizeof out->cc, "%d.%d", major, minor);
+    int sms = 0;
+    if (attr(&sms, GQ_ATTR_SMS, 0) == 0 && sms > 0)
+        out->sms = sms;
     int v = 0;
     if (drv && drv(&v) == 0 && v > 0)
         snprintf(out->driver, sizeof out->driver, "%d.%d", v / 1000, (v % 1000) / 10);

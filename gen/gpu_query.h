@@ -11,6 +11,8 @@ typedef struct {
     char name[256];     /* device name as cudaGetDeviceProperties gives it */
     char cc[16];        /* "9.0", or "" when not known (a name given by hand) */
     char driver[16];    /* "13.0", or "" */
+    int sms;            /* multiprocessors of the device, or 0 when not known
+                           (a name given by hand) */
     char source[320];   /* how it was found, or why there is none (for messages) */
 } gq_gpu;
 

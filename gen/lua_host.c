@@ -230,6 +230,10 @@ static void lh_push_tune(lua_State *L, const lh_tune_input *t)
     lh_setfield_str(L, "cc", t->cc);
     lh_setfield_str(L, "driver", t->driver);
     lh_setfield_str(L, "gpu_source", t->gpu_source);
+    if (t->sms > 0) {
+        lua_pushinteger(L, t->sms);
+        lua_setfield(L, -2, "sms");
+    }
     lh_setfield_str(L, "dir", t->dir);
     lua_newtable(L); /* entries */
     lua_newtable(L); /* bad */
@@ -253,7 +257,7 @@ static void lh_push_tune(lua_State *L, const lh_tune_input *t)
     lua_setfield(L, -2, "entries");
 }
 
-/* mg.tune_cache() -> { gpu=, cc=, driver=, gpu_source=, dir=, entries=,
+/* mg.tune_cache() -> { gpu=, cc=, driver=, sms=, gpu_source=, dir=, entries=,
  * bad= } | nil: what the host knows for resolving `auto` values (the
  * current GPU and the autotune cache). Lua decides whether it needs it; the
  * host looks for the GPU and reads the cache on the first call only (later

@@ -37,6 +37,7 @@ typedef struct {
     const char *gpu;        /* device name, or NULL: no GPU known */
     const char *cc;         /* "9.0", or NULL */
     const char *driver;     /* "13.0", or NULL */
+    int sms;                /* multiprocessors of the device, or 0: not known */
     const char *gpu_source; /* how the GPU was found, or why there is none */
     const char *dir;        /* the cache directory */
     const lh_tune_file *files;

@@ -330,6 +330,36 @@ static mg_status jp_expect(jp *p, char c)
     return MG_OK;
 }
 
+/* A JSON object or array: OPEN, then *more = whether an item follows
+ * (else CLOSE came at once and is consumed). */
+static mg_status jp_open(jp *p, char open, char close, int *more)
+{
+    mg_status s = jp_expect(p, open);
+    if (s != MG_OK)
+        return s;
+    *more = jp_peek(p) != close;
+    if (!*more)
+        p->i++;
+    return MG_OK;
+}
+
+/* After an item of a container that CLOSE ends: ',' (*more = 1) or CLOSE
+ * (*more = 0); anything else fails with MSG, or "expected 'CLOSE'" when
+ * MSG is NULL. */
+static mg_status jp_next(jp *p, char close, const char *msg, int *more)
+{
+    jp_ws(p);
+    *more = jp_peek(p) == ',';
+    if (*more) {
+        p->i++;
+        jp_ws(p);
+        return MG_OK;
+    }
+    if (msg && jp_peek(p) != close)
+        return jp_fail(p, "%s", msg);
+    return jp_expect(p, close);
+}
+
 static int jp_hex4(const jp *p, size_t at, unsigned *v)
 {
     if (at + 4 > p->n)
@@ -453,13 +483,10 @@ static mg_status jp_u64(jp *p, uint64_t *v)
 static mg_status jp_meta(jp *p, st_meta **meta, size_t *n, size_t *cap)
 {
     mg_status s;
-    if ((s = jp_expect(p, '{')) != MG_OK)
+    int more;
+    if ((s = jp_open(p, '{', '}', &more)) != MG_OK)
         return s;
-    if (jp_peek(p) == '}') {
-        p->i++;
-        return MG_OK;
-    }
-    for (;;) {
+    while (more) {
         const char *k, *v;
         if ((s = jp_string(p, &k)) != MG_OK || (s = jp_expect(p, ':')) != MG_OK)
             return s;
@@ -472,96 +499,69 @@ static mg_status jp_meta(jp *p, st_meta **meta, size_t *n, size_t *cap)
         (*meta)[*n].key = k;
         (*meta)[*n].value = v;
         ++*n;
-        jp_ws(p);
-        if (jp_peek(p) == ',') {
-            p->i++;
-            jp_ws(p);
-            continue;
-        }
-        if (jp_peek(p) == '}') {
-            p->i++;
-            return MG_OK;
-        }
-        return jp_fail(p, "expected ',' or '}' in the metadata");
+        if ((s = jp_next(p, '}', "expected ',' or '}' in the metadata", &more)) != MG_OK)
+            return s;
     }
+    return MG_OK;
 }
 
 /* {"dtype": .., "shape": [..], "data_offsets": [b, e]}. */
 static mg_status jp_tensor(jp *p, mg_st_file *f, st_tensor *t)
 {
     mg_status s;
-    int have_dtype = 0, have_shape = 0, have_offsets = 0;
-    if ((s = jp_expect(p, '{')) != MG_OK)
+    int have_dtype = 0, have_shape = 0, have_offsets = 0, more;
+    if ((s = jp_open(p, '{', '}', &more)) != MG_OK)
         return s;
-    if (jp_peek(p) == '}')
-        p->i++;
-    else
-        for (;;) {
-            const char *k;
-            if ((s = jp_string(p, &k)) != MG_OK || (s = jp_expect(p, ':')) != MG_OK)
+    while (more) {
+        const char *k;
+        if ((s = jp_string(p, &k)) != MG_OK || (s = jp_expect(p, ':')) != MG_OK)
+            return s;
+        if (strcmp(k, "dtype") == 0) {
+            const char *d;
+            if (have_dtype++)
+                return jp_fail(p, "tensor \"%.128s\": duplicate key \"dtype\"", t->name);
+            if ((s = jp_string(p, &d)) != MG_OK)
                 return s;
-            if (strcmp(k, "dtype") == 0) {
-                const char *d;
-                if (have_dtype++)
-                    return jp_fail(p, "tensor \"%.128s\": duplicate key \"dtype\"", t->name);
-                if ((s = jp_string(p, &d)) != MG_OK)
-                    return s;
-                if (!st_dtype_lookup(d, &t->dtype))
-                    return jp_fail(p, "tensor \"%.128s\": unknown dtype \"%.32s\"", t->name, d);
-            } else if (strcmp(k, "shape") == 0) {
-                if (have_shape++)
-                    return jp_fail(p, "tensor \"%.128s\": duplicate key \"shape\"", t->name);
-                if ((s = jp_expect(p, '[')) != MG_OK)
-                    return s;
-                t->dims_at = f->n_dims;
-                t->ndim = 0;
-                if (jp_peek(p) == ']')
-                    p->i++;
-                else
-                    for (;;) {
-                        uint64_t v;
-                        if ((s = jp_u64(p, &v)) != MG_OK)
-                            return s;
-                        if (v > (uint64_t)LONG_MAX)
-                            return jp_fail(p, "tensor \"%.128s\": dimension %llu too large",
-                                           t->name, (unsigned long long)v);
-                        if (t->ndim == MG_ST_MAX_NDIM)
-                            return jp_fail(p, "tensor \"%.128s\": more than %d dimensions",
-                                           t->name, MG_ST_MAX_NDIM);
-                        if (!grow((void **)&f->dims, &f->cap_dims, f->n_dims + 1, sizeof(long)))
-                            return mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of memory", p->what);
-                        f->dims[f->n_dims++] = (long)v;
-                        t->ndim++;
-                        jp_ws(p);
-                        if (jp_peek(p) == ',') {
-                            p->i++;
-                            jp_ws(p);
-                            continue;
-                        }
-                        if ((s = jp_expect(p, ']')) != MG_OK)
-                            return s;
-                        break;
-                    }
-            } else if (strcmp(k, "data_offsets") == 0) {
-                if (have_offsets++)
-                    return jp_fail(p, "tensor \"%.128s\": duplicate key \"data_offsets\"", t->name);
-                if ((s = jp_expect(p, '[')) != MG_OK || (s = jp_u64(p, &t->begin)) != MG_OK ||
-                    (s = jp_expect(p, ',')) != MG_OK || (s = jp_u64(p, &t->end)) != MG_OK ||
-                    (s = jp_expect(p, ']')) != MG_OK)
-                    return s;
-            } else {
-                return jp_fail(p, "tensor \"%.128s\": unknown key \"%.64s\"", t->name, k);
-            }
-            jp_ws(p);
-            if (jp_peek(p) == ',') {
-                p->i++;
-                jp_ws(p);
-                continue;
-            }
-            if ((s = jp_expect(p, '}')) != MG_OK)
+            if (!st_dtype_lookup(d, &t->dtype))
+                return jp_fail(p, "tensor \"%.128s\": unknown dtype \"%.32s\"", t->name, d);
+        } else if (strcmp(k, "shape") == 0) {
+            if (have_shape++)
+                return jp_fail(p, "tensor \"%.128s\": duplicate key \"shape\"", t->name);
+            int dim;
+            if ((s = jp_open(p, '[', ']', &dim)) != MG_OK)
                 return s;
-            break;
+            t->dims_at = f->n_dims;
+            t->ndim = 0;
+            while (dim) {
+                uint64_t v;
+                if ((s = jp_u64(p, &v)) != MG_OK)
+                    return s;
+                if (v > (uint64_t)LONG_MAX)
+                    return jp_fail(p, "tensor \"%.128s\": dimension %llu too large",
+                                   t->name, (unsigned long long)v);
+                if (t->ndim == MG_ST_MAX_NDIM)
+                    return jp_fail(p, "tensor \"%.128s\": more than %d dimensions",
+                                   t->name, MG_ST_MAX_NDIM);
+                if (!grow((void **)&f->dims, &f->cap_dims, f->n_dims + 1, sizeof(long)))
+                    return mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of memory", p->what);
+                f->dims[f->n_dims++] = (long)v;
+                t->ndim++;
+                if ((s = jp_next(p, ']', NULL, &dim)) != MG_OK)
+                    return s;
+            }
+        } else if (strcmp(k, "data_offsets") == 0) {
+            if (have_offsets++)
+                return jp_fail(p, "tensor \"%.128s\": duplicate key \"data_offsets\"", t->name);
+            if ((s = jp_expect(p, '[')) != MG_OK || (s = jp_u64(p, &t->begin)) != MG_OK ||
+                (s = jp_expect(p, ',')) != MG_OK || (s = jp_u64(p, &t->end)) != MG_OK ||
+                (s = jp_expect(p, ']')) != MG_OK)
+                return s;
+        } else {
+            return jp_fail(p, "tensor \"%.128s\": unknown key \"%.64s\"", t->name, k);
         }
+        if ((s = jp_next(p, '}', NULL, &more)) != MG_OK)
+            return s;
+    }
     if (!have_dtype || !have_shape || !have_offsets)
         return jp_fail(p, "tensor \"%.128s\": no \"%s\"", t->name,
                        !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
@@ -575,39 +575,30 @@ static mg_status jp_header(jp *p, mg_st_file *f)
     jp_ws(p);
     if (jp_peek(p) != '{')
         return jp_fail(p, "the header is not a JSON object");
-    if ((s = jp_expect(p, '{')) != MG_OK)
+    int more;
+    if ((s = jp_open(p, '{', '}', &more)) != MG_OK)
         return s;
-    if (jp_peek(p) == '}')
-        p->i++;
-    else
-        for (;;) {
-            const char *k;
-            if ((s = jp_string(p, &k)) != MG_OK || (s = jp_expect(p, ':')) != MG_OK)
+    while (more) {
+        const char *k;
+        if ((s = jp_string(p, &k)) != MG_OK || (s = jp_expect(p, ':')) != MG_OK)
+            return s;
+        if (strcmp(k, "__metadata__") == 0) {
+            if (have_meta++)
+                return jp_fail(p, "duplicate key \"__metadata__\"");
+            if ((s = jp_meta(p, &f->meta, &f->n_meta, &f->cap_meta)) != MG_OK)
                 return s;
-            if (strcmp(k, "__metadata__") == 0) {
-                if (have_meta++)
-                    return jp_fail(p, "duplicate key \"__metadata__\"");
-                if ((s = jp_meta(p, &f->meta, &f->n_meta, &f->cap_meta)) != MG_OK)
-                    return s;
-            } else {
-                if (!grow((void **)&f->t, &f->cap, f->n + 1, sizeof *f->t))
-                    return mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of memory", p->what);
-                st_tensor *t = &f->t[f->n++];
-                memset(t, 0, sizeof *t);
-                t->name = k;
-                if ((s = jp_tensor(p, f, t)) != MG_OK)
-                    return s;
-            }
-            jp_ws(p);
-            if (jp_peek(p) == ',') {
-                p->i++;
-                jp_ws(p);
-                continue;
-            }
-            if ((s = jp_expect(p, '}')) != MG_OK)
+        } else {
+            if (!grow((void **)&f->t, &f->cap, f->n + 1, sizeof *f->t))
+                return mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of memory", p->what);
+            st_tensor *t = &f->t[f->n++];
+            memset(t, 0, sizeof *t);
+            t->name = k;
+            if ((s = jp_tensor(p, f, t)) != MG_OK)
                 return s;
-            break;
         }
+        if ((s = jp_next(p, '}', NULL, &more)) != MG_OK)
+            return s;
+    }
     jp_ws(p);
     if (p->i != p->n)
         return jp_fail(p, "trailing characters after the header object");

@@ -29,7 +29,15 @@
 --   d.chunk_size_source      "spec" | "tuned" | "default"
 --   d.tuned                  opts.tuned or nil: { chunk_size, scan_threads
 --                            (the tuned scan block size, may be nil), source,
---                            note }
+--                            note, sms (may be nil) }
+--   d.sms, d.sms_source      the SM count the few launch shapes fixed at
+--                            generation time are sized for (Mamba-1
+--                            decode_min_blocks, Mamba-3 dec_blocks_target):
+--                            with `chunk_size: auto`, the queried GPU's
+--                            (opts.tuned.sms, source "gpu"), else
+--                            DEFAULT_SMS (source "default"). The other
+--                            SM-count choices are made at run time with the
+--                            device's count (doc/tuning.md has the table).
 --   d.training, d.inference, d.deterministic  spec.emit.* booleans
 -- plus the per-arch fields documented in each arch's section.
 
@@ -47,6 +55,9 @@ M.AUTO_SEQUENTIAL_MAX_LEN = 256
 -- entry for the spec on the current GPU, or no GPU is known (the Mamba-3
 -- reference kernels use 64 as well). mg/tune.lua names it in its message.
 M.DEFAULT_CHUNK = 64
+-- SM count assumed at generation time when no GPU was queried: 132, the
+-- H100/H200 SXM parts the defaults were measured on.
+M.DEFAULT_SMS = 132
 -- Every tensor of the weights blob starts at a multiple of this many floats
 -- (256 bytes: aligned for any vector load and for cuBLAS).
 M.ALIGN = 64
@@ -107,6 +118,12 @@ local function common(spec, opts)
   else
     d.chunk_size = spec.scan.chunk_size
     d.chunk_size_source = "spec"
+  end
+  local sms = d.tuned and math.tointeger(d.tuned.sms)
+  if sms and sms >= 1 then
+    d.sms, d.sms_source = sms, "gpu"
+  else
+    d.sms, d.sms_source = M.DEFAULT_SMS, "default"
   end
   d.training = spec.emit.training
   d.inference = spec.emit.inference

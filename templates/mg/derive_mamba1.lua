@@ -211,8 +211,9 @@ end
 --                       256, else 1024; raised to hold decode_ec * N/16
 --                       threads (at most 16 states per thread), capped at 1024
 --   d.decode_min_blocks  __launch_bounds__ minimum blocks per SM: 1 when
---                       max_batch * decode_cluster blocks fit one per SM of a
---                       132-SM sm_90 part (H100/H200 SXM), else 2 (caps the
+--                       max_batch * decode_cluster blocks fit one per SM of
+--                       d.sms SMs (132, H100/H200 SXM, unless a queried GPU
+--                       says otherwise), else 2 (caps the
 --                       kernel at 128 registers: two blocks per SM halve the
 --                       waves at large batch for a few spilled registers;
 --                       1 for blocks above 256 threads)
@@ -262,7 +263,7 @@ function M.derive_inference(spec, d)
   local min_lanes = math.max(1, d.N // 16)
   d.decode_threads = math.min(1024, math.max((ec <= 64) and 256 or ((ec <= 256) and 512 or 1024),
                                              derive.next_pow2(ec * min_lanes)))
-  d.decode_min_blocks = (d.max_batch * cs <= 132 or d.decode_threads > 256) and 1 or 2
+  d.decode_min_blocks = (d.max_batch * cs <= d.sms or d.decode_threads > 256) and 1 or 2
   local lanes = 1
   while lanes * 2 <= math.min(32, d.N) and ec * lanes * 2 <= d.decode_threads do lanes = lanes * 2 end
   if lanes < min_lanes then lanes = min_lanes end

@@ -364,12 +364,14 @@ end
 --                       power of two >= dec_max_batch (instances 1, 2, 4, ..)
 --   d.dec_vw            elements per 16-byte weight load (16 / act_size)
 --   d.dec_threads, d.dec_warps   GEMV block: 256 threads, 8 warps
+--   d.dec_blocks_target  the grid the GEMV shapes aim at: about one block
+--                       per SM (M.dec_blocks_target(d.sms))
 --   d.dec_mix_threads   mixer block (one per (head, sequence)): the sequential
 --                       scan's thread layout (scan_threads), at least a warp
 --   per GEMV, prefix d.dec_in_ (in_proj, rows NP, K = D, input RMSNorm fused)
 --   and d.dec_out_ (out_proj, rows D, K = E, += into the residual):
 --     _rw     output rows per warp (4, halved while the grid has fewer than
---             M.DEC_BLOCKS_TARGET blocks)
+--             d.dec_blocks_target blocks)
 --     _ks     warps sharing a row, splitting K (1, doubled likewise up to 8:
 --             small models still fill the GPU)
 --     _rpb    rows per block = (dec_warps / ks) * rw
@@ -382,7 +384,12 @@ end
 --     _smem_bytes  static shared memory (stage + the K-split partials)
 -- ===========================================================================
 M.DEC_MAX_BATCH = 8
-M.DEC_BLOCKS_TARGET = 128     -- about one block per SM of an H100/H200 (132)
+-- d.dec_blocks_target: about one GEMV block per SM, the SM count (d.sms)
+-- rounded down to a multiple of 8 (132 -> 128, H100/H200 SXM; 108 -> 104;
+-- 80 -> 80), at least 8
+function M.dec_blocks_target(sms)
+  return math.max(8, sms - sms % 8)
+end
 M.DEC_VEC_INFLIGHT = 16       -- 16-byte weight loads in flight per lane
 M.DEC_STAGE_BYTES = 32 * 1024
 
@@ -390,8 +397,8 @@ local function dec_gemv(d, rows, K)
   local g = {}
   local function blocks(rw, ks) return derive.ceil_div(rows, (d.dec_warps // ks) * rw) end
   local rw, ks = 4, 1
-  while rw > 1 and blocks(rw, ks) < M.DEC_BLOCKS_TARGET do rw = rw // 2 end
-  while ks < d.dec_warps and blocks(rw, ks) < M.DEC_BLOCKS_TARGET do ks = ks * 2 end
+  while rw > 1 and blocks(rw, ks) < d.dec_blocks_target do rw = rw // 2 end
+  while ks < d.dec_warps and blocks(rw, ks) < d.dec_blocks_target do ks = ks * 2 end
   g.rw, g.ks = rw, ks
   g.rpb = (d.dec_warps // ks) * rw
   g.blocks = blocks(rw, ks)
@@ -413,6 +420,7 @@ function M.derive_decode(d)
   d.dec_threads = 256
   d.dec_warps = d.dec_threads // 32
   d.dec_mix_threads = math.max(32, d.scan_threads)
+  d.dec_blocks_target = M.dec_blocks_target(d.sms)
   local gemvs = { { "dec_in_", dec_gemv(d, d.in_proj_out, d.D) }, { "dec_out_", dec_gemv(d, d.D, d.E) } }
   for _, pg in ipairs(gemvs) do
     for _, k in ipairs({ "rw", "ks", "rpb", "blocks", "kt", "vpl", "smem_bytes" }) do d[pg[1] .. k] = pg[2][k] end

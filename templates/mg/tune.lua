@@ -24,11 +24,15 @@
 --   M.sources(spec, d, args) the files of command "tune-sources": one CUDA
 --                            translation unit per candidate + manifest.txt
 --   M.resolve(spec, args)    chunk_size auto: the best cached entry for the
---                            current GPU, or the default, with a note
+--                            current GPU, or the default, with a note; and
+--                            the GPU's SM count when it was queried (sms:
+--                            mg/derive.lua sizes its few SM-count-bound
+--                            launch shapes with it, doc/tuning.md)
 --
 -- mg.tune_cache() (served by the host; only resolve asks, and only for an
 -- auto value; nil when the host serves no cache, as in mamba-tune):
 --   { gpu = "NVIDIA H200" | nil, cc = "9.0" | nil, driver = "13.0" | nil,
+--     sms = 132 | nil (the device's multiprocessors, when it was queried),
 --     gpu_source = "how the GPU was found (or why not)",
 --     dir = "cache directory",
 --     entries = { { path = "file", tree = <spec-tree-style node> }, ... },
@@ -55,6 +59,7 @@ M.LANE_FACTORS = { 1, 2, 4 }
 -- The chunk length used for `chunk_size: auto` without a cache entry
 -- (mg/derive.lua's DEFAULT_CHUNK; repeated here for the messages).
 M.DEFAULT_CHUNK = require("mg.derive").DEFAULT_CHUNK
+M.DEFAULT_SMS = require("mg.derive").DEFAULT_SMS
 -- Block sizes of the Mamba-3 chunked SSM kernel a sweep tries by default
 -- (4, 8, 16 warps; those the state split allows, mg/derive_mamba3.lua).
 M.THREADS_M3 = { 128, 256, 512 }
@@ -518,9 +523,14 @@ end
 function M.resolve(spec, args)
   if spec.scan.chunk_size ~= "auto" then return nil end
   local t = mg.tune_cache() or {}
+  -- the queried device's SM count (none for a name given by --gpu / MG_GPU)
+  local sms = math.tointeger(t.sms)
+  if sms and (sms < 1 or sms > 65536) then sms = nil end
+  local sms_note = (sms and sms ~= M.DEFAULT_SMS)
+    and string.format("; launch shapes sized for its %d SMs", sms) or ""
   local function default(why)
-    return { chunk_size = M.DEFAULT_CHUNK, source = "default",
-             note = string.format("scan.chunk_size: auto -> %d (the default: %s)", M.DEFAULT_CHUNK, why) }
+    return { chunk_size = M.DEFAULT_CHUNK, source = "default", sms = sms,
+             note = string.format("scan.chunk_size: auto -> %d (the default: %s)%s", M.DEFAULT_CHUNK, why, sms_note) }
   end
   if not M.TEMPLATE[spec.arch] then
     return default("autotuning is available for mamba1 and mamba3_siso only")
@@ -557,8 +567,9 @@ function M.resolve(spec, args)
   local lanes = math.tointeger(tonumber(v.best.scan_lanes))   -- mamba1 entries since lanes are swept
   return {
     chunk_size = chunk, scan_threads = threads, scan_lanes = lanes, source = "tuned", file = best_path,
-    note = string.format("scan.chunk_size: auto -> %d (tuned on %s, %s, %s)", chunk, t.gpu,
-      tostring(v.created or "?"), best_path),
+    sms = sms,
+    note = string.format("scan.chunk_size: auto -> %d (tuned on %s, %s, %s)%s", chunk, t.gpu,
+      tostring(v.created or "?"), best_path, sms_note),
   }
 end
 

@@ -266,6 +266,23 @@ is(rl.decode_weight_bytes, 4 * (2 * 256 * 128 + 40 * 256 + 256 * 8 + 128 * 256) 
 is(rl.decode_smem_bytes, 4 * (3 * 128 + 64 + 4 * 32 + 2 * 40 + 8), "rl: decode shared memory")
 is(long.decode_persistent, true, "long: single-launch decode emitted")
 is(long.decode_min_blocks, 1, "long: 8 x 8 blocks fit one per SM")
+-- The SM count behind decode_min_blocks: DEFAULT_SMS (132), or with
+-- `chunk_size: auto` the GPU's as mg/tune.lua resolve queried it (opts.tuned.sms).
+-- max_batch 16: 16 x 8 = 128 blocks, one per SM on 132 or 170 SMs, not on 80.
+local function m1_sms(sms, chunk)
+  return derive.derive(spec1(nil, { max_batch = 16, max_seq_len = 256 }, { scan = { chunk_size = chunk or "auto" } }),
+    sms and { tuned = { chunk_size = 64, source = "default", sms = sms } } or nil)
+end
+local s0, s80, s170 = m1_sms(nil), m1_sms(80), m1_sms(170)
+is(derive.DEFAULT_SMS, 132, "sms: default 132 (H100/H200 SXM)")
+is(s0.sms .. "/" .. s0.sms_source, "132/default", "sms: no GPU queried -> the default")
+is(s0.decode_min_blocks, 1, "sms 132: 128 decode blocks fit one per SM")
+is(s80.sms .. "/" .. s80.sms_source, "80/gpu", "sms: the queried GPU's count")
+is(s80.decode_min_blocks, 2, "sms 80: 128 decode blocks > 80 SMs -> two blocks per SM")
+is(s170.decode_min_blocks, 1, "sms 170: one block per SM")
+local sfix = derive.derive(spec1(nil, { max_batch = 16, max_seq_len = 256 }, { scan = { chunk_size = 64 } }),
+  { tuned = { chunk_size = 64, source = "default", sms = 80 } })
+is(sfix.sms .. "/" .. sfix.decode_min_blocks, "132/1", "sms: a fixed chunk_size queries no GPU -> the default")
 is(long.decode_lanes, 4, "long: 4 lanes per channel (N 64: 16 states per thread)")
 is(m130.decode_persistent, false, "130m: no single-launch decode (weights too large)")
 check(m130.decode_persistent_why:find("16 MiB") ~= nil, "130m: the reason names the 16 MiB bound", m130.decode_persistent_why)

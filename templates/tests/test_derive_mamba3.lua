@@ -6,6 +6,7 @@
 
 local derive = require("mg.derive")
 local emit = require("mg.emit")
+local derive3 = require("mg.derive_mamba3")
 
 local T = require("tests.harness").new("test_derive_mamba3")
 local check, is = T.check, T.is
@@ -255,6 +256,24 @@ is(rl.dec_vw, 4, "rl decode: 4 f32 per 16-byte load")
 is(rl.dec_in_rw .. "/" .. rl.dec_in_ks .. "/" .. rl.dec_in_blocks, "1/2/170", "rl decode: in_proj 2-way K split, 170 blocks")
 is(rl.dec_out_rw .. "/" .. rl.dec_out_ks .. "/" .. rl.dec_out_blocks, "1/8/128", "rl decode: out_proj 8-way K split, 128 blocks")
 is(rl.dec_out_kt .. "/" .. rl.dec_out_vpl, "256/1", "rl decode: out_proj one pass")
+-- the grid the GEMVs aim at: one block per SM, rounded down to a multiple of 8
+is(derive3.dec_blocks_target(132) .. "/" .. derive3.dec_blocks_target(108) .. "/" .. derive3.dec_blocks_target(80)
+  .. "/" .. derive3.dec_blocks_target(170) .. "/" .. derive3.dec_blocks_target(4), "128/104/80/168/8",
+  "decode: blocks target from the SM count (132 -> 128)")
+is(perf.sms .. "/" .. perf.dec_blocks_target, "132/128", "perf decode: no GPU queried -> 132 SMs, target 128")
+-- with `chunk_size: auto` and a queried GPU (opts.tuned.sms): 170 SMs want
+-- more blocks (perf: in_proj 2 rows per warp, out_proj a 2-way K split);
+-- 80 SMs fewer (rl: in_proj without its K split)
+local function sms_opts(sms) return { tuned = { chunk_size = 64, source = "default", sms = sms } } end
+local p170 = derive.derive(perf_spec({ mode = "chunked", chunk_size = "auto" }), sms_opts(170))
+is(p170.dec_in_rw .. "/" .. p170.dec_in_ks .. "/" .. p170.dec_in_rpb .. "/" .. p170.dec_in_blocks, "2/1/16/280",
+  "sms 170: perf in_proj 280 blocks")
+is(p170.dec_out_rw .. "/" .. p170.dec_out_ks .. "/" .. p170.dec_out_rpb .. "/" .. p170.dec_out_blocks, "1/2/4/256",
+  "sms 170: perf out_proj 256 blocks")
+local p132 = derive.derive(perf_spec({ mode = "chunked", chunk_size = "auto" }), sms_opts(132))
+is(p132.dec_in_blocks .. "/" .. p132.dec_out_blocks, "140/128", "sms 132 queried: the default's shapes")
+local r80 = derive.derive(spec3(nil, nil, { name = "mamba3_rl" }, { chunk_size = "auto" }), sms_opts(80))
+is(r80.dec_in_rw .. "/" .. r80.dec_in_ks .. "/" .. r80.dec_in_blocks, "1/1/85", "sms 80: rl in_proj 85 blocks, no K split")
 -- lm (f32, max_batch 2): K = D = 1024 f32 in 2 passes of 512 (16 loads in flight)
 is(lm.dec_max_batch .. "/" .. lm.dec_nb_max, "2/2", "lm decode: batch bound by max_batch")
 is(lm.dec_in_kt, 512, "lm decode: in_proj passes of 512 columns")

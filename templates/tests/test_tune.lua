@@ -163,4 +163,25 @@ check(f3["manifest.txt"]:find("\ngeneric_same_as " .. g3.same_as .. "\ngeneric_a
 local c3b = tune.candidates(s3, d3, { chunks = { 32 } })
 is(c3b[#c3b].same_as, c3b[1].id, "mamba3: own shape not swept -> the first candidate's shape")
 
+-- resolve: the queried GPU's SM count goes to derive (sms), named in the
+-- note when it is not the default's 132; none for a name given by hand
+local sa = T.spec("mamba1", T1, { scan = { chunk_size = "auto" } })
+local host_cache = mg.tune_cache
+local served
+mg.tune_cache = function() return served end
+served = { gpu = "NVIDIA L40S", cc = "8.9", sms = 142, gpu_source = "device 0", dir = "/nonexistent", entries = {} }
+local r142 = tune.resolve(sa, {})
+is(r142.chunk_size .. "/" .. r142.source .. "/" .. tostring(r142.sms), "64/default/142", "resolve: the GPU's SM count with the default chunk")
+check(r142.note:find("; launch shapes sized for its 142 SMs", 1, true) ~= nil, "resolve: the note names the SM count", r142.note)
+served = { gpu = "NVIDIA H200", cc = "9.0", sms = 132, gpu_source = "device 0", dir = "/nonexistent", entries = {} }
+local r132 = tune.resolve(sa, {})
+check(r132.sms == 132 and not r132.note:find("SMs", 1, true), "resolve: 132 SMs (the default) not in the note", r132.note)
+served = { gpu = "NVIDIA H200", gpu_source = "--gpu", dir = "/nonexistent", entries = {} }
+is(tostring(tune.resolve(sa, {}).sms), "nil", "resolve: a GPU named by hand has no SM count")
+served = { gpu = "X", sms = 0, gpu_source = "device 0", entries = {} }
+is(tostring(tune.resolve(sa, {}).sms), "nil", "resolve: an SM count out of range is dropped")
+mg.tune_cache = host_cache
+local d142 = derive.derive(sa, { tuned = r142 })
+is(d142.sms .. "/" .. d142.sms_source, "142/gpu", "resolve's SM count is derive's d.sms")
+
 return T.done()
