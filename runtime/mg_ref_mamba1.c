@@ -1002,17 +1002,15 @@ mg_status mg_ref_mamba1_forward_f64_ex(const mg_m1_dims *d, const mg_m1_layout *
 {
     const char *fn = "mg_ref_mamba1_forward_ex";
     mg_ref_plan p;
+    int plain;
     mg_status s = check_call(d, l, blob, batch, seqlen, u, out, "out", fn);
-    if (s == MG_OK && seqs != NULL)
-        s = mg_ref_seqs_plan(seqs, batch, seqlen, fn, &p);
+    if (s == MG_OK)
+        s = mg_ref_seqs_prepare(seqs, batch, seqlen, fn, &p, &plain);
     if (s != MG_OK)
         return s;
-    if (!mg_ref_seqs_active(seqs)) {
-        if (seqs != NULL)
-            mg_ref_seqs_plan_free(&p);
+    if (plain)
         return mg_ref_mamba1_forward_f64(d, l, blob, batch, seqlen, u, out, conv_state,
                                          ssm_state);
-    }
     m1_seg_ctx c = m1_seg_ctx_of(d, l, blob, u, out, NULL, NULL);
     mg_ref_state_shape sh = m1_state_shape(d);
     double *st[2] = { conv_state, ssm_state };
@@ -1047,18 +1045,16 @@ mg_status mg_ref_mamba1_backward_f64_ex(const mg_m1_dims *d, const mg_m1_layout 
 {
     const char *fn = "mg_ref_mamba1_backward_ex";
     mg_ref_plan p;
+    int plain;
     mg_status s = check_bwd_call(d, l, blob, batch, seqlen, u, dout, grad_blob, fn);
-    if (s == MG_OK && seqs != NULL)
-        s = mg_ref_seqs_plan(seqs, batch, seqlen, fn, &p);
+    if (s == MG_OK)
+        s = mg_ref_seqs_prepare(seqs, batch, seqlen, fn, &p, &plain);
     if (s != MG_OK)
         return s;
-    if (!mg_ref_seqs_active(seqs)) {
-        if (seqs != NULL)
-            mg_ref_seqs_plan_free(&p);
+    if (plain)
         return mg_ref_mamba1_backward_f64(d, l, blob, batch, seqlen, u, conv_state_in,
                                           ssm_state_in, dout, grad_blob, du,
                                           dconv_state_in, dssm_state_in);
-    }
     m1_seg_ctx c = m1_seg_ctx_of(d, l, blob, u, NULL, dout, du);
     mg_ref_state_shape sh = m1_state_shape(d);
     const double *st0[2] = { conv_state_in, ssm_state_in };

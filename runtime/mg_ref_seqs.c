@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int mg_ref_seqs_active(const mg_ref_seqs *o)
+static int seqs_active(const mg_ref_seqs *o)
 {
     return o != NULL && (o->start != NULL || o->cu_seqlens != NULL);
 }
@@ -108,6 +108,21 @@ mg_status mg_ref_seqs_plan(const mg_ref_seqs *o, int batch, int seqlen,
         int len = packed ? (int)(o->cu_seqlens[s + 1] - o->cu_seqlens[s]) : seqlen;
         plan_stream(start, row0, len, s, out);
     }
+    return MG_OK;
+}
+
+mg_status mg_ref_seqs_prepare(const mg_ref_seqs *o, int batch, int seqlen,
+                              const char *fn, mg_ref_plan *p, int *plain)
+{
+    *plain = 1;
+    if (o == NULL)
+        return MG_OK;
+    mg_status rc = mg_ref_seqs_plan(o, batch, seqlen, fn, p);
+    if (rc != MG_OK)
+        return rc;
+    *plain = !seqs_active(o);
+    if (*plain)
+        mg_ref_seqs_plan_free(p);
     return MG_OK;
 }
 

@@ -39,8 +39,12 @@ typedef mg_status (*mg_ref_seg_bwd_fn)(void *ctx, const mg_ref_seg *seg,
                                        double *const *st0, double *const *dT,
                                        double *const *d0, double *dblob);
 
-/* 1 if o asks for more than the plain call (a start mask or cu_seqlens). */
-SEQS_HIDDEN int mg_ref_seqs_active(const mg_ref_seqs *o);
+/* What an entry point with options does first: o checked against the
+ * call (mg_ref_seqs_plan) and planned. *plain is set when o is NULL or
+ * asks for nothing beyond the plain call (no start mask, no cu_seqlens):
+ * then no plan is held and the entry point makes the plain call. */
+SEQS_HIDDEN mg_status mg_ref_seqs_prepare(const mg_ref_seqs *o, int batch, int seqlen,
+                                          const char *fn, mg_ref_plan *p, int *plain);
 
 /* Runs the plan's segments, stream by stream: each stream's state is taken
  * from states[k] (NULL: zeros), zeroed before every segment that starts an
