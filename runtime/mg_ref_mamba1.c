@@ -10,6 +10,7 @@
  * state history on and backpropagates through it (layer_bwd). There is one
  * forward. */
 #include "mg_ref_mamba1.h"
+#include "mg_ref_seqs_impl.h"
 #include "mg_rng.h"
 
 #include <math.h>
@@ -748,6 +749,17 @@ static mg_status check_call(const mg_m1_dims *d, const mg_m1_layout *l, const vo
     return MG_OK;
 }
 
+/* check_call for a backward, which also needs grad_blob. */
+static mg_status check_bwd_call(const mg_m1_dims *d, const mg_m1_layout *l, const void *blob,
+                                int batch, int seqlen, const void *u, const double *dout,
+                                const double *grad_blob, const char *fn)
+{
+    mg_status s = check_call(d, l, blob, batch, seqlen, u, dout, "dout", fn);
+    if (s == MG_OK && grad_blob == NULL)
+        s = mg_fail(MG_ERR_INVALID_ARG, "%s: grad_blob is NULL", fn);
+    return s;
+}
+
 static double *to_f64(const float *x, size_t n)
 {
     double *y = dalloc(n);
@@ -811,11 +823,9 @@ mg_status mg_ref_mamba1_backward_f64(const mg_m1_dims *d, const mg_m1_layout *l,
                                      const double *u, MG_M1_BWD_STATES)
 {
     const char *fn = "mg_ref_mamba1_backward";
-    mg_status st = check_call(d, l, blob, batch, seqlen, u, dout, "dout", fn);
+    mg_status st = check_bwd_call(d, l, blob, batch, seqlen, u, dout, grad_blob, fn);
     if (st != MG_OK)
         return st;
-    if (grad_blob == NULL)
-        return mg_fail(MG_ERR_INVALID_ARG, "%s: grad_blob is NULL", fn);
     const m1 m = m1_of(d);
     const int B = batch, T = seqlen, D = m.D, E = m.E, N = m.N, S = m.K - 1;
     const size_t BT = (size_t)B * T;
@@ -930,6 +940,145 @@ mg_status mg_ref_mamba1_backward(const mg_m1_dims *d, const mg_m1_layout *l,
     s = mg_ref_mamba1_backward_f64(d, l, w, batch, seqlen, ud, conv_state_in,
                                    ssm_state_in, dout, grad_blob, du,
                                    dconv_state_in, dssm_state_in);
+    free(w); free(ud);
+    return s;
+}
+
+/* ------------------------------------------------------------ episode starts, packed sequences */
+
+/* The _ex entry points run their call as segments (mg_ref_seqs_plan), each
+ * a plain call of batch 1 on its rows: the hand split, literally. */
+typedef struct m1_seg_ctx {
+    const mg_m1_dims *d;
+    const mg_m1_layout *l;
+    const double *w, *u, *dout;
+    double *out, *du;
+    size_t in_dim, D;
+} m1_seg_ctx;
+
+static m1_seg_ctx m1_seg_ctx_of(const mg_m1_dims *d, const mg_m1_layout *l, const double *w,
+                                const double *u, double *out, const double *dout, double *du)
+{
+    m1_seg_ctx c = { d, l, w, u, dout, out, du,
+                     (size_t)(d->input_dim > 0 ? d->input_dim : d->d_model),
+                     (size_t)d->d_model };
+    return c;
+}
+
+/* The states as the segment drivers see them: conv, then ssm. */
+static mg_ref_state_shape m1_state_shape(const mg_m1_dims *d)
+{
+    mg_ref_state_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.n_layers = d->n_layers;
+    sh.n = 2;
+    sh.per[0] = (size_t)d->d_inner * (size_t)(d->d_conv - 1);
+    sh.per[1] = (size_t)d->d_inner * (size_t)d->d_state;
+    return sh;
+}
+
+static mg_status m1_seg_fwd(void *vc, const mg_ref_seg *g, double *const *st)
+{
+    const m1_seg_ctx *c = vc;
+    return mg_ref_mamba1_forward_f64(c->d, c->l, c->w, 1, g->len, c->u + g->row * c->in_dim,
+                                     c->out + g->row * c->D, st[0], st[1]);
+}
+
+static mg_status m1_seg_bwd(void *vc, const mg_ref_seg *g, double *const *st0,
+                            double *const *dT, double *const *d0, double *dblob)
+{
+    (void)dT;   /* the Mamba-1 loss has no final-state term */
+    const m1_seg_ctx *c = vc;
+    return mg_ref_mamba1_backward_f64(c->d, c->l, c->w, 1, g->len, c->u + g->row * c->in_dim,
+                                      st0[0], st0[1], c->dout + g->row * c->D, dblob,
+                                      c->du ? c->du + g->row * c->in_dim : NULL, d0[0], d0[1]);
+}
+
+mg_status mg_ref_mamba1_forward_f64_ex(const mg_m1_dims *d, const mg_m1_layout *l,
+                                       const double *blob, int batch, int seqlen,
+                                       const double *u, double *out,
+                                       double *conv_state, double *ssm_state,
+                                       const mg_ref_seqs *seqs)
+{
+    const char *fn = "mg_ref_mamba1_forward_ex";
+    mg_ref_plan p;
+    int plain;
+    mg_status s = check_call(d, l, blob, batch, seqlen, u, out, "out", fn);
+    if (s == MG_OK)
+        s = mg_ref_seqs_prepare(seqs, batch, seqlen, fn, &p, &plain);
+    if (s != MG_OK)
+        return s;
+    if (plain)
+        return mg_ref_mamba1_forward_f64(d, l, blob, batch, seqlen, u, out, conv_state,
+                                         ssm_state);
+    m1_seg_ctx c = m1_seg_ctx_of(d, l, blob, u, out, NULL, NULL);
+    mg_ref_state_shape sh = m1_state_shape(d);
+    double *st[2] = { conv_state, ssm_state };
+    s = mg_ref_seqs_forward(&p, &sh, st, m1_seg_fwd, &c);
+    if (s == MG_OK)
+        mg_ref_seqs_zero_rows(out, p.ntok, (size_t)batch * seqlen, c.D);
+    mg_ref_seqs_plan_free(&p);
+    return s;
+}
+
+mg_status mg_ref_mamba1_forward_ex(const mg_m1_dims *d, const mg_m1_layout *l,
+                                   const float *blob, int batch, int seqlen,
+                                   const float *u, double *out,
+                                   double *conv_state, double *ssm_state,
+                                   const mg_ref_seqs *seqs)
+{
+    double *w = NULL, *ud = NULL;
+    mg_status s = widen_call(d, l, blob, batch, seqlen, u, out, "out",
+                             "mg_ref_mamba1_forward_ex", &w, &ud);
+    if (s != MG_OK)
+        return s;
+    s = mg_ref_mamba1_forward_f64_ex(d, l, w, batch, seqlen, ud, out, conv_state, ssm_state,
+                                     seqs);
+    free(w); free(ud);
+    return s;
+}
+
+mg_status mg_ref_mamba1_backward_f64_ex(const mg_m1_dims *d, const mg_m1_layout *l,
+                                        const double *blob, int batch, int seqlen,
+                                        const double *u, MG_M1_BWD_STATES,
+                                        const mg_ref_seqs *seqs)
+{
+    const char *fn = "mg_ref_mamba1_backward_ex";
+    mg_ref_plan p;
+    int plain;
+    mg_status s = check_bwd_call(d, l, blob, batch, seqlen, u, dout, grad_blob, fn);
+    if (s == MG_OK)
+        s = mg_ref_seqs_prepare(seqs, batch, seqlen, fn, &p, &plain);
+    if (s != MG_OK)
+        return s;
+    if (plain)
+        return mg_ref_mamba1_backward_f64(d, l, blob, batch, seqlen, u, conv_state_in,
+                                          ssm_state_in, dout, grad_blob, du,
+                                          dconv_state_in, dssm_state_in);
+    m1_seg_ctx c = m1_seg_ctx_of(d, l, blob, u, NULL, dout, du);
+    mg_ref_state_shape sh = m1_state_shape(d);
+    const double *st0[2] = { conv_state_in, ssm_state_in };
+    double *d0[2] = { dconv_state_in, dssm_state_in };
+    s = mg_ref_seqs_backward(&p, &sh, st0, NULL, d0, grad_blob, l->total, m1_seg_bwd, &c);
+    if (s == MG_OK)
+        mg_ref_seqs_zero_rows(du, p.ntok, (size_t)batch * seqlen, c.in_dim);
+    mg_ref_seqs_plan_free(&p);
+    return s;
+}
+
+mg_status mg_ref_mamba1_backward_ex(const mg_m1_dims *d, const mg_m1_layout *l,
+                                    const float *blob, int batch, int seqlen,
+                                    const float *u, MG_M1_BWD_STATES,
+                                    const mg_ref_seqs *seqs)
+{
+    double *w = NULL, *ud = NULL;
+    mg_status s = widen_call(d, l, blob, batch, seqlen, u, dout, "dout",
+                             "mg_ref_mamba1_backward_ex", &w, &ud);
+    if (s != MG_OK)
+        return s;
+    s = mg_ref_mamba1_backward_f64_ex(d, l, w, batch, seqlen, ud, conv_state_in,
+                                      ssm_state_in, dout, grad_blob, du, dconv_state_in,
+                                      dssm_state_in, seqs);
     free(w); free(ud);
     return s;
 }

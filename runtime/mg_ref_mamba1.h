@@ -7,6 +7,7 @@
 #define MG_REF_MAMBA1_H
 #include <stddef.h>
 #include "mg_status.h"
+#include "mg_ref_seqs.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -98,6 +99,45 @@ mg_status mg_ref_mamba1_backward(const mg_m1_dims *d, const mg_m1_layout *l,
 mg_status mg_ref_mamba1_backward_f64(const mg_m1_dims *d, const mg_m1_layout *l,
                                      const double *blob, int batch, int seqlen,
                                      const double *u, MG_M1_BWD_STATES);
+
+/* ---- Episode starts and packed sequences --------------------------------
+ * (doc/math.md, "Episode starts and packed sequences"; the options:
+ * mg_ref_seqs.h.) The forward and backward above with a start mask
+ * [batch][seqlen] and/or packed sequences (cu_seqlens over a batch of one);
+ * the other arguments mean what they mean there. seqs NULL, or with
+ * neither start nor cu_seqlens: the plain call (the options still checked).
+ * Otherwise the call runs as its segments (mg_ref_seqs_plan), each a plain
+ * call of batch 1 on its rows, from the stream's state (a stream's first
+ * segment when no episode starts at its first token) or from zeros (every
+ * other segment): outputs, final states, du and the initial-state
+ * gradients are bit-identical to the plain entry points on the hand-split
+ * segments; grad_blob is the sum of the segments' gradients, in plan
+ * order. An episode start zeroes the conv window too: the taps before a
+ * segment's first token read zeros, and the final conv state of a stream
+ * whose last segment is shorter than K-1 holds zeros before its start.
+ * Packed (seqs->cu_seqlens): batch 1, seqlen = the tokens u and out (dout,
+ * du) hold; the states (and their gradients) are [n_layers][nseq][...];
+ * the rows of out and du past cu_seqlens[nseq] are written as zeros.
+ * Errors (checked before anything is written): those of the plain call and
+ * of mg_ref_seqs_plan. */
+mg_status mg_ref_mamba1_forward_ex(const mg_m1_dims *d, const mg_m1_layout *l,
+                                   const float *blob, int batch, int seqlen,
+                                   const float *u, double *out,
+                                   double *conv_state, double *ssm_state,
+                                   const mg_ref_seqs *seqs);
+mg_status mg_ref_mamba1_forward_f64_ex(const mg_m1_dims *d, const mg_m1_layout *l,
+                                       const double *blob, int batch, int seqlen,
+                                       const double *u, double *out,
+                                       double *conv_state, double *ssm_state,
+                                       const mg_ref_seqs *seqs);
+mg_status mg_ref_mamba1_backward_ex(const mg_m1_dims *d, const mg_m1_layout *l,
+                                    const float *blob, int batch, int seqlen,
+                                    const float *u, MG_M1_BWD_STATES,
+                                    const mg_ref_seqs *seqs);
+mg_status mg_ref_mamba1_backward_f64_ex(const mg_m1_dims *d, const mg_m1_layout *l,
+                                        const double *blob, int batch, int seqlen,
+                                        const double *u, MG_M1_BWD_STATES,
+                                        const mg_ref_seqs *seqs);
 
 /* The two sequence kernels of the mixer, for one sequence, exposed so tests
  * can hold them against naive loops.

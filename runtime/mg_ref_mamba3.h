@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include "mg_status.h"
+#include "mg_ref_seqs.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -143,6 +144,46 @@ mg_status mg_ref_mamba3_backward(const mg_m3_dims *d, const mg_m3_layout *l,
 mg_status mg_ref_mamba3_backward_f64(const mg_m3_dims *d, const mg_m3_layout *l,
                                      const double *blob, int batch, int seqlen,
                                      const double *u, MG_M3_BWD_STATES);
+
+/* ---- Episode starts and packed sequences --------------------------------
+ * (doc/math.md, "Episode starts and packed sequences"; the options:
+ * mg_ref_seqs.h.) The forward and backward above with a start mask
+ * [batch][seqlen] and/or packed sequences (cu_seqlens over a batch of one);
+ * the other arguments mean what they mean there. seqs NULL, or with
+ * neither start nor cu_seqlens: the plain call (the options still checked).
+ * Otherwise the call runs as its segments (mg_ref_seqs_plan), each a plain
+ * call of batch 1 on its rows, from the stream's state (a stream's first
+ * segment when no episode starts at its first token) or from zeros (every
+ * other segment: Hs, k_prev, v_prev and the angle, so the angle sum
+ * restarts at 0 and the start token's beta term vanishes). Outputs, final
+ * states, du and the initial-state gradients are bit-identical to the plain
+ * entry points on the hand-split segments; dblob is the sum of the
+ * segments' gradients, in plan order. The final-state gradients (d*_T)
+ * enter a stream's last segment only; no gradient crosses a start, and a
+ * stream whose first token starts an episode gets initial-state gradients
+ * 0. Packed (seqs->cu_seqlens): batch 1, seqlen = the tokens u and out
+ * (dout, du) hold; the states and their gradients are
+ * [n_layers][nseq][...]; the rows of out and du past cu_seqlens[nseq] are
+ * written as zeros. Errors (checked before anything is written): those of
+ * the plain call and of mg_ref_seqs_plan. */
+mg_status mg_ref_mamba3_forward_ex(const mg_m3_dims *d, const mg_m3_layout *l,
+                                   const float *blob, int batch, int seqlen,
+                                   const float *u, double *out,
+                                   double *ssm, double *k_prev, double *v_prev,
+                                   double *angle, const mg_ref_seqs *seqs);
+mg_status mg_ref_mamba3_forward_f64_ex(const mg_m3_dims *d, const mg_m3_layout *l,
+                                       const double *blob, int batch, int seqlen,
+                                       const double *u, double *out,
+                                       double *ssm, double *k_prev, double *v_prev,
+                                       double *angle, const mg_ref_seqs *seqs);
+mg_status mg_ref_mamba3_backward_ex(const mg_m3_dims *d, const mg_m3_layout *l,
+                                    const float *blob, int batch, int seqlen,
+                                    const float *u, MG_M3_BWD_STATES,
+                                    const mg_ref_seqs *seqs);
+mg_status mg_ref_mamba3_backward_f64_ex(const mg_m3_dims *d, const mg_m3_layout *l,
+                                        const double *blob, int batch, int seqlen,
+                                        const double *u, MG_M3_BWD_STATES,
+                                        const mg_ref_seqs *seqs);
 
 /* The SSM core of one layer (doc/math.md steps 8-10), on precomputed per-token
  * inputs. Per (batch b, token t, head h):

@@ -202,19 +202,29 @@ static mg_status layer_backward(const mg_m3_dims *d, const mg_m3_layer_off *o,
     return MG_OK;
 }
 
+mg_status m3_check_bwd_call(const mg_m3_dims *d, const mg_m3_layout *l,
+                            const void *blob, int batch, int seqlen, const void *u,
+                            const double *dout, const double *dblob)
+{
+    mg_status rc = m3_check_call(d, l, blob, batch, seqlen, u);
+    if (rc != MG_OK) return rc;
+    if (!dblob) return mg_fail(MG_ERR_INVALID_ARG, "mamba3 bwd: dblob is NULL");
+    if ((size_t)batch * seqlen > 0 && !dout)
+        return mg_fail(MG_ERR_INVALID_ARG, "mamba3 bwd: dout is NULL");
+    return MG_OK;
+}
+
 mg_status mg_ref_mamba3_backward_f64(const mg_m3_dims *d, const mg_m3_layout *l,
                                      const double *blob, int batch, int seqlen,
                                      const double *u, MG_M3_BWD_STATES)
 {
-    mg_status rc = m3_check_call(d, l, blob, batch, seqlen, u);
+    mg_status rc = m3_check_bwd_call(d, l, blob, batch, seqlen, u, dout, dblob);
     if (rc != MG_OK) return rc;
     const size_t BT = (size_t)batch * seqlen, D = (size_t)d->d_model,
                  L = (size_t)d->n_layers, Bs = (size_t)batch,
                  H = (size_t)d->nheads, P = (size_t)d->headdim,
                  N = (size_t)d->d_state, S = (size_t)d->n_angles;
     const size_t I = d->input_dim > 0 ? (size_t)d->input_dim : D;
-    if (!dblob) return mg_fail(MG_ERR_INVALID_ARG, "mamba3 bwd: dblob is NULL");
-    if (BT > 0 && !dout) return mg_fail(MG_ERR_INVALID_ARG, "mamba3 bwd: dout is NULL");
     const size_t nS = L * Bs * H * P * N, nK = L * Bs * H * N, nV = L * Bs * H * P,
                  nA = L * Bs * H * S;
     /* working copies of the initial state: the forward overwrites them;

@@ -6,6 +6,8 @@
  *                        the chunked form
  *   mg_ref_mamba3_fwd.c  the model forward and its entry points
  *   mg_ref_mamba3_bwd.c  the model backward and its entry points
+ *   mg_ref_mamba3_seqs.c the entry points with episode starts and packed
+ *                        sequences (mg_ref_seqs.h): the calls as segments
  *
  * Structure: m3_forward_run() is the one forward; it either reuses one
  * activation scratch for every layer (forward only) or keeps every layer's
@@ -158,6 +160,12 @@ M3_HIDDEN mg_status m3_forward_run(const mg_m3_dims *d, const mg_m3_layout *l,
 M3_HIDDEN mg_status m3_check_call(const mg_m3_dims *d, const mg_m3_layout *l,
                                   const void *blob, int batch, int seqlen,
                                   const void *u);
+/* m3_check_call plus the backward's outputs: dblob, and dout when there
+ * are tokens (mg_ref_mamba3_bwd.c). */
+M3_HIDDEN mg_status m3_check_bwd_call(const mg_m3_dims *d, const mg_m3_layout *l,
+                                      const void *blob, int batch, int seqlen,
+                                      const void *u, const double *dout,
+                                      const double *dblob);
 /* The f32 entry points: the call checked (m3_check_call), then f64 copies
  * of the blob and the input (*wb, *ub NULL on failure). */
 M3_HIDDEN mg_status m3_widen(const mg_m3_dims *d, const mg_m3_layout *l,

@@ -8,5 +8,6 @@
 #include "mg_compare.h"
 #include "mg_ref_mamba1.h"
 #include "mg_ref_mamba3.h"
+#include "mg_ref_seqs.h"
 #include "mg_safetensors.h"
 #endif
