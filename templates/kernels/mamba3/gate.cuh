@@ -8,15 +8,13 @@
 // OUTPROJ_NORM (the same in every lane: fixed butterfly), else 1. The
 // gate's forward and backward (mg_m3_gate_bwd.cuh) share it, so both see the
 // same bits.
-__device__ __forceinline__ float gate_head_load(const float *yt, int h, int lane, float (&yv)[GATE_VPL])
+// The scale r of a head whose values yv are already loaded (gate_head_load
+// without the loads; the gate backward loads all of a warp's heads first).
+__device__ __forceinline__ float gate_head_rms(const float (&yv)[GATE_VPL])
 {
     float ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < GATE_VPL; ++i) {
-        const int p = lane + 32 * i;
-        yv[i] = p < P ? yt[h * P + p] : 0.0f;
-        ss += yv[i] * yv[i];
-    }
+    for (int i = 0; i < GATE_VPL; ++i) ss += yv[i] * yv[i];
     float r = 1.0f;
     if (OUTPROJ_NORM) {
 #pragma unroll
@@ -24,6 +22,16 @@ __device__ __forceinline__ float gate_head_load(const float *yt, int h, int lane
         r = 1.0f / sqrtf(ss / (float)P + EPS);
     }
     return r;
+}
+
+__device__ __forceinline__ float gate_head_load(const float *yt, int h, int lane, float (&yv)[GATE_VPL])
+{
+#pragma unroll
+    for (int i = 0; i < GATE_VPL; ++i) {
+        const int p = lane + 32 * i;
+        yv[i] = p < P ? yt[h * P + p] : 0.0f;
+    }
+    return gate_head_rms(yv);
 }
 
 // Writes head h's gated outputs gt[h*P + p] (lane's entries p = lane +

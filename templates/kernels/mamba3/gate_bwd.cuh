@@ -18,22 +18,44 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = blockIdx.x * NORMB_ROWS;
     const int nr = min(NORMB_ROWS, tokens - r0);
-    float acc[GATE_HPW][GATE_VPL];
+    // A head of this warp exists for every hi when the warps cover H
+    // exactly: no test at all then (it would keep each head's loads behind
+    // the previous head's work).
+#define GB_HEAD_OK(h) (H % GATE_WARPS == 0 || (h) < H)
+    float acc[GATE_HPW][GATE_VPL], gwv[GATE_HPW][GATE_VPL];
 #pragma unroll
     for (int hi = 0; hi < GATE_HPW; ++hi)
 #pragma unroll
-        for (int i = 0; i < GATE_VPL; ++i) acc[hi][i] = 0.0f;
+        for (int i = 0; i < GATE_VPL; ++i) {
+            const int h = warp + hi * GATE_WARPS, p = lane + 32 * i;
+            acc[hi][i] = 0.0f;
+            gwv[hi][i] = OUTPROJ_NORM && GB_HEAD_OK(h) && p < P ? ngw[h * P + p] : 0.0f;
+        }
     for (int rr = 0; rr < nr; ++rr) {
         const size_t tok = (size_t)(r0 + rr);
         const float *yt = y + tok * E;
         const float *dgt = dg + tok * E;
         const act_t *zt = proj + tok * NP + OFF_Z;
+        // Every input of the token's heads first (one memory latency per
+        // token, not per head); 0 past P and past H.
+        float yh[GATE_HPW][GATE_VPL], zh[GATE_HPW][GATE_VPL], dgh[GATE_HPW][GATE_VPL];
+#pragma unroll
+        for (int hi = 0; hi < GATE_HPW; ++hi)
+#pragma unroll
+            for (int i = 0; i < GATE_VPL; ++i) {
+                const int h = warp + hi * GATE_WARPS, p = lane + 32 * i;
+                const bool ok = GB_HEAD_OK(h) && p < P;
+                yh[hi][i] = ok ? yt[h * P + p] : 0.0f;
+                zh[hi][i] = ok ? to_f32(zt[h * P + p]) : 0.0f;
+                dgh[hi][i] = ok ? dgt[h * P + p] : 0.0f;
+            }
 #pragma unroll
         for (int hi = 0; hi < GATE_HPW; ++hi) {
             const int h = warp + hi * GATE_WARPS;
-            if (h >= H) break;   // warp-uniform
-            float yv[GATE_VPL], du[GATE_VPL];
-            const float r = gate_head_load(yt, h, lane, yv);
+            if (!GB_HEAD_OK(h)) break;   // warp-uniform
+            const float(&yv)[GATE_VPL] = yh[hi];
+            float du[GATE_VPL];
+            const float r = gate_head_rms(yv);
             float dot = 0.0f;
 #pragma unroll
             for (int i = 0; i < GATE_VPL; ++i) {
@@ -41,15 +63,15 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
                 du[i] = 0.0f;
                 if (p < P) {
                     const size_t e = h * P + p;
-                    const float gw = OUTPROJ_NORM ? r * ngw[e] : 1.0f;
-                    const float z = to_f32(zt[e]);
+                    const float gw = OUTPROJ_NORM ? r * gwv[hi][i] : 1.0f;
+                    const float z = zh[hi][i];
                     const float sz = silu(z);
-                    const float dgv = dgt[e];
+                    const float dgv = dgh[hi][i];
                     g[tok * E + e] = from_f32<act_t>(yv[i] * gw * sz);
                     dproj[tok * NP + OFF_Z + e] = from_f32<act_t>(dgv * (yv[i] * gw) * dsilu(z));
                     du[i] = dgv * sz;
                     if (OUTPROJ_NORM) {
-                        dot += du[i] * ngw[e] * yv[i];
+                        dot += du[i] * gwv[hi][i] * yv[i];
                         acc[hi][i] += du[i] * yv[i] * r;
                     } else {
                         dy[tok * E + e] = du[i];
@@ -65,7 +87,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
                     const int p = lane + 32 * i;
                     if (p < P) {
                         const size_t e = h * P + p;
-                        dy[tok * E + e] = r * ngw[e] * du[i] - c3 * yv[i];
+                        dy[tok * E + e] = r * gwv[hi][i] * du[i] - c3 * yv[i];
                     }
                 }
             }
@@ -75,7 +97,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
 #pragma unroll
         for (int hi = 0; hi < GATE_HPW; ++hi) {
             const int h = warp + hi * GATE_WARPS;
-            if (h >= H) break;
+            if (!GB_HEAD_OK(h)) break;
 #pragma unroll
             for (int i = 0; i < GATE_VPL; ++i) {
                 const int p = lane + 32 * i;
@@ -84,3 +106,4 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
         }
     }
 }
+#undef GB_HEAD_OK
