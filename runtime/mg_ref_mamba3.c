@@ -223,3 +223,25 @@ mg_status mg_ref_mamba3_init(const mg_m3_dims *d, const mg_m3_layout *l,
     fill_u(&r, blob + l->norm_f_w, D, 0.9, 1.1);
     return MG_OK;
 }
+
+/* ------------------------------------------------------------------ */
+/* comparing states                                                    */
+
+void mg_ref_mamba3_compare_states(const mg_m3_dims *d, int batch, const float *const got[4],
+                                  const double *const ref[4], const float *const ref32[4], mg_err err[4])
+{
+    const size_t heads = (size_t)d->n_layers * (size_t)batch * (size_t)d->nheads;
+    const size_t N = (size_t)d->d_state, P = (size_t)d->headdim, S = (size_t)d->n_angles;
+    const mg_rot_shape ssm = { heads, P, N, S }, kp = { heads, 1, N, S };
+    if (ref) {
+        err[0] = mg_compare_rotated_f32(got[0], got[3], ref[0], ref[3], &ssm);
+        err[1] = mg_compare_rotated_f32(got[1], got[3], ref[1], ref[3], &kp);
+        err[2] = mg_compare_f32(got[2], ref[2], heads * P);
+        err[3] = mg_compare_angle_f32(got[3], ref[3], heads * S);
+    } else {
+        err[0] = mg_compare_rotated_f32f32(got[0], got[3], ref32[0], ref32[3], &ssm);
+        err[1] = mg_compare_rotated_f32f32(got[1], got[3], ref32[1], ref32[3], &kp);
+        err[2] = mg_compare_f32f32(got[2], ref32[2], heads * P);
+        err[3] = mg_compare_angle_f32f32(got[3], ref32[3], heads * S);
+    }
+}

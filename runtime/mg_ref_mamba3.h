@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include "mg_status.h"
+#include "mg_compare.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -91,6 +92,19 @@ mg_status mg_ref_mamba3_init(const mg_m3_dims *d, const mg_m3_layout *l,
  *   v_prev [n_layers][batch][H][P]   v (x) of the last token
  *   angle  [n_layers][batch][H][S]   theta of the last token, in [0, 2pi)
  * Each pointer may be NULL: zeros in, nothing out. */
+
+/* The four states of batch streams (all layers, the layouts above, f32
+ * as a generated library holds them) against the reference's (ref, f64)
+ * or, when ref is NULL, against another f32 result (ref32), frame-
+ * invariantly (mg_compare.h, "Rotary states"): ssm and k_prev each turned
+ * back by its own side's final angle, v_prev as it is, the angle on the
+ * circle (mg_compare_angle_f32: its rel_l2 is the rms angular error over
+ * the rms of a uniform angle). err: ssm, k_prev, v_prev, angle. The one
+ * comparison of Mamba-3 states every test program and self-check uses:
+ * the absolute angle of two correct runs drifts apart over long sequences
+ * with rounded inputs, while the states relative to it agree. */
+void mg_ref_mamba3_compare_states(const mg_m3_dims *d, int batch, const float *const got[4],
+                                  const double *const ref[4], const float *const ref32[4], mg_err err[4]);
 
 /* Forward over [batch][seqlen]. u: [batch][seqlen][input_dim or D] (f32),
  * out: [batch][seqlen][D] (f64; may be NULL). The state arrays are read as
