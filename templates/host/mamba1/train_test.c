@@ -26,7 +26,8 @@
  *     one partial);
  *   - the chunk-parallel scan backward forced (when emitted) on a call of
  *     three spans, the last partial: gradients vs the reference (budget
- *     allowing) and vs the sequential backward, two runs bit-identical;
+ *     allowing) and vs the sequential backward (rel-L2 1e-5 in f32), two
+ *     runs bit-identical;
  *   - bad calls return the right status with a message.
  * Case sizes follow the cost of the CPU reference (MODEL_REF_MACS_PER_TOKEN
  * multiply-adds per token for the forward, about 3x that for the backward); MG_TEST_SCALE
@@ -201,6 +202,20 @@ static void test_determinism(int B, int T, uint64_t seed)
 }
 
 /* ---------------------------------------------------------------- chunked scan backward */
+/* Chunk-parallel vs sequential scan backward, per tensor: f32 1e-5 (the
+ * README's bound for chunked vs sequential, MODEL_CHUNK_VS_SEQ_TOL). Both
+ * read the same stored inputs and differ in f32 arithmetic only: a span's
+ * decay is exp(A * sum delta) where the sequential walk multiplies the
+ * exp(A * delta_t) step by step, and the adjoint entering a span is
+ * P * in + L (the span's walk from ds = 0, scan_bwd_span_kernel, then
+ * scan_bwd_combine_kernel) where the sequential walk folds the same terms
+ * in step order; both are reorderings of f32 products and sums over at
+ * most a span of steps, a few ulps per step, 1e-6 at most over thousands
+ * (measured on an H200: <= 3.7e-7 over 3 spans). bf16/f16: the gradient
+ * tolerance as before (the scan's outputs are rounded to the storage
+ * dtype, so a difference in the last f32 bit can move a rounding). */
+#define BWD_CVS_TOL (MODEL_LOWP ? GRAD_TOL : MODEL_CHUNK_VS_SEQ_TOL)
+
 #if MODEL_HAS_CHUNKED_BWD
 static void set_scan(int choice)
 {
@@ -240,7 +255,7 @@ static double worst_grad_diff(const run_out *a, const run_out *b, int B, int T, 
 /* The chunk-parallel scan backward forced on one call of three spans (the
  * last one partial and not a multiple of the checkpoint stride), from a
  * random state: every gradient vs the sequential backward (rel-L2 <=
- * GRAD_TOL per tensor), two runs bit-identical, and vs the f64 reference
+ * BWD_CVS_TOL per tensor: f32 1e-5), two runs bit-identical, and vs the f64 reference
  * when the budget allows. Forced with trainer_set_scan, so it runs whatever
  * the auto threshold; the spec's own dispatch is covered by the long test. */
 static void test_chunked_bwd(int budget, uint64_t seed)
@@ -272,8 +287,8 @@ static void test_chunked_bwd(int budget, uint64_t seed)
         const double w = worst_grad_diff(&c1, &sq, B, T, &worst);
         mg_tap_diag("chunked vs sequential backward: worst rel_l2 %.3e (%s); parameter gradients %s", w, worst,
              memcmp(c1.grads, sq.grads, WFLOATS * sizeof(float)) == 0 ? "bit-identical" : "differ in rounding");
-        mg_tap_ok(w <= GRAD_TOL, "chunked vs sequential scan backward, %d spans: every gradient rel_l2 <= %g (worst %.3e, %s)",
-               nsp, GRAD_TOL, w, worst);
+        mg_tap_ok(w <= BWD_CVS_TOL, "chunked vs sequential scan backward, %d spans: every gradient rel_l2 <= %g (worst %.3e, %s)",
+               nsp, BWD_CVS_TOL, w, worst);
     } else {
         mg_tap_diag("%s", mg_last_error());
     }
