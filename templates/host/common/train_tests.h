@@ -19,7 +19,7 @@
  * (test_training), the training step as a CUDA Graph (test_train_graph),
  * AdamW's bad arguments (test_bad_adamw); and the steps of main around the
  * arch's own tests (train_budget, train_start, test_grads_first,
- * train_end). The chunked-backward tests' call (chunked_call) is in part
+ * test_grads_chunks, train_end). The chunked-backward tests' call (chunked_call) is in part
  * 1. */
 #ifndef MG_TRAIN_TESTS_PART1
 #define MG_TRAIN_TESTS_PART1
@@ -392,6 +392,43 @@ static void test_grads_first(int budget, int *ba, int *ta)
     const int bb = imin(3, MAX_BATCH);
     const int tb = imin(MAX_SEQ_LEN, imin(CKPT + 1, imax(1, budget / 4 / bb)));
     test_grads(bb, tb, 0, 202);
+}
+
+/* The gradients of one sequence over several chunks (T = 3q + 3: three
+ * chunks of q steps and a partial one, q the arch's chunk) vs the
+ * reference, at batch 1 from a random state: the first checks stay within
+ * one chunk on the LM-sized specs, where the reference budget allows a few
+ * tokens only. Cost: the reference's forward + backward is about
+ * REF_MACS_PER_TOKEN multiply-adds a token (4x the forward's), and it ran
+ * at about 1.4e9 of those per second on one core of a 2-core build machine
+ * (mamba3_lm dims, gcc -O2), so CHUNKS_CASE_MACS = 1.25e10 is this case's
+ * cap: under 10 s there and a few seconds on a GPU host's core (mamba3_lm
+ * at 195 tokens: 1.2e10; mamba3_perf: 6e9; mamba1_130m: 3.6e8 a token,
+ * so it gets T = 33, three checkpoint chunks of 16, instead of three
+ * chunks of 64). A
+ * T that fits only one checkpoint chunk is a TAP skip. MG_TEST_SCALE
+ * scales the cap as it scales the budget. */
+#define CHUNKS_CASE_MACS 1.25e10
+static void test_grads_chunks(int q, uint64_t seed)
+{
+    double scale;
+    const int afford = mg_tap_budget(CHUNKS_CASE_MACS, REF_MACS_PER_TOKEN, 1, &scale);
+    const int want = imin(MAX_SEQ_LEN, 3 * q + 3);
+    int T = imin(want, afford);
+    if (T % CKPT == 0) --T;
+    if (T < want)
+        mg_tap_diag("gradients over several chunks: T=%d of the %d wanted (3 chunks of %d + 3), the reference's "
+                    "cap (%.3g multiply-adds, MG_TEST_SCALE=%g) at %.3g a token", T, want, q,
+                    CHUNKS_CASE_MACS * scale, scale, (double)REF_MACS_PER_TOKEN);
+    if (T <= CKPT) {
+        char what[96];
+        snprintf(what, sizeof what, "gradients over several chunks (b=1 T=%d) vs the reference", want);
+        mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", what);
+        return;
+    }
+    mg_tap_diag("gradients over several chunks: b=1 T=%d, %d chunks of %d, %d checkpoint chunks of %d", T,
+                (T + q - 1) / q, q, (T + CKPT - 1) / CKPT, CKPT);
+    test_grads(1, T, 1, seed);
 }
 
 /* N replays of the training-step graph == N eager train_step_mse calls, bit

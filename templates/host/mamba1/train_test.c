@@ -6,6 +6,8 @@
  *     vs mg_ref_mamba1_backward (rel-L2 <= MODEL_GRAD_TOL per tensor; max_abs and
  *     rel_l2 printed), from a random state and from a fresh start, with a
  *     length crossing a checkpoint chunk; padding of the gradient blob is 0;
+ *     then one sequence of three chunks and a partial one at batch 1
+ *     (test_grads_chunks: the reference's cost capped per case);
  *   - two identical runs give bit-identical gradients (and NULL optional
  *     outputs do not change the parameter gradients);
  *   - AdamW vs a CPU implementation in double, with clipping inactive and
@@ -389,6 +391,10 @@ int main(void)
 
     int ba, ta;
     test_grads_first(budget, &ba, &ta);
+    /* Over several chunks of the spec (scan.chunk_size; the backward's span
+     * MODEL_BSCAN_SPAN is that rounded up to whole checkpoint chunks),
+     * batch 1: the one check longer than a few steps on mamba1_130m. */
+    test_grads_chunks(imax(MODEL_SCAN_CHUNK, MODEL_HAS_CHUNKED_BWD ? MODEL_BSCAN_SPAN : 0), 111);
     /* A long sequence (> 256 steps, not a multiple of the checkpoint stride):
      * many checkpoint chunks in the backward scan, one sequence. With the
      * chunk-parallel backward the spec's dispatch picks it at this length

@@ -9,6 +9,8 @@
  *     state and from a fresh start, with a length crossing a checkpoint chunk
  *     (from a fresh start the k_prev, v_prev and angle gradients are exactly
  *     0: TAP skips, 0 vs 0 proves nothing); padding of the gradient blob is 0;
+ *     then one sequence of three chunks and a partial one at batch 1
+ *     (test_grads_chunks: the reference's cost capped per case);
  *   - two identical runs give bit-identical gradients (and NULL optional
  *     outputs do not change the parameter gradients);
  *   - the SSM choice (model_trainer_set_scan): with the chunked backward
@@ -495,6 +497,9 @@ int main(void)
 
     int ba, ta;
     test_grads_first(budget, &ba, &ta);
+    /* Over several chunks of the spec (chunk_size; the chunked backward's
+     * chunk MODEL_BWD_CHUNK is at most that), batch 1. */
+    test_grads_chunks(MODEL_CHUNK, 111);
 
     test_determinism(ba, imin(MAX_SEQ_LEN, 2 * CKPT + 3), 303);
 
