@@ -245,3 +245,38 @@ void mg_ref_mamba3_compare_states(const mg_m3_dims *d, int batch, const float *c
         err[3] = mg_compare_angle_f32f32(got[3], ref32[3], heads * S);
     }
 }
+
+/* ------------------------------------------------------------------ */
+/* weights out of the init range (tests)                               */
+
+mg_status mg_ref_mamba3_push_ranges(const mg_m3_dims *d, const mg_m3_layout *l, float *blob,
+                                    unsigned long long seed, float *u_offset0)
+{
+    mg_status s = m3_check_dims(d);
+    if (s != MG_OK) return s;
+    if (!l || !blob || !u_offset0) return mg_fail(MG_ERR_INVALID_ARG, "mg_ref_mamba3_push_ranges: NULL argument");
+    const m3_sizes sz = m3_sizes_of(d, 1, 1);
+    /* f16 holds 65504: c x̂_0 with x̂_0 up to ~12 stays below it */
+    const double c = d->a_floor > 0.0 && 0.4 / d->a_floor < 4000.0 ? 0.4 / d->a_floor : 4000.0;
+    const double offset = 8.0;   /* x̂_0 = 8 / sqrt(1 + 64 / D) >= 3.6 at D >= 16 */
+    mg_rng r;
+    mg_rng_seed(&r, seed);
+    for (int li = 0; li < d->n_layers; li++) {
+        const mg_m3_layer_off *L = &l->layers[li];
+        for (size_t h = 0; h < sz.H; h++) {
+            if (h % 3 == 0) {
+                blob[L->dt_bias + h] = (float)(22.0 + 2.0 * mg_rng_uniform(&r));
+            } else if (h % 3 == 1) {
+                float *row = blob + L->in_proj_w + (sz.oA + h) * sz.D;
+                for (size_t i = 0; i < sz.D; i++) row[i] = 0.0f;
+                row[0] = (float)-c;
+            }
+        }
+    }
+    *u_offset0 = 0.0f;
+    if (d->input_dim > 0)
+        blob[l->input_proj_b] += (float)offset;
+    else
+        *u_offset0 = (float)offset;
+    return MG_OK;
+}

@@ -86,6 +86,21 @@ mg_status mg_ref_mamba3_params(const mg_m3_dims *d, const mg_m3_layout *l,
 mg_status mg_ref_mamba3_init(const mg_m3_dims *d, const mg_m3_layout *l,
                              float *blob, unsigned long long seed);
 
+/* Moves a few heads' weights out of the init range, deterministically in
+ * seed, so that tests compare a library with the reference where the init
+ * never goes. Per layer: heads h % 3 == 0 get dt_bias = 22 + U(0, 2), so
+ * softplus's argument is above its threshold 20 (the linear branch, DT =
+ * x, DT about 22); heads h % 3 == 1 get the dd_A row of in_proj = -c e_0
+ * (c = min(0.4 / a_floor, 4000)), so dd_A = -c x̂_0 is about -3e4 and the
+ * activation falls below a_floor (the clamp A = -a_floor binds) wherever
+ * channel 0 of the normalized input x̂ is above ~2.5, which an offset of 8
+ * on that channel of the residual stream makes every token's: with
+ * input_dim > 0, input_proj.bias[0] += 8; with input_dim = 0 the caller
+ * adds *u_offset0 (8, else 0) to channel 0 of every input token. |dd_A|
+ * stays under f16's range. The rest of the blob is left as it is. */
+mg_status mg_ref_mamba3_push_ranges(const mg_m3_dims *d, const mg_m3_layout *l, float *blob,
+                                    unsigned long long seed, float *u_offset0);
+
 /* Recurrent state, per layer. All f64, layout [n_layers][batch][...]:
  *   ssm    [n_layers][batch][H][P][N]
  *   k_prev [n_layers][batch][H][N]   rotated k' of the last token

@@ -402,6 +402,50 @@ static void test_m3_compare_states(void)
     free(ga2); free(ra2); free(rang2);
 }
 
+/* mg_ref_mamba3_push_ranges does what the test programs rely on: in layer
+ * 0, for N(0, 1) tokens with the input offset it asks for, the pushed
+ * heads' softplus argument is above 20 and their dd_A activation below
+ * a_floor at every token (the clamp binds), within f16's range. */
+static void test_m3_push_ranges(void)
+{
+    mg_m3_dims d = { .d_model = 16, .n_layers = 1, .d_state = 16, .d_inner = 32, .headdim = 16, .nheads = 2,
+                     .ngroups = 1, .n_angles = 4, .input_dim = 0, .norm_eps = 1e-5, .a_floor = 1e-4,
+                     .a_activation = MG_M3_A_HEAVY_TAIL, .outproj_norm = true };
+    mg_m3_layout l;
+    if (mg_ref_mamba3_layout(&d, &l) != MG_OK) { tap_ok(0, "push_ranges: layout"); return; }
+    float *blob = (float *)tap_calloc(l.total, sizeof(float)), off = 0;
+    mg_ref_mamba3_init(&d, &l, blob, 5);
+    const mg_status ps = mg_ref_mamba3_push_ranges(&d, &l, blob, 6, &off);
+    tap_ok(ps == MG_OK && off > 0, "push_ranges: input_dim 0 asks for an input offset (%g)", (double)off);
+    const size_t D = 16, oDT = 2 * 32 + 2 * 16, oA = oDT + 2;   /* in_proj rows z|x|B|C|dd_dt|dd_A */
+    mg_rng r;
+    mg_rng_seed(&r, 7);
+    int dt_hi = 1, floored = 1, in_f16 = 1;
+    for (int t = 0; t < 2000; t++) {
+        double x[16], ms = 0;
+        for (size_t i = 0; i < D; i++) x[i] = mg_rng_normal(&r) + (i == 0 ? off : 0.0);
+        for (size_t i = 0; i < D; i++) ms += x[i] * x[i];
+        const double rr = 1.0 / sqrt(ms / D + d.norm_eps);
+        double pr[2][2];   /* [dt | A][head] */
+        for (int k = 0; k < 2; k++)
+            for (int h = 0; h < 2; h++) {
+                const float *row = blob + l.layers[0].in_proj_w + ((k ? oA : oDT) + (size_t)h) * D;
+                double acc = 0;
+                for (size_t i = 0; i < D; i++) acc += row[i] * x[i] * rr * blob[l.layers[0].norm_w + i];
+                pr[k][h] = acc;
+            }
+        dt_hi = dt_hi && pr[0][0] + blob[l.layers[0].dt_bias + 0] > 20.0;
+        const double v = pr[1][1], act = v >= 0 ? 1 + v : 1 / (1 - v);
+        floored = floored && act < d.a_floor;
+        in_f16 = in_f16 && fabs(v) < 65504.0;
+    }
+    tap_ok(dt_hi, "push_ranges: head 0's softplus argument is above 20 at every token");
+    tap_ok(floored, "push_ranges: head 1's A activation is below a_floor at every token (the clamp binds)");
+    tap_ok(in_f16, "push_ranges: head 1's dd_A stays within f16's range");
+    free(blob);
+    mg_ref_mamba3_layout_free(&l);
+}
+
 /* ------------------------------------------------------------ cuda: host side */
 
 static void test_cuda_host(int ndev)
@@ -830,6 +874,7 @@ int main(void)
     test_derotate_pairs();
     test_rotated_states();
     test_m3_compare_states();
+    test_m3_push_ranges();
     int ndev = mg_device_count();
     test_cuda_host(ndev);
     if (ndev > 0) {

@@ -19,7 +19,7 @@
  * (test_training), the training step as a CUDA Graph (test_train_graph),
  * AdamW's bad arguments (test_bad_adamw); and the steps of main around the
  * arch's own tests (train_budget, train_start, test_grads_first,
- * test_grads_chunks, train_end). The chunked-backward tests' call (chunked_call) is in part
+ * test_grads_chunks, test_grads_pushed, train_end). The chunked-backward tests' call (chunked_call) is in part
  * 1. */
 #ifndef MG_TRAIN_TESTS_PART1
 #define MG_TRAIN_TESTS_PART1
@@ -48,6 +48,19 @@ static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
 static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
 static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
+
+#define TRAIN_INIT_SEED 20240607ull   /* the weights of every check but the pushed ones */
+
+/* The pushed-weights case (test_grads_pushed): appended to the names of
+ * its checks, and the offset MODEL_REF(push_ranges) asks for on channel 0
+ * of every input token (push_inputs; 0 otherwise, and then a no-op). */
+static const char *weights_tag = "";
+static float u_offset0;
+static void push_inputs(float *u, size_t tokens)
+{
+    if (u_offset0 != 0.0f)
+        for (size_t i = 0; i < tokens; ++i) u[i * IN_DIM] += u_offset0;
+}
 
 /* 1 for blob elements inside a tensor, 0 for padding. */
 static unsigned char *inside;
@@ -429,6 +442,27 @@ static void test_grads_chunks(int q, uint64_t seed)
     mg_tap_diag("gradients over several chunks: b=1 T=%d, %d chunks of %d, %d checkpoint chunks of %d", T,
                 (T + q - 1) / q, q, (T + CKPT - 1) / CKPT, CKPT);
     test_grads(1, T, 1, seed);
+}
+
+/* Weights out of the init range: MODEL_REF(push_ranges) moves some heads'
+ * or channels' weights there (softplus's argument above its threshold;
+ * Mamba-3: the a_floor clamp binding), deterministically in seed, in the
+ * host blob (the reference's) and its device copy (forward_train reads it
+ * every call); then forward_train's out and final states and every
+ * gradient vs the reference (test_grads, batch b, T steps, from a random
+ * state); then the init weights back. */
+static void test_grads_pushed(int b, int T, uint64_t seed)
+{
+    if (MODEL_REF(push_ranges)(&dims, &lay, blob, seed, &u_offset0) != MG_OK) mg_tap_bail("push_ranges");
+    mg_tap_up(d_blob, blob, WFLOATS);
+    weights_tag = ", weights out of the init range";
+    mg_tap_diag("weights out of the init range (seed %llu); input channel 0 offset %g", (unsigned long long)seed,
+                (double)u_offset0);
+    test_grads(b, T, 1, seed + 1);
+    if (MODEL_REF(init)(&dims, &lay, blob, TRAIN_INIT_SEED) != MG_OK) mg_tap_bail("init");
+    mg_tap_up(d_blob, blob, WFLOATS);
+    weights_tag = "";
+    u_offset0 = 0.0f;
 }
 
 /* N replays of the training-step graph == N eager train_step_mse calls, bit

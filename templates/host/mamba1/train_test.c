@@ -30,6 +30,8 @@
  *     three spans, the last partial: gradients vs the reference (budget
  *     allowing) and vs the sequential backward (rel-L2 1e-5 in f32), two
  *     runs bit-identical;
+ *   - weights out of the init range (mg_ref_mamba1_push_ranges: softplus's
+ *     argument above its threshold): every gradient vs the reference;
  *   - bad calls return the right status with a message.
  * Case sizes follow the cost of the CPU reference (MODEL_REF_MACS_PER_TOKEN
  * multiply-adds per token for the forward, about 3x that for the backward); MG_TEST_SCALE
@@ -90,6 +92,7 @@ static void rand_call(int B, int T, uint64_t seed, float ysd, float **u, float *
     const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
     *u = FALLOC(n_u(B, T)); *y = FALLOC(n_out(B, T)); *cs0 = FALLOC(ncs); *ss0 = FALLOC(nss);
     mg_tap_randn(*u, n_u(B, T), seed, 1.0f);
+    push_inputs(*u, (size_t)B * T);
     mg_tap_randn(*y, n_out(B, T), seed + 1, ysd);
     mg_tap_randn(*cs0, ncs, seed + 2, 0.5f);
     mg_tap_randn(*ss0, nss, seed + 3, 0.5f);
@@ -134,7 +137,8 @@ static void test_grads(int B, int T, int with_state, uint64_t seed)
     const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
     float *u, *dout, *cs0, *ss0;
     rand_call(B, T, seed, 1.0f, &u, &dout, &cs0, &ss0);
-    const char *how = with_state ? "random state" : "fresh start";
+    char how[96];
+    snprintf(how, sizeof how, "%s%s", with_state ? "random state" : "fresh start", weights_tag);
     run_out r;
     run_alloc(&r, B, T);
     mg_status s = gpu_run(B, T, u, with_state ? cs0 : NULL, with_state ? ss0 : NULL, dout, 1, &r);
@@ -386,7 +390,7 @@ int main(void)
     tens = (mg_m1_tensor *)mg_tap_calloc((size_t)n_tens * sizeof *tens);
     mg_ref_mamba1_tensors(&dims, &lay, tens, n_tens);
     blob = FALLOC(WFLOATS);
-    if (mg_ref_mamba1_init(&dims, &lay, blob, 20240607ull) != MG_OK) mg_tap_bail("mg_ref_mamba1_init");
+    if (mg_ref_mamba1_init(&dims, &lay, blob, TRAIN_INIT_SEED) != MG_OK) mg_tap_bail("mg_ref_mamba1_init");
     train_start();   /* the device copy, the trainer, the loss-scaling test */
 
     int ba, ta;
@@ -427,6 +431,10 @@ int main(void)
 
     /* The chunk-parallel scan backward over several spans. */
     test_chunked_bwd(budget, 313);
+
+    /* Weights out of the init range (softplus's argument above its
+     * threshold): every gradient vs the reference. */
+    test_grads_pushed(ba, imin(ta, imin(MAX_SEQ_LEN, CKPT + 5)), 4711);
 
     train_end(ba);   /* AdamW, training, the training graph, bad calls */
     mg_ref_mamba1_layout_free(&lay);

@@ -30,6 +30,9 @@
  *     DEC_MAX_BATCH) == decode with those streams' states zeroed, bit for
  *     bit; the decode graph with a reset buffer changed between replays ==
  *     eager; bad reset calls return the documented status and launch nothing;
+ *   - weights out of the init range (mg_ref_mamba3_push_ranges: softplus's
+ *     argument above its threshold, the a_floor clamp binding): out and the
+ *     four final states vs the reference;
  *   - NAME_selfcheck passes.
  * Relative-L2 tolerance MODEL_CHECK_TOL (of the storage precision). Every
  * comparison prints max_abs and rel_l2. Case sizes follow the cost of the
@@ -257,9 +260,11 @@ static void test_prefill(int batch, int T, int with_state, uint64_t seed)
     hstate st = hs_new(batch), st0 = hs_new(batch);
     rstate rs = rs_new(batch);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    push_inputs(u, (size_t)batch * T);
     hs_rand_copies(&st0, seed + 1, &st, NULL);
     char what[200];
-    const char *how = with_state ? "from a random state" : "fresh start (NULL states)";
+    char how[128];
+    snprintf(how, sizeof how, "%s%s", with_state ? "from a random state" : "fresh start (NULL states)", weights_tag);
     mg_status s = gpu_prefill(batch, T, u, out, with_state ? &st : NULL);
     if (!mg_tap_ok(s == MG_OK, "prefill batch=%d seqlen=%d %s runs", batch, T, how)) {
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
@@ -753,6 +758,13 @@ int main(void)
     test_decode_graph_reset(imin(5, MAX_BATCH), 6, "fused decode", 940);
     if (MAX_BATCH > MODEL_DEC_MAX_BATCH) test_decode_graph_reset(MAX_BATCH, 5, "prefill-kernel decode", 941);
     test_reset_bad_calls();
+
+    /* Weights out of the init range (REF(push_ranges): softplus's argument
+     * above its threshold, and Mamba-3's a_floor clamp binding): out and final states vs the reference, from a
+     * random state, over a few chunks. */
+    fwd_weights_pushed(4711);
+    test_prefill(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, imin(2 * CHUNK + 5, imax(1, budget / 8 / imin(2, MAX_BATCH)))), 1, 1101);
+    fwd_weights_init();
 
     /* The library's own self-check. */
     test_selfcheck(imin(MAX_SEQ_LEN, imin(CHUNK + 9, imax(1, budget / 8))));

@@ -35,6 +35,8 @@
  *     (with a set_params change of the learning rate before the last);
  *   - a few MSE training steps reduce the loss; the device loss equals the
  *     host loss of forward_train's output;
+ *   - weights out of the init range (mg_ref_mamba3_push_ranges: softplus's
+ *     argument above its threshold and the a_floor clamp binding): every gradient vs the reference;
  *   - bad calls return the right status with a message.
  * Case sizes follow the cost of the CPU reference (MODEL_REF_MACS_PER_TOKEN
  * multiply-adds per token for the forward, about 3x that for the backward); MG_TEST_SCALE
@@ -103,6 +105,7 @@ static void rand_call(int B, int T, uint64_t seed, float ysd, float **u, float *
     *u = FALLOC(n_u(B, T)); *y = FALLOC(n_out(B, T));
     for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
     mg_tap_randn(*u, n_u(B, T), seed, 1.0f);
+    push_inputs(*u, (size_t)B * T);
     mg_tap_randn(*y, n_out(B, T), seed + 1, ysd);
     rand_states(st0, B, seed + 2);
 }
@@ -192,7 +195,7 @@ static void test_grads(int B, int T, int with_state, uint64_t seed)
     float *u, *dout, *st0[NST];
     rand_call(B, T, seed, 1.0f, &u, &dout, st0);
     char how[96];
-    snprintf(how, sizeof how, "%s%s", with_state ? "random state" : "fresh start", grads_tag);
+    snprintf(how, sizeof how, "%s%s%s", with_state ? "random state" : "fresh start", grads_tag, weights_tag);
     run_out r;
     run_alloc(&r, B, T);
     mg_status s = gpu_run(B, T, u, with_state ? st0 : NULL, dout, 1, &r);
@@ -492,7 +495,7 @@ int main(void)
     tens = (mg_m3_param *)mg_tap_calloc(count * sizeof *tens);
     if (mg_ref_mamba3_params(&dims, &lay, tens, count, &count) != MG_OK) mg_tap_bail("mg_ref_mamba3_params");
     blob = FALLOC(WFLOATS);
-    if (mg_ref_mamba3_init(&dims, &lay, blob, 20240607ull) != MG_OK) mg_tap_bail("mg_ref_mamba3_init");
+    if (mg_ref_mamba3_init(&dims, &lay, blob, TRAIN_INIT_SEED) != MG_OK) mg_tap_bail("mg_ref_mamba3_init");
     train_start();   /* the device copy, the trainer, the loss-scaling test */
 
     int ba, ta;
@@ -533,6 +536,10 @@ int main(void)
         set_scan(MODEL_SCAN_SPEC);
     }
 #endif
+
+    /* Weights out of the init range (softplus's argument above its
+     * threshold, and the a_floor clamp binding): every gradient vs the reference. */
+    test_grads_pushed(ba, imin(ta, imin(MAX_SEQ_LEN, CKPT + 5)), 4711);
 
     train_end(ba);   /* AdamW, training, the training graph, bad calls */
     mg_ref_mamba3_layout_free(&lay);
