@@ -809,7 +809,7 @@ int main(void)
 
     /* Weights out of the init range (REF(push_ranges): softplus's argument
      * above its threshold): out and final states vs the reference, from a
-     * random state, over a few chunks. */
+     * random state, over two scan time chunks and a few steps. */
     fwd_weights_pushed(4711);
     test_prefill(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, imin(2 * SCAN_TCHUNK + 5, imax(1, budget / 8 / imin(2, MAX_BATCH)))), 1, 1101);
     fwd_weights_init();
