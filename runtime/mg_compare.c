@@ -123,3 +123,102 @@ void mg_angle_on_circle(float *w, const float *got, const double *ref, const flo
         w[j] = (float)(r + remainder((double)got[j] - r, 6.283185307179586));
     }
 }
+
+/* ---- rotary states (mg_compare.h: "Rotary states") ---- */
+
+void mg_derotate_f64(double *w, const double *x, const double *angle, const mg_rot_shape *sh)
+{
+    for (size_t h = 0; h < sh->heads; h++) {
+        const double *th = angle + h * sh->s;
+        for (size_t r = 0; r < sh->rows; r++) {
+            const size_t o = (h * sh->rows + r) * sh->n;
+            for (size_t a = 0; a < sh->s; a++) {
+                const double c = cos(th[a]), sn = sin(th[a]);
+                const double x0 = x[o + 2 * a], x1 = x[o + 2 * a + 1];
+                w[o + 2 * a] = c * x0 + sn * x1;
+                w[o + 2 * a + 1] = -sn * x0 + c * x1;
+            }
+            if (w != x)
+                for (size_t j = 2 * sh->s; j < sh->n; j++) w[o + j] = x[o + j];
+        }
+    }
+}
+
+/* The f64 copy of n floats (malloc'd; NULL when out of memory). */
+static double *widen(const float *x, size_t n)
+{
+    double *w = (double *)malloc((n ? n : 1) * sizeof(double));
+    if (w)
+        for (size_t i = 0; i < n; i++) w[i] = x[i];
+    return w;
+}
+
+/* An error no tolerance accepts: what a comparison reports when it could
+ * not run (host memory exhausted), so that a check fails rather than passes. */
+static mg_err failed_compare(size_t n)
+{
+    mg_err e = finish(INFINITY, INFINITY, 1.0, n, n ? n : 1);
+    return e;
+}
+
+/* got / ref in f64, each turned back by its own angle, then compared. The
+ * angles and ref come as f64 (ref64, ref_ang64) or f32 (ref32, ref_ang32). */
+static mg_err compare_rotated(const float *got, const float *got_angle, const double *ref64,
+                              const double *ref_ang64, const float *ref32, const float *ref_ang32,
+                              const mg_rot_shape *sh)
+{
+    const size_t n = sh->heads * sh->rows * sh->n, na = sh->heads * sh->s;
+    double *g = widen(got, n), *ga = widen(got_angle, na);
+    double *r = ref64 ? (double *)malloc((n ? n : 1) * sizeof(double)) : widen(ref32, n);
+    double *ra = ref_ang64 ? NULL : widen(ref_ang32, na);
+    mg_err e;
+    if (!g || !ga || !r || (!ref_ang64 && !ra)) {
+        e = failed_compare(n);
+    } else {
+        if (ref64) memcpy(r, ref64, n * sizeof(double));
+        mg_derotate_f64(g, g, ga, sh);
+        mg_derotate_f64(r, r, ref_ang64 ? ref_ang64 : ra, sh);
+        e = compare(NULL, g, NULL, r, n);
+    }
+    free(g); free(ga); free(r); free(ra);
+    return e;
+}
+
+mg_err mg_compare_rotated_f32(const float *got, const float *got_angle, const double *ref,
+                              const double *ref_angle, const mg_rot_shape *sh)
+{
+    digest_log("ref", got, NULL, sh->heads * sh->rows * sh->n);
+    return compare_rotated(got, got_angle, ref, ref_angle, NULL, NULL, sh);
+}
+
+mg_err mg_compare_rotated_f32f32(const float *got, const float *got_angle, const float *ref,
+                                 const float *ref_angle, const mg_rot_shape *sh)
+{
+    digest_log("gpu", got, ref, sh->heads * sh->rows * sh->n);
+    return compare_rotated(got, got_angle, NULL, NULL, ref, ref_angle, sh);
+}
+
+/* Wrapped differences: max |d| and the sum of d², d = got - ref wrapped
+ * into [-π, π]; the norm is the fixed MG_ANGLE_SCALE per entry. */
+static mg_err compare_angle(const float *got, const double *ref64, const float *ref32, size_t n)
+{
+    cmp_acc a = {0, 0, 0, 0};
+    for (size_t i = 0; i < n; i++) {
+        const double r = ref64 ? ref64[i] : (double)ref32[i];
+        const double d = remainder((double)got[i] - r, 6.283185307179586);
+        acc_add(&a, d, 0.0);
+    }
+    return finish(a.max_abs, a.d2, MG_ANGLE_SCALE * MG_ANGLE_SCALE * (double)n, n, a.nf);
+}
+
+mg_err mg_compare_angle_f32(const float *got, const double *ref, size_t n)
+{
+    digest_log("ref", got, NULL, n);
+    return compare_angle(got, ref, NULL, n);
+}
+
+mg_err mg_compare_angle_f32f32(const float *got, const float *ref, size_t n)
+{
+    digest_log("gpu", got, ref, n);
+    return compare_angle(got, NULL, ref, n);
+}

@@ -1082,3 +1082,22 @@ mg_status mg_ref_mamba1_backward_ex(const mg_m1_dims *d, const mg_m1_layout *l,
     free(w); free(ud);
     return s;
 }
+
+/* ------------------------------------------------------------------ */
+/* weights out of the init range (tests)                               */
+
+mg_status mg_ref_mamba1_push_ranges(const mg_m1_dims *d, const mg_m1_layout *l, float *blob,
+                                    unsigned long long seed, float *u_offset0)
+{
+    mg_status s = check_dims(d, "mg_ref_mamba1_push_ranges");
+    if (s == MG_OK) s = check_layout(d, l, "mg_ref_mamba1_push_ranges");
+    if (s != MG_OK) return s;
+    if (!blob || !u_offset0) return mg_fail(MG_ERR_INVALID_ARG, "mg_ref_mamba1_push_ranges: NULL argument");
+    mg_rng r;
+    mg_rng_seed(&r, seed);
+    for (int li = 0; li < d->n_layers; li++)
+        for (int e = 0; e < d->d_inner; e += 4)
+            blob[l->layers[li].dt_proj_b + (size_t)e] = (float)(22.0 + 2.0 * mg_rng_uniform(&r));
+    *u_offset0 = 0.0f;
+    return MG_OK;
+}

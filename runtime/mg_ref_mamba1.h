@@ -45,6 +45,15 @@ void mg_ref_mamba1_layout_free(mg_m1_layout *l);
 mg_status mg_ref_mamba1_init(const mg_m1_dims *d, const mg_m1_layout *l,
                              float *blob, unsigned long long seed);
 
+/* Moves some channels' weights out of the init range, deterministically in
+ * seed, so that tests compare a library with the reference where the init
+ * never goes: per layer, channels e % 4 == 0 get dt_proj.bias = 22 +
+ * U(0, 2), so softplus's argument is above its threshold 20 (the linear
+ * branch, delta = x, about 22). *u_offset0 (the input offset mamba3's
+ * counterpart may ask for) is 0. The rest of the blob is left as it is. */
+mg_status mg_ref_mamba1_push_ranges(const mg_m1_dims *d, const mg_m1_layout *l, float *blob,
+                                    unsigned long long seed, float *u_offset0);
+
 /* Forward over [batch][seqlen]. u: [batch][seqlen][input_dim or D] (f32),
  * out: [batch][seqlen][D] (f64). conv_state [n_layers][batch][E][K-1] and
  * ssm_state [n_layers][batch][E][N] (f64) are read as the initial state and

@@ -223,3 +223,60 @@ mg_status mg_ref_mamba3_init(const mg_m3_dims *d, const mg_m3_layout *l,
     fill_u(&r, blob + l->norm_f_w, D, 0.9, 1.1);
     return MG_OK;
 }
+
+/* ------------------------------------------------------------------ */
+/* comparing states                                                    */
+
+void mg_ref_mamba3_compare_states(const mg_m3_dims *d, int batch, const float *const got[4],
+                                  const double *const ref[4], const float *const ref32[4], mg_err err[4])
+{
+    const size_t heads = (size_t)d->n_layers * (size_t)batch * (size_t)d->nheads;
+    const size_t N = (size_t)d->d_state, P = (size_t)d->headdim, S = (size_t)d->n_angles;
+    const mg_rot_shape ssm = { heads, P, N, S }, kp = { heads, 1, N, S };
+    if (ref) {
+        err[0] = mg_compare_rotated_f32(got[0], got[3], ref[0], ref[3], &ssm);
+        err[1] = mg_compare_rotated_f32(got[1], got[3], ref[1], ref[3], &kp);
+        err[2] = mg_compare_f32(got[2], ref[2], heads * P);
+        err[3] = mg_compare_angle_f32(got[3], ref[3], heads * S);
+    } else {
+        err[0] = mg_compare_rotated_f32f32(got[0], got[3], ref32[0], ref32[3], &ssm);
+        err[1] = mg_compare_rotated_f32f32(got[1], got[3], ref32[1], ref32[3], &kp);
+        err[2] = mg_compare_f32f32(got[2], ref32[2], heads * P);
+        err[3] = mg_compare_angle_f32f32(got[3], ref32[3], heads * S);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* weights out of the init range (tests)                               */
+
+mg_status mg_ref_mamba3_push_ranges(const mg_m3_dims *d, const mg_m3_layout *l, float *blob,
+                                    unsigned long long seed, float *u_offset0)
+{
+    mg_status s = m3_check_dims(d);
+    if (s != MG_OK) return s;
+    if (!l || !blob || !u_offset0) return mg_fail(MG_ERR_INVALID_ARG, "mg_ref_mamba3_push_ranges: NULL argument");
+    const m3_sizes sz = m3_sizes_of(d, 1, 1);
+    /* f16 holds 65504: c x̂_0 with x̂_0 up to ~12 stays below it */
+    const double c = d->a_floor > 0.0 && 0.4 / d->a_floor < 4000.0 ? 0.4 / d->a_floor : 4000.0;
+    const double offset = 8.0;   /* x̂_0 = 8 / sqrt(1 + 64 / D) >= 3.6 at D >= 16 */
+    mg_rng r;
+    mg_rng_seed(&r, seed);
+    for (int li = 0; li < d->n_layers; li++) {
+        const mg_m3_layer_off *L = &l->layers[li];
+        for (size_t h = 0; h < sz.H; h++) {
+            if (h % 3 == 0) {
+                blob[L->dt_bias + h] = (float)(22.0 + 2.0 * mg_rng_uniform(&r));
+            } else if (h % 3 == 1) {
+                float *row = blob + L->in_proj_w + (sz.oA + h) * sz.D;
+                for (size_t i = 0; i < sz.D; i++) row[i] = 0.0f;
+                row[0] = (float)-c;
+            }
+        }
+    }
+    *u_offset0 = 0.0f;
+    if (d->input_dim > 0)
+        blob[l->input_proj_b] += (float)offset;
+    else
+        *u_offset0 = (float)offset;
+    return MG_OK;
+}

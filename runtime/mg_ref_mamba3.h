@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include "mg_status.h"
 #include "mg_ref_seqs.h"
+#include "mg_compare.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -86,12 +87,40 @@ mg_status mg_ref_mamba3_params(const mg_m3_dims *d, const mg_m3_layout *l,
 mg_status mg_ref_mamba3_init(const mg_m3_dims *d, const mg_m3_layout *l,
                              float *blob, unsigned long long seed);
 
+/* Moves a few heads' weights out of the init range, deterministically in
+ * seed, so that tests compare a library with the reference where the init
+ * never goes. Per layer: heads h % 3 == 0 get dt_bias = 22 + U(0, 2), so
+ * softplus's argument is above its threshold 20 (the linear branch, DT =
+ * x, DT about 22); heads h % 3 == 1 get the dd_A row of in_proj = -c e_0
+ * (c = min(0.4 / a_floor, 4000)), so dd_A = -c x̂_0 is about -3e4 and the
+ * activation falls below a_floor (the clamp A = -a_floor binds) wherever
+ * channel 0 of the normalized input x̂ is above ~2.5, which an offset of 8
+ * on that channel of the residual stream makes every token's: with
+ * input_dim > 0, input_proj.bias[0] += 8; with input_dim = 0 the caller
+ * adds *u_offset0 (8, else 0) to channel 0 of every input token. |dd_A|
+ * stays under f16's range. The rest of the blob is left as it is. */
+mg_status mg_ref_mamba3_push_ranges(const mg_m3_dims *d, const mg_m3_layout *l, float *blob,
+                                    unsigned long long seed, float *u_offset0);
+
 /* Recurrent state, per layer. All f64, layout [n_layers][batch][...]:
  *   ssm    [n_layers][batch][H][P][N]
  *   k_prev [n_layers][batch][H][N]   rotated k' of the last token
  *   v_prev [n_layers][batch][H][P]   v (x) of the last token
  *   angle  [n_layers][batch][H][S]   theta of the last token, in [0, 2pi)
  * Each pointer may be NULL: zeros in, nothing out. */
+
+/* The four states of batch streams (all layers, the layouts above, f32
+ * as a generated library holds them) against the reference's (ref, f64)
+ * or, when ref is NULL, against another f32 result (ref32), frame-
+ * invariantly (mg_compare.h, "Rotary states"): ssm and k_prev each turned
+ * back by its own side's final angle, v_prev as it is, the angle on the
+ * circle (mg_compare_angle_f32: its rel_l2 is the rms angular error over
+ * the rms of a uniform angle). err: ssm, k_prev, v_prev, angle. The one
+ * comparison of Mamba-3 states every test program and self-check uses:
+ * the absolute angle of two correct runs drifts apart over long sequences
+ * with rounded inputs, while the states relative to it agree. */
+void mg_ref_mamba3_compare_states(const mg_m3_dims *d, int batch, const float *const got[4],
+                                  const double *const ref[4], const float *const ref32[4], mg_err err[4]);
 
 /* Forward over [batch][seqlen]. u: [batch][seqlen][input_dim or D] (f32),
  * out: [batch][seqlen][D] (f64; may be NULL). The state arrays are read as

@@ -1,5 +1,6 @@
 /* test_runtime.c: unit tests of libmgrt's status codes, PRNG, comparison
- * helpers and CUDA/cuBLAS wrappers. Everything but the GEMMs runs without a
+ * helpers (and the frame-invariant comparison of rotary states) and
+ * CUDA/cuBLAS wrappers. Everything but the GEMMs runs without a
  * GPU; the GPU part is skipped when mg_device_count() is 0 (a failure with
  * MG_REQUIRE_GPU=1). Also the MG_REQUIRE_GPU=1 switch itself, with the
  * devices hidden (CUDA_VISIBLE_DEVICES=""): a generated test program's start
@@ -231,6 +232,218 @@ static void test_compare(void)
                     "nan: max_abs=1.000e+00 rel_l2=2.425e-01 (n=4, nonfinite=2)\n",
                "compare: mg_err_print format");
     free(buf);
+}
+
+/* ------------------------------------------------------------ rotary states */
+
+/* x turned forward by angle, as math.md's k' rotation (the inverse of
+ * mg_derotate_f64, written out here independently). */
+static void rotate(double *x, const double *angle, const mg_rot_shape *sh)
+{
+    for (size_t h = 0; h < sh->heads; h++)
+        for (size_t r = 0; r < sh->rows; r++)
+            for (size_t a = 0; a < sh->s; a++) {
+                double *v = x + (h * sh->rows + r) * sh->n + 2 * a;
+                const double c = cos(angle[h * sh->s + a]), sn = sin(angle[h * sh->s + a]);
+                const double x0 = v[0], x1 = v[1];
+                v[0] = c * x0 - sn * x1;
+                v[1] = sn * x0 + c * x1;
+            }
+}
+
+static void to_f32(float *y, const double *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
+}
+
+/* The pairing and sign of the de-rotation on one row: (1, 0) turned by
+ * π/2 is (0, 1) (math.md: k'[2a+1] = sin θ·k[2a] + ...), and back. */
+static void test_derotate_pairs(void)
+{
+    const mg_rot_shape sh = { 1, 1, 6, 2 };   /* 2 pairs rotated, entries 4, 5 pass */
+    const double ang[2] = { 1.5707963267948966, 3.141592653589793 };
+    double x[6] = { 0, 1, 2, 3, 4, 5 }, w[6];
+    mg_derotate_f64(w, x, ang, &sh);
+    tap_ok(fabs(w[0] - 1) < 1e-15 && fabs(w[1]) < 1e-15, "derotate: (0, 1) turned back by π/2 is (1, 0)");
+    tap_ok(fabs(w[2] + 2) < 1e-15 && fabs(w[3] + 3) < 1e-15, "derotate: turned back by π negates the pair");
+    tap_ok(w[4] == 4 && w[5] == 5, "derotate: entries past 2S pass unchanged");
+    rotate(w, ang, &sh);
+    double d = 0;
+    for (int i = 0; i < 6; i++) d = fmax(d, fabs(w[i] - x[i]));
+    tap_ok(d < 1e-15, "derotate: the inverse of math.md's rotation (max diff %.1e)", d);
+}
+
+/* ref: a random state (heads x rows x n) with angles; got: the same state
+ * in a frame turned by delta (every head and pair its own offset), its
+ * angles moved by delta and wrapped; both in f32 as a library holds them. */
+static void drifted_pair(const mg_rot_shape *sh, uint64_t seed, double delta_scale, double *ref, double *rang,
+                         float *got, float *gang, float *ref32, float *rang32)
+{
+    const size_t n = sh->heads * sh->rows * sh->n, na = sh->heads * sh->s;
+    mg_rng r;
+    mg_rng_seed(&r, seed);
+    double *g = (double *)tap_calloc(n, sizeof(double)), *ga = (double *)tap_calloc(na, sizeof(double));
+    double *delta = (double *)tap_calloc(na, sizeof(double));
+    for (size_t i = 0; i < na; i++) {   /* the angles first: a seed gives the same ones for any rows */
+        rang[i] = 6.283185307179586 * mg_rng_uniform(&r);
+        delta[i] = delta_scale * (2 * mg_rng_uniform(&r) - 1);
+        ga[i] = fmod(rang[i] + delta[i] + 6.283185307179586, 6.283185307179586);
+    }
+    for (size_t i = 0; i < n; i++) ref[i] = mg_rng_normal(&r);
+    memcpy(g, ref, n * sizeof(double));
+    rotate(g, delta, sh);
+    to_f32(got, g, n);
+    to_f32(gang, ga, na);
+    to_f32(ref32, ref, n);
+    to_f32(rang32, rang, na);
+    free(g); free(ga); free(delta);
+}
+
+/* Two states that differ only by a rotation (the absolute angle drifted)
+ * compare equal frame-invariantly, not raw; a state that is wrong beyond
+ * the rotation, or turned the wrong way, fails frame-invariantly too. */
+static void test_rotated_states(void)
+{
+    const mg_rot_shape sh = { 6, 3, 8, 4 };   /* 6 heads x 3 rows x N 8, rope_fraction 1.0 */
+    const size_t n = sh.heads * sh.rows * sh.n, na = sh.heads * sh.s;
+    double *ref = (double *)tap_calloc(n, sizeof(double)), *rang = (double *)tap_calloc(na, sizeof(double));
+    float *got = (float *)tap_calloc(n, sizeof(float)), *gang = (float *)tap_calloc(na, sizeof(float));
+    float *ref32 = (float *)tap_calloc(n, sizeof(float)), *rang32 = (float *)tap_calloc(na, sizeof(float));
+    drifted_pair(&sh, 77, 0.3, ref, rang, got, gang, ref32, rang32);
+
+    mg_err raw = mg_compare_f32(got, ref, n);
+    mg_err inv = mg_compare_rotated_f32(got, gang, ref, rang, &sh);
+    tap_diag("drift up to 0.3 rad: raw rel_l2 %.3e, frame-invariant %.3e", raw.rel_l2, inv.rel_l2);
+    tap_ok(!mg_err_ok(&raw, 0.02), "rotated states: a drifted frame fails the raw comparison (%.3e)", raw.rel_l2);
+    tap_ok(mg_err_ok(&inv, 1e-6), "rotated states: ... and passes turned back by each side's angle (%.3e)", inv.rel_l2);
+    mg_err inv32 = mg_compare_rotated_f32f32(got, gang, ref32, rang32, &sh);
+    tap_ok(mg_err_ok(&inv32, 1e-6), "rotated states: the same against an f32 result (%.3e)", inv32.rel_l2);
+    tap_near(inv.ref_norm, raw.ref_norm, 0, 1e-12, "rotated states: turning back keeps the reference's norm");
+
+    /* wrong beyond the rotation: one head's rows scaled by 1.1 */
+    float *bad = (float *)tap_calloc(n, sizeof(float));
+    memcpy(bad, got, n * sizeof(float));
+    for (size_t i = 0; i < sh.rows * sh.n; i++) bad[2 * sh.rows * sh.n + i] *= 1.1f;
+    mg_err eb = mg_compare_rotated_f32(bad, gang, ref, rang, &sh);
+    tap_ok(!mg_err_ok(&eb, 0.02) && eb.rel_l2 > 0.03, "rotated states: a head scaled by 1.1 fails (%.3e)", eb.rel_l2);
+    /* the state turned the way its angle says, but the angle kept: a
+     * rotation the angle does not account for is an error */
+    mg_err ek = mg_compare_rotated_f32(got, rang32, ref, rang, &sh);
+    tap_ok(!mg_err_ok(&ek, 0.02), "rotated states: a drifted state with the undrifted angle fails (%.3e)", ek.rel_l2);
+    /* the tail past 2S is not turned: rope_fraction 0.5 keeps it raw */
+    const mg_rot_shape half = { 6, 3, 8, 2 };
+    drifted_pair(&half, 78, 0.3, ref, rang, got, gang, ref32, rang32);
+    mg_err eh = mg_compare_rotated_f32(got, gang, ref, rang, &half);
+    tap_ok(mg_err_ok(&eh, 1e-6), "rotated states: rope_fraction 0.5 (pairs 0..S-1 turned, the rest raw) (%.3e)", eh.rel_l2);
+
+    /* angles on the circle: a wrap is no error, the drift is what counts,
+     * over the fixed scale of a uniform angle */
+    const double ar[3] = { 0.01, 6.27, 3.0 };
+    const float ag[3] = { 6.2931853f, 0.0116f, 3.3f };
+    mg_err ea = mg_compare_angle_f32(ag, ar, 3);
+    const double rms = sqrt((0.0 + 0.02478530718 * 0.02478530718 + 0.09 + 0.0) / 3);
+    tap_near(ea.max_abs, 0.3, 1e-6, 0, "angle compare: max_abs is the largest wrapped difference (0.3)");
+    tap_near(ea.rel_l2, rms / MG_ANGLE_SCALE, 1e-6, 0, "angle compare: rel_l2 = rms wrapped error / (2π/√3) (%.4e)",
+             ea.rel_l2);
+    const float ar32[3] = { 0.01f, 6.27f, 3.0f };
+    mg_err ea32 = mg_compare_angle_f32f32(ag, ar32, 3);
+    tap_near(ea32.rel_l2, ea.rel_l2, 1e-6, 0, "angle compare: the same against an f32 result");
+    const float nanv[1] = { NAN };
+    mg_err en = mg_compare_angle_f32(nanv, ar, 1);
+    tap_ok(!mg_err_ok(&en, 1e9), "angle compare: a NaN angle never passes");
+
+    free(ref); free(rang); free(got); free(gang); free(ref32); free(rang32); free(bad);
+}
+
+/* mg_ref_mamba3_compare_states on a model's state layout: a final state
+ * whose frame drifted (ssm and k_prev turned by the angle's drift, per
+ * layer, stream and head) passes; v_prev off by 10% fails there only. */
+static void test_m3_compare_states(void)
+{
+    mg_m3_dims d;
+    memset(&d, 0, sizeof d);
+    d.n_layers = 2; d.nheads = 3; d.headdim = 4; d.d_state = 8; d.n_angles = 4;
+    const int B = 2;
+    const size_t heads = (size_t)d.n_layers * B * d.nheads;
+    const size_t n[4] = { heads * 4 * 8, heads * 8, heads * 4, heads * 4 };
+    double *ref[4];
+    float *got[4], *r32[4];
+    for (int i = 0; i < 4; i++) {
+        ref[i] = (double *)tap_calloc(n[i], sizeof(double));
+        got[i] = (float *)tap_calloc(n[i], sizeof(float));
+        r32[i] = (float *)tap_calloc(n[i], sizeof(float));
+    }
+    const mg_rot_shape ssm = { heads, 4, 8, 4 }, kp = { heads, 1, 8, 4 };
+    float *ga2 = (float *)tap_calloc(n[3], sizeof(float)), *ra2 = (float *)tap_calloc(n[3], sizeof(float));
+    double *rang2 = (double *)tap_calloc(n[3], sizeof(double));
+    drifted_pair(&ssm, 90, 0.2, ref[0], ref[3], got[0], got[3], r32[0], r32[3]);
+    /* k_prev with the same angles and drift: seed 90 repeats them */
+    drifted_pair(&kp, 90, 0.2, ref[1], rang2, got[1], ga2, r32[1], ra2);
+    mg_rng r;
+    mg_rng_seed(&r, 91);
+    for (size_t j = 0; j < n[2]; j++) ref[2][j] = mg_rng_normal(&r);
+    to_f32(got[2], ref[2], n[2]);
+    to_f32(r32[2], ref[2], n[2]);
+    mg_err e[4], e32[4];
+    mg_ref_mamba3_compare_states(&d, B, (const float *const *)got, (const double *const *)ref, NULL, e);
+    mg_ref_mamba3_compare_states(&d, B, (const float *const *)got, NULL, (const float *const *)r32, e32);
+    mg_err raw = mg_compare_f32(got[0], ref[0], n[0]);
+    tap_diag("m3 states: ssm raw %.3e, frame-invariant %.3e; k_prev %.3e; angle %.3e (max %.3f rad)", raw.rel_l2,
+             e[0].rel_l2, e[1].rel_l2, e[3].rel_l2, e[3].max_abs);
+    tap_ok(!mg_err_ok(&raw, 0.02) && mg_err_ok(&e[0], 1e-6) && mg_err_ok(&e[1], 1e-6) && mg_err_ok(&e[2], 1e-7),
+           "m3 states: a drifted frame passes ssm, k_prev frame-invariantly (raw ssm fails), v_prev as rounded to f32");
+    tap_ok(e[3].max_abs > 0.1 && e[3].max_abs <= 0.2 + 1e-6, "m3 states: the angle's drift is reported as such");
+    tap_ok(e32[0].rel_l2 == e[0].rel_l2 || fabs(e32[0].rel_l2 - e[0].rel_l2) < 1e-7,
+           "m3 states: against an f32 result the same");
+    for (size_t j = 0; j < n[2]; j++) got[2][j] *= 1.1f;
+    mg_ref_mamba3_compare_states(&d, B, (const float *const *)got, (const double *const *)ref, NULL, e);
+    tap_ok(!mg_err_ok(&e[2], 0.05) && mg_err_ok(&e[0], 1e-6), "m3 states: v_prev off by 10%% fails, ssm still passes");
+    for (int i = 0; i < 4; i++) { free(ref[i]); free(got[i]); free(r32[i]); }
+    free(ga2); free(ra2); free(rang2);
+}
+
+/* mg_ref_mamba3_push_ranges does what the test programs rely on: in layer
+ * 0, for N(0, 1) tokens with the input offset it asks for, the pushed
+ * heads' softplus argument is above 20 and their dd_A activation below
+ * a_floor at every token (the clamp binds), within f16's range. */
+static void test_m3_push_ranges(void)
+{
+    mg_m3_dims d = { .d_model = 16, .n_layers = 1, .d_state = 16, .d_inner = 32, .headdim = 16, .nheads = 2,
+                     .ngroups = 1, .n_angles = 4, .input_dim = 0, .norm_eps = 1e-5, .a_floor = 1e-4,
+                     .a_activation = MG_M3_A_HEAVY_TAIL, .outproj_norm = true };
+    mg_m3_layout l;
+    if (mg_ref_mamba3_layout(&d, &l) != MG_OK) { tap_ok(0, "push_ranges: layout"); return; }
+    float *blob = (float *)tap_calloc(l.total, sizeof(float)), off = 0;
+    mg_ref_mamba3_init(&d, &l, blob, 5);
+    const mg_status ps = mg_ref_mamba3_push_ranges(&d, &l, blob, 6, &off);
+    tap_ok(ps == MG_OK && off > 0, "push_ranges: input_dim 0 asks for an input offset (%g)", (double)off);
+    const size_t D = 16, oDT = 2 * 32 + 2 * 16, oA = oDT + 2;   /* in_proj rows z|x|B|C|dd_dt|dd_A */
+    mg_rng r;
+    mg_rng_seed(&r, 7);
+    int dt_hi = 1, floored = 1, in_f16 = 1;
+    for (int t = 0; t < 2000; t++) {
+        double x[16], ms = 0;
+        for (size_t i = 0; i < D; i++) x[i] = mg_rng_normal(&r) + (i == 0 ? off : 0.0);
+        for (size_t i = 0; i < D; i++) ms += x[i] * x[i];
+        const double rr = 1.0 / sqrt(ms / D + d.norm_eps);
+        double pr[2][2];   /* [dt | A][head] */
+        for (int k = 0; k < 2; k++)
+            for (int h = 0; h < 2; h++) {
+                const float *row = blob + l.layers[0].in_proj_w + ((k ? oA : oDT) + (size_t)h) * D;
+                double acc = 0;
+                for (size_t i = 0; i < D; i++) acc += row[i] * x[i] * rr * blob[l.layers[0].norm_w + i];
+                pr[k][h] = acc;
+            }
+        dt_hi = dt_hi && pr[0][0] + blob[l.layers[0].dt_bias + 0] > 20.0;
+        const double v = pr[1][1], act = v >= 0 ? 1 + v : 1 / (1 - v);
+        floored = floored && act < d.a_floor;
+        in_f16 = in_f16 && fabs(v) < 65504.0;
+    }
+    tap_ok(dt_hi, "push_ranges: head 0's softplus argument is above 20 at every token");
+    tap_ok(floored, "push_ranges: head 1's A activation is below a_floor at every token (the clamp binds)");
+    tap_ok(in_f16, "push_ranges: head 1's dd_A stays within f16's range");
+    free(blob);
+    mg_ref_mamba3_layout_free(&l);
 }
 
 /* ------------------------------------------------------------ cuda: host side */
@@ -658,6 +871,10 @@ int main(void)
     test_status();
     test_rng();
     test_compare();
+    test_derotate_pairs();
+    test_rotated_states();
+    test_m3_compare_states();
+    test_m3_push_ranges();
     int ndev = mg_device_count();
     test_cuda_host(ndev);
     if (ndev > 0) {

@@ -17,7 +17,9 @@
  * (part 2): the end of the parameter-table test (param_table_end), the
  * steps of the decode-graph test (decode_graph_steps), the reset-mask tests
  * (test_decode_reset, test_decode_graph_reset, test_reset_bad_calls),
- * main's first steps after the layout (fwd_model_start), the library's
+ * main's first steps after the layout (fwd_model_start), the weights out
+ * of the init range and back (fwd_weights_pushed, fwd_weights_init;
+ * part 1: weights_tag, push_inputs), the library's
  * self-check (test_selfcheck) and main's last steps (fwd_end). */
 #ifndef MG_FWD_TESTS_PART1
 #define MG_FWD_TESTS_PART1
@@ -64,6 +66,17 @@ static int cmp_ref(const char *what, const float *got, const double *ref, size_t
 
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
+
+/* The pushed-weights cases (fwd_weights_pushed): appended to the names of
+ * their checks, and the offset REF(push_ranges) asks for on channel 0 of
+ * every input token (push_inputs; 0 otherwise, and then a no-op). */
+static const char *weights_tag = "";
+static float u_offset0;
+static void push_inputs(float *u, size_t tokens)
+{
+    if (u_offset0 != 0.0f)
+        for (size_t i = 0; i < tokens; ++i) u[i * IN_DIM] += u_offset0;
+}
 
 #else /* part 2 */
 
@@ -346,10 +359,12 @@ static void test_reset_bad_calls(void)
 /* main's steps after the parameter-table test: the weights from the
  * reference's init (host and device copies), the model, and the calls that
  * must fail before and at set_weights. */
+#define FWD_INIT_SEED 20240601ull   /* the weights of every check but the pushed ones */
+
 static void fwd_model_start(void)
 {
     blob = FALLOC(lay.total > (size_t)MODEL_WEIGHTS_FLOATS ? lay.total : (size_t)MODEL_WEIGHTS_FLOATS);
-    if (REF(init)(&dims, &lay, blob, 20240601ull) != MG_OK) mg_tap_bail(FWD_STR(REF(init)));
+    if (REF(init)(&dims, &lay, blob, FWD_INIT_SEED) != MG_OK) mg_tap_bail(FWD_STR(REF(init)));
     d_blob = mg_tap_dalloc((size_t)MODEL_WEIGHTS_FLOATS + 64);
     mg_tap_up(d_blob, blob, (size_t)MODEL_WEIGHTS_FLOATS);
 
@@ -370,6 +385,31 @@ static void fwd_model_start(void)
     mg_tap_expect_status(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS + 1), MG_ERR_SIZE, "set_weights one float too many");
     if (!mg_tap_ok(model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS) == MG_OK, "set_weights"))
         mg_tap_bail("set_weights");
+}
+
+/* The pushed-weights cases' start: REF(push_ranges) moves some heads' or
+ * channels' weights out of the init range (softplus's argument above its
+ * threshold; Mamba-3: the a_floor clamp binding), deterministically in
+ * seed, in the host blob (the reference's), its device copy and the
+ * model's weights; the checks that follow carry weights_tag and their
+ * inputs push_inputs. fwd_weights_init ends them: the init weights back. */
+static void fwd_weights_pushed(uint64_t seed)
+{
+    if (REF(push_ranges)(&dims, &lay, blob, seed, &u_offset0) != MG_OK) mg_tap_bail(FWD_STR(REF(push_ranges)));
+    mg_tap_up(d_blob, blob, (size_t)MODEL_WEIGHTS_FLOATS);
+    if (model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS) != MG_OK) mg_tap_bail("set_weights (pushed)");
+    weights_tag = ", weights out of the init range";
+    mg_tap_diag("weights out of the init range (%s, seed %llu); input channel 0 offset %g", FWD_STR(REF(push_ranges)),
+                (unsigned long long)seed, (double)u_offset0);
+}
+
+static void fwd_weights_init(void)
+{
+    if (REF(init)(&dims, &lay, blob, FWD_INIT_SEED) != MG_OK) mg_tap_bail(FWD_STR(REF(init)));
+    mg_tap_up(d_blob, blob, (size_t)MODEL_WEIGHTS_FLOATS);
+    if (model_set_weights(model, d_blob, (size_t)MODEL_WEIGHTS_FLOATS) != MG_OK) mg_tap_bail("set_weights (init)");
+    weights_tag = "";
+    u_offset0 = 0.0f;
 }
 
 /* The library's own self-check: batch 1, seqlen tokens, from a state. */

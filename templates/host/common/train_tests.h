@@ -19,7 +19,7 @@
  * (test_training), the training step as a CUDA Graph (test_train_graph),
  * AdamW's bad arguments (test_bad_adamw); and the steps of main around the
  * arch's own tests (train_budget, train_start, test_grads_first,
- * train_end). The chunked-backward tests' call (chunked_call) is in part
+ * test_grads_chunks, test_grads_pushed, train_end). The chunked-backward tests' call (chunked_call) is in part
  * 1. */
 #ifndef MG_TRAIN_TESTS_PART1
 #define MG_TRAIN_TESTS_PART1
@@ -48,6 +48,19 @@ static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
 static size_t n_u(int b, int t) { return (size_t)b * t * IN_DIM; }
 static size_t n_out(int b, int t) { return (size_t)b * t * D_MODEL; }
+
+#define TRAIN_INIT_SEED 20240607ull   /* the weights of every check but the pushed ones */
+
+/* The pushed-weights case (test_grads_pushed): appended to the names of
+ * its checks, and the offset MODEL_REF(push_ranges) asks for on channel 0
+ * of every input token (push_inputs; 0 otherwise, and then a no-op). */
+static const char *weights_tag = "";
+static float u_offset0;
+static void push_inputs(float *u, size_t tokens)
+{
+    if (u_offset0 != 0.0f)
+        for (size_t i = 0; i < tokens; ++i) u[i * IN_DIM] += u_offset0;
+}
 
 /* 1 for blob elements inside a tensor, 0 for padding. */
 static unsigned char *inside;
@@ -392,6 +405,64 @@ static void test_grads_first(int budget, int *ba, int *ta)
     const int bb = imin(3, MAX_BATCH);
     const int tb = imin(MAX_SEQ_LEN, imin(CKPT + 1, imax(1, budget / 4 / bb)));
     test_grads(bb, tb, 0, 202);
+}
+
+/* The gradients of one sequence over several chunks (T = 3q + 3: three
+ * chunks of q steps and a partial one, q the arch's chunk) vs the
+ * reference, at batch 1 from a random state: the first checks stay within
+ * one chunk on the LM-sized specs, where the reference budget allows a few
+ * tokens only. Cost: the reference's forward + backward is about
+ * REF_MACS_PER_TOKEN multiply-adds a token (4x the forward's), and it ran
+ * at about 1.4e9 of those per second on one core of a 2-core build machine
+ * (mamba3_lm dims, gcc -O2), so CHUNKS_CASE_MACS = 1.25e10 is this case's
+ * cap: under 10 s there and a few seconds on a GPU host's core (mamba3_lm
+ * at 195 tokens: 1.2e10; mamba3_perf: 6e9; mamba1_130m: 3.6e8 a token,
+ * so it gets T = 33, three checkpoint chunks of 16, instead of three
+ * chunks of 64). A
+ * T that fits only one checkpoint chunk is a TAP skip. MG_TEST_SCALE
+ * scales the cap as it scales the budget. */
+#define CHUNKS_CASE_MACS 1.25e10
+static void test_grads_chunks(int q, uint64_t seed)
+{
+    double scale;
+    const int afford = mg_tap_budget(CHUNKS_CASE_MACS, REF_MACS_PER_TOKEN, 1, &scale);
+    const int want = imin(MAX_SEQ_LEN, 3 * q + 3);
+    int T = imin(want, afford);
+    if (T % CKPT == 0) --T;
+    if (T < want)
+        mg_tap_diag("gradients over several chunks: T=%d of the %d wanted (3 chunks of %d + 3), the reference's "
+                    "cap (%.3g multiply-adds, MG_TEST_SCALE=%g) at %.3g a token", T, want, q,
+                    CHUNKS_CASE_MACS * scale, scale, (double)REF_MACS_PER_TOKEN);
+    if (T <= CKPT) {
+        char what[96];
+        snprintf(what, sizeof what, "gradients over several chunks (b=1 T=%d) vs the reference", want);
+        mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", what);
+        return;
+    }
+    mg_tap_diag("gradients over several chunks: b=1 T=%d, %d chunks of %d, %d checkpoint chunks of %d", T,
+                (T + q - 1) / q, q, (T + CKPT - 1) / CKPT, CKPT);
+    test_grads(1, T, 1, seed);
+}
+
+/* Weights out of the init range: MODEL_REF(push_ranges) moves some heads'
+ * or channels' weights there (softplus's argument above its threshold;
+ * Mamba-3: the a_floor clamp binding), deterministically in seed, in the
+ * host blob (the reference's) and its device copy (forward_train reads it
+ * every call); then forward_train's out and final states and every
+ * gradient vs the reference (test_grads, batch b, T steps, from a random
+ * state); then the init weights back. */
+static void test_grads_pushed(int b, int T, uint64_t seed)
+{
+    if (MODEL_REF(push_ranges)(&dims, &lay, blob, seed, &u_offset0) != MG_OK) mg_tap_bail("push_ranges");
+    mg_tap_up(d_blob, blob, WFLOATS);
+    weights_tag = ", weights out of the init range";
+    mg_tap_diag("weights out of the init range (seed %llu); input channel 0 offset %g", (unsigned long long)seed,
+                (double)u_offset0);
+    test_grads(b, T, 1, seed + 1);
+    if (MODEL_REF(init)(&dims, &lay, blob, TRAIN_INIT_SEED) != MG_OK) mg_tap_bail("init");
+    mg_tap_up(d_blob, blob, WFLOATS);
+    weights_tag = "";
+    u_offset0 = 0.0f;
 }
 
 /* N replays of the training-step graph == N eager train_step_mse calls, bit

@@ -10,6 +10,8 @@
  *   - T decode steps equal a prefill over T tokens;
  *   - bad calls return the right status, with a message, and touch nothing;
  *   - two identical prefills give bit-identical results;
+ *   - weights out of the init range (mg_ref_mamba1_push_ranges: softplus's
+ *     argument above its threshold): out and final states vs the reference;
  *   - NAME_selfcheck passes;
  *   - chunked scan (when the library has it): chunked vs sequential
  *     (rel_l2 <= CHUNK_TOL) and vs the reference, lengths not a multiple of
@@ -206,12 +208,14 @@ static void test_prefill(int batch, int T, int with_state, uint64_t seed)
     float *cs = FALLOC(ncs), *ss = FALLOC(nss), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
     double *rout = DALLOC_H(n_out(batch, T)), *rcs = DALLOC_H(ncs), *rss = DALLOC_H(nss);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    push_inputs(u, (size_t)batch * T);
     mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
     mg_tap_randn(ss0, nss, seed + 2, 0.5f);
     memcpy(cs, cs0, ncs * sizeof(float));
     memcpy(ss, ss0, nss * sizeof(float));
     char what[160];
-    const char *how = with_state ? "from a random state" : "fresh start (NULL states)";
+    char how[128];
+    snprintf(how, sizeof how, "%s%s", with_state ? "from a random state" : "fresh start (NULL states)", weights_tag);
     mg_status s = gpu_prefill(batch, T, u, out, with_state ? cs : NULL, with_state ? ss : NULL);
     if (!mg_tap_ok(s == MG_OK, "prefill batch=%d seqlen=%d %s runs", batch, T, how)) {
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
@@ -802,6 +806,13 @@ int main(void)
         model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
         test_reset_bad_calls();
     }
+
+    /* Weights out of the init range (REF(push_ranges): softplus's argument
+     * above its threshold): out and final states vs the reference, from a
+     * random state, over two scan time chunks and a few steps. */
+    fwd_weights_pushed(4711);
+    test_prefill(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, imin(2 * SCAN_TCHUNK + 5, imax(1, budget / 8 / imin(2, MAX_BATCH)))), 1, 1101);
+    fwd_weights_init();
 
     /* The library's own self-check. */
     test_selfcheck(imin(MAX_SEQ_LEN, imax(1, budget / 8)));

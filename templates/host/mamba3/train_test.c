@@ -1,13 +1,16 @@
 /*
  * NAME_train_test.c: TAP test of the training path of a Mamba-3 SISO library on the
  * GPU against the f64 reference (runtime/mg_ref_mamba3):
- *   - forward_train out and the four final states vs the reference forward;
+ *   - forward_train out and the four final states vs the reference forward
+ *     (the states frame-invariantly: mg_ref_mamba3_compare_states);
  *   - the gradient of every parameter tensor, of u and of the four initial
  *     states (ssm, k_prev, v_prev, angle) vs mg_ref_mamba3_backward (rel-L2 <=
  *     MODEL_GRAD_TOL per tensor; max_abs and rel_l2 printed), from a random
  *     state and from a fresh start, with a length crossing a checkpoint chunk
  *     (from a fresh start the k_prev, v_prev and angle gradients are exactly
  *     0: TAP skips, 0 vs 0 proves nothing); padding of the gradient blob is 0;
+ *     then one sequence of three chunks and a partial one at batch 1
+ *     (test_grads_chunks: the reference's cost capped per case);
  *   - two identical runs give bit-identical gradients (and NULL optional
  *     outputs do not change the parameter gradients);
  *   - the SSM choice (model_trainer_set_scan): with the chunked backward
@@ -32,6 +35,8 @@
  *     (with a set_params change of the learning rate before the last);
  *   - a few MSE training steps reduce the loss; the device loss equals the
  *     host loss of forward_train's output;
+ *   - weights out of the init range (mg_ref_mamba3_push_ranges: softplus's
+ *     argument above its threshold and the a_floor clamp binding): every gradient vs the reference;
  *   - bad calls return the right status with a message.
  * Case sizes follow the cost of the CPU reference (MODEL_REF_MACS_PER_TOKEN
  * multiply-adds per token for the forward, about 3x that for the backward); MG_TEST_SCALE
@@ -100,6 +105,7 @@ static void rand_call(int B, int T, uint64_t seed, float ysd, float **u, float *
     *u = FALLOC(n_u(B, T)); *y = FALLOC(n_out(B, T));
     for (int i = 0; i < NST; ++i) st0[i] = FALLOC(st_floats(i, B));
     mg_tap_randn(*u, n_u(B, T), seed, 1.0f);
+    push_inputs(*u, (size_t)B * T);
     mg_tap_randn(*y, n_out(B, T), seed + 1, ysd);
     rand_states(st0, B, seed + 2);
 }
@@ -161,6 +167,26 @@ static mg_status gpu_run(int B, int T, const float *u, float *const *st0, const 
     return s;
 }
 
+/* The four final states of a B-stream call against the reference's (ref)
+ * or, when ref is NULL, another GPU run's (gpu), within tol: "PREFIX:
+ * final NAME state". Frame-invariant (mg_ref_mamba3_compare_states): ssm
+ * and k_prev each turned back by its own side's final angle, the angle on
+ * the circle (rel_l2: the rms angular error over that of a uniform angle);
+ * a drift of the absolute angle shows once, in the angle. */
+static void cmp_final_states(const char *prefix, int B, float *const got[NST], double *const ref[NST],
+                             float *const gpu[NST], double tol)
+{
+    char what[240];
+    mg_err e[NST];
+    mg_ref_mamba3_compare_states(&dims, B, (const float *const *)got, (const double *const *)ref,
+                                 (const float *const *)gpu, e);
+    for (int i = 0; i < NST; ++i) {
+        snprintf(what, sizeof what, "%s: final %s state", prefix, st_name[i]);
+        mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e[i].max_abs, e[i].rel_l2, e[i].n);
+        mg_tap_ok(mg_err_ok(&e[i], tol), "%s: rel_l2 <= %g", what, tol);
+    }
+}
+
 /* Appended to the names of test_grads' checks (which SSM was forced). */
 static const char *grads_tag = "";
 
@@ -169,7 +195,7 @@ static void test_grads(int B, int T, int with_state, uint64_t seed)
     float *u, *dout, *st0[NST];
     rand_call(B, T, seed, 1.0f, &u, &dout, st0);
     char how[96];
-    snprintf(how, sizeof how, "%s%s", with_state ? "random state" : "fresh start", grads_tag);
+    snprintf(how, sizeof how, "%s%s%s", with_state ? "random state" : "fresh start", grads_tag, weights_tag);
     run_out r;
     run_alloc(&r, B, T);
     mg_status s = gpu_run(B, T, u, with_state ? st0 : NULL, dout, 1, &r);
@@ -200,12 +226,8 @@ static void test_grads(int B, int T, int with_state, uint64_t seed)
     snprintf(what, sizeof what, "b=%d T=%d %s: forward_train out", B, T, how);
     cmp_ref(what, r.out, rout, n_out(B, T), FWD_TOL);
     if (with_state) {
-        for (int i = 0; i < NST; ++i) {
-            snprintf(what, sizeof what, "b=%d T=%d %s: final %s state", B, T, how, st_name[i]);
-            if (i == 3)   /* the angle, θ mod 2π: on the circle of the reference */
-                mg_angle_on_circle(r.st[i], r.st[i], rst[i], NULL, st_floats(i, B));
-            cmp_ref(what, r.st[i], rst[i], st_floats(i, B), FWD_TOL);
-        }
+        snprintf(what, sizeof what, "b=%d T=%d %s", B, T, how);
+        cmp_final_states(what, B, r.st, rst, NULL, FWD_TOL);
     }
     for (int i = 0; i < n_tens; ++i) {
         snprintf(what, sizeof what, "b=%d T=%d %s: grad %s", B, T, how, tens[i].name);
@@ -338,12 +360,8 @@ static void test_chunked_bwd(uint64_t seed)
         char what[200];
         snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: forward_train out", B, T);
         cmp_gpu(what, c1.out, sq.out, n_out(B, T), CVS_TOL);
-        for (int i = 0; i < NST; ++i) {
-            snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: final %s state", B, T, st_name[i]);
-            if (i == 3)   /* the angle, θ mod 2π: on the circle of the sequential one */
-                mg_angle_on_circle(c1.st[i], c1.st[i], NULL, sq.st[i], st_floats(i, B));
-            cmp_gpu(what, c1.st[i], sq.st[i], st_floats(i, B), CVS_TOL);
-        }
+        snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d", B, T);
+        cmp_final_states(what, B, c1.st, NULL, sq.st, CVS_TOL);
         for (int i = 0; i < n_tens; ++i) {
             snprintf(what, sizeof what, "chunked vs sequential b=%d T=%d: grad %s", B, T, tens[i].name);
             cmp_gpu(what, c1.grads + tens[i].offset, sq.grads + tens[i].offset, tens[i].numel, CVS_TOL);
@@ -477,11 +495,14 @@ int main(void)
     tens = (mg_m3_param *)mg_tap_calloc(count * sizeof *tens);
     if (mg_ref_mamba3_params(&dims, &lay, tens, count, &count) != MG_OK) mg_tap_bail("mg_ref_mamba3_params");
     blob = FALLOC(WFLOATS);
-    if (mg_ref_mamba3_init(&dims, &lay, blob, 20240607ull) != MG_OK) mg_tap_bail("mg_ref_mamba3_init");
+    if (mg_ref_mamba3_init(&dims, &lay, blob, TRAIN_INIT_SEED) != MG_OK) mg_tap_bail("mg_ref_mamba3_init");
     train_start();   /* the device copy, the trainer, the loss-scaling test */
 
     int ba, ta;
     test_grads_first(budget, &ba, &ta);
+    /* Over several chunks of the spec (chunk_size; the chunked backward's
+     * chunk MODEL_BWD_CHUNK is at most that), batch 1. */
+    test_grads_chunks(MODEL_CHUNK, 111);
 
     test_determinism(ba, imin(MAX_SEQ_LEN, 2 * CKPT + 3), 303);
 
@@ -515,6 +536,10 @@ int main(void)
         set_scan(MODEL_SCAN_SPEC);
     }
 #endif
+
+    /* Weights out of the init range (softplus's argument above its
+     * threshold, and the a_floor clamp binding): every gradient vs the reference. */
+    test_grads_pushed(ba, imin(ta, imin(MAX_SEQ_LEN, CKPT + 5)), 4711);
 
     train_end(ba);   /* AdamW, training, the training graph, bad calls */
     mg_ref_mamba3_layout_free(&lay);

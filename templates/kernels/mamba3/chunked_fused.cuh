@@ -270,8 +270,11 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         // ---- A3: k' and q' in place: the unrotated entries, then the
         // rotated pairs, walking the angle ----
         constexpr int NU = (N - 2 * S) / FVU;   // vectors of unrotated entries per row
+        // rope_fraction 1.0 leaves none (NU = 0, the loop runs no step);
+        // the divisor stays nonzero so the index arithmetic compiles
+        constexpr int NU_DIV = NU > 0 ? NU : 1;
         for (int idx = tid; idx < len * NU; idx += CK_THREADS) {
-            const int i = idx / NU, n = 2 * S + FVU * (idx % NU);
+            const int i = idx / NU_DIV, n = 2 * S + FVU * (idx % NU_DIV);
             avec<FVU> kb = avec_ld<FVU>(Ks + i * CK_LDN + n), qb = avec_ld<FVU>(Qs + i * CK_LDN + n);
             const float rb = s_rb[i], rc = s_rc[i];
             const bool last = kp_out && c0 + i == seqlen - 1;
