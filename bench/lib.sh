@@ -13,3 +13,22 @@ bench_build() {
     echo "bench: build of $_name failed:"; tail -30 "$2/build.log"; return 1
   fi
 }
+
+# bench_variant SPEC PRECISION DIR: the spec to bench for PRECISION (f32,
+# bf16, f16; "own" or the spec's own precision: SPEC itself, else
+# DIR/NAME_PRECISION.yaml: SPEC with `name: NAME_PRECISION` and
+# `precision: PRECISION`, so one command benches the same model in each
+# storage dtype). Prints the path.
+bench_variant() {
+  _name=$(basename "$1" .yaml)
+  _own=$(sed -n 's/^precision: *\([a-z0-9]*\).*/\1/p' "$1")
+  if [ "$2" = own ] || [ "$2" = "${_own:-f32}" ]; then printf '%s\n' "$1"; return 0; fi
+  mkdir -p "$3" || return 1
+  _v=$3/${_name}_$2.yaml
+  if [ -n "$_own" ]; then
+    sed -e "s/^name:.*/name: ${_name}_$2/" -e "s/^precision:.*/precision: $2/" "$1" > "$_v" || return 1
+  else
+    { sed -e "s/^name:.*/name: ${_name}_$2/" "$1"; printf 'precision: %s\n' "$2"; } > "$_v" || return 1
+  fi
+  printf '%s\n' "$_v"
+}

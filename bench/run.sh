@@ -13,6 +13,8 @@
 #   make bench                         # the specs in BENCH_SPECS
 #   make bench BENCH_SPECS="specs/x.yaml specs/y.yaml"
 #   make bench BENCH_TUNE=0            # no sweep
+#   make bench BENCH_PRECISIONS="f32 bf16"   # each spec in each storage dtype
+#                                      # (variants NAME_bf16 in bench-out/specs/)
 #   make bench TUNE_ARGS="--seqlen 1024,4096 --batch 1,8"
 #
 # Needs a CUDA device; without one it says so and exits 77 (skipped).
@@ -36,7 +38,9 @@ if [ -z "${MG_BENCH_COMMIT:-}" ]; then
 fi
 export MG_BENCH_COMMIT
 status=0
-for spec in "$@"; do
+for spec0 in "$@"; do
+ for prec in ${BENCH_PRECISIONS:-own}; do
+  spec=$(bench_variant "$spec0" "$prec" "$out/specs") || { status=1; continue; }
   name=$(basename "$spec" .yaml)
   dir=$out/$name
   echo "== $spec"
@@ -50,6 +54,7 @@ for spec in "$@"; do
     cat "$out/tune-$name.txt"
     grep '^specialized best vs generic: ' "$out/tune-$name.txt" | sed "s/^/$name: /" >> "$out/speedup.txt"
   fi
+ done
 done
 if [ -s "$out/speedup.txt" ]; then
   echo "== speedup of the specialized kernels over the generic variant (same templates, dims as runtime arguments)"
