@@ -254,6 +254,12 @@ static void test_cuda_host(int ndev)
     tap_ok(strstr(mg_last_error(), "cudaMalloc(big)") != NULL, "mg_cuda_check: message names the call (%s)",
            mg_last_error());
     tap_is_int(mg_cuda_check(cudaErrorNoDevice, "q"), MG_ERR_NO_DEVICE, "mg_cuda_check: no device");
+    tap_is_int(mg_dev_readable(NULL, "f", "start"), MG_ERR_INVALID_ARG, "mg_dev_readable: NULL refused");
+    tap_ok(strcmp(mg_last_error(), "f: start is NULL") == 0, "mg_dev_readable: NULL message (%s)", mg_last_error());
+    /* plain host memory: unregistered on a device, unknown to CUDA without one; refused either way */
+    tap_is_int(mg_dev_readable(buf, "f", "start"), MG_ERR_INVALID_ARG, "mg_dev_readable: stack memory refused");
+    tap_ok(strncmp(mg_last_error(), "f: start 0x", 11) == 0 || strncmp(mg_last_error(), "f: start (", 10) == 0,
+           "mg_dev_readable: the message names the function and the argument (%s)", mg_last_error());
     tap_is_int(mg_cuda_check(cudaErrorLaunchFailure, "k"), MG_ERR_CUDA, "mg_cuda_check: other errors");
 
     /* Argument checks come before any use of the handle: no GPU needed. */
@@ -529,6 +535,7 @@ static void test_gemm(void)
     void *p = NULL;
     s = mg_dev_alloc(&p, 1000, "buf");
     tap_ok(s == MG_OK && mg_aligned(p, 256), "gpu: mg_dev_alloc gives 256-byte aligned memory");
+    tap_is_int(mg_dev_readable(p, "f", "start"), MG_OK, "gpu: mg_dev_readable: device memory is readable");
     mg_dev_free(p);
     p = (void *)1;
     s = mg_dev_alloc(&p, (size_t)1 << 60, "huge");
