@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define N_GPU_TESTS 16
+#define N_GPU_TESTS 17
 
 /* ------------------------------------------------------------ status */
 
@@ -658,6 +658,30 @@ static void test_require_gpu(int ndev)
                "not ok 1 - prog: test program ran (MG_REQUIRE_GPU=1: no skip allowed)", "ok 1 - prog: test program # SKIP");
 }
 
+/* mg_tap_start_mask: the patterns the GPU suites' episode-start tests use. */
+static void test_start_mask(void)
+{
+    enum { B = 6, T = 40 };
+    unsigned char m[B * T];
+    int n = 0;
+    mg_tap_start_mask(m, B, T, MG_TAP_STARTS_NONE, 16, 8);
+    for (int i = 0; i < B * T; ++i) n += m[i] != 0;
+    tap_ok(n == 0, "start mask none: no start");
+    mg_tap_start_mask(m, B, T, MG_TAP_STARTS_MID, 16, 8);
+    n = 0;
+    for (int i = 0; i < B * T; ++i) n += m[i] != 0;
+    tap_ok(n == B && m[21] == 1 && m[T + 21] == 255, "start mask mid: one start per stream at T/2 + 1, 1 / 255");
+    mg_tap_start_mask(m, B, T, MG_TAP_STARTS_FIRST, 16, 8);
+    tap_ok(m[0] && m[T] && m[5 * T] && !m[1], "start mask first: t = 0 of every stream");
+    mg_tap_start_mask(m, B, T, MG_TAP_STARTS_MIXED, 16, 8);
+    int row0 = 0;
+    for (int t = 0; t < T; ++t) row0 += m[t] != 0;
+    const unsigned char *r1 = m + T, *r2 = m + 2 * T, *r3 = m + 3 * T, *r4 = m + 4 * T, *r5 = m + 5 * T;
+    tap_ok(row0 == 0 && r1[0] && r1[20] && r2[8] && r2[16] && r2[24] && r2[32] && r2[39] && !r2[12] &&
+           r3[3] && r3[4] && r3[5] && r3[25] && !r3[6] && r4[2] && r4[9] && r4[38] && !r4[3] && !r5[0],
+           "start mask mixed: none, t = 0 + mid, chunk edges + last, consecutive + mid-chunk, every 7th");
+}
+
 int main(void)
 {
     const char *child = getenv("MG_TEST_RUNTIME_CHILD");
@@ -665,6 +689,7 @@ int main(void)
     test_status();
     test_rng();
     test_compare();
+    test_start_mask();
     int ndev = mg_device_count();
     test_cuda_host(ndev);
     if (ndev > 0) {
