@@ -254,7 +254,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 gA[j] += gda * delta;
                 cb[j] = dsn * delta * x;
                 dx += dsn * delta * Bn;
-                ds[j] = cut ? 0.0f : dsn * a;
+                ds[j] = dsn * (cut ? 0.0f : a);   // (the maskless expression's shape: the same bits without a start)
             }
 #pragma unroll
             for (int o = SCAN_LANES / 2; o > 0; o >>= 1) {
@@ -390,15 +390,11 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
             const float delta = softplus(sIn[tt][1][ci] + dtb);
             const float dyv = sIn[tt][2][ci];
             dsum += delta;
-            if (ST && sst[tt]) {   // a start: the adjoint carried to t-1 is 0
-                cut = true;
+            const bool st = ST && sst[tt];   // a start: the adjoint carried to t-1 is 0
+            cut = cut || st;
 #pragma unroll
-                for (int j = 0; j < SCAN_NPT; ++j) ds[j] = 0.0f;
-            } else {
-#pragma unroll
-                for (int j = 0; j < SCAN_NPT; ++j)
-                    ds[j] = (ds[j] + dyv * sC[tt][lane * SCAN_NPT + j]) * expf(delta * A[j]);
-            }
+            for (int j = 0; j < SCAN_NPT; ++j)
+                ds[j] = (ds[j] + dyv * sC[tt][lane * SCAN_NPT + j]) * (st ? 0.0f : expf(delta * A[j]));
         }
     }
     if (valid) {
