@@ -322,3 +322,19 @@ int mg_aligned(const void *p, size_t align)
         return 0;
     return ((uintptr_t)p % align) == 0;
 }
+
+mg_status mg_dev_readable(const void *p, const char *fn, const char *what)
+{
+    if (!p) return mg_fail(MG_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);
+    struct cudaPointerAttributes a;
+    const cudaError_t ce = cudaPointerGetAttributes(&a, p);
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();   /* not sticky: clear it for the next call */
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: %s %p is not a pointer CUDA knows (%s)", fn, what, p,
+                       cudaGetErrorString(ce));
+    }
+    if (a.type == cudaMemoryTypeUnregistered)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: %s %p is host memory the device cannot read "
+                       "(pass device memory, or cudaHostRegister it)", fn, what, p);
+    return MG_OK;
+}

@@ -66,6 +66,14 @@ mg_status mg_linear_dw(mg_blas *b, int M, int N, int K,
 /* True if p is aligned to `align` bytes (NULL is not aligned). */
 int mg_aligned(const void *p, size_t align);
 
+/* MG_OK if kernels can read p: device or managed memory, or host memory
+ * registered with CUDA (cudaPointerGetAttributes, a host-side lookup: no
+ * launch, no sync). Else MG_ERR_INVALID_ARG with "FN: WHAT P is not a
+ * pointer CUDA knows (...)" or "... is host memory the device cannot read
+ * (...)" (a pointer unknown to CUDA, or plain host memory, would fault the
+ * kernels that read it). p NULL: MG_ERR_INVALID_ARG ("WHAT is NULL"). */
+mg_status mg_dev_readable(const void *p, const char *fn, const char *what);
+
 #ifdef __cplusplus
 }
 #endif

@@ -132,3 +132,40 @@ void mg_tap_randn(float *x, size_t n, uint64_t seed, float std)
     mg_rng_seed(&r, seed);
     mg_rng_fill_normal(&r, x, n, 0.0f, std);
 }
+
+void mg_tap_start_mask(unsigned char *m, int batch, int T, int pattern, int edge_a, int edge_b)
+{
+    if (batch < 1 || T < 1) return;
+    memset(m, 0, (size_t)batch * (size_t)T);
+    for (int b = 0; b < batch; ++b) {
+        unsigned char *r = m + (size_t)b * (size_t)T;
+        const unsigned char v = b % 2 ? 255 : 1;
+        if (pattern == MG_TAP_STARTS_MID) {
+            r[T / 2 + 1 < T ? T / 2 + 1 : T - 1] = v;
+        } else if (pattern == MG_TAP_STARTS_FIRST) {
+            r[0] = v;
+        } else if (pattern == MG_TAP_STARTS_MIXED) {
+            switch (b % 5) {
+            case 1:
+                r[0] = v;
+                r[T / 2] = v;
+                break;
+            case 2:
+                for (int t = edge_a; edge_a > 0 && t < T; t += edge_a) r[t] = v;
+                for (int t = edge_b; edge_b > 0 && t < T; t += edge_b) r[t] = v;
+                r[T - 1] = v;
+                break;
+            case 3:
+                for (int t = 3; t <= 5 && t < T; ++t) r[t] = v;
+                if (edge_a > 0 && edge_a + edge_a / 2 + 1 < T) r[edge_a + edge_a / 2 + 1] = v;
+                break;
+            case 4:
+                for (int t = 2; t < T; t += 7) r[t] = v;
+                if (T >= 2) r[T - 2] = v;
+                break;
+            default:
+                break;
+            }
+        }
+    }
+}

@@ -61,6 +61,22 @@ void *mg_tap_malloc(size_t bytes);
 void *mg_tap_calloc(size_t bytes);
 /* x[0..n) ~ N(0, std^2) from mg_rng seeded with seed. */
 void mg_tap_randn(float *x, size_t n, uint64_t seed, float std);
+/* An episode-start mask m [batch][T] (doc/math.md §9) of a test pattern;
+ * set bytes are 1 in even streams and 255 in odd ones (any nonzero byte is
+ * a start):
+ *   MG_TAP_STARTS_NONE    no start (all zero);
+ *   MG_TAP_STARTS_MID     every stream at one mid-window token, T/2 + 1
+ *                         (the last token when T < 3);
+ *   MG_TAP_STARTS_FIRST   every stream at t = 0;
+ *   MG_TAP_STARTS_MIXED   by stream b % 5: none; t = 0 and t = T/2; every
+ *                         multiple of edge_a and of edge_b (chunk edges of
+ *                         the kernels; <= 0: none) and the last token (a
+ *                         last episode of one token); the consecutive
+ *                         tokens 3, 4, 5 and edge_a + edge_a/2 + 1 (mid-
+ *                         chunk); every 7th token from 2 and T-2.
+ * Tokens past T are left out. */
+enum { MG_TAP_STARTS_NONE = 0, MG_TAP_STARTS_MID = 1, MG_TAP_STARTS_FIRST = 2, MG_TAP_STARTS_MIXED = 3 };
+void mg_tap_start_mask(unsigned char *m, int batch, int T, int pattern, int edge_a, int edge_b);
 
 #ifdef __cplusplus
 }

@@ -33,6 +33,9 @@ int main(void)
 #ifdef MODEL_D_CONV   /* Mamba-1: conv and ssm states */
     expect_dead(model_prefill(fm, 1, 1, dummy, dummy, NULL, NULL), "prefill(forged model)");
     expect_dead(model_decode_step(fm, 1, dummy, dummy, dummy, dummy), "decode_step(forged model)");
+    expect_dead(model_prefill_starts(fm, 1, 1, dummy, dummy, NULL, NULL, (const uint8_t *)dummy),
+                "prefill_starts(forged model)");
+    expect_dead(model_burn_in_starts(NULL, 1, 1, dummy, dummy, NULL, NULL, NULL), "burn_in_starts(NULL)");
 #else                 /* Mamba-3: ssm, k_prev, v_prev, angle */
     expect_dead(model_prefill(fm, 1, 1, dummy, dummy, NULL, NULL, NULL, NULL), "prefill(forged model)");
     expect_dead(model_decode_step(fm, 1, dummy, dummy, dummy, dummy, dummy, dummy), "decode_step(forged model)");
@@ -56,6 +59,10 @@ int main(void)
     memset(&p, 0, sizeof p);
     p.lr = 1e-3f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f;
     expect_dead(model_trainer_set_scan(ft, 0), "trainer_set_scan(forged trainer)");
+#ifdef MODEL_D_CONV
+    expect_dead(model_trainer_set_starts(ft, NULL), "trainer_set_starts(forged trainer)");
+    expect_dead(model_trainer_set_starts(NULL, NULL), "trainer_set_starts(NULL)");
+#endif
     expect_dead(model_trainer_set_loss_scaling(ft, 0.0f, 1), "trainer_set_loss_scaling(forged trainer)");
     expect_dead(model_adamw_step(ft, dummy, dummy + 16, dummy + 32, dummy + 48, &p), "adamw_step(forged trainer)");
     mg_tap_ok(model_trainer_grad_norm(ft) == NULL && model_trainer_loss_scale(ft) == NULL,

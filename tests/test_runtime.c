@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define N_GPU_TESTS 16
+#define N_GPU_TESTS 17
 
 /* ------------------------------------------------------------ status */
 
@@ -467,6 +467,12 @@ static void test_cuda_host(int ndev)
     tap_ok(strstr(mg_last_error(), "cudaMalloc(big)") != NULL, "mg_cuda_check: message names the call (%s)",
            mg_last_error());
     tap_is_int(mg_cuda_check(cudaErrorNoDevice, "q"), MG_ERR_NO_DEVICE, "mg_cuda_check: no device");
+    tap_is_int(mg_dev_readable(NULL, "f", "start"), MG_ERR_INVALID_ARG, "mg_dev_readable: NULL refused");
+    tap_ok(strcmp(mg_last_error(), "f: start is NULL") == 0, "mg_dev_readable: NULL message (%s)", mg_last_error());
+    /* plain host memory: unregistered on a device, unknown to CUDA without one; refused either way */
+    tap_is_int(mg_dev_readable(buf, "f", "start"), MG_ERR_INVALID_ARG, "mg_dev_readable: stack memory refused");
+    tap_ok(strncmp(mg_last_error(), "f: start 0x", 11) == 0 || strncmp(mg_last_error(), "f: start (", 10) == 0,
+           "mg_dev_readable: the message names the function and the argument (%s)", mg_last_error());
     tap_is_int(mg_cuda_check(cudaErrorLaunchFailure, "k"), MG_ERR_CUDA, "mg_cuda_check: other errors");
 
     /* Argument checks come before any use of the handle: no GPU needed. */
@@ -742,6 +748,7 @@ static void test_gemm(void)
     void *p = NULL;
     s = mg_dev_alloc(&p, 1000, "buf");
     tap_ok(s == MG_OK && mg_aligned(p, 256), "gpu: mg_dev_alloc gives 256-byte aligned memory");
+    tap_is_int(mg_dev_readable(p, "f", "start"), MG_OK, "gpu: mg_dev_readable: device memory is readable");
     mg_dev_free(p);
     p = (void *)1;
     s = mg_dev_alloc(&p, (size_t)1 << 60, "huge");
@@ -864,6 +871,30 @@ static void test_require_gpu(int ndev)
                "not ok 1 - prog: test program ran (MG_REQUIRE_GPU=1: no skip allowed)", "ok 1 - prog: test program # SKIP");
 }
 
+/* mg_tap_start_mask: the patterns the GPU suites' episode-start tests use. */
+static void test_start_mask(void)
+{
+    enum { B = 6, T = 40 };
+    unsigned char m[B * T];
+    int n = 0;
+    mg_tap_start_mask(m, B, T, MG_TAP_STARTS_NONE, 16, 8);
+    for (int i = 0; i < B * T; ++i) n += m[i] != 0;
+    tap_ok(n == 0, "start mask none: no start");
+    mg_tap_start_mask(m, B, T, MG_TAP_STARTS_MID, 16, 8);
+    n = 0;
+    for (int i = 0; i < B * T; ++i) n += m[i] != 0;
+    tap_ok(n == B && m[21] == 1 && m[T + 21] == 255, "start mask mid: one start per stream at T/2 + 1, 1 / 255");
+    mg_tap_start_mask(m, B, T, MG_TAP_STARTS_FIRST, 16, 8);
+    tap_ok(m[0] && m[T] && m[5 * T] && !m[1], "start mask first: t = 0 of every stream");
+    mg_tap_start_mask(m, B, T, MG_TAP_STARTS_MIXED, 16, 8);
+    int row0 = 0;
+    for (int t = 0; t < T; ++t) row0 += m[t] != 0;
+    const unsigned char *r1 = m + T, *r2 = m + 2 * T, *r3 = m + 3 * T, *r4 = m + 4 * T, *r5 = m + 5 * T;
+    tap_ok(row0 == 0 && r1[0] && r1[20] && r2[8] && r2[16] && r2[24] && r2[32] && r2[39] && !r2[12] &&
+           r3[3] && r3[4] && r3[5] && r3[25] && !r3[6] && r4[2] && r4[9] && r4[38] && !r4[3] && !r5[0],
+           "start mask mixed: none, t = 0 + mid, chunk edges + last, consecutive + mid-chunk, every 7th");
+}
+
 int main(void)
 {
     const char *child = getenv("MG_TEST_RUNTIME_CHILD");
@@ -875,6 +906,7 @@ int main(void)
     test_rotated_states();
     test_m3_compare_states();
     test_m3_push_ranges();
+    test_start_mask();
     int ndev = mg_device_count();
     test_cuda_host(ndev);
     if (ndev > 0) {

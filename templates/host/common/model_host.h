@@ -139,21 +139,10 @@ mg_status model_set_scan(model_model *m, int choice)
  * CUDA: the kernels read it), nonzero = that stream starts an episode: its
  * states are zeros before the step. NULL = no reset. A host pointer the
  * device cannot read would fault the kernels, so it is refused here
- * (cudaPointerGetAttributes, a host-side lookup: no launch, no sync). */
+ * (mg_dev_readable: a host-side lookup, no launch, no sync). */
 static mg_status check_reset(const char *fn, const unsigned char *reset)
 {
-    if (!reset) return MG_OK;
-    struct cudaPointerAttributes a;
-    const cudaError_t ce = cudaPointerGetAttributes(&a, reset);
-    if (ce != cudaSuccess) {
-        (void)cudaGetLastError();   /* not sticky: clear it for the next call */
-        return mg_fail(MG_ERR_INVALID_ARG, "%s: reset %p is not a pointer CUDA knows (%s)", fn,
-                       (const void *)reset, cudaGetErrorString(ce));
-    }
-    if (a.type == cudaMemoryTypeUnregistered)
-        return mg_fail(MG_ERR_INVALID_ARG, "%s: reset %p is host memory the device cannot read "
-                       "(pass device memory, or cudaHostRegister it)", fn, (const void *)reset);
-    return MG_OK;
+    return reset ? mg_dev_readable(reset, fn, "reset") : MG_OK;
 }
 
 mg_status model_decode_step_reset(model_model *m, int batch, const float *d_u, float *d_out, STATE_PARAMS,

@@ -1,7 +1,10 @@
 // NAME_bench.c: the benchmark program of a Mamba-1 library. Times the
 // generated pipeline (prefill; decode unfused, fused and as a CUDA Graph,
 // single-launch eager and as a CUDA Graph when the library has it; the
-// training step eager and as a CUDA Graph) on the GPU with CUDA events
+// training step eager and as a CUDA Graph, and the graph again with episode
+// starts, "train step (graph; starts)": every stream starts an episode at
+// the window's middle token, the cost model's figures of the maskless
+// step) on the GPU with CUDA events
 // (warm-up first, L2 flushed between runs, median of many runs) and reports
 // each figure against the ceilings this GPU measures for itself (device copy
 // bandwidth, cuBLAS GEMM rate), as a table on stdout and as CSV rows
@@ -183,6 +186,30 @@ int main(int argc, char **argv)
                            MODEL_COST_TRAIN_WEIGHT_BYTES + (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_BYTES_PER_TOKEN,
                            (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_FLOPS_PER_TOKEN);
                 model_train_graph_destroy(tg);
+            }
+            /* The same graph with episode starts (trainer_set_starts): every
+             * stream starts an episode at the window's middle token, the
+             * masked conv and scan kernels in the forward and the backward
+             * (the target: within 5% of the row above). */
+            {
+                const size_t nm = (size_t)x.c.batch * x.c.seqlen;
+                unsigned char *hm = (unsigned char *)calloc(nm, 1), *dm = NULL;
+                if (!hm) die("mask", MG_ERR_OUT_OF_MEMORY);
+                for (int b = 0; b < x.c.batch; ++b) hm[(size_t)b * x.c.seqlen + x.c.seqlen / 2] = 1;
+                if ((s = mg_dev_alloc((void **)&dm, nm, "start mask")) != MG_OK) die("mask", s);
+                if (cudaMemcpy(dm, hm, nm, cudaMemcpyHostToDevice) != cudaSuccess) die("mask", MG_ERR_CUDA);
+                if ((s = model_trainer_set_starts(x.t, dm)) != MG_OK) die("trainer_set_starts", s);
+                model_train_graph *tg = NULL;
+                if ((s = model_train_graph_create(x.t, x.w, x.grads, x.m, x.v, &x.p, x.c.batch, x.c.seqlen, u,
+                                                x.target, NULL, NULL, x.loss, &tg)) != MG_OK) die("train graph", s);
+                if (time_row("train step (graph; starts)", x.c.batch, x.c.seqlen, stream, run_train_graph, tg, &o, &st))
+                    report("train step (graph; starts)", x.c.batch, x.c.seqlen, &st, (double)x.c.batch * x.c.seqlen,
+                           MODEL_COST_TRAIN_WEIGHT_BYTES + (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_BYTES_PER_TOKEN,
+                           (double)x.c.batch * x.c.seqlen * MODEL_COST_TRAIN_FLOPS_PER_TOKEN);
+                model_train_graph_destroy(tg);
+                if ((s = model_trainer_set_starts(x.t, NULL)) != MG_OK) die("trainer_set_starts", s);
+                mg_dev_free(dm);
+                free(hm);
             }
         }
         train_end(&x);

@@ -185,9 +185,12 @@ static mg_status check_call(const model_model *m, const char *fn, int batch, int
  * [batch] (device, NULL: none): the sequences whose entry is nonzero start
  * from zero states; the kernels that load a state read it (no launch of
  * its own, so a decode graph replays it with whatever mask the buffer
- * holds). */
-static mg_status forward(model_model *m, int batch, int seqlen, const float *u, float *out,
-                         float *cs, float *ss, int last_only, int decode, const unsigned char *reset)
+ * holds). start [batch][seqlen] (device, NULL: none; prefill and burn-in
+ * only): episode starts, handed to the conv and scan launchers, which run
+ * the maskless kernels for NULL (doc/math.md §9). */
+static mg_status forward_starts(model_model *m, int batch, int seqlen, const float *u, float *out,
+                                float *cs, float *ss, int last_only, int decode, const unsigned char *reset,
+                                const unsigned char *start)
 {
 #if HAS_DECODE_SINGLE
     /* decode (seqlen 1), level 2: the whole step in one cluster launch */
@@ -240,7 +243,7 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
         /* xc = silu(causal_conv(x) + bias), conv state carried (parallel over
          * time tiles whatever the scan mode) */
         MG_CUDA(model_launch_conv(batch, seqlen, m->xz, lw + L0_CONV_W, lw + L0_CONV_B, cs_l, cs_l,
-                                m->xc, reset, st));
+                                m->xc, reset, start, st));
         /* dbl = xc . x_proj.weight^T   [tokens][DT_RANK+2N] */
         s = mg_linear(m->blas, tokens, XP_DIM, D_INNER, ACT, m->xc, D_INNER, GW(L0_X_PROJ_W), D_INNER,
                       ACT, m->dbl, XP_DIM, 1.0f, 0.0f);
@@ -253,11 +256,12 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
 #if HAS_CHUNKED
         if (chunked)
             MG_CUDA(model_launch_scan_chunked(batch, seqlen, m->xc, m->dt, m->dbl, m->xz, lw + L0_DT_PROJ_B,
-                                            lw + L0_A_LOG, lw + L0_D, ss_l, ss_l, m->cstate, m->dsum, m->g, reset, st));
+                                            lw + L0_A_LOG, lw + L0_D, ss_l, ss_l, m->cstate, m->dsum, m->g, reset,
+                                            start, st));
         else
 #endif
             MG_CUDA(model_launch_scan(batch, seqlen, m->xc, m->dt, m->dbl, m->xz, lw + L0_DT_PROJ_B,
-                                    lw + L0_A_LOG, lw + L0_D, ss_l, ss_l, m->g, reset, st));
+                                    lw + L0_A_LOG, lw + L0_D, ss_l, ss_l, m->g, reset, start, st));
         }
         /* h += g . out_proj.weight^T (burn-in, last layer: the last token's rows only,
          * row b*seqlen + seqlen-1, through the leading dimensions) */
@@ -280,27 +284,52 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
     return MG_OK;
 }
 
-/* prefill and burn_in: the arguments checked (states optional), then the
- * forward over the whole sequence; last_only: burn_in's last-step output. */
+/* The forward of the common part (mg_model_host.h: decode steps, decode
+ * graphs): no episode starts. */
+static mg_status forward(model_model *m, int batch, int seqlen, const float *u, float *out,
+                         float *cs, float *ss, int last_only, int decode, const unsigned char *reset)
+{
+    return forward_starts(m, batch, seqlen, u, out, cs, ss, last_only, decode, reset, NULL);
+}
+
+/* prefill and burn_in: the arguments checked (states optional; a start
+ * mask, when given, must be memory the device can read), then the forward
+ * over the whole sequence; last_only: burn_in's last-step output. */
 static mg_status checked_forward(model_model *m, const char *fn, int batch, int seqlen, const float *u,
-                                 float *out, float *cs, float *ss, int last_only)
+                                 float *out, float *cs, float *ss, int last_only, const unsigned char *start)
 {
     mg_status s = check_call(m, fn, batch, seqlen, u, out, cs, ss, 0);
+    if (s == MG_OK && start) s = mg_dev_readable(start, fn, "start");
     if (s != MG_OK) return s;
-    return forward(m, batch, seqlen, u, out, cs, ss, last_only, 0, NULL);
+    return forward_starts(m, batch, seqlen, u, out, cs, ss, last_only, 0, NULL, start);
 }
 
 mg_status model_prefill(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
                       float *d_conv_state, float *d_ssm_state)
 {
-    return checked_forward(m, MODEL_NAME "_prefill", batch, seqlen, d_u, d_out, d_conv_state, d_ssm_state, 0);
+    return checked_forward(m, MODEL_NAME "_prefill", batch, seqlen, d_u, d_out, d_conv_state, d_ssm_state, 0,
+                           NULL);
 }
 
 mg_status model_burn_in(model_model *m, int batch, int seqlen, const float *d_u, float *d_last_out,
                       float *d_conv_state, float *d_ssm_state)
 {
     return checked_forward(m, MODEL_NAME "_burn_in", batch, seqlen, d_u, d_last_out, d_conv_state, d_ssm_state,
-                           1);
+                           1, NULL);
+}
+
+mg_status model_prefill_starts(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
+                               float *d_conv_state, float *d_ssm_state, const unsigned char *d_start)
+{
+    return checked_forward(m, MODEL_NAME "_prefill_starts", batch, seqlen, d_u, d_out, d_conv_state, d_ssm_state,
+                           0, d_start);
+}
+
+mg_status model_burn_in_starts(model_model *m, int batch, int seqlen, const float *d_u, float *d_last_out,
+                               float *d_conv_state, float *d_ssm_state, const unsigned char *d_start)
+{
+    return checked_forward(m, MODEL_NAME "_burn_in_starts", batch, seqlen, d_u, d_last_out, d_conv_state,
+                           d_ssm_state, 1, d_start);
 }
 
 /* One token per stream: the single-launch kernel (when emitted), the fused

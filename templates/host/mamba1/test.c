@@ -22,6 +22,15 @@
  *     decode path == decode with those streams' states zeroed, bit for bit;
  *     the decode graph with a reset buffer changed between replays == eager;
  *     bad reset calls return the documented status and launch nothing.
+ *   - episode starts (prefill_starts, burn_in_starts; doc/math.md §9) on the
+ *     sequential and the chunked scan: vs the reference's forward_ex with
+ *     mixed starts (t = 0, chunk edges, mid-chunk, consecutive tokens, the
+ *     last token, streams without) and with every stream starting at one
+ *     token: out, final conv and ssm states; chunked vs sequential; burn-in
+ *     vs prefill; bit for bit: an all-zero or NULL mask == prefill, starts
+ *     at t = 0 == zero initial states, nothing leaks across a start;
+ *     decode_step_reset with the start column as reset == prefill_starts
+ *     (TOL); the hand split into separate prefill calls (TOL); bad calls.
  *   - fused single-token decode vs the unfused path (within the tolerance;
  *     unfused decode == prefill with seqlen 1, bit for bit).
  *   - single-launch decode (level 2, when the library has it; the default
@@ -588,6 +597,358 @@ static void test_burn_in(int batch, int T, int with_ref, uint64_t seed)
     free(bcs); free(bss);
 }
 
+/* ---------------------------------------------------------------- episode starts (doc/math.md §9) */
+
+/* The mask of a pattern (mg_tap_start_mask) for [batch][T]: the mixed one
+ * marks the chunked scan's chunk edges and the scan's staging edges. */
+static unsigned char *start_mask(int batch, int T, int pattern)
+{
+    unsigned char *m = (unsigned char *)mg_tap_calloc((size_t)batch * T);
+    mg_tap_start_mask(m, batch, T, pattern, SCAN_CHUNK, SCAN_TCHUNK);
+    return m;
+}
+static const char *const pattern_name[4] = { "all-zero mask", "every stream at a mid-window token",
+                                             "every stream at t = 0", "mixed starts" };
+
+/* GPU prefill_starts (burn: burn_in_starts, out is then [batch][D]) on host
+ * data with the host mask m (NULL: the call gets a NULL mask); states as
+ * gpu_prefill. */
+static mg_status gpu_starts(int batch, int T, const float *u, float *out, float *cs, float *ss,
+                            const unsigned char *m, int burn)
+{
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
+    const size_t no = burn ? n_out(batch, 1) : n_out(batch, T);
+    float *du = mg_tap_dalloc(n_u(batch, T)), *dout = mg_tap_dalloc(no);
+    float *dcs = cs ? mg_tap_dalloc(ncs) : NULL, *dss = ss ? mg_tap_dalloc(nss) : NULL;
+    unsigned char *dm = m ? dalloc_bytes((size_t)batch * T) : NULL;
+    mg_tap_up(du, u, n_u(batch, T));
+    if (cs) mg_tap_up(dcs, cs, ncs);
+    if (ss) mg_tap_up(dss, ss, nss);
+    if (m && cudaMemcpy(dm, m, (size_t)batch * T, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy mask");
+    mg_status s = burn ? model_burn_in_starts(model, batch, T, du, dout, dcs, dss, dm)
+                       : model_prefill_starts(model, batch, T, du, dout, dcs, dss, dm);
+    if (s == MG_OK) {
+        mg_tap_down(out, dout, no);
+        if (cs) mg_tap_down(cs, dcs, ncs);
+        if (ss) mg_tap_down(ss, dss, nss);
+    }
+    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dcs); mg_dev_free(dss); mg_dev_free(dm);
+    return s;
+}
+
+/* The scans a masked call can take: sequential, and chunked when emitted. */
+#if MODEL_HAS_CHUNKED_SCAN
+#define N_SCANS 2
+#else
+#define N_SCANS 1
+#endif
+static const int scan_of[2] = { MODEL_SCAN_SEQUENTIAL, MODEL_SCAN_CHUNKED };
+static const char *const scan_name[2] = { "sequential scan", "chunked scan" };
+static void use_scan(int k)
+{
+    if (model_set_scan(model, scan_of[k]) != MG_OK) mg_tap_bail("set_scan");
+}
+static void scan_spec(void)
+{
+    if (model_set_scan(model, MODEL_SCAN_SPEC) != MG_OK) mg_tap_bail("set_scan");
+}
+
+/* prefill_starts from random states vs the reference with the same mask
+ * (mg_ref_mamba1_forward_ex): out, final conv and ssm states, on every
+ * scan; the scans against each other (CHUNK_TOL); burn_in_starts vs
+ * prefill_starts' last step and states. */
+static void test_starts_ref(int batch, int T, int pattern, uint64_t seed)
+{
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
+    float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
+    float *out[N_SCANS], *cs[N_SCANS], *ss[N_SCANS];
+    double *rout = DALLOC_H(n_out(batch, T)), *rcs = DALLOC_H(ncs), *rss = DALLOC_H(nss);
+    unsigned char *m = start_mask(batch, T, pattern);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
+    for (size_t i = 0; i < ncs; ++i) rcs[i] = cs0[i];
+    for (size_t i = 0; i < nss; ++i) rss[i] = ss0[i];
+    const mg_ref_seqs seqs = { m, NULL, 0, 0 };
+    if (mg_ref_mamba1_forward_ex(&dims, &lay, blob, batch, T, u, rout, rcs, rss, &seqs) != MG_OK)
+        mg_tap_bail("mg_ref_mamba1_forward_ex");
+    char what[200];
+    for (int k = 0; k < N_SCANS; ++k) {
+        out[k] = FALLOC(n_out(batch, T)); cs[k] = FALLOC(ncs); ss[k] = FALLOC(nss);
+        memcpy(cs[k], cs0, ncs * sizeof(float)); memcpy(ss[k], ss0, nss * sizeof(float));
+        use_scan(k);
+        const mg_status s = gpu_starts(batch, T, u, out[k], cs[k], ss[k], m, 0);
+        if (!mg_tap_ok(s == MG_OK, "prefill_starts b=%d T=%d (%s, %s) runs", batch, T, pattern_name[pattern],
+                       scan_name[k])) {
+            mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+            continue;
+        }
+        static const char *const part[3] = { "out", "conv_state", "ssm_state" };
+        const float *got[3] = { out[k], cs[k], ss[k] };
+        const double *ref[3] = { rout, rcs, rss };
+        const size_t n[3] = { n_out(batch, T), ncs, nss };
+        for (int i = 0; i < 3; ++i) {
+            snprintf(what, sizeof what, "prefill_starts b=%d T=%d %s, %s vs reference forward_ex: %s", batch, T,
+                     pattern_name[pattern], scan_name[k], part[i]);
+            cmp_ref(what, got[i], ref[i], n[i]);
+        }
+        if (k == 0) {   /* burn-in with the same mask: the last step and the states of prefill_starts */
+            float *last = FALLOC(n_out(batch, 1)), *plast = FALLOC(n_out(batch, 1));
+            float *bcs = FALLOC(ncs), *bss = FALLOC(nss);
+            memcpy(bcs, cs0, ncs * sizeof(float)); memcpy(bss, ss0, nss * sizeof(float));
+            const mg_status sb = gpu_starts(batch, T, u, last, bcs, bss, m, 1);
+            if (mg_tap_ok(sb == MG_OK, "burn_in_starts b=%d T=%d (%s) runs", batch, T, pattern_name[pattern])) {
+                last_step(plast, out[0], batch, T, sizeof *plast);
+                snprintf(what, sizeof what, "burn_in_starts vs prefill_starts' last step (%s): last_out",
+                         pattern_name[pattern]);
+                cmp_gpu(what, last, plast, n_out(batch, 1));
+                snprintf(what, sizeof what, "burn_in_starts vs prefill_starts (%s): conv_state", pattern_name[pattern]);
+                cmp_gpu(what, bcs, cs[0], ncs);
+                snprintf(what, sizeof what, "burn_in_starts vs prefill_starts (%s): ssm_state", pattern_name[pattern]);
+                cmp_gpu(what, bss, ss[0], nss);
+            } else {
+                mg_tap_diag("%s: %s", mg_status_name(sb), mg_last_error());
+            }
+            free(last); free(plast); free(bcs); free(bss);
+        }
+    }
+#if MODEL_HAS_CHUNKED_SCAN
+    snprintf(what, sizeof what, "prefill_starts chunked vs sequential (%s): out", pattern_name[pattern]);
+    cmp_tol(what, out[1], out[0], n_out(batch, T), CHUNK_TOL);
+    snprintf(what, sizeof what, "prefill_starts chunked vs sequential (%s): ssm_state", pattern_name[pattern]);
+    cmp_tol(what, ss[1], ss[0], nss, CHUNK_TOL);
+#endif
+    scan_spec();
+    for (int k = 0; k < N_SCANS; ++k) { free(out[k]); free(cs[k]); free(ss[k]); }
+    free(u); free(cs0); free(ss0); free(rout); free(rcs); free(rss); free(m);
+}
+
+/* What a mask must not change, bit for bit, on every scan:
+ *   - an all-zero mask == prefill (out, states), and a NULL mask too;
+ *   - a start at t = 0 of every stream == prefill from zero states (the
+ *     initial states, random here, ignored);
+ *   - no leak across a start: with stream b starting at s_b (mid-window,
+ *     per stream), other inputs before s_b and other initial states give
+ *     the same out from s_b on and the same final states. */
+static void test_starts_exact(int batch, int T, uint64_t seed)
+{
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch), no = n_out(batch, T);
+    float *u = FALLOC(n_u(batch, T)), *u2 = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
+    float *o1 = FALLOC(no), *o2 = FALLOC(no), *cs1 = FALLOC(ncs), *ss1 = FALLOC(nss), *cs2 = FALLOC(ncs), *ss2 = FALLOC(nss);
+    unsigned char *zero = start_mask(batch, T, MG_TAP_STARTS_NONE), *first = start_mask(batch, T, MG_TAP_STARTS_FIRST);
+    unsigned char *leak = (unsigned char *)mg_tap_calloc((size_t)batch * T);
+    int *sb = (int *)mg_tap_calloc((size_t)batch * sizeof(int));
+    for (int b = 0; b < batch; ++b) {   /* one start per stream, mid-window, not at a chunk edge */
+        sb[b] = imin(T - 1, T / 2 + 1 + b % 3);
+        leak[(size_t)b * T + sb[b]] = (unsigned char)(b % 2 ? 255 : 1);
+    }
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
+#define SAME(a, b, n) (memcmp((a), (b), (n) * sizeof(float)) == 0)
+    for (int k = 0; k < N_SCANS; ++k) {
+        use_scan(k);
+        mg_status s;
+        /* all-zero and NULL masks */
+        memcpy(cs1, cs0, ncs * sizeof(float)); memcpy(ss1, ss0, nss * sizeof(float));
+        memcpy(cs2, cs0, ncs * sizeof(float)); memcpy(ss2, ss0, nss * sizeof(float));
+        s = gpu_prefill(batch, T, u, o1, cs1, ss1);
+        if (s == MG_OK) s = gpu_starts(batch, T, u, o2, cs2, ss2, zero, 0);
+        mg_tap_ok(s == MG_OK && SAME(o1, o2, no) && SAME(cs1, cs2, ncs) && SAME(ss1, ss2, nss),
+                  "prefill_starts with an all-zero mask == prefill (%s): out and states bit-identical", scan_name[k]);
+        memcpy(cs2, cs0, ncs * sizeof(float)); memcpy(ss2, ss0, nss * sizeof(float));
+        if (s == MG_OK) s = gpu_starts(batch, T, u, o2, cs2, ss2, NULL, 0);
+        mg_tap_ok(s == MG_OK && SAME(o1, o2, no) && SAME(cs1, cs2, ncs) && SAME(ss1, ss2, nss),
+                  "prefill_starts with a NULL mask == prefill (%s): bit-identical", scan_name[k]);
+        /* a start at t = 0 everywhere == zero initial states */
+        memset(cs1, 0, ncs * sizeof(float)); memset(ss1, 0, nss * sizeof(float));
+        memcpy(cs2, cs0, ncs * sizeof(float)); memcpy(ss2, ss0, nss * sizeof(float));
+        if (s == MG_OK) s = gpu_prefill(batch, T, u, o1, cs1, ss1);
+        if (s == MG_OK) s = gpu_starts(batch, T, u, o2, cs2, ss2, first, 0);
+        mg_tap_ok(s == MG_OK && SAME(o1, o2, no) && SAME(ss1, ss2, nss) && SAME(cs1, cs2, ncs),
+                  "prefill_starts, every stream starting at t = 0 from random states == prefill from zero states "
+                  "(%s): out and states bit-identical", scan_name[k]);
+        /* no leak across a start */
+        memcpy(u2, u, n_u(batch, T) * sizeof(float));
+        for (int b = 0; b < batch; ++b)
+            mg_tap_randn(u2 + n_u(b, T), n_u(1, sb[b]), seed + 10 + (uint64_t)b, 1.0f);
+        memcpy(cs1, cs0, ncs * sizeof(float)); memcpy(ss1, ss0, nss * sizeof(float));
+        mg_tap_randn(cs2, ncs, seed + 3, 0.5f);
+        mg_tap_randn(ss2, nss, seed + 4, 0.5f);
+        if (s == MG_OK) s = gpu_starts(batch, T, u, o1, cs1, ss1, leak, 0);
+        if (s == MG_OK) s = gpu_starts(batch, T, u2, o2, cs2, ss2, leak, 0);
+        int same = s == MG_OK && SAME(cs1, cs2, ncs) && SAME(ss1, ss2, nss);
+        for (int b = 0; b < batch && same; ++b)
+            same = SAME(o1 + n_out(b, T) + n_out(1, sb[b]), o2 + n_out(b, T) + n_out(1, sb[b]), n_out(1, T - sb[b]));
+        mg_tap_ok(same, "prefill_starts: other inputs before each stream's start and other initial states change "
+                  "nothing from the start on (%s): out and final states bit-identical", scan_name[k]);
+        if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    }
+#undef SAME
+    scan_spec();
+    free(u); free(u2); free(cs0); free(ss0); free(o1); free(o2); free(cs1); free(ss1); free(cs2); free(ss2);
+    free(zero); free(first); free(leak); free(sb);
+}
+
+/* prefill_starts (mixed starts, random states) == T decode_step_reset calls
+ * whose reset mask is the start column of each step (within TOL, as decode
+ * vs prefill: the fused and single-launch decode sum the GEMVs in their
+ * own order). */
+static void test_starts_decode(int batch, int T, uint64_t seed)
+{
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
+    float *u = FALLOC(n_u(batch, T)), *pout = FALLOC(n_out(batch, T)), *dout_h = FALLOC(n_out(batch, T));
+    float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
+    float *pcs = FALLOC(ncs), *pss = FALLOC(nss), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
+    float *dcs_h = FALLOC(ncs), *dss_h = FALLOC(nss);
+    unsigned char *m = start_mask(batch, T, MG_TAP_STARTS_MIXED), *col = (unsigned char *)mg_tap_calloc((size_t)batch);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
+    memcpy(pcs, cs0, ncs * sizeof(float)); memcpy(pss, ss0, nss * sizeof(float));
+    mg_status s = gpu_starts(batch, T, u, pout, pcs, pss, m, 0);
+    float *du = mg_tap_dalloc(n_u(batch, 1)), *dout = mg_tap_dalloc(n_out(batch, 1));
+    float *dcs = mg_tap_dalloc(ncs), *dss = mg_tap_dalloc(nss);
+    unsigned char *dm = dalloc_bytes((size_t)batch);
+    mg_tap_up(dcs, cs0, ncs); mg_tap_up(dss, ss0, nss);
+    for (int t = 0; t < T && s == MG_OK; ++t) {
+        for (int b = 0; b < batch; ++b) col[b] = m[(size_t)b * T + t];
+        up_mask(dm, col, batch);
+        step_in(ut, u, batch, T, t);
+        mg_tap_up(du, ut, n_u(batch, 1));
+        s = model_decode_step_reset(model, batch, du, dout, dcs, dss, dm);
+        if (s != MG_OK) break;
+        mg_tap_down(ot, dout, n_out(batch, 1));
+        step_out(dout_h, ot, batch, T, t);
+    }
+    if (!mg_tap_ok(s == MG_OK, "prefill_starts and %d decode_step_reset steps of batch %d run", T, batch)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    } else {
+        mg_tap_down(dcs_h, dcs, ncs); mg_tap_down(dss_h, dss, nss);
+        char what[160];
+        snprintf(what, sizeof what, "decode_step_reset x%d (reset = the start column) vs prefill_starts (mixed)", T);
+        cmp_decode(what, n_out(batch, T), batch, (const float *const[3]){ dout_h, dcs_h, dss_h },
+                   (const float *const[3]){ pout, pcs, pss }, NULL);
+    }
+    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dcs); mg_dev_free(dss); mg_dev_free(dm);
+    free(u); free(pout); free(dout_h); free(ut); free(ot); free(pcs); free(pss); free(cs0); free(ss0);
+    free(dcs_h); free(dss_h); free(m); free(col);
+}
+
+/* The states of stream b ([n_layers][batch][per]) to / from a batch-1
+ * buffer ([n_layers][1][per]). */
+static void stream_state(float *one, const float *all, int batch, int b, size_t per, int to_one)
+{
+    for (int l = 0; l < MODEL_N_LAYERS; ++l) {
+        float *p1 = one + (size_t)l * per;
+        float *pa = (float *)all + ((size_t)l * batch + b) * per;
+        if (to_one) memcpy(p1, pa, per * sizeof(float));
+        else memcpy(pa, p1, per * sizeof(float));
+    }
+}
+
+/* prefill_starts (mixed starts, random states) == the same sequences split
+ * by hand at the starts (mg_ref_seqs_plan: the reference's own segments),
+ * one prefill of batch 1 per segment, from the stream's state or from zero
+ * states, the stream's final state from its last segment. Within TOL, not
+ * bit for bit: the segments' GEMMs have other shapes, and cuBLAS may sum
+ * them in another order (the exact checks are test_starts_exact's). */
+static void test_starts_split(int batch, int T, uint64_t seed)
+{
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
+    const size_t pcs1 = model_conv_state_floats(1) / MODEL_N_LAYERS, pss1 = model_ssm_state_floats(1) / MODEL_N_LAYERS;
+    float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
+    float *mout = FALLOC(n_out(batch, T)), *mcs = FALLOC(ncs), *mss = FALLOC(nss);
+    float *sout = FALLOC(n_out(batch, T)), *scs = FALLOC(ncs), *sss = FALLOC(nss);
+    float *cs1 = FALLOC(model_conv_state_floats(1)), *ss1 = FALLOC(model_ssm_state_floats(1));
+    unsigned char *m = start_mask(batch, T, MG_TAP_STARTS_MIXED);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
+    mg_ref_plan plan;
+    const mg_ref_seqs seqs = { m, NULL, 0, 0 };
+    if (mg_ref_seqs_plan(&seqs, batch, T, "test_starts_split", &plan) != MG_OK) mg_tap_bail("mg_ref_seqs_plan");
+    for (int k = 0; k < N_SCANS; ++k) {
+        use_scan(k);
+        memcpy(mcs, cs0, ncs * sizeof(float)); memcpy(mss, ss0, nss * sizeof(float));
+        memcpy(scs, cs0, ncs * sizeof(float)); memcpy(sss, ss0, nss * sizeof(float));
+        mg_status s = gpu_starts(batch, T, u, mout, mcs, mss, m, 0);
+        for (int i = 0; i < plan.nseg && s == MG_OK; ++i) {
+            const mg_ref_seg *g = &plan.seg[i];
+            if (g->from_init) {
+                stream_state(cs1, scs, batch, g->stream, pcs1, 1);
+                stream_state(ss1, sss, batch, g->stream, pss1, 1);
+            } else {
+                memset(cs1, 0, model_conv_state_floats(1) * sizeof(float));
+                memset(ss1, 0, model_ssm_state_floats(1) * sizeof(float));
+            }
+            s = gpu_prefill(1, g->len, u + g->row * IN_DIM, sout + g->row * D_MODEL, cs1, ss1);
+            if (s == MG_OK && g->to_final) {
+                stream_state(cs1, scs, batch, g->stream, pcs1, 0);
+                stream_state(ss1, sss, batch, g->stream, pss1, 0);
+            }
+        }
+        char what[200];
+        if (!mg_tap_ok(s == MG_OK, "prefill_starts b=%d T=%d and its %d segments as separate prefill calls run (%s)",
+                       batch, T, plan.nseg, scan_name[k])) {
+            mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+            continue;
+        }
+        static const char *const part[3] = { "out", "conv_state", "ssm_state" };
+        const float *got[3] = { mout, mcs, mss }, *want[3] = { sout, scs, sss };
+        const size_t n[3] = { n_out(batch, T), ncs, nss };
+        for (int i = 0; i < 3; ++i) {
+            snprintf(what, sizeof what, "prefill_starts (mixed, %s) vs the hand split into prefill calls "
+                     "(within TOL: the pieces' GEMMs have other shapes): %s", scan_name[k], part[i]);
+            cmp_gpu(what, got[i], want[i], n[i]);
+        }
+    }
+    mg_ref_seqs_plan_free(&plan);
+    scan_spec();
+    free(u); free(cs0); free(ss0); free(mout); free(mcs); free(mss); free(sout); free(scs); free(sss);
+    free(cs1); free(ss1); free(m);
+}
+
+/* Bad calls of prefill_starts / burn_in_starts: the documented status, and
+ * nothing launched (out and the states keep their sentinel values). */
+static void test_starts_bad_calls(void)
+{
+    const int B = imin(2, MAX_BATCH), T = imin(3, MAX_SEQ_LEN);
+    const size_t no = n_out(B, T), ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    float *du = mg_tap_dalloc(n_u(B, T)), *dout = mg_tap_dalloc(no), *dcs = mg_tap_dalloc(ncs), *dss = mg_tap_dalloc(nss);
+    float *sent = FALLOC(no + ncs + nss), *back = FALLOC(no + ncs + nss);
+    for (size_t i = 0; i < no + ncs + nss; ++i) sent[i] = 777.0f + (float)(i % 53);
+    mg_tap_up(dout, sent, no); mg_tap_up(dcs, sent + no, ncs); mg_tap_up(dss, sent + no + ncs, nss);
+    unsigned char *dm = dalloc_bytes((size_t)B * T);
+    unsigned char *hm = (unsigned char *)mg_tap_calloc((size_t)B * T);   /* plain host memory */
+    if (cudaMemset(dm, 1, (size_t)B * T) != cudaSuccess) mg_tap_bail("cudaMemset");
+    mg_tap_expect_status(model_prefill_starts(model, B, T, du, dout, dcs, dss, hm), MG_ERR_INVALID_ARG,
+                         "prefill_starts with a mask in unregistered host memory");
+    mg_tap_ok(strstr(mg_last_error(), "_prefill_starts: start") != NULL, "prefill_starts: the message names the "
+              "function and the mask (%s)", mg_last_error());
+    mg_tap_expect_status(model_burn_in_starts(model, B, T, du, dout, dcs, dss, hm), MG_ERR_INVALID_ARG,
+                         "burn_in_starts with a mask in unregistered host memory");
+    mg_tap_expect_status(model_prefill_starts(model, B, T, du, dout, dcs, dss, (const uint8_t *)(uintptr_t)0x1000),
+                         MG_ERR_INVALID_ARG, "prefill_starts with a mask pointer CUDA does not know");
+    mg_tap_expect_status(model_prefill_starts(NULL, B, T, du, dout, dcs, dss, dm), MG_ERR_INVALID_ARG,
+                         "prefill_starts with a NULL model");
+    mg_tap_expect_status(model_prefill_starts(model, 0, T, du, dout, dcs, dss, dm), MG_ERR_INVALID_ARG,
+                         "prefill_starts batch = 0");
+    mg_tap_expect_status(model_prefill_starts(model, B, MAX_SEQ_LEN + 1, du, dout, dcs, dss, dm), MG_ERR_INVALID_ARG,
+                         "prefill_starts seqlen = MAX_SEQ_LEN + 1");
+    mg_tap_expect_status(model_prefill_starts(model, B, T, du, dout, dcs, NULL, dm), MG_ERR_INVALID_ARG,
+                         "prefill_starts conv_state without ssm_state");
+    mg_tap_expect_status(model_prefill_starts(model, B, T, du + 1, dout, dcs, dss, dm), MG_ERR_ALIGNMENT,
+                         "prefill_starts misaligned u");
+    mg_tap_expect_status(model_burn_in_starts(model, B, T, du, NULL, dcs, dss, dm), MG_ERR_INVALID_ARG,
+                         "burn_in_starts last_out = NULL");
+    mg_tap_down(back, dout, no); mg_tap_down(back + no, dcs, ncs); mg_tap_down(back + no + ncs, dss, nss);
+    mg_tap_ok(cudaDeviceSynchronize() == cudaSuccess && memcmp(back, sent, (no + ncs + nss) * sizeof(float)) == 0,
+              "bad prefill_starts / burn_in_starts calls left out and the states untouched");
+    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dcs); mg_dev_free(dss); mg_dev_free(dm);
+    free(sent); free(back); free(hm);
+}
+
 /* Decode graph: T replays == T eager decode steps, bit for bit (out of every
  * step, final states), from the same random state. */
 static void test_decode_graph(int batch, int T, int level, uint64_t seed)
@@ -813,6 +1174,20 @@ int main(void)
     fwd_weights_pushed(4711);
     test_prefill(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, imin(2 * SCAN_TCHUNK + 5, imax(1, budget / 8 / imin(2, MAX_BATCH)))), 1, 1101);
     fwd_weights_init();
+    /* Episode starts in prefill and burn-in: vs the reference (mixed starts:
+     * t = 0, chunk edges, mid-chunk, consecutive, the last token; every
+     * stream at one token), on every scan; the exact properties; vs decode
+     * with the reset mask; vs the hand split; bad calls. */
+    {
+        const int bs = imin(5, MAX_BATCH);
+        const int ts = imin(MAX_SEQ_LEN, imin(2 * SCAN_CHUNK + 9, imax(2, budget / 6 / bs)));
+        test_starts_ref(bs, ts, MG_TAP_STARTS_MIXED, 1001);
+        test_starts_ref(imin(3, MAX_BATCH), imin(ts, SCAN_CHUNK + 5), MG_TAP_STARTS_MID, 1002);
+        test_starts_exact(imin(4, MAX_BATCH), imin(MAX_SEQ_LEN, 2 * SCAN_CHUNK + 3), 1003);
+        test_starts_decode(bs, imin(MAX_SEQ_LEN, SCAN_TCHUNK + 6), 1004);
+        test_starts_split(bs, imin(MAX_SEQ_LEN, 2 * SCAN_CHUNK + 9), 1005);
+        test_starts_bad_calls();
+    }
 
     /* The library's own self-check. */
     test_selfcheck(imin(MAX_SEQ_LEN, imax(1, budget / 8)));

@@ -20,6 +20,8 @@ struct model_trainer {
     /* state of the last forward_train */
     int have_fwd, batch, seqlen;
     const float *w;
+    const unsigned char *fwd_start;   /* its start mask (device [batch][seqlen], or NULL): the backward's */
+    const unsigned char *start;       /* the mask of the next forward_train (set_starts), or NULL */
     /* saved activations */
     float *h;      /* [L+1][MAX_TOKENS][D] residual stream at each layer input; [L] = norm_f input */
     float *rstd;   /* [L+1][MAX_TOKENS] */
@@ -110,6 +112,15 @@ static size_t carve(model_trainer *t, char *p)
     return off;
 }
 
+mg_status model_trainer_set_starts(model_trainer *t, const unsigned char *d_start)
+{
+    static const char fn[] = MODEL_NAME "_trainer_set_starts";
+    TRAINER_LIVE(t, fn);
+    if (d_start) CHECK(mg_dev_readable(d_start, fn, "start"));
+    t->start = d_start;
+    return MG_OK;
+}
+
 mg_status model_trainer_set_scan(model_trainer *t, int choice)
 {
     static const char fn[] = MODEL_NAME "_trainer_set_scan";
@@ -189,6 +200,8 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
     t->w = w;
     t->batch = batch;
     t->seqlen = seqlen;
+    const unsigned char *start = t->start;   /* episode starts (NULL: the maskless kernels) */
+    t->fwd_start = start;
 #if LOWP
     MG_CUDA(model_launch_convert_train(w, t->wa, st));
 #endif
@@ -223,13 +236,13 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
             MG_CUDA(cudaMemcpyAsync(cs0, cs_l, (size_t)batch * CS_PER_SEQ * sizeof(float), cudaMemcpyDeviceToDevice, st));
         else
             MG_CUDA(cudaMemsetAsync(cs0, 0, (size_t)batch * CS_PER_SEQ * sizeof(float), st));
-        MG_CUDA(model_launch_conv_fwd(batch, seqlen, xz, lw + L0_CONV_W, lw + L0_CONV_B, cs0, cs_l, xc, st));
+        MG_CUDA(model_launch_conv_fwd(batch, seqlen, xz, lw + L0_CONV_W, lw + L0_CONV_B, cs0, cs_l, xc, start, st));
         CHECK(mg_linear(t->blas, tokens, XP_DIM, D_INNER, ACT, xc, D_INNER, wptr(law, L0_X_PROJ_W), D_INNER,
                         ACT, dbl, XP_DIM, 1.0f, 0.0f));
         CHECK(mg_linear(t->blas, tokens, D_INNER, DT_RANK, ACT, dbl, XP_DIM, wptr(law, L0_DT_PROJ_W), DT_RANK,
                         ACT, dt, D_INNER, 1.0f, 0.0f));
         MG_CUDA(model_launch_scan_fwd(batch, seqlen, chunked, xc, dt, dbl, xz, lw + L0_DT_PROJ_B, lw + L0_A_LOG,
-                                       lw + L0_D, ss_l, ss_l, t->cstate, t->dsum, ckpt, y, t->g, st));
+                                       lw + L0_D, ss_l, ss_l, t->cstate, t->dsum, ckpt, y, t->g, start, st));
         MG_CUDA(cudaMemcpyAsync(h_n, h_l, (size_t)tokens * D_MODEL * sizeof(float), cudaMemcpyDeviceToDevice, st));
         CHECK(mg_linear(t->blas, tokens, D_MODEL, D_INNER, ACT, t->g, D_INNER, wptr(law, L0_OUT_PROJ_W), D_INNER,
                         MG_F32, h_n, D_MODEL, 1.0f, 1.0f));
@@ -260,6 +273,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
     const float *w = t->w;
     const void *wa = gemm_w(t);
     const size_t E = D_INNER;
+    const unsigned char *start = t->fwd_start;   /* the forward's episode starts (NULL: none) */
 #if LOWP
     void *dhA = t->dh_act;   /* act copy of dh for the out_proj GEMMs */
 #else
@@ -303,7 +317,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         /* selective scan */
         MG_CUDA(model_launch_scan_bwd(batch, seqlen, nsp, xc, dt, dbl, lw + L0_DT_PROJ_B, lw + L0_A_LOG, lw + L0_D,
                                        ckpt, t->dy, t->dxc, t->ddt, t->part_bc, t->part_A, t->part_D, t->part_dtb,
-                                       t->span_p, t->span_ds, dss_l, st));
+                                       t->span_p, t->span_ds, dss_l, start, st));
         /* partials [sequence][span]: summed in that order */
         MG_CUDA(model_launch_reduce_parts(t->part_A, nparts, E * D_STATE, (int)(E * D_STATE), gl + L0_A_LOG, st));
         MG_CUDA(model_launch_reduce_parts(t->part_D, nparts, E, (int)E, gl + L0_D, st));
@@ -321,7 +335,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         /* conv + SiLU */
         /* (partials per (sequence, time tile), summed by the launcher in order) */
         MG_CUDA(model_launch_conv_bwd(batch, seqlen, xz, lw + L0_CONV_W, lw + L0_CONV_B, cs0, t->dxc, t->dxz,
-                                       dcs_l, t->part_cw, t->part_cb, gl + L0_CONV_W, gl + L0_CONV_B, st));
+                                       dcs_l, t->part_cw, t->part_cb, gl + L0_CONV_W, gl + L0_CONV_B, start, st));
         /* in_proj, then the block's RMSNorm (adds into the residual gradient) */
         CHECK(mg_linear_dw(t->blas, tokens, XZ_DIM, D_MODEL, ACT, t->dxz, XZ_DIM, hn, D_MODEL,
                            MG_F32, gl + L0_IN_PROJ_W, D_MODEL, 0.0f));

@@ -32,6 +32,16 @@
  *     runs bit-identical;
  *   - weights out of the init range (mg_ref_mamba1_push_ranges: softplus's
  *     argument above its threshold): every gradient vs the reference;
+ *   - episode starts (trainer_set_starts; doc/math.md §9) on the sequential
+ *     and the chunked walk (chunked forward, chunk-parallel backward): vs
+ *     the reference's forward_ex / backward_ex with mixed starts (t = 0,
+ *     span and checkpoint edges, mid-span, consecutive tokens, the last
+ *     token, streams without) and with every stream starting at one token:
+ *     out, final states, every parameter gradient, du, the initial-state
+ *     gradients (exactly 0 for streams starting at t = 0); bit for bit: an
+ *     all-zero mask == no mask, a cleared mask gives the maskless bits,
+ *     backward uses its forward's mask; the training graph replaying with
+ *     the mask buffer rewritten between replays == eager steps; bad calls;
  *   - bad calls return the right status with a message.
  * Case sizes follow the cost of the CPU reference (MODEL_REF_MACS_PER_TOKEN
  * multiply-adds per token for the forward, about 3x that for the backward); MG_TEST_SCALE
@@ -318,6 +328,269 @@ static void test_chunked_bwd(int budget, uint64_t seed)
 #endif
 }
 
+/* ---------------------------------------------------------------- episode starts (doc/math.md §9) */
+/* The mask of a pattern (mg_tap_start_mask) for [B][T]: the mixed one
+ * marks the backward's span edges and the checkpoint edges. */
+static unsigned char *start_mask(int B, int T, int pattern)
+{
+    unsigned char *m = (unsigned char *)mg_tap_calloc((size_t)B * T);
+    mg_tap_start_mask(m, B, T, pattern, MODEL_BSCAN_SPAN, CKPT);
+    return m;
+}
+static unsigned char *d_start;   /* device mask buffer, MAX_BATCH x MAX_SEQ_LEN bytes */
+/* Upload m [B][T] into d_start and make it the trainer's mask (m NULL: clear it). */
+static void set_starts(const unsigned char *m, int B, int T)
+{
+    if (m && cudaMemcpy(d_start, m, (size_t)B * T, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy mask");
+    if (model_trainer_set_starts(tr, m ? d_start : NULL) != MG_OK) mg_tap_bail("trainer_set_starts");
+}
+#if MODEL_HAS_CHUNKED_BWD
+#define N_WALKS 2
+#else
+#define N_WALKS 1
+#endif
+static const int walk_of[2] = { MODEL_SCAN_SEQUENTIAL, MODEL_SCAN_CHUNKED };
+static const char *const walk_name[2] = { "sequential scan", "chunked scan" };
+static void use_walk(int k)
+{
+    if (model_trainer_set_scan(tr, walk_of[k]) != MG_OK) mg_tap_bail("trainer_set_scan");
+}
+
+/* forward_train + backward with a start mask, from random states, vs the
+ * reference's forward_ex / backward_ex: out, final states, the gradient of
+ * every parameter tensor, du, the initial-state gradients; on the
+ * sequential scan and the chunked one (chunked forward, chunk-parallel
+ * backward over several spans). */
+static void test_grads_starts(int B, int T, int pattern, uint64_t seed)
+{
+    static const char *const pname[4] = { "no start", "every stream at a mid-window token", "every stream at t = 0",
+                                          "mixed starts" };
+    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    float *u, *dout, *cs0, *ss0;
+    rand_call(B, T, seed, 1.0f, &u, &dout, &cs0, &ss0);
+    unsigned char *m = start_mask(B, T, pattern);
+    double *rout = DALLOC_H(n_out(B, T)), *rcs = DALLOC_H(ncs), *rss = DALLOC_H(nss);
+    double *rcs0 = DALLOC_H(ncs), *rss0 = DALLOC_H(nss), *rdout = DALLOC_H(n_out(B, T));
+    double *rg = DALLOC_H(lay.total), *rdu = DALLOC_H(n_u(B, T)), *rdcs = DALLOC_H(ncs), *rdss = DALLOC_H(nss);
+    for (size_t i = 0; i < ncs; ++i) rcs[i] = rcs0[i] = cs0[i];
+    for (size_t i = 0; i < nss; ++i) rss[i] = rss0[i] = ss0[i];
+    for (size_t i = 0; i < n_out(B, T); ++i) rdout[i] = dout[i];
+    const mg_ref_seqs seqs = { m, NULL, 0, 0 };
+    if (mg_ref_mamba1_forward_ex(&dims, &lay, blob, B, T, u, rout, rcs, rss, &seqs) != MG_OK)
+        mg_tap_bail("reference forward_ex");
+    if (mg_ref_mamba1_backward_ex(&dims, &lay, blob, B, T, u, rcs0, rss0, rdout, rg, rdu, rdcs, rdss, &seqs) != MG_OK)
+        mg_tap_bail("reference backward_ex");
+    set_starts(m, B, T);
+    for (int k = 0; k < N_WALKS; ++k) {
+        use_walk(k);
+        run_out r;
+        run_alloc(&r, B, T);
+        const mg_status s = gpu_run(B, T, u, cs0, ss0, dout, 1, &r);
+        char what[240];
+        if (!mg_tap_ok(s == MG_OK, "forward_train + backward with starts b=%d T=%d (%s, %s) run", B, T, pname[pattern],
+                       walk_name[k])) {
+            mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+            run_free(&r);
+            continue;
+        }
+#define WHAT(x) (snprintf(what, sizeof what, "starts b=%d T=%d %s, %s vs reference _ex: %s", B, T, pname[pattern], \
+                          walk_name[k], (x)), what)
+        cmp_ref(WHAT("forward_train out"), r.out, rout, n_out(B, T), FWD_TOL);
+        cmp_ref(WHAT("final conv_state"), r.cs, rcs, ncs, FWD_TOL);
+        cmp_ref(WHAT("final ssm_state"), r.ss, rss, nss, FWD_TOL);
+        for (int i = 0; i < n_tens; ++i) {
+            char nm[120];
+            snprintf(nm, sizeof nm, "grad %s", tens[i].name);
+            cmp_ref(WHAT(nm), r.grads + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
+        }
+        cmp_ref(WHAT("du"), r.du, rdu, n_u(B, T), GRAD_TOL);
+        cmp_ref_state_grad(WHAT("d conv_state (initial)"), r.dcs, rdcs, ncs, GRAD_TOL);
+        cmp_ref_state_grad(WHAT("d ssm_state (initial)"), r.dss, rdss, nss, GRAD_TOL);
+#undef WHAT
+        /* streams whose token 0 is a start: their initial-state gradients are exactly 0 */
+        size_t nz = 0, nfirst = 0;
+        for (int l = 0; l < N_LAYERS; ++l)
+            for (int b = 0; b < B; ++b) {
+                if (!m[(size_t)b * T]) continue;
+                nfirst += l == 0;
+                const size_t pc = ncs / N_LAYERS / B, ps = nss / N_LAYERS / B;
+                for (size_t i = 0; i < pc; ++i) nz += r.dcs[((size_t)l * B + b) * pc + i] != 0.0f;
+                for (size_t i = 0; i < ps; ++i) nz += r.dss[((size_t)l * B + b) * ps + i] != 0.0f;
+            }
+        mg_tap_ok(nz == 0, "starts b=%d T=%d %s, %s: the initial-state gradients of the %zu stream(s) starting at t = 0 "
+                  "are exactly 0 (%zu nonzero)", B, T, pname[pattern], walk_name[k], nfirst, nz);
+        run_free(&r);
+    }
+    set_starts(NULL, 0, 0);
+    if (model_trainer_set_scan(tr, MODEL_SCAN_SPEC) != MG_OK) mg_tap_bail("trainer_set_scan");
+    free(u); free(dout); free(cs0); free(ss0); free(m);
+    free(rout); free(rcs); free(rss); free(rcs0); free(rss0); free(rdout); free(rg); free(rdu); free(rdcs); free(rdss);
+}
+
+static int same_run(const run_out *a, const run_out *b, int B, int T)
+{
+    return memcmp(a->out, b->out, n_out(B, T) * sizeof(float)) == 0 &&
+           memcmp(a->cs, b->cs, model_conv_state_floats(B) * sizeof(float)) == 0 &&
+           memcmp(a->ss, b->ss, model_ssm_state_floats(B) * sizeof(float)) == 0 &&
+           memcmp(a->grads, b->grads, WFLOATS * sizeof(float)) == 0 &&
+           memcmp(a->du, b->du, n_u(B, T) * sizeof(float)) == 0 &&
+           memcmp(a->dcs, b->dcs, model_conv_state_floats(B) * sizeof(float)) == 0 &&
+           memcmp(a->dss, b->dss, model_ssm_state_floats(B) * sizeof(float)) == 0;
+}
+
+/* Bit for bit, on every scan walk: an all-zero mask == no mask (out,
+ * states, every gradient), and clearing the mask gives the maskless bits
+ * again; backward differentiates its forward with that forward's mask
+ * (a mask cleared between them changes nothing). */
+static void test_starts_exact(int B, int T, uint64_t seed)
+{
+    float *u, *dout, *cs0, *ss0;
+    rand_call(B, T, seed, 1.0f, &u, &dout, &cs0, &ss0);
+    unsigned char *zero = start_mask(B, T, MG_TAP_STARTS_NONE), *mixed = start_mask(B, T, MG_TAP_STARTS_MIXED);
+    for (int k = 0; k < N_WALKS; ++k) {
+        use_walk(k);
+        run_out a, b, c;
+        run_alloc(&a, B, T); run_alloc(&b, B, T); run_alloc(&c, B, T);
+        set_starts(NULL, 0, 0);
+        mg_status s = gpu_run(B, T, u, cs0, ss0, dout, 1, &a);
+        set_starts(zero, B, T);
+        if (s == MG_OK) s = gpu_run(B, T, u, cs0, ss0, dout, 1, &b);
+        set_starts(NULL, 0, 0);
+        if (s == MG_OK) s = gpu_run(B, T, u, cs0, ss0, dout, 1, &c);
+        mg_tap_ok(s == MG_OK && same_run(&a, &b, B, T), "trainer with an all-zero start mask == no mask (%s): out, "
+                  "states and every gradient bit-identical", walk_name[k]);
+        mg_tap_ok(s == MG_OK && same_run(&a, &c, B, T), "trainer_set_starts(NULL) after a mask: the maskless bits again (%s)",
+                  walk_name[k]);
+        /* forward with the mixed mask, mask cleared, then backward == the mask kept */
+        set_starts(mixed, B, T);
+        if (s == MG_OK) s = gpu_run(B, T, u, cs0, ss0, dout, 1, &b);
+        {
+            const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+            float *du_ = mg_tap_dalloc(n_u(B, T)), *dout_ = mg_tap_dalloc(n_out(B, T)), *dy_ = mg_tap_dalloc(n_out(B, T));
+            float *dcs = mg_tap_dalloc(ncs), *dss = mg_tap_dalloc(nss), *dg = mg_tap_dalloc(WFLOATS);
+            float *ddu = mg_tap_dalloc(n_u(B, T)), *ddcs = mg_tap_dalloc(ncs), *ddss = mg_tap_dalloc(nss);
+            mg_tap_up(du_, u, n_u(B, T)); mg_tap_up(dy_, dout, n_out(B, T));
+            mg_tap_up(dcs, cs0, ncs); mg_tap_up(dss, ss0, nss);
+            if (s == MG_OK) s = model_forward_train(tr, d_blob, B, T, du_, dout_, dcs, dss);
+            set_starts(NULL, 0, 0);
+            if (s == MG_OK) s = model_backward(tr, dy_, dg, ddu, ddcs, ddss);
+            if (s == MG_OK) {
+                mg_tap_down(c.out, dout_, n_out(B, T)); mg_tap_down(c.cs, dcs, ncs); mg_tap_down(c.ss, dss, nss);
+                mg_tap_down(c.grads, dg, WFLOATS); mg_tap_down(c.du, ddu, n_u(B, T));
+                mg_tap_down(c.dcs, ddcs, ncs); mg_tap_down(c.dss, ddss, nss);
+            }
+            mg_dev_free(du_); mg_dev_free(dout_); mg_dev_free(dy_); mg_dev_free(dcs); mg_dev_free(dss); mg_dev_free(dg);
+            mg_dev_free(ddu); mg_dev_free(ddcs); mg_dev_free(ddss);
+        }
+        mg_tap_ok(s == MG_OK && same_run(&b, &c, B, T), "backward uses its forward_train's start mask (cleared in "
+                  "between: the same bits, %s)", walk_name[k]);
+        if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+        run_free(&a); run_free(&b); run_free(&c);
+    }
+    set_starts(NULL, 0, 0);
+    if (model_trainer_set_scan(tr, MODEL_SCAN_SPEC) != MG_OK) mg_tap_bail("trainer_set_scan");
+    free(u); free(dout); free(cs0); free(ss0); free(zero); free(mixed);
+}
+
+/* The training graph with a start mask: captured with the trainer's mask
+ * buffer, replays read what the buffer holds: a different mask every step
+ * (none, every stream mid-window, mixed), each replay against an eager
+ * train_step_mse with the same mask: loss of every step, weights and
+ * moments bit-identical. */
+static void test_train_graph_starts(int B, int T, uint64_t seed)
+{
+    enum { STEPS = 3 };
+    static const int pat[STEPS] = { MG_TAP_STARTS_NONE, MG_TAP_STARTS_MID, MG_TAP_STARTS_MIXED };
+    float *u, *tgt, *cs0, *ss0;
+    rand_call(B, T, seed, 0.5f, &u, &tgt, &cs0, &ss0);
+    float *ha = FALLOC(WFLOATS), *hb = FALLOC(WFLOATS), le[STEPS], lg[STEPS];
+    float *dw[2], *dg[2], *dm[2], *dv[2], *dl[2];
+    for (int i = 0; i < 2; ++i) {
+        dw[i] = mg_tap_dalloc(WFLOATS); dg[i] = mg_tap_dalloc(WFLOATS); dm[i] = mg_tap_dalloc(WFLOATS);
+        dv[i] = mg_tap_dalloc(WFLOATS); dl[i] = mg_tap_dalloc(1);
+        mg_tap_up(dw[i], blob, WFLOATS);
+        if (cudaMemset(dm[i], 0, WFLOATS * sizeof(float)) != cudaSuccess ||
+            cudaMemset(dv[i], 0, WFLOATS * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
+    }
+    float *du = mg_tap_dalloc(n_u(B, T)), *dt = mg_tap_dalloc(n_out(B, T));
+    mg_tap_up(du, u, n_u(B, T)); mg_tap_up(dt, tgt, n_out(B, T));
+    model_adamw_params p;
+    memset(&p, 0, sizeof p);
+    p.lr = 1e-2f; p.beta1 = 0.9f; p.beta2 = 0.999f; p.eps = 1e-8f; p.max_grad_norm = 1.0f; p.step = 1;
+    unsigned char *m = start_mask(B, T, MG_TAP_STARTS_MIXED);
+    set_starts(m, B, T);
+    model_train_graph *g = NULL;
+    mg_status s = model_train_graph_create(tr, dw[1], dg[1], dm[1], dv[1], &p, B, T, du, dt, NULL, NULL, dl[1], &g);
+    if (!mg_tap_ok(s == MG_OK, "train_graph_create with a start mask b=%d T=%d", B, T))
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    for (int k = 0; k < STEPS && s == MG_OK; ++k) {
+        free(m);
+        m = start_mask(B, T, pat[k]);
+        set_starts(m, B, T);   /* this step's mask, in the buffer the graph captured */
+        p.step = k + 1;
+        s = model_train_step_mse(tr, dw[0], dg[0], dm[0], dv[0], &p, B, T, du, dt, NULL, NULL, dl[0]);
+        if (s == MG_OK) s = model_train_graph_launch(g);
+        if (s != MG_OK) break;
+        mg_tap_down(le + k, dl[0], 1);
+        mg_tap_down(lg + k, dl[1], 1);
+    }
+    if (g) {
+        if (mg_tap_ok(s == MG_OK, "train graph with starts: %d replays and eager steps, a new mask each step, run", STEPS)) {
+            mg_tap_ok(memcmp(le, lg, sizeof le) == 0, "train graph replay (mask rewritten between replays) == eager: "
+                      "loss of every step bit-identical (%.6g %.6g %.6g)", le[0], le[1], le[2]);
+            mg_tap_down(ha, dw[0], WFLOATS); mg_tap_down(hb, dw[1], WFLOATS);
+            int same = memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            mg_tap_down(ha, dm[0], WFLOATS); mg_tap_down(hb, dm[1], WFLOATS);
+            same = same && memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            mg_tap_down(ha, dv[0], WFLOATS); mg_tap_down(hb, dv[1], WFLOATS);
+            same = same && memcmp(ha, hb, WFLOATS * sizeof(float)) == 0;
+            mg_tap_ok(same, "train graph replay with starts == eager: weights and moments bit-identical");
+        } else {
+            mg_tap_diag("%s", mg_last_error());
+        }
+        model_train_graph_destroy(g);
+    }
+    set_starts(NULL, 0, 0);
+    for (int i = 0; i < 2; ++i) { mg_dev_free(dw[i]); mg_dev_free(dg[i]); mg_dev_free(dm[i]); mg_dev_free(dv[i]); mg_dev_free(dl[i]); }
+    mg_dev_free(du); mg_dev_free(dt);
+    free(u); free(tgt); free(cs0); free(ss0); free(ha); free(hb); free(m);
+}
+
+/* Bad calls of trainer_set_starts: the documented status, the mask kept. */
+static void test_starts_bad_calls(void)
+{
+    unsigned char host[16] = { 0 };
+    mg_tap_expect_status(model_trainer_set_starts(NULL, d_start), MG_ERR_INVALID_ARG, "trainer_set_starts NULL trainer");
+    mg_tap_expect_status(model_trainer_set_starts(tr, host), MG_ERR_INVALID_ARG,
+                         "trainer_set_starts with a mask in unregistered host memory");
+    mg_tap_ok(strstr(mg_last_error(), "_trainer_set_starts: start") != NULL,
+              "trainer_set_starts: the message names the function and the mask (%s)", mg_last_error());
+    mg_tap_expect_status(model_trainer_set_starts(tr, (const uint8_t *)(uintptr_t)0x1000), MG_ERR_INVALID_ARG,
+                         "trainer_set_starts with a pointer CUDA does not know");
+    mg_tap_ok(model_trainer_set_starts(tr, d_start) == MG_OK && model_trainer_set_starts(tr, NULL) == MG_OK,
+              "trainer_set_starts: a device buffer, then NULL, accepted");
+}
+
+/* main's episode-start steps: mixed starts and every stream at one token,
+ * both walks; the exact checks; the graph; bad calls. */
+static void test_starts(int budget)
+{
+    d_start = (unsigned char *)mg_tap_dalloc(((size_t)MAX_BATCH * MAX_SEQ_LEN + 3) / 4);
+    const int bs = imin(5, MAX_BATCH);
+    /* at least two backward spans and several checkpoint pieces */
+    const int ts = imin(MAX_SEQ_LEN, imax(imin(2 * MODEL_BSCAN_SPAN + CKPT / 2 + 1, imax(2, budget / bs)), 2 * CKPT + 3));
+    if ((double)bs * ts <= budget) {
+        test_grads_starts(bs, ts, MG_TAP_STARTS_MIXED, 401);
+        test_grads_starts(imin(2, MAX_BATCH), imin(ts, MODEL_BSCAN_SPAN + 5), MG_TAP_STARTS_MID, 402);
+    } else {
+        mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "gradients with episode starts vs the reference");
+    }
+    test_starts_exact(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 2 * MODEL_BSCAN_SPAN + 5), 403);
+    test_train_graph_starts(bs, imin(MAX_SEQ_LEN, MODEL_BSCAN_SPAN + CKPT + 3), 404);
+    test_starts_bad_calls();
+    mg_dev_free(d_start);
+}
+
 /* ---------------------------------------------------------------- training graph */
 /* For train_tests.h's test_train_graph: the states as an array (conv,
  * ssm), their sizes, a call's random inputs with them, the state arguments
@@ -435,6 +708,8 @@ int main(void)
     /* Weights out of the init range (softplus's argument above its
      * threshold): every gradient vs the reference. */
     test_grads_pushed(ba, imin(ta, imin(MAX_SEQ_LEN, CKPT + 5)), 4711);
+    /* Episode starts in training (trainer_set_starts). */
+    test_starts(budget);
 
     train_end(ba);   /* AdamW, training, the training graph, bad calls */
     mg_ref_mamba1_layout_free(&lay);

@@ -8,34 +8,53 @@
 // Launchers (C linkage, prototypes in NAME.h under NAME_INTERNAL).
 // Argument ranges are checked by the host pipeline before any launch.
 // ===========================================================================
-extern "C" cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *conv_w,
-                                const float *conv_b, const float *state_in, float *state_out,
-                                void *xc, const unsigned char *reset, cudaStream_t stream)
+template <bool ST>
+static cudaError_t conv_launch(int batch, int seqlen, const void *xz, const float *conv_w, const float *conv_b,
+                               const float *state_in, float *state_out, void *xc, const unsigned char *reset,
+                               const unsigned char *start, cudaStream_t stream)
 {
     // Time tiles of CONV_TILE steps. One tile: the kernel updates the state
     // itself; more: tile 0 reads state_in while the last tile would write
     // state_out (they may alias), so the state is written by a second kernel.
     const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
-    conv_silu_kernel<<<dim3((unsigned)batch * ntiles, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
+    conv_silu_kernel<ST><<<dim3((unsigned)batch * ntiles, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
         seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in,
-        ntiles == 1 ? state_out : nullptr, static_cast<act_t *>(xc), reset);
+        ntiles == 1 ? state_out : nullptr, static_cast<act_t *>(xc), reset, start);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || ntiles == 1 || !state_out) return e;
-    conv_state_kernel<<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
-        seqlen, static_cast<const act_t *>(xz), state_in, state_out, reset);
+    conv_state_kernel<ST><<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(xz), state_in, state_out, reset, start);
     return cudaGetLastError();
+}
+
+// start NULL: the maskless kernels (ST = false); else the episode-start ones.
+extern "C" cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *conv_w,
+                                const float *conv_b, const float *state_in, float *state_out,
+                                void *xc, const unsigned char *reset, const unsigned char *start,
+                                cudaStream_t stream)
+{
+    return start ? conv_launch<true>(batch, seqlen, xz, conv_w, conv_b, state_in, state_out, xc, reset, start, stream)
+                 : conv_launch<false>(batch, seqlen, xz, conv_w, conv_b, state_in, state_out, xc, reset, nullptr,
+                                      stream);
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *xc, const void *dt,
                                 const void *dbl, const void *xz, const float *dt_bias,
                                 const float *A_log, const float *Dskip, const float *state_in,
-                                float *state_out, void *g, const unsigned char *reset, cudaStream_t stream)
+                                float *state_out, void *g, const unsigned char *reset,
+                                const unsigned char *start, cudaStream_t stream)
 {
     const dim3 grid(batch, SCAN_BLOCKS);
-    scan_kernel<<<grid, SCAN_THREADS, 0, stream>>>(
-        seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
-        static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
-        state_in, state_out, static_cast<act_t *>(g), reset);
+    if (start)
+        scan_kernel<true><<<grid, SCAN_THREADS, 0, stream>>>(
+            seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+            static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+            state_in, state_out, static_cast<act_t *>(g), reset, start);
+    else
+        scan_kernel<false><<<grid, SCAN_THREADS, 0, stream>>>(
+            seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+            static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+            state_in, state_out, static_cast<act_t *>(g), reset, nullptr);
     return cudaGetLastError();
 }
 
@@ -82,23 +101,25 @@ extern "C" cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, f
 #if MG_M1_SCAN_CHUNKED
 
 // Passes 1 and 2 of the chunked scan: every chunk's incoming state into
-// cstate; reset [batch] (NULL: none) zeroes a sequence's state_in.
+// cstate; reset [batch] (NULL: none) zeroes a sequence's state_in; ST:
+// episode starts (start [batch][seqlen]).
+template <bool ST>
 static cudaError_t chunk_states_launch(int batch, int seqlen, const void *xc, const void *dt, const void *dbl,
                                        const float *dt_bias, const float *A_log, const float *state_in,
                                        float *cstate, float *dsum, const unsigned char *reset,
-                                       cudaStream_t stream)
+                                       const unsigned char *start, cudaStream_t stream)
 {
     const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
     if (nc > 1) {
-        chunk_state_kernel<<<dim3(batch, SCAN_BLOCKS, nc - 1), SCAN_THREADS, 0, stream>>>(
+        chunk_state_kernel<ST><<<dim3(batch, SCAN_BLOCKS, nc - 1), SCAN_THREADS, 0, stream>>>(
             seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
-            static_cast<const act_t *>(dbl), dt_bias, A_log, cstate, dsum);
+            static_cast<const act_t *>(dbl), dt_bias, A_log, cstate, dsum, start);
         const cudaError_t e1 = cudaGetLastError();
         if (e1 != cudaSuccess) return e1;
     }
     const size_t n = (size_t)batch * E * N;
-    chunk_combine_kernel<<<(unsigned)((n + COMBINE_THREADS - 1) / COMBINE_THREADS), COMBINE_THREADS, 0,
-                           stream>>>(batch, nc, A_log, state_in, cstate, dsum, reset);
+    chunk_combine_kernel<ST><<<(unsigned)((n + COMBINE_THREADS - 1) / COMBINE_THREADS), COMBINE_THREADS, 0,
+                               stream>>>(batch, nc, A_log, state_in, cstate, dsum, reset);
     return cudaGetLastError();
 }
 
@@ -106,25 +127,42 @@ static cudaError_t chunk_states_launch(int batch, int seqlen, const void *xc, co
 extern "C" cudaError_t MG_LAUNCH(scan_chunk_states)(int batch, int seqlen, const void *xc, const void *dt,
                                              const void *dbl, const float *dt_bias, const float *A_log,
                                              const float *state_in, float *cstate, float *dsum,
-                                             cudaStream_t stream)
+                                             const unsigned char *start, cudaStream_t stream)
 {
-    return chunk_states_launch(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum, nullptr, stream);
+    return start ? chunk_states_launch<true>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum,
+                                             nullptr, start, stream)
+                 : chunk_states_launch<false>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum,
+                                              nullptr, nullptr, stream);
+}
+
+template <bool ST>
+static cudaError_t scan_chunked_launch(int batch, int seqlen, const void *xc, const void *dt, const void *dbl,
+                                       const void *xz, const float *dt_bias, const float *A_log,
+                                       const float *Dskip, const float *state_in, float *state_out,
+                                       float *cstate, float *dsum, void *g, const unsigned char *reset,
+                                       const unsigned char *start, cudaStream_t stream)
+{
+    const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
+    const cudaError_t e = chunk_states_launch<ST>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate,
+                                                  dsum, reset, start, stream);
+    if (e != cudaSuccess) return e;
+    chunk_output_kernel<ST><<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, stream>>>(
+        seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+        static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+        cstate, state_out, static_cast<act_t *>(g), start);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *xc, const void *dt,
                                         const void *dbl, const void *xz, const float *dt_bias,
                                         const float *A_log, const float *Dskip,
                                         const float *state_in, float *state_out, float *cstate,
-                                        float *dsum, void *g, const unsigned char *reset, cudaStream_t stream)
+                                        float *dsum, void *g, const unsigned char *reset,
+                                        const unsigned char *start, cudaStream_t stream)
 {
-    const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
-    const cudaError_t e = chunk_states_launch(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum,
-                                              reset, stream);
-    if (e != cudaSuccess) return e;
-    chunk_output_kernel<<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, stream>>>(
-        seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
-        static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
-        cstate, state_out, static_cast<act_t *>(g));
-    return cudaGetLastError();
+    return start ? scan_chunked_launch<true>(batch, seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, state_in,
+                                             state_out, cstate, dsum, g, reset, start, stream)
+                 : scan_chunked_launch<false>(batch, seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, state_in,
+                                              state_out, cstate, dsum, g, reset, nullptr, stream);
 }
 #endif

@@ -16,18 +16,23 @@ cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_
                         int rows, cudaStream_t stream);
 /* The launchers that read a recurrent state take reset [batch] (uint8, NULL:
  * none): a sequence whose entry is nonzero starts from zeros instead of its
- * state in (the decode step's reset mask; prefill passes NULL). */
+ * state in (the decode step's reset mask; prefill passes NULL). Those of
+ * the conv and the scans take start [batch][seqlen] (uint8, NULL: none, the
+ * maskless kernels): episode starts, the states zeroed before every token
+ * whose entry is nonzero (doc/math.md §9; NAME_prefill_starts). */
 /* Causal depthwise conv + SiLU over x = xz[:, 0:E], parallel over time tiles;
  * conv state in/out (state_in NULL: zeros; state_out NULL: not written; they
  * may alias). One launch, two when seqlen > CONV_TILE (then the state update). */
 cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *conv_w,
                      const float *conv_b, const float *state_in, float *state_out,
-                     void *xc, const unsigned char *reset, cudaStream_t stream);
+                     void *xc, const unsigned char *reset, const unsigned char *start,
+                     cudaStream_t stream);
 /* Selective scan + D skip + SiLU(z) gate -> g[tokens][E]. */
 cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *xc, const void *dt,
                      const void *dbl, const void *xz, const float *dt_bias,
                      const float *A_log, const float *Dskip, const float *state_in,
-                     float *state_out, void *g, const unsigned char *reset, cudaStream_t stream);
+                     float *state_out, void *g, const unsigned char *reset, const unsigned char *start,
+                     cudaStream_t stream);
 /* Fused decode of one layer's mixer for one token per sequence: conv step
  * (conv_state in place), x_proj partials part [batch][CONV_BLOCKS][XP] f32,
  * then dt_proj + scan step (ssm_state in place) + gate -> g [batch][E].
@@ -54,13 +59,14 @@ cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, in
 cudaError_t MG_LAUNCH(scan_chunk_states)(int batch, int seqlen, const void *xc, const void *dt,
                                   const void *dbl, const float *dt_bias, const float *A_log,
                                   const float *state_in, float *cstate, float *dsum,
-                                  cudaStream_t stream);
+                                  const unsigned char *start, cudaStream_t stream);
 /* Chunked scan (three launches); cstate [batch][nc][E][N], dsum [batch][nc][E]
  * f32 workspace, nc = ceil(seqlen / SCAN_CHUNK). state_in/out may alias. */
 cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *xc, const void *dt,
                              const void *dbl, const void *xz, const float *dt_bias,
                              const float *A_log, const float *Dskip,
                              const float *state_in, float *state_out, float *cstate,
-                             float *dsum, void *g, const unsigned char *reset, cudaStream_t stream);
+                             float *dsum, void *g, const unsigned char *reset, const unsigned char *start,
+                             cudaStream_t stream);
 /* wa[i] = (storage dtype) w[i], i < n (round to nearest). */
 cudaError_t MG_LAUNCH(convert)(const float *w, void *wa, size_t n, cudaStream_t stream);

@@ -28,11 +28,17 @@ extern "C" cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, i
 
 extern "C" cudaError_t MG_LAUNCH(conv_fwd)(int batch, int seqlen, const void *xz, const float *cw,
                                       const float *cb, const float *cs0, float *state_out, void *xc,
-                                      cudaStream_t st)
+                                      const unsigned char *start, cudaStream_t st)
 {
     const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
-    conv_fwd_kernel<<<dim3((unsigned)batch * ntiles, CONV_BLOCKS), CONV_THREADS, 0, st>>>(
-        seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, state_out, static_cast<act_t *>(xc));
+    const dim3 grid((unsigned)batch * ntiles, CONV_BLOCKS);
+    if (start)
+        conv_fwd_kernel<true><<<grid, CONV_THREADS, 0, st>>>(
+            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, state_out, static_cast<act_t *>(xc), start);
+    else
+        conv_fwd_kernel<false><<<grid, CONV_THREADS, 0, st>>>(
+            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, state_out, static_cast<act_t *>(xc),
+            nullptr);
     return cudaGetLastError();
 }
 
@@ -40,14 +46,14 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, int chunked, c
                                       const void *dbl, const void *xz, const float *dt_bias,
                                       const float *A_log, const float *Dskip, const float *state_in,
                                       float *state_out, float *cstate, float *dsum, float *ckpt, void *y,
-                                      void *g, cudaStream_t st)
+                                      void *g, const unsigned char *start, cudaStream_t st)
 {
     int nc = 1;
 #if MG_M1_SCAN_CHUNKED
     if (chunked) {   // passes 1 and 2 of the chunked scan (NAME_kernels.cu), then the output pass here
         nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
         const cudaError_t e = MG_LAUNCH(scan_chunk_states)(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in,
-                                                           cstate, dsum, st);
+                                                           cstate, dsum, start, st);
         if (e != cudaSuccess) return e;
     }
 #else
@@ -55,10 +61,17 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, int chunked, c
     (void)cstate;
     (void)dsum;
 #endif
-    scan_fwd_kernel<<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, st>>>(
-        seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
-        static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
-        state_in, cstate, state_out, ckpt, static_cast<act_t *>(y), static_cast<act_t *>(g));
+    const dim3 grid(batch, SCAN_BLOCKS, nc);
+    if (start)
+        scan_fwd_kernel<true><<<grid, SCAN_THREADS, 0, st>>>(
+            seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+            static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+            state_in, cstate, state_out, ckpt, static_cast<act_t *>(y), static_cast<act_t *>(g), start);
+    else
+        scan_fwd_kernel<false><<<grid, SCAN_THREADS, 0, st>>>(
+            seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+            static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+            state_in, cstate, state_out, ckpt, static_cast<act_t *>(y), static_cast<act_t *>(g), nullptr);
     return cudaGetLastError();
 }
 
@@ -80,25 +93,26 @@ extern "C" cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const void *y, const void
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, int nspans, const void *xc, const void *dt,
-                                      const void *dbl, const float *dt_bias, const float *A_log,
-                                      const float *Dskip, const float *ckpt, const float *dy,
-                                      float *dxc, void *ddt, float *part_bc, float *part_A,
-                                      float *part_D, float *part_dtb, float *span_p, float *span_ds,
-                                      float *dss, cudaStream_t st)
+template <bool ST>
+static cudaError_t scan_bwd_launch(int batch, int seqlen, int nspans, const void *xc, const void *dt,
+                                   const void *dbl, const float *dt_bias, const float *A_log,
+                                   const float *Dskip, const float *ckpt, const float *dy,
+                                   float *dxc, void *ddt, float *part_bc, float *part_A,
+                                   float *part_D, float *part_dtb, float *span_p, float *span_ds,
+                                   float *dss, const unsigned char *start, cudaStream_t st)
 {
     const act_t *xc_ = static_cast<const act_t *>(xc), *dt_ = static_cast<const act_t *>(dt);
     const act_t *dbl_ = static_cast<const act_t *>(dbl);
     if (nspans <= 1) {   // sequential: one span over the whole sequence
-        scan_bwd_kernel<<<dim3(batch, SCAN_BLOCKS, 1), SCAN_THREADS, 0, st>>>(
+        scan_bwd_kernel<ST><<<dim3(batch, SCAN_BLOCKS, 1), SCAN_THREADS, 0, st>>>(
             seqlen, batch * seqlen, (seqlen + BCK - 1) / BCK, xc_, dt_, dbl_, dt_bias, A_log, Dskip, ckpt, dy,
-            nullptr, dxc, static_cast<act_t *>(ddt), part_bc, part_A, part_D, part_dtb, dss);
+            nullptr, dxc, static_cast<act_t *>(ddt), part_bc, part_A, part_D, part_dtb, dss, start);
         return cudaGetLastError();
     }
 #if MG_M1_BSCAN_CHUNKED
     if (nspans != (seqlen + BSPAN - 1) / BSPAN || !span_p || !span_ds) return cudaErrorInvalidValue;
-    scan_bwd_span_kernel<<<dim3(batch, SCAN_BLOCKS, nspans), SCAN_THREADS, 0, st>>>(
-        seqlen, dt_, dbl_, dt_bias, A_log, dy, span_p, span_ds);
+    scan_bwd_span_kernel<ST><<<dim3(batch, SCAN_BLOCKS, nspans), SCAN_THREADS, 0, st>>>(
+        seqlen, dt_, dbl_, dt_bias, A_log, dy, span_p, span_ds, start);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     const size_t n = (size_t)batch * E * N;
@@ -106,15 +120,29 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, int nspans, co
         batch, nspans, span_p, span_ds);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    scan_bwd_kernel<<<dim3(batch, SCAN_BLOCKS, nspans), SCAN_THREADS, 0, st>>>(
+    scan_bwd_kernel<ST><<<dim3(batch, SCAN_BLOCKS, nspans), SCAN_THREADS, 0, st>>>(
         seqlen, batch * seqlen, BSPAN_CK, xc_, dt_, dbl_, dt_bias, A_log, Dskip, ckpt, dy, span_ds, dxc,
-        static_cast<act_t *>(ddt), part_bc, part_A, part_D, part_dtb, dss);
+        static_cast<act_t *>(ddt), part_bc, part_A, part_D, part_dtb, dss, start);
     return cudaGetLastError();
 #else
     (void)span_p;
     (void)span_ds;
     return cudaErrorInvalidValue;   // no chunk-parallel backward in this library
 #endif
+}
+
+// start NULL: the maskless kernels; else the episode-start ones (ST = true).
+extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, int nspans, const void *xc, const void *dt,
+                                      const void *dbl, const float *dt_bias, const float *A_log,
+                                      const float *Dskip, const float *ckpt, const float *dy,
+                                      float *dxc, void *ddt, float *part_bc, float *part_A,
+                                      float *part_D, float *part_dtb, float *span_p, float *span_ds,
+                                      float *dss, const unsigned char *start, cudaStream_t st)
+{
+    return start ? scan_bwd_launch<true>(batch, seqlen, nspans, xc, dt, dbl, dt_bias, A_log, Dskip, ckpt, dy, dxc,
+                                         ddt, part_bc, part_A, part_D, part_dtb, span_p, span_ds, dss, start, st)
+                 : scan_bwd_launch<false>(batch, seqlen, nspans, xc, dt, dbl, dt_bias, A_log, Dskip, ckpt, dy, dxc,
+                                          ddt, part_bc, part_A, part_D, part_dtb, span_p, span_ds, dss, nullptr, st);
 }
 
 extern "C" cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, void *ddbl, cudaStream_t st)
@@ -148,12 +176,18 @@ static cudaError_t conv_sum_parts(float *part, int nparts, size_t pstride, int n
 extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,
                                       const float *cb, const float *cs0, const float *dxc, void *dxz,
                                       float *dcs, float *part_w, float *part_b, float *gw, float *gb,
-                                      cudaStream_t st)
+                                      const unsigned char *start, cudaStream_t st)
 {
     const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
-    conv_bwd_kernel<<<dim3((unsigned)batch * ntiles, CONV_BLOCKS), CONV_THREADS, 0, st>>>(
-        seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
-        part_w, part_b);
+    const dim3 grid((unsigned)batch * ntiles, CONV_BLOCKS);
+    if (start)
+        conv_bwd_kernel<true><<<grid, CONV_THREADS, 0, st>>>(
+            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
+            part_w, part_b, start);
+    else
+        conv_bwd_kernel<false><<<grid, CONV_THREADS, 0, st>>>(
+            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
+            part_w, part_b, nullptr);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     e = conv_sum_parts(part_w, batch * ntiles, (size_t)E * K, E * K, gw, st);

@@ -10,11 +10,14 @@
 cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cudaStream_t st);
 cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
                                float *rstd, int rows, cudaStream_t st);
+/* start [batch][seqlen] (uint8, NULL: none, the maskless kernels) of the
+ * conv and scan launchers below: episode starts (doc/math.md §9,
+ * NAME_trainer_set_starts), the same mask in the forward and the backward. */
 /* Conv + SiLU parallel over time tiles from the initial window cs0; the final
  * window to state_out (NULL: not written), which must not alias cs0. */
 cudaError_t MG_LAUNCH(conv_fwd)(int batch, int seqlen, const void *xz, const float *cw,
                             const float *cb, const float *cs0, float *state_out, void *xc,
-                            cudaStream_t st);
+                            const unsigned char *start, cudaStream_t st);
 /* The training forward's scan: chunked 0 sequential, 1 chunked (passes 1
  * and 2 of the inference scan into cstate [batch][nc][E][N] and dsum
  * [batch][nc][E], nc = ceil(seqlen / SCAN_CHUNK); HAS_CHUNKED_SCAN only).
@@ -23,7 +26,7 @@ cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, int chunked, const void *
                             const void *dbl, const void *xz, const float *dt_bias,
                             const float *A_log, const float *Dskip, const float *state_in,
                             float *state_out, float *cstate, float *dsum, float *ckpt, void *y,
-                            void *g, cudaStream_t st);
+                            void *g, const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w, const float *rstd,
                                const float *dy, const float *dscale, int accumulate, float *dh,
                                void *dh_act, float *part, cudaStream_t st);
@@ -41,7 +44,7 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, int nspans, const void *x
                             const float *Dskip, const float *ckpt, const float *dy,
                             float *dxc, void *ddt, float *part_bc, float *part_A,
                             float *part_D, float *part_dtb, float *span_p, float *span_ds,
-                            float *dss, cudaStream_t st);
+                            float *dss, const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, void *ddbl, cudaStream_t st);
 /* The conv backward, parallel over time tiles of CONV_TILE steps: dxz[:, :E],
  * dcs (NULL: not written), and the weight / bias gradients gw [E][K], gb [E]
@@ -51,5 +54,5 @@ cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, void *ddbl, c
 cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,
                             const float *cb, const float *cs0, const float *dxc, void *dxz,
                             float *dcs, float *part_w, float *part_b, float *gw, float *gb,
-                            cudaStream_t st);
+                            const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(convert_train)(const float *w, void *wa, cudaStream_t st);

@@ -75,14 +75,23 @@ scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const a
 // exp(A * dsum)). The inputs of tchunk timesteps are staged in shared
 // memory per pass (scan_stage), so every thread of the block must call it
 // with the same range.
+// ST = true (episode starts, doc/math.md §9): start [tokens] (uint8, the
+// call's [batch][seqlen] mask, indexed by row like the inputs) is staged
+// per pass into sst [tchunk] (shared, the caller's); before the update of a
+// step whose entry is nonzero the state is zeroed (s_{t-1} := 0, a fresh
+// sequence's first step: the same arithmetic), and with OUT = false dsum
+// becomes +INFINITY, the flag of a chunk whose decay a_c is 0 (the combine
+// pass tests it: chunk_combine_body<true>). ST = false: none of this is
+// compiled (the instructions of the maskless kernels are unchanged).
 // ---------------------------------------------------------------------------
-template <bool OUT, bool SAVE = false, class Dm, class Stage>
+template <bool OUT, bool SAVE = false, bool ST = false, class Dm, class Stage>
 __device__ __forceinline__ void
 scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
           float (&s)[Dm::NPT_MAX], const float (&A)[Dm::NPT_MAX], float dtb, float dsk, float &dsum,
           const act_t *__restrict__ xc, const act_t *__restrict__ dt,
           const act_t *__restrict__ dbl, const act_t *__restrict__ xz, act_t *__restrict__ g,
-          Stage sBC, Dm dm, act_t *__restrict__ ysave = nullptr)
+          Stage sBC, Dm dm, act_t *__restrict__ ysave = nullptr,
+          const unsigned char *__restrict__ start = nullptr, unsigned char *sst = nullptr)
 {
     const int E = dm.E, N = dm.N, ch = dm.channels;
     const int c = threadIdx.x / dm.lanes;   // this thread's channel within the block
@@ -90,9 +99,16 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
         const int nt = min(dm.tchunk, t_end - t0);
         __syncthreads();   // the previous pass is done reading the stage
         scan_stage<OUT>(t0, nt, row0, xc, dt, dbl, xz, sBC, dm);
+        if (ST)
+            for (int i = threadIdx.x; i < nt; i += SCAN_THREADS) sst[i] = start[row0 + t0 + i];
         __syncthreads();
         for (int tt = 0; tt < nt; ++tt) {
             const mg_size_t row = row0 + t0 + tt;
+            if (ST && sst[tt]) {   // an episode starts here: the state before it is 0
+#pragma unroll
+                for (int j = 0; j < Dm::NPT_MAX; ++j) s[j] = 0.0f;
+                if (!OUT) dsum = __int_as_float(0x7f800000);   // +INFINITY: the chunk's decay is 0
+            }
             const float x = sBC[tt][2 * N + c];
             const float delta = softplus(sBC[tt][2 * N + ch + c] + dtb);
             const float dx = delta * x;
@@ -137,14 +153,16 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
 // Channels past E (a partial last block) compute on channel E-1 so that
 // every lane takes part in the shuffles, and store nothing. The final state
 // is written to state_out (may alias state_in; NULL: not written).
+// ST, start, sst: episode starts (scan_span).
 // ---------------------------------------------------------------------------
-template <class Dm, class Stage>
+template <bool ST = false, class Dm, class Stage>
 __device__ __forceinline__ void
 scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
               const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
               const float *__restrict__ dt_bias, const float *__restrict__ A_log,
               const float *__restrict__ Dskip, const float *state_in, float *state_out,
-              act_t *__restrict__ g, Stage sBC, Dm dm)
+              act_t *__restrict__ g, Stage sBC, Dm dm,
+              const unsigned char *__restrict__ start = nullptr, unsigned char *sst = nullptr)
 {
     const int E = dm.E, N = dm.N;
     const int lane = threadIdx.x % dm.lanes;
@@ -162,8 +180,8 @@ scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict_
         s[j] = state_in ? state_in[sb + j] : 0.0f;
     }
     float dsum = 0.0f;
-    scan_span<true>(0, seqlen, row0, lane, e, valid, s, A, dt_bias[ec], Dskip[ec], dsum,
-                    xc, dt, dbl, xz, g, sBC, dm);
+    scan_span<true, false, ST>(0, seqlen, row0, lane, e, valid, s, A, dt_bias[ec], Dskip[ec], dsum,
+                               xc, dt, dbl, xz, g, sBC, dm, nullptr, start, sst);
     if (state_out && valid) {
 #pragma unroll
         for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) state_out[sb + j] = s[j];
@@ -192,13 +210,20 @@ scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict_
 // the combine and state_out written only by the output pass, so they may
 // alias (in-place states) without a race. No atomics, fixed order:
 // deterministic. Same block shape and staging as the sequential scan.
+// Episode starts (ST = true, doc/math.md §9): pass 1 zeroes the state at a
+// start, so b_c is the chunk's state from its last start, and writes dsum
+// = +INFINITY for a chunk holding one (a_c = 0: nothing enters from
+// before); the combine then takes s_in(c+1) = b_c for such a chunk (not
+// exp(A * inf) s, which is NaN for A = -0); the output pass zeroes at the
+// starts again. A start at t = 0 makes state_in irrelevant.
 // ---------------------------------------------------------------------------
-template <class Dm, class Stage>
+template <bool ST = false, class Dm, class Stage>
 __device__ __forceinline__ void
 chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                  const act_t *__restrict__ dbl, const float *__restrict__ dt_bias,
                  const float *__restrict__ A_log, float *__restrict__ cstate,
-                 float *__restrict__ dsum_out, Stage sBC, Dm dm)
+                 float *__restrict__ dsum_out, Stage sBC, Dm dm,
+                 const unsigned char *__restrict__ start = nullptr, unsigned char *sst = nullptr)
 {
     const int E = dm.E, N = dm.N;
     const int lane = threadIdx.x % dm.lanes;
@@ -214,8 +239,9 @@ chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *
         s[j] = 0.0f;
     }
     float dsum = 0.0f;
-    scan_span<false>(c * SCAN_CHUNK, (c + 1) * SCAN_CHUNK, b * (mg_size_t)seqlen, lane, e, valid,
-                     s, A, dt_bias[ec], 0.0f, dsum, xc, dt, dbl, nullptr, nullptr, sBC, dm);
+    scan_span<false, false, ST>(c * SCAN_CHUNK, (c + 1) * SCAN_CHUNK, b * (mg_size_t)seqlen, lane, e, valid,
+                                s, A, dt_bias[ec], 0.0f, dsum, xc, dt, dbl, nullptr, nullptr, sBC, dm, nullptr,
+                                start, sst);
     if (valid) {
         float *cs = cstate + ((b * nc + c + 1) * E + e) * N + lane * dm.npt;
 #pragma unroll
@@ -224,7 +250,7 @@ chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *
     }
 }
 
-template <class Dm>
+template <bool ST = false, class Dm>
 __device__ __forceinline__ void
 chunk_combine_body(int batch, int nc, const float *__restrict__ A_log, const float *state_in,
                    float *__restrict__ cstate, const float *__restrict__ dsum, Dm dm)
@@ -239,18 +265,22 @@ chunk_combine_body(int batch, int nc, const float *__restrict__ A_log, const flo
     const float *ds = dsum + b * nc * (mg_size_t)E + e;
     cs[0] = s;
     for (int c = 0; c + 1 < nc; ++c) {
-        s = expf(A * ds[(mg_size_t)c * E]) * s + cs[(mg_size_t)(c + 1) * E * N];
+        if (ST && ds[(mg_size_t)c * E] == __int_as_float(0x7f800000))   // chunk c holds a start
+            s = cs[(mg_size_t)(c + 1) * E * N];
+        else
+            s = expf(A * ds[(mg_size_t)c * E]) * s + cs[(mg_size_t)(c + 1) * E * N];
         cs[(mg_size_t)(c + 1) * E * N] = s;
     }
 }
 
-template <class Dm, class Stage>
+template <bool ST = false, class Dm, class Stage>
 __device__ __forceinline__ void
 chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                   const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
                   const float *__restrict__ dt_bias, const float *__restrict__ A_log,
                   const float *__restrict__ Dskip, const float *__restrict__ cstate,
-                  float *state_out, act_t *__restrict__ g, Stage sBC, Dm dm)
+                  float *state_out, act_t *__restrict__ g, Stage sBC, Dm dm,
+                  const unsigned char *__restrict__ start = nullptr, unsigned char *sst = nullptr)
 {
     const int E = dm.E, N = dm.N;
     const int lane = threadIdx.x % dm.lanes;
@@ -269,8 +299,8 @@ chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t 
         s[j] = cs[j];
     }
     float dsum = 0.0f;
-    scan_span<true>(t_begin, t_end, b * (mg_size_t)seqlen, lane, e, valid, s, A, dt_bias[ec],
-                    Dskip[ec], dsum, xc, dt, dbl, xz, g, sBC, dm);
+    scan_span<true, false, ST>(t_begin, t_end, b * (mg_size_t)seqlen, lane, e, valid, s, A, dt_bias[ec],
+                               Dskip[ec], dsum, xc, dt, dbl, xz, g, sBC, dm, nullptr, start, sst);
     if (state_out && valid && c == nc - 1) {
         float *so = state_out + (b * E + e) * N + lane * dm.npt;
 #pragma unroll

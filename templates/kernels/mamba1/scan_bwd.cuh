@@ -21,15 +21,21 @@
 // A chunk is a whole number of BCK pieces, so each piece's checkpoint is
 // written by the block walking it. The final state goes to state_out (NULL:
 // not written; may alias state_in: read before, or only by pass 2).
+// ST: episode starts, start [batch][seqlen] (scan_span zeroes the state
+// before a start token; a checkpoint is the state before its piece's first
+// token, so the backward's recompute zeroes at the same tokens).
 static_assert(SCAN_CHUNK % BCK == 0, "a chunk is a whole number of checkpoint pieces");
+template <bool ST>
 __global__ void __launch_bounds__(SCAN_THREADS)
 scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                 const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
                 const float *__restrict__ dt_bias, const float *__restrict__ A_log,
                 const float *__restrict__ Dskip, const float *state_in, const float *__restrict__ cstate,
-                float *state_out, float *__restrict__ ckpt, act_t *__restrict__ ysave, act_t *__restrict__ g)
+                float *state_out, float *__restrict__ ckpt, act_t *__restrict__ ysave, act_t *__restrict__ g,
+                const unsigned char *__restrict__ start)
 {
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, dt, z]
+    __shared__ unsigned char sst[ST ? SCAN_TCHUNK : 1];   // the pass's start flags (ST)
     const ModelDims dm;
     const int lane = threadIdx.x % SCAN_LANES;
     const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
@@ -59,8 +65,8 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j) cp[j] = s[j];
         }
-        scan_span<true, true>(t0, min(t_end, t0 + BCK), row0, lane, e, valid, s, A, dtb, dsk, dsum,
-                              xc, dt, dbl, xz, g, sBC, dm, ysave);
+        scan_span<true, true, ST>(t0, min(t_end, t0 + BCK), row0, lane, e, valid, s, A, dtb, dsk, dsum,
+                                  xc, dt, dbl, xz, g, sBC, dm, ysave, start, sst);
     }
     if (state_out && valid && c == nc - 1) {
 #pragma unroll
@@ -75,11 +81,17 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
 // scan_stage in mg_m1_scan_body.cuh). Channels past E stage xc and dt of
 // channel E-1 (their threads compute on it) and dy = 0 (so they add nothing
 // to the block's dB sums).
+// ST: also the start flags of the steps, sst[tt] = start[row].
+template <bool ST = false>
 __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act_t *__restrict__ xc,
                                           const act_t *__restrict__ dt, const float *__restrict__ dy,
-                                          float (*sIn)[3][SCAN_CHANNELS])
+                                          float (*sIn)[3][SCAN_CHANNELS],
+                                          const unsigned char *__restrict__ start = nullptr,
+                                          unsigned char *sst = nullptr)
 {
     const int e0 = blockIdx.y * SCAN_CHANNELS;
+    if (ST)
+        for (int i = threadIdx.x; i < nt; i += SCAN_THREADS) sst[i] = start[row0 + t0 + i];
     for (int i = threadIdx.x; i < nt * SCAN_CHANNELS; i += SCAN_THREADS) {
         const int tt = i / SCAN_CHANNELS, c = i % SCAN_CHANNELS;
         const size_t row = row0 + t0 + tt;
@@ -137,6 +149,12 @@ static_assert(BC_HALVE >= 1 && BC_VF <= SCAN_NPT, "a window holds dB or dC value
 //   part_A [b*nz+z][E][N], part_D [b*nz+z][E], part_dtb [b*nz+z][E]: sums
 //                      over the span's steps
 //   dss [b][E][N] (optional) = dL/d(initial state), from span 0
+// ST: episode starts, start [batch][seqlen]: the recompute zeroes the state
+// before a start token as the forward did; at a start the state entering
+// the step is the constant 0, so its decay term (gda) is 0 and the adjoint
+// carried to t-1 is 0 (no gradient crosses the start; dss of a sequence
+// starting at t = 0 is 0).
+template <bool ST>
 __global__ void __launch_bounds__(SCAN_THREADS)
 scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ xc,
                 const act_t *__restrict__ dt, const act_t *__restrict__ dbl,
@@ -145,10 +163,11 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 const float *__restrict__ dy, const float *__restrict__ ds_end,
                 float *__restrict__ dxc, act_t *__restrict__ ddt, float *__restrict__ part_bc,
                 float *__restrict__ part_A, float *__restrict__ part_D, float *__restrict__ part_dtb,
-                float *__restrict__ dss)
+                float *__restrict__ dss, const unsigned char *__restrict__ start)
 {
     __shared__ float sBC[BCK][2 * N];
     __shared__ float sIn[BCK][3][SCAN_CHANNELS];   // xc, dt, dy of the block's channels (see bwd_stage)
+    __shared__ unsigned char sst[ST ? BCK : 1];    // start flags of the chunk's steps (ST)
     __shared__ float red[2][SCAN_WARPS][2 * N];
     const int lane = threadIdx.x % SCAN_LANES;
     const int ci = threadIdx.x / SCAN_LANES;   // this thread's channel within the block
@@ -187,7 +206,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             const int tt = i / (2 * N), k = i % (2 * N);
             sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
         }
-        bwd_stage(t0, nt, row0, xc, dt, dy, sIn);
+        bwd_stage<ST>(t0, nt, row0, xc, dt, dy, sIn, start, sst);
         __syncthreads();
         // Recompute the chunk's states from its checkpoint (forward arithmetic).
         float s0[SCAN_NPT], hs[BCK][SCAN_NPT];
@@ -202,6 +221,10 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 const float x = sIn[tt][0][ci];
                 const float delta = softplus(sIn[tt][1][ci] + dtb);
                 const float dx = delta * x;
+                if (ST && sst[tt]) {
+#pragma unroll
+                    for (int j = 0; j < SCAN_NPT; ++j) s[j] = 0.0f;
+                }
 #pragma unroll
                 for (int j = 0; j < SCAN_NPT; ++j) {
                     s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][lane * SCAN_NPT + j];
@@ -216,11 +239,12 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             const float raw = sIn[tt][1][ci] + dtb;
             const float delta = softplus(raw);
             const float dyv = sIn[tt][2][ci];   // 0 for padding channels
+            const bool cut = ST && sst[tt];     // an episode starts at this step
             float dd = 0.0f, dx = 0.0f, cb[SCAN_NPT], cc[SCAN_NPT];
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j) {
                 const int n = lane * SCAN_NPT + j;
-                const float sprev = tt > 0 ? hs[tt - 1][j] : s0[j];
+                const float sprev = cut ? 0.0f : (tt > 0 ? hs[tt - 1][j] : s0[j]);
                 const float Bn = sBC[tt][n], Cn = sBC[tt][N + n];
                 cc[j] = dyv * hs[tt][j];
                 const float dsn = ds[j] + dyv * Cn;
@@ -230,7 +254,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 gA[j] += gda * delta;
                 cb[j] = dsn * delta * x;
                 dx += dsn * delta * Bn;
-                ds[j] = dsn * a;
+                ds[j] = dsn * (cut ? 0.0f : a);   // (the maskless expression's shape: the same bits without a start)
             }
 #pragma unroll
             for (int o = SCAN_LANES / 2; o > 0; o >>= 1) {
@@ -317,13 +341,20 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
 // depend on dt, dy and C only (no states, no checkpoints), so every span is
 // independent. The span's C_t are staged BCK steps at a time in shared
 // memory. Layout [b][z][E][N], z < gridDim.z.
+// ST: episode starts, start [batch][seqlen]: at a start the walk's adjoint
+// becomes 0 (nothing crosses it), and a span holding one passes nothing
+// from its end to its start: span_p = 0 (pass 2's combine then hands the
+// span before it only this span's local adjoint, unchanged code).
+template <bool ST>
 __global__ void __launch_bounds__(SCAN_THREADS)
 scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__restrict__ dbl,
                      const float *__restrict__ dt_bias, const float *__restrict__ A_log,
-                     const float *__restrict__ dy, float *__restrict__ span_p, float *__restrict__ span_ds)
+                     const float *__restrict__ dy, float *__restrict__ span_p, float *__restrict__ span_ds,
+                     const unsigned char *__restrict__ start)
 {
     __shared__ float sC[BCK][N];
     __shared__ float sIn[BCK][3][SCAN_CHANNELS];   // bwd_stage (xc unused here)
+    __shared__ unsigned char sst[ST ? BCK : 1];    // start flags of the piece's steps (ST)
     const int lane = threadIdx.x % SCAN_LANES;
     const int ci = threadIdx.x / SCAN_LANES;
     const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
@@ -343,6 +374,7 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
     }
     const float dtb = dt_bias[ec];
     float dsum = 0.0f;   // sum of delta over the span, last step first
+    bool cut = false;    // ST: the span holds a start
 
     for (int c = (t_hi - t_lo + BCK - 1) / BCK - 1; c >= 0; --c) {
         const int t0 = t_lo + c * BCK;
@@ -352,22 +384,24 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
             const int tt = i / N, k = i % N;
             sC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + N + k]);
         }
-        bwd_stage(t0, nt, row0, nullptr, dt, dy, sIn);
+        bwd_stage<ST>(t0, nt, row0, nullptr, dt, dy, sIn, start, sst);
         __syncthreads();
         for (int tt = nt - 1; tt >= 0; --tt) {
             const float delta = softplus(sIn[tt][1][ci] + dtb);
             const float dyv = sIn[tt][2][ci];
             dsum += delta;
+            const bool st = ST && sst[tt];   // a start: the adjoint carried to t-1 is 0
+            cut = cut || st;
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j)
-                ds[j] = (ds[j] + dyv * sC[tt][lane * SCAN_NPT + j]) * expf(delta * A[j]);
+                ds[j] = (ds[j] + dyv * sC[tt][lane * SCAN_NPT + j]) * (st ? 0.0f : expf(delta * A[j]));
         }
     }
     if (valid) {
         const size_t o = (((b * gridDim.z + z) * E) + e) * N + lane * SCAN_NPT;
 #pragma unroll
         for (int j = 0; j < SCAN_NPT; ++j) {
-            span_p[o + j] = expf(A[j] * dsum);
+            span_p[o + j] = (ST && cut) ? 0.0f : expf(A[j] * dsum);
             span_ds[o + j] = ds[j];
         }
     }

@@ -14,12 +14,14 @@
 // host; zeros for a fresh start); the final window goes to state_out (NULL:
 // not written), written by the tile that ends the sequence: cs0 is the
 // trainer's own copy, never state_out, so no tile reads what another writes.
+// ST: episode starts, start [batch][seqlen] (conv_fwd_tile).
+template <bool ST>
 __global__ void __launch_bounds__(CONV_THREADS)
 conv_fwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const float *__restrict__ cw,
                 const float *__restrict__ cb, const float *__restrict__ cs0, float *__restrict__ state_out,
-                act_t *__restrict__ xc)
+                act_t *__restrict__ xc, const unsigned char *__restrict__ start)
 {
-    conv_fwd_tile(seqlen, ntiles, xz, cw, cb, cs0, state_out, xc);
+    conv_fwd_tile<ST>(seqlen, ntiles, xz, cw, cb, cs0, state_out, xc, start);
 }
 
 // Conv backward over one time tile [t0, t0 + n) of one (sequence, channel):
@@ -37,13 +39,19 @@ conv_fwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
 // Partials of the tile: part_w [b*ntiles + tile][E][K], part_b [..][E]
 // (summed over the tile's steps in order; the launcher sums them over
 // (sequence, tile) in index order, in two stages).
+// ST: episode starts, start [batch][seqlen]: pre_t and dw use the masked
+// window of the forward (conv_masked), and a term w dpre_t of dx_j (dcs for
+// j < 0) exists only when no start lies in (j, t] (no gradient crosses a
+// start); the kept terms are summed in the same order. ST = false compiles
+// none of it.
 constexpr int CONV_BX = CONV_TILE + 2 * KM1;   // inputs a backward tile reads
 constexpr int CONV_BD = CONV_TILE + KM1;       // steps whose dpre it computes
+template <bool ST>
 __global__ void __launch_bounds__(CONV_THREADS)
 conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const float *__restrict__ cw,
                 const float *__restrict__ cb, const float *__restrict__ cs0,
                 const float *__restrict__ dxc, act_t *__restrict__ dxz, float *__restrict__ dcs,
-                float *__restrict__ part_w, float *__restrict__ part_b)
+                float *__restrict__ part_w, float *__restrict__ part_b, const unsigned char *__restrict__ start)
 {
     const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
     if (e >= E) return;
@@ -61,14 +69,27 @@ conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
 
     float xs[CONV_BX], dps[CONV_BD];   // xs[i]: x at t0-K+1+i; dps[q]: dxc, then dpre, at t0+q
     conv_load(t0, tend, xz + row0 * E2 + e, cs0 + st, xs);
+    bool sf[ST ? CONV_BX : 1];   // sf[i]: a start at t0-K+1+i (ST)
+    if constexpr (ST) conv_starts(t0, tend, start + row0, sf);
 #pragma unroll
     for (int q = 0; q < CONV_BD; ++q) {   // (from tend on: step tend-1 again, discarded; no branches)
         const float v = dxc[(row0 + min(t0 + q, tend - 1)) * E + e];
         dps[q] = t0 + q < tend ? v : 0.0f;
     }
+    if constexpr (ST) {
 #pragma unroll
-    for (int q = 0; q < CONV_BD; ++q)
-        if (t0 + q < tend) dps[q] *= dsilu(conv_pre(w, xs + q, bias));
+        for (int q = 0; q < CONV_BD; ++q) {
+            if (t0 + q < tend) {
+                float xw[K];
+                conv_masked(xs, sf, q, xw);
+                dps[q] *= dsilu(conv_pre(w, xw, bias));
+            }
+        }
+    } else {
+#pragma unroll
+        for (int q = 0; q < CONV_BD; ++q)
+            if (t0 + q < tend) dps[q] *= dsilu(conv_pre(w, xs + q, bias));
+    }
 
     float gw[K], gb = 0.0f;
 #pragma unroll
@@ -77,8 +98,15 @@ conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
     for (int q = 0; q < CONV_TILE; ++q) {
         if (q < n) {
             gb += dps[q];
+            if constexpr (ST) {
+                float xw[K];
+                conv_masked(xs, sf, q, xw);
 #pragma unroll
-            for (int k = 0; k < K; ++k) gw[k] += dps[q] * xs[q + k];
+                for (int k = 0; k < K; ++k) gw[k] += dps[q] * xw[k];
+            } else {
+#pragma unroll
+                for (int k = 0; k < K; ++k) gw[k] += dps[q] * xs[q + k];
+            }
         }
     }
     // dx of the tile's inputs j = t0 + i (the terms at t >= seqlen do not exist)
@@ -86,9 +114,18 @@ conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
     for (int i = 0; i < CONV_TILE; ++i) {
         if (i < n) {
             float acc = 0.0f;
+            if constexpr (ST) {   // input j = t0+i is sf index i+KM1; t = j+m reads it unless a start is at j+1 .. t
+                bool cut = false;
 #pragma unroll
-            for (int m = 0; m < K; ++m)
-                if (t0 + i + m < seqlen) acc += w[KM1 - m] * dps[i + m];
+                for (int m = 0; m < K; ++m) {
+                    if (m > 0) cut = cut || sf[i + KM1 + m];
+                    if (t0 + i + m < seqlen && !cut) acc += w[KM1 - m] * dps[i + m];
+                }
+            } else {
+#pragma unroll
+                for (int m = 0; m < K; ++m)
+                    if (t0 + i + m < seqlen) acc += w[KM1 - m] * dps[i + m];
+            }
             dxz[(row0 + t0 + i) * E2 + e] = from_f32<act_t>(acc);
         }
     }
@@ -97,9 +134,12 @@ conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
 #pragma unroll
         for (int a = 0; a < KM1; ++a) {
             float acc = 0.0f;
+            bool cut = false;   // ST: t reads input j < 0 unless a start is at 0 .. t (sf index KM1 + t)
 #pragma unroll
-            for (int t = 0; t <= a; ++t)
-                if (t < seqlen) acc += w[a - t] * dps[t];
+            for (int t = 0; t <= a; ++t) {
+                if constexpr (ST) cut = cut || sf[KM1 + t];
+                if (t < seqlen && !cut) acc += w[a - t] * dps[t];
+            }
             dcs[st + a] = acc;
         }
     }

@@ -58,6 +58,37 @@ __device__ __forceinline__ void conv_load(int t0, int tend, const act_t *xp, con
     }
 }
 
+// Episode starts in the conv (doc/math.md §9): a tap of output t reads 0
+// when its input lies before the latest start at or before t. conv_starts
+// loads the start flags of an input window like conv_load its inputs:
+// sf[i] = start at t = t0 - (K-1) + i (start: the sequence's row of the
+// [batch][seqlen] mask), false outside [0, tend); branch-free loads, all in
+// flight together. conv_masked: the window of the output whose newest input
+// is index i (inputs i .. i+K-1): tap k is kept unless a start lies after
+// its input, at i+k+1 .. i+K-1 (a running flag from the newest tap down), so
+// conv_pre then sums the same terms as a fresh sequence's first steps.
+template <int NX>
+__device__ __forceinline__ void conv_starts(int t0, int tend, const unsigned char *sp, bool (&sf)[NX])
+{
+#pragma unroll
+    for (int i = 0; i < NX; ++i) {
+        const int t = t0 - (K - 1) + i;
+        const unsigned char v = sp[min(max(t, 0), tend - 1)];
+        sf[i] = t >= 0 && t < tend && v != 0;
+    }
+}
+template <int NX>
+__device__ __forceinline__ void conv_masked(const float (&xs)[NX], const bool (&sf)[NX], int i, float (&xw)[K])
+{
+    bool cut = false;
+    xw[K - 1] = xs[i + K - 1];
+#pragma unroll
+    for (int k = K - 2; k >= 0; --k) {
+        cut = cut || sf[i + k + 1];
+        xw[k] = cut ? 0.0f : xs[i + k];
+    }
+}
+
 // The body of the forward conv kernels (prefill, training forward): causal
 // depthwise conv + bias + SiLU, xc[b,t,e] = silu(conv_pre over x[b, t-K+1..t, e]).
 // Grid (batch * ntiles, CONV_BLOCKS), block x = b * ntiles + tile (adjacent
@@ -70,9 +101,14 @@ __device__ __forceinline__ void conv_load(int t0, int tend, const act_t *xp, con
 // that ends the sequence writes its last K-1 inputs to state_out (NULL: not
 // written), after it has read its own s0 entries: state_out may alias s0
 // only when the call is one tile (the caller's business).
+// ST: episode starts, start [batch][seqlen] (uint8): the taps before the
+// latest start read zeros (conv_masked), and so do the final state's
+// entries before the sequence's last start. ST = false compiles none of it.
+template <bool ST = false>
 __device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_t *__restrict__ xz,
                                               const float *__restrict__ cw, const float *__restrict__ cb,
-                                              const float *s0, float *state_out, act_t *__restrict__ xc)
+                                              const float *s0, float *state_out, act_t *__restrict__ xc,
+                                              const unsigned char *__restrict__ start = nullptr)
 {
     const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
     if (e >= E) return;
@@ -87,16 +123,43 @@ __device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_
     const act_t *xp = xz + b * (size_t)seqlen * E2 + e;
     act_t *op = xc + b * (size_t)seqlen * E + e;
     conv_load(t0, t0 + n, xp, s0 ? s0 + st : nullptr, xs);
+    if constexpr (ST) {
+        bool sf[K - 1 + CONV_TILE];
+        conv_starts(t0, t0 + n, start + b * (size_t)seqlen, sf);
 #pragma unroll
-    for (int i = 0; i < CONV_TILE; ++i)
-        if (i < n) op[(size_t)(t0 + i) * E] = from_f32<act_t>(silu(conv_pre(w, xs + i, bias)));
-    if (state_out && t0 + n == seqlen) {
-        // state_out[k] = xs[n + k]: unrolled over n so that xs stays in registers
+        for (int i = 0; i < CONV_TILE; ++i) {
+            if (i < n) {
+                float xw[K];
+                conv_masked(xs, sf, i, xw);
+                op[(size_t)(t0 + i) * E] = from_f32<act_t>(silu(conv_pre(w, xw, bias)));
+            }
+        }
+        if (state_out && t0 + n == seqlen) {
+            // state_out[k] = xs[n + k], 0 where a start follows it (at n+k+1 .. n+K-2)
 #pragma unroll
-        for (int i = 1; i <= CONV_TILE; ++i) {
-            if (i == n) {
+            for (int i = 1; i <= CONV_TILE; ++i) {
+                if (i == n) {
+                    bool cut = false;
 #pragma unroll
-                for (int k = 0; k < K - 1; ++k) state_out[st + k] = xs[i + k];
+                    for (int k = K - 2; k >= 0; --k) {
+                        state_out[st + k] = cut ? 0.0f : xs[i + k];
+                        cut = cut || sf[i + k];
+                    }
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < CONV_TILE; ++i)
+            if (i < n) op[(size_t)(t0 + i) * E] = from_f32<act_t>(silu(conv_pre(w, xs + i, bias)));
+        if (state_out && t0 + n == seqlen) {
+            // state_out[k] = xs[n + k]: unrolled over n so that xs stays in registers
+#pragma unroll
+            for (int i = 1; i <= CONV_TILE; ++i) {
+                if (i == n) {
+#pragma unroll
+                    for (int k = 0; k < K - 1; ++k) state_out[st + k] = xs[i + k];
+                }
             }
         }
     }
