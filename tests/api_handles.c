@@ -25,6 +25,7 @@ int main(void)
     /* A forged handle: zeroed memory the size of a few pages (never a model). */
     static unsigned char junk[8192];
     model_model *fm = (model_model *)junk;
+    model_graph *pg = (model_graph *)junk;   /* prefill_graph_create must set it to NULL */
     float dummy[64] __attribute__((aligned(16)));
 
     expect_dead(model_set_scan(NULL, 0), "set_scan(NULL)");
@@ -36,10 +37,14 @@ int main(void)
     expect_dead(model_prefill_starts(fm, 1, 1, dummy, dummy, NULL, NULL, (const uint8_t *)dummy),
                 "prefill_starts(forged model)");
     expect_dead(model_burn_in_starts(NULL, 1, 1, dummy, dummy, NULL, NULL, NULL), "burn_in_starts(NULL)");
+    expect_dead(model_prefill_graph_create(fm, 1, 1, dummy, dummy, NULL, NULL, &pg), "prefill_graph_create(forged model)");
 #else                 /* Mamba-3: ssm, k_prev, v_prev, angle */
     expect_dead(model_prefill(fm, 1, 1, dummy, dummy, NULL, NULL, NULL, NULL), "prefill(forged model)");
     expect_dead(model_decode_step(fm, 1, dummy, dummy, dummy, dummy, dummy, dummy), "decode_step(forged model)");
+    expect_dead(model_prefill_graph_create(fm, 1, 1, dummy, dummy, NULL, NULL, NULL, NULL, &pg),
+                "prefill_graph_create(forged model)");
 #endif
+    mg_tap_ok(pg == NULL, "prefill_graph_create on a forged model returns no graph");
     mg_tap_ok(model_workspace_bytes(fm) == 0 && model_workspace_bytes(NULL) == 0,
               "workspace_bytes of a forged or NULL model is 0");
     model_destroy(fm);   /* must not free or write junk */

@@ -16,7 +16,8 @@
  * state i for batch streams, all layers)
  * (part 2): the end of the parameter-table test (param_table_end), the
  * steps of the decode-graph test (decode_graph_steps), the reset-mask tests
- * (test_decode_reset, test_decode_graph_reset, test_reset_bad_calls),
+ * (test_decode_reset, test_decode_graph_reset, test_reset_bad_calls), the
+ * prefill graph (test_prefill_graph),
  * main's first steps after the layout (fwd_model_start), the weights out
  * of the init range and back (fwd_weights_pushed, fwd_weights_init;
  * part 1: weights_tag, push_inputs), the library's
@@ -298,6 +299,90 @@ static void test_decode_graph_reset(int batch, int T, const char *path, uint64_t
     for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); }
     mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dug); mg_dev_free(dog); mg_dev_free(dme); mg_dev_free(dmg);
     free(u); free(oe); free(og); free(ut); free(ot); free(mask);
+}
+
+/* ---- The prefill graph ---- */
+
+/* W windows of T tokens through one prefill graph (fixed buffers, the
+ * states advancing in place) against W eager prefill calls from the same
+ * random states: every window's out and the final states bit-identical (a
+ * graph that did not advance the states, or replayed another scan, differs).
+ * A graph with NULL states: every replay == an eager prefill from zeros.
+ * Bad arguments are refused, nothing captured. */
+static void test_prefill_graph(int batch, int T, int W, uint64_t seed)
+{
+    float *hu = FALLOC(n_u(batch, T)), *oe = FALLOC(n_out(batch, T)), *og = FALLOC(n_out(batch, T));
+    float *due = mg_tap_dalloc(n_u(batch, T)), *doe = mg_tap_dalloc(n_out(batch, T));
+    float *dug = mg_tap_dalloc(n_u(batch, T)), *dog = mg_tap_dalloc(n_out(batch, T));
+    float *dse[NST], *dsg[NST];
+    for (int i = 0; i < NST; ++i) {
+        const size_t n = st_floats(i, batch);
+        float *h = FALLOC(n);
+        mg_tap_randn(h, n, seed + 1 + (uint64_t)i, 0.5f);
+        dse[i] = mg_tap_dalloc(n); dsg[i] = mg_tap_dalloc(n);
+        mg_tap_up(dse[i], h, n); mg_tap_up(dsg[i], h, n);
+        free(h);
+    }
+    if (cudaMemset(dug, 0, n_u(batch, T) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
+    model_graph *g = NULL;
+    mg_status s = model_prefill_graph_create(model, batch, T, dug, dog, DEV_STATES(dsg), &g);
+    if (!mg_tap_ok(s == MG_OK, "prefill_graph_create batch=%d T=%d", batch, T))
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    int same = g != NULL;
+    for (int w = 0; w < W && s == MG_OK; ++w) {
+        mg_tap_randn(hu, n_u(batch, T), seed + 10 + (uint64_t)w, 1.0f);
+        mg_tap_up(due, hu, n_u(batch, T));
+        mg_tap_up(dug, hu, n_u(batch, T));
+        s = model_prefill(model, batch, T, due, doe, DEV_STATES(dse));
+        if (s == MG_OK) s = model_decode_graph_launch(g);
+        if (s != MG_OK) break;
+        mg_tap_down(oe, doe, n_out(batch, T));
+        mg_tap_down(og, dog, n_out(batch, T));
+        if (memcmp(oe, og, n_out(batch, T) * sizeof(float)) != 0) {
+            mg_err e = mg_compare_f32f32(og, oe, n_out(batch, T));
+            mg_tap_diag("window %d: graph vs eager out rel_l2 %.3e", w, e.rel_l2);
+            same = 0;
+        }
+    }
+    if (g) {
+        if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+        mg_tap_ok(s == MG_OK && same, "prefill graph batch=%d T=%d, %d windows == eager prefill: out of every "
+                  "window bit-identical", batch, T, W);
+        mg_tap_ok(s == MG_OK && same_states(dse, dsg, batch),
+                  "prefill graph batch=%d T=%d: states advanced in place, bit-identical to eager", batch, T);
+        model_decode_graph_destroy(g);
+    }
+    /* NULL states: a fresh start at every replay */
+    g = NULL;
+    s = model_prefill_graph_create(model, batch, T, dug, dog, NO_STATES, &g);
+    same = s == MG_OK;
+    for (int w = 0; w < 2 && s == MG_OK; ++w) {
+        mg_tap_randn(hu, n_u(batch, T), seed + 20 + (uint64_t)w, 1.0f);
+        mg_tap_up(due, hu, n_u(batch, T));
+        mg_tap_up(dug, hu, n_u(batch, T));
+        s = model_prefill(model, batch, T, due, doe, NO_STATES);
+        if (s == MG_OK) s = model_decode_graph_launch(g);
+        if (s != MG_OK) break;
+        mg_tap_down(oe, doe, n_out(batch, T));
+        mg_tap_down(og, dog, n_out(batch, T));
+        same = same && memcmp(oe, og, n_out(batch, T) * sizeof(float)) == 0;
+    }
+    if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    mg_tap_ok(s == MG_OK && same, "prefill graph without states: every replay == eager prefill from zeros, "
+              "bit-identical");
+    model_decode_graph_destroy(g);
+    /* bad arguments: an error, no graph */
+    g = NULL;
+    s = model_prefill_graph_create(model, batch, 0, dug, dog, NO_STATES, &g);
+    mg_tap_ok(s == MG_ERR_INVALID_ARG && g == NULL, "prefill_graph_create seqlen 0: invalid argument, no graph (%s)",
+              mg_last_error());
+    s = model_prefill_graph_create(model, batch, T, dug, NULL, NO_STATES, &g);
+    mg_tap_ok(s == MG_ERR_INVALID_ARG && g == NULL, "prefill_graph_create out NULL: invalid argument, no graph");
+    s = model_prefill_graph_create(model, batch, T, dug, dog, NO_STATES, NULL);
+    mg_tap_ok(s == MG_ERR_INVALID_ARG, "prefill_graph_create graph pointer NULL: invalid argument");
+    for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); }
+    mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dug); mg_dev_free(dog);
+    free(hu); free(oe); free(og);
 }
 
 /* Bad calls of the reset API: the documented status, and nothing launched

@@ -172,13 +172,16 @@ void model_decode_graph_destroy(model_graph *g)
     free(g);
 }
 
-/* The decode graph, with or without a reset buffer (fn names the caller). */
-static mg_status graph_create(const char *fn, model_model *m, int batch, const float *d_u, float *d_out,
-                              STATE_PARAMS, const unsigned char *reset, model_graph **out)
+/* The decode graph (seqlen 1, decode 1), with or without a reset buffer,
+ * or the prefill graph (decode 0: batch x seqlen tokens, states optional);
+ * fn names the caller. */
+static mg_status graph_create(const char *fn, model_model *m, int batch, int seqlen, int decode,
+                              const float *d_u, float *d_out, STATE_PARAMS, const unsigned char *reset,
+                              model_graph **out)
 {
     if (!out) return mg_fail(MG_ERR_INVALID_ARG, "%s: graph pointer is NULL", fn);
     *out = NULL;
-    mg_status s = CHECK_STATES(fn, batch, 1, d_u, d_out, 1);
+    mg_status s = CHECK_STATES(fn, batch, seqlen, d_u, d_out, decode);
     if (s == MG_OK) s = check_reset(fn, reset);
     if (s != MG_OK) return s;
     model_graph *g = (model_graph *)calloc(1, sizeof *g);
@@ -187,31 +190,30 @@ static mg_status graph_create(const char *fn, model_model *m, int batch, const f
     g->m = m;
     g->serial = m->serial;
     /* Capture on an internal stream (the legacy default stream cannot be
-     * captured), after the model's pending work. A warm-up step from a fresh
+     * captured), after the model's pending work. A warm-up call from a fresh
      * state on that stream first, so cuBLAS has set itself up for these
      * shapes and this stream before the capture; it writes out only. */
     const cudaStream_t old = m->stream;
     cudaStream_t cap = NULL;
     cudaError_t ce = cudaStreamSynchronize(old);
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking);
-    if (ce != cudaSuccess) { free(g); return mg_cuda_check(ce, "decode_graph_create: stream"); }
+    if (ce != cudaSuccess) { mg_handle_remove(g); free(g); return mg_cuda_check(ce, "graph_create: stream"); }
     s = model_set_stream(m, cap);
-    if (s == MG_OK) s = forward(m, batch, 1, d_u, d_out, NO_STATES, 0, 1, NULL);
-    if (s == MG_OK) s = mg_cuda_check(cudaStreamSynchronize(cap), "decode_graph_create: warm-up");
+    if (s == MG_OK) s = forward(m, batch, seqlen, d_u, d_out, NO_STATES, 0, decode, NULL);
+    if (s == MG_OK) s = mg_cuda_check(cudaStreamSynchronize(cap), "graph_create: warm-up");
     if (s == MG_OK) {
-        s = mg_cuda_check(cudaStreamBeginCapture(cap, GRAPH_CAPTURE_MODE),
-                          "decode_graph_create: cudaStreamBeginCapture");
+        s = mg_cuda_check(cudaStreamBeginCapture(cap, GRAPH_CAPTURE_MODE), "graph_create: cudaStreamBeginCapture");
         if (s == MG_OK) {
             /* the kernels read reset[] at every replay: the mask is the
              * buffer's contents at launch time */
-            const mg_status sf = forward(m, batch, 1, d_u, d_out, STATE_ARGS, 0, 1, reset);
+            const mg_status sf = forward(m, batch, seqlen, d_u, d_out, STATE_ARGS, 0, decode, reset);
             /* End the capture whatever happened, so the stream is usable again. */
             const cudaError_t ee = cudaStreamEndCapture(cap, &g->graph);
-            s = sf != MG_OK ? sf : mg_cuda_check(ee, "decode_graph_create: cudaStreamEndCapture");
+            s = sf != MG_OK ? sf : mg_cuda_check(ee, "graph_create: cudaStreamEndCapture");
         }
     }
     if (s == MG_OK)
-        s = mg_cuda_check(cudaGraphInstantiate(&g->exec, g->graph, 0), "decode_graph_create: cudaGraphInstantiate");
+        s = mg_cuda_check(cudaGraphInstantiate(&g->exec, g->graph, 0), "graph_create: cudaGraphInstantiate");
     const mg_status sr = model_set_stream(m, old);
     if (s == MG_OK) s = sr;
     cudaStreamDestroy(cap);
@@ -223,13 +225,20 @@ static mg_status graph_create(const char *fn, model_model *m, int batch, const f
 mg_status model_decode_graph_create(model_model *m, int batch, const float *d_u, float *d_out,
                                     STATE_PARAMS, model_graph **out)
 {
-    return graph_create(MODEL_NAME "_decode_graph_create", m, batch, d_u, d_out, STATE_ARGS, NULL, out);
+    return graph_create(MODEL_NAME "_decode_graph_create", m, batch, 1, 1, d_u, d_out, STATE_ARGS, NULL, out);
 }
 
 mg_status model_decode_graph_create_reset(model_model *m, int batch, const float *d_u, float *d_out,
                                           STATE_PARAMS, const uint8_t *d_reset, model_graph **out)
 {
-    return graph_create(MODEL_NAME "_decode_graph_create_reset", m, batch, d_u, d_out, STATE_ARGS, d_reset, out);
+    return graph_create(MODEL_NAME "_decode_graph_create_reset", m, batch, 1, 1, d_u, d_out, STATE_ARGS, d_reset,
+                        out);
+}
+
+mg_status model_prefill_graph_create(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
+                                     STATE_PARAMS, model_graph **out)
+{
+    return graph_create(MODEL_NAME "_prefill_graph_create", m, batch, seqlen, 0, d_u, d_out, STATE_ARGS, NULL, out);
 }
 
 mg_status model_decode_graph_launch(model_graph *g)
@@ -237,8 +246,9 @@ mg_status model_decode_graph_launch(model_graph *g)
     static const char fn[] = MODEL_NAME "_decode_graph_launch";
     if (!g) return mg_fail(MG_ERR_INVALID_ARG, "%s: graph is NULL", fn);
     if (!mg_handle_live(g, &model_kind_graph) || !g->exec)
-        return mg_fail(MG_ERR_INVALID_ARG, "%s: %p is not a live decode graph (destroyed, or not from "
-                       MODEL_NAME "_decode_graph_create)", fn, (const void *)g);
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: %p is not a live graph (destroyed, or not from "
+                       MODEL_NAME "_decode_graph_create or " MODEL_NAME "_prefill_graph_create)", fn,
+                       (const void *)g);
     if (!mg_handle_live(g->m, &model_kind_model) || g->m->serial != g->serial)
         return mg_fail(MG_ERR_STATE, "%s: the graph's model was destroyed (destroy the graph first)", fn);
     MG_CUDA(cudaGraphLaunch(g->exec, g->m->stream));

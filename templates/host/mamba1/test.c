@@ -1154,6 +1154,11 @@ int main(void)
     test_decode_graph(imin(3, MAX_BATCH), 3, MODEL_DECODE_FUSED, 911);
     test_decode_graph(1, 4, MODEL_DECODE_DEFAULT, 912);
 
+    /* Prefill CUDA Graph: windows replayed == eager prefill, bit for bit
+     * (short windows, and one long enough for the chunked scan at batch 1). */
+    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 950);
+    test_prefill_graph(1, imin(MAX_SEQ_LEN, 3 * MODEL_SCAN_CHUNK + 5), 2, 960);
+
     /* Decode with a reset mask, on every decode path, and its graph. */
     {
         static const char *const path[3] = { "unfused decode", "fused decode", "single-launch decode" };

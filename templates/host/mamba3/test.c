@@ -751,6 +751,11 @@ int main(void)
     test_decode_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 8), 909);
     test_decode_graph(MAX_BATCH, 3, 910);
 
+    /* Prefill CUDA Graph: windows replayed == eager prefill, bit for bit
+     * (short windows, and one long enough for the chunked scan at batch 1). */
+    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 950);
+    test_prefill_graph(1, imin(MAX_SEQ_LEN, 3 * MODEL_SCAN_CHUNK + 5), 2, 960);
+
     /* Decode with a reset mask (the fused single-token kernels up to
      * DEC_MAX_BATCH streams, the prefill kernels above), and its graph. */
     test_decode_reset(imin(4, MAX_BATCH), 3, "fused decode", 920);
