@@ -111,16 +111,16 @@ static mg_status run_core(void *p, cudaStream_t st)
         MG_CUDA(model_launch_prep(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, c->dt, c->adt,
                            c->lam, c->k, c->q, st));
     if (c->parts & 2)
-        MG_CUDA(model_launch_angles(c->batch, c->seqlen, c->proj, c->dt, c->ang, c->ang, c->k, c->q, NULL, st));
+        MG_CUDA(model_launch_angles(c->batch, c->seqlen, c->proj, c->dt, c->ang, c->ang, c->k, c->q, NULL, NULL, st));
     if (c->parts & 4) {
 #if MODEL_HAS_CHUNKED_SCAN
         if (c->chunked)
             MG_CUDA(model_launch_scan_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
-                                       c->Dsk, c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, st));
+                                       c->Dsk, c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, NULL, st));
         else
 #endif
         MG_CUDA(model_launch_scan(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
-                           c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, NULL, st));
+                           c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, NULL, NULL, st));
     }
     if (c->parts & 8)
         MG_CUDA(model_launch_gate(tokens, c->y, c->proj, c->ngw, c->g, st));
@@ -128,7 +128,7 @@ static mg_status run_core(void *p, cudaStream_t st)
     if (c->parts & 16)
         MG_CUDA(model_launch_scan_fused(c->batch, c->seqlen, c->nseg, c->seg_ws, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb,
                                         c->Dsk, c->ngw, c->ssm, c->kp, c->vp, c->ang, c->ssm, c->kp, c->vp,
-                                        c->ang, c->g, st));
+                                        c->ang, c->g, NULL, st));
 #endif
     return MG_OK;
 }
@@ -156,7 +156,7 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
     core_ctx *c = x->c;
     const int tokens = c->batch * c->seqlen;
     if (x->parts & BK_ANGLES)
-        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, c->ang, NULL, x->cs, st));
+        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, c->ang, NULL, x->cs, NULL, st));
     if (x->parts & BK_PREP)
         MG_CUDA(model_launch_prep_train(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, x->cs, c->dt,
                             c->adt, c->lam, c->k, c->q, st));
@@ -164,11 +164,11 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
 #if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)
             MG_CUDA(model_launch_scan_fwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
-                                            c->Dsk, c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, st));
+                                            c->Dsk, c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, NULL, st));
         else
 #endif
         MG_CUDA(model_launch_scan_fwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
-                                c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, st));
+                                c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, NULL, st));
     }
     if (x->parts & BK_GATE)
         MG_CUDA(model_launch_gate_fwd(tokens, c->y, c->proj, c->ngw, c->g, st));
@@ -179,15 +179,15 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
         if (x->chunked)
             MG_CUDA(model_launch_scan_bwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
                                             c->Dsk, x->ckpt, c->kp, c->vp, x->dy, x->dk, x->dq, x->dv, x->dadt,
-                                            x->ddt, x->dlam, x->partD, NULL, NULL, NULL, st));
+                                            x->ddt, x->dlam, x->partD, NULL, NULL, NULL, NULL, st));
         else
 #endif
         MG_CUDA(model_launch_scan_bwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
                                 x->ckpt, c->kp, c->vp, x->dy, x->dk, x->dq, x->dv, x->dadt, x->ddt, x->dlam,
-                                x->partD, NULL, NULL, NULL, st));
+                                x->partD, NULL, NULL, NULL, NULL, st));
     }
     if (x->parts & BK_ANGLES_BWD)
-        MG_CUDA(model_launch_angles_bwd(c->batch, c->seqlen, c->k, c->q, x->cs, x->dk, x->dq, x->gth, NULL, st));
+        MG_CUDA(model_launch_angles_bwd(c->batch, c->seqlen, c->k, c->q, x->cs, x->dk, x->dq, x->gth, NULL, NULL, st));
     if (x->parts & BK_PREP_BWD)
         MG_CUDA(model_launch_prep_bwd(tokens, c->proj, c->dt, c->lam, c->dt_bias, c->Bnw, c->Cnw, x->dk, x->dq,
                                 x->dv, x->dadt, x->ddt, x->dlam, x->gth, x->dproj, x->gdtb, x->gBn, x->gCn, st));
