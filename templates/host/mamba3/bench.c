@@ -450,6 +450,31 @@ int main(int argc, char **argv)
             if (time_row("train step (graph)", x.c.batch, x.c.seqlen, stream, run_train_graph, tg, &o, &st))
                 report("train step (graph)", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
             model_train_graph_destroy(tg);
+            /* the same with episode starts (trainer_set_starts): every
+             * stream starts an episode at a mid-window token (stream b at
+             * seqlen/2 + b % 4, inside the window); target: within 5% of
+             * the row above */
+            {
+                const size_t nm = (size_t)x.c.batch * x.c.seqlen;
+                uint8_t *hm = calloc(nm, 1), *dm = dalloc(nm);
+                if (!hm) { fprintf(stderr, MODEL_NAME "_bench: out of host memory\n"); exit(1); }
+                for (int b = 0; b < x.c.batch; ++b) {
+                    int t = x.c.seqlen / 2 + b % 4;
+                    if (t >= x.c.seqlen) t = x.c.seqlen - 1;
+                    hm[(size_t)b * x.c.seqlen + t] = 1;
+                }
+                if (cudaMemcpy(dm, hm, nm, cudaMemcpyHostToDevice) != cudaSuccess) die("upload", MG_ERR_CUDA);
+                free(hm);
+                if ((s = model_trainer_set_starts(x.t, dm)) != MG_OK) die("trainer_set_starts", s);
+                if ((s = model_train_graph_create(x.t, x.w, x.grads, x.m, x.v, &x.p, x.c.batch, x.c.seqlen, u,
+                                                x.target, NULL, NULL, NULL, NULL, x.loss, &tg)) != MG_OK)
+                    die("train graph (starts)", s);
+                if (time_row("train step (graph; starts)", x.c.batch, x.c.seqlen, stream, run_train_graph, tg, &o, &st))
+                    report("train step (graph; starts)", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
+                model_train_graph_destroy(tg);
+                if ((s = model_trainer_set_starts(x.t, NULL)) != MG_OK) die("trainer_set_starts", s);
+                mg_dev_free(dm);
+            }
         }
         train_end(&x);
     }

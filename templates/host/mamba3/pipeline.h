@@ -424,6 +424,21 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
     return forward_ex(m, batch, seqlen, u, out, ssm, kp, vp, ang, last_only, decode, reset, NULL);
 }
 
+/* A start mask the device cannot read (unregistered host memory, or no
+ * pointer CUDA knows) would fault the kernels: refused before any launch
+ * (a host-side lookup, as check_reset does for the decode step's mask). */
+static mg_status check_starts(const char *fn, const unsigned char *start)
+{
+    if (!start) return MG_OK;
+    struct cudaPointerAttributes a;
+    const cudaError_t ce = cudaPointerGetAttributes(&a, start);
+    if (ce != cudaSuccess) (void)cudaGetLastError();   /* not sticky: clear it for the next call */
+    if (ce != cudaSuccess || a.type == cudaMemoryTypeUnregistered)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: start mask %p is not memory the device can read (pass device "
+                       "memory, or cudaHostRegister it)", fn, (const void *)start);
+    return MG_OK;
+}
+
 /* prefill and burn_in (and their _starts forms): the arguments checked
  * (states optional), then the forward over the whole sequence; last_only:
  * burn_in's last-step output; start: the episode-start mask or NULL. */
@@ -433,6 +448,7 @@ static mg_status checked_forward(model_model *m, const char *fn, int batch, int 
 {
     const float *const st[4] = { ssm, k_prev, v_prev, angle };
     mg_status s = check_call(m, fn, batch, seqlen, u, out, st, 0);
+    if (s == MG_OK) s = check_starts(fn, start);
     if (s != MG_OK) return s;
     return forward_ex(m, batch, seqlen, u, out, ssm, k_prev, v_prev, angle, last_only, 0, NULL, start);
 }

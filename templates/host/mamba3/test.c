@@ -881,6 +881,9 @@ static void test_starts_bad_calls(void)
     mg_tap_expect_status(model_burn_in_starts(model, B, 0, du, dout, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "burn_in_starts seqlen = 0");
     mg_tap_expect_status(model_burn_in_starts(model, B, T, du, dout, NULL, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "burn_in_starts states without ssm");
     mg_tap_expect_status(model_burn_in_starts(model, B, T, du + 1, dout, s0, s1, s2, s3, dm), MG_ERR_ALIGNMENT, "burn_in_starts misaligned u");
+    /* a mask in host memory the device cannot read */
+    mg_tap_expect_status(model_prefill_starts(model, B, T, du, dout, s0, s1, s2, s3, mask), MG_ERR_INVALID_ARG, "prefill_starts with an unregistered host mask");
+    mg_tap_expect_status(model_burn_in_starts(model, B, T, du, dout, s0, s1, s2, s3, mask), MG_ERR_INVALID_ARG, "burn_in_starts with an unregistered host mask");
     int untouched = 1;
     mg_tap_down(back, dout, no);
     untouched = memcmp(back, sent, no * sizeof(float)) == 0;

@@ -131,9 +131,21 @@ mg_status model_trainer_set_scan(model_trainer *t, int choice)
     return MG_OK;
 }
 
+/* The mask is read by the kernels of every later forward_train and
+ * backward: one the device cannot read is refused here (a host-side
+ * pointer lookup), and the mask set before stays. */
 mg_status model_trainer_set_starts(model_trainer *t, const unsigned char *d_start)
 {
-    TRAINER_LIVE(t, MODEL_NAME "_trainer_set_starts");
+    static const char fn[] = MODEL_NAME "_trainer_set_starts";
+    TRAINER_LIVE(t, fn);
+    if (d_start) {
+        struct cudaPointerAttributes a;
+        const cudaError_t ce = cudaPointerGetAttributes(&a, d_start);
+        if (ce != cudaSuccess) (void)cudaGetLastError();   /* not sticky */
+        if (ce != cudaSuccess || a.type == cudaMemoryTypeUnregistered)
+            return mg_fail(MG_ERR_INVALID_ARG, "%s: %p is not memory the device can read (pass device memory, or "
+                           "cudaHostRegister it)", fn, (const void *)d_start);
+    }
     t->start = d_start;
     return MG_OK;
 }

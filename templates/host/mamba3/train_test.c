@@ -623,6 +623,12 @@ static void test_bad_calls(void)
     mg_tap_expect_status(model_trainer_set_starts(NULL, NULL), MG_ERR_INVALID_ARG, "trainer_set_starts NULL trainer");
     mg_tap_expect_status(model_trainer_set_starts((model_trainer *)dg, NULL), MG_ERR_INVALID_ARG,
                          "trainer_set_starts on a pointer that is no trainer");
+    {
+        unsigned char hmask[4] = { 1, 0, 0, 0 };
+        mg_tap_expect_status(model_trainer_set_starts(tr, hmask), MG_ERR_INVALID_ARG,
+                             "trainer_set_starts with an unregistered host mask");
+        mg_clear_error();
+    }
     mg_tap_expect_status(model_trainer_set_scan(tr, 3), MG_ERR_INVALID_ARG, "trainer_set_scan unknown choice 3");
     mg_tap_expect_status(model_trainer_set_scan(tr, -1), MG_ERR_INVALID_ARG, "trainer_set_scan unknown choice -1");
 #if !MODEL_HAS_CHUNKED_BWD
