@@ -111,16 +111,16 @@ static mg_status run_core(void *p, cudaStream_t st)
         MG_CUDA(model_launch_prep(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, c->dt, c->adt,
                            c->lam, c->k, c->q, st));
     if (c->parts & 2)
-        MG_CUDA(model_launch_angles(c->batch, c->seqlen, c->proj, c->dt, c->ang, c->ang, c->k, c->q, NULL, st));
+        MG_CUDA(model_launch_angles(c->batch, c->seqlen, c->proj, c->dt, c->ang, c->ang, c->k, c->q, NULL, NULL, st));
     if (c->parts & 4) {
 #if MODEL_HAS_CHUNKED_SCAN
         if (c->chunked)
             MG_CUDA(model_launch_scan_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
-                                       c->Dsk, c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, st));
+                                       c->Dsk, c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, NULL, st));
         else
 #endif
         MG_CUDA(model_launch_scan(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
-                           c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, NULL, st));
+                           c->ssm, c->kp, c->vp, c->ssm, c->kp, c->vp, c->y, NULL, NULL, st));
     }
     if (c->parts & 8)
         MG_CUDA(model_launch_gate(tokens, c->y, c->proj, c->ngw, c->g, st));
@@ -128,7 +128,7 @@ static mg_status run_core(void *p, cudaStream_t st)
     if (c->parts & 16)
         MG_CUDA(model_launch_scan_fused(c->batch, c->seqlen, c->nseg, c->seg_ws, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb,
                                         c->Dsk, c->ngw, c->ssm, c->kp, c->vp, c->ang, c->ssm, c->kp, c->vp,
-                                        c->ang, c->g, st));
+                                        c->ang, c->g, NULL, st));
 #endif
     return MG_OK;
 }
@@ -156,7 +156,7 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
     core_ctx *c = x->c;
     const int tokens = c->batch * c->seqlen;
     if (x->parts & BK_ANGLES)
-        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, c->ang, NULL, x->cs, st));
+        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, c->ang, NULL, x->cs, NULL, st));
     if (x->parts & BK_PREP)
         MG_CUDA(model_launch_prep_train(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, x->cs, c->dt,
                             c->adt, c->lam, c->k, c->q, st));
@@ -164,11 +164,11 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
 #if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)
             MG_CUDA(model_launch_scan_fwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
-                                            c->Dsk, c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, st));
+                                            c->Dsk, c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, NULL, st));
         else
 #endif
         MG_CUDA(model_launch_scan_fwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
-                                c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, st));
+                                c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, NULL, st));
     }
     if (x->parts & BK_GATE)
         MG_CUDA(model_launch_gate_fwd(tokens, c->y, c->proj, c->ngw, c->g, st));
@@ -179,15 +179,15 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
         if (x->chunked)
             MG_CUDA(model_launch_scan_bwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
                                             c->Dsk, x->ckpt, c->kp, c->vp, x->dy, x->dk, x->dq, x->dv, x->dadt,
-                                            x->ddt, x->dlam, x->partD, NULL, NULL, NULL, st));
+                                            x->ddt, x->dlam, x->partD, NULL, NULL, NULL, NULL, st));
         else
 #endif
         MG_CUDA(model_launch_scan_bwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
                                 x->ckpt, c->kp, c->vp, x->dy, x->dk, x->dq, x->dv, x->dadt, x->ddt, x->dlam,
-                                x->partD, NULL, NULL, NULL, st));
+                                x->partD, NULL, NULL, NULL, NULL, st));
     }
     if (x->parts & BK_ANGLES_BWD)
-        MG_CUDA(model_launch_angles_bwd(c->batch, c->seqlen, c->k, c->q, x->cs, x->dk, x->dq, x->gth, NULL, st));
+        MG_CUDA(model_launch_angles_bwd(c->batch, c->seqlen, c->k, c->q, x->cs, x->dk, x->dq, x->gth, NULL, NULL, st));
     if (x->parts & BK_PREP_BWD)
         MG_CUDA(model_launch_prep_bwd(tokens, c->proj, c->dt, c->lam, c->dt_bias, c->Bnw, c->Cnw, x->dk, x->dq,
                                 x->dv, x->dadt, x->ddt, x->dlam, x->gth, x->dproj, x->gdtb, x->gBn, x->gCn, st));
@@ -458,6 +458,31 @@ int main(int argc, char **argv)
             if (time_row("train step (graph)", x.c.batch, x.c.seqlen, stream, run_train_graph, tg, &o, &st))
                 report("train step (graph)", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
             model_train_graph_destroy(tg);
+            /* the same with episode starts (trainer_set_starts): every
+             * stream starts an episode at a mid-window token (stream b at
+             * seqlen/2 + b % 4, inside the window); target: within 5% of
+             * the row above */
+            {
+                const size_t nm = (size_t)x.c.batch * x.c.seqlen;
+                uint8_t *hm = calloc(nm, 1), *dm = dalloc(nm);
+                if (!hm) { fprintf(stderr, MODEL_NAME "_bench: out of host memory\n"); exit(1); }
+                for (int b = 0; b < x.c.batch; ++b) {
+                    int t = x.c.seqlen / 2 + b % 4;
+                    if (t >= x.c.seqlen) t = x.c.seqlen - 1;
+                    hm[(size_t)b * x.c.seqlen + t] = 1;
+                }
+                if (cudaMemcpy(dm, hm, nm, cudaMemcpyHostToDevice) != cudaSuccess) die("upload", MG_ERR_CUDA);
+                free(hm);
+                if ((s = model_trainer_set_starts(x.t, dm)) != MG_OK) die("trainer_set_starts", s);
+                if ((s = model_train_graph_create(x.t, x.w, x.grads, x.m, x.v, &x.p, x.c.batch, x.c.seqlen, u,
+                                                x.target, NULL, NULL, NULL, NULL, x.loss, &tg)) != MG_OK)
+                    die("train graph (starts)", s);
+                if (time_row("train step (graph; starts)", x.c.batch, x.c.seqlen, stream, run_train_graph, tg, &o, &st))
+                    report("train step (graph; starts)", x.c.batch, x.c.seqlen, &st, tok, tby, tfl);
+                model_train_graph_destroy(tg);
+                if ((s = model_trainer_set_starts(x.t, NULL)) != MG_OK) die("trainer_set_starts", s);
+                mg_dev_free(dm);
+            }
         }
         train_end(&x);
     }

@@ -304,10 +304,15 @@ static mg_status decode_forward(model_model *m, int batch, const float *u, float
  * sequences whose entry is nonzero start from zero states; the kernels that
  * load a state read it (no launch of its own, so a decode graph replays it
  * with whatever mask the buffer holds). Decode never takes the chunked or
- * fused kernels, which therefore do not take it. */
-static mg_status forward(model_model *m, int batch, int seqlen, const float *u, float *out,
-                         float *ssm, float *kp, float *vp, float *ang, int last_only, int decode,
-                         const unsigned char *reset)
+ * fused kernels, which therefore do not take it. start [batch][seqlen]
+ * (device, NULL: none; prefill_starts and burn_in_starts): episode starts
+ * (doc/math.md section 9), read by every kernel that carries a state
+ * across tokens (angles, the sequential, chunked and fused scans), on
+ * every path of the scan choice. forward() is forward_ex without starts
+ * (mg_model_host.h calls it). */
+static mg_status forward_ex(model_model *m, int batch, int seqlen, const float *u, float *out,
+                            float *ssm, float *kp, float *vp, float *ang, int last_only, int decode,
+                            const unsigned char *reset, const unsigned char *start)
 {
     /* a decode step within the GEMV batch: the single-token kernels */
     if (decode && seqlen == 1 && !last_only && batch <= DEC_MAX_BATCH)
@@ -361,7 +366,7 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
 #endif
             MG_CUDA(MG_LAUNCH(scan_fused)(batch, seqlen, fused_segments(m, batch), m->seg_ws, m->proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
                                           lw + L0_B_BIAS, lw + L0_C_BIAS, lw + L0_D, ngw, ssm_l, kp_l, vp_l, ang_l,
-                                          ssm_l, kp_l, vp_l, ang_l, m->g, st));
+                                          ssm_l, kp_l, vp_l, ang_l, m->g, start, st));
         } else {
 #endif
         /* (the unfused buffers are sized for every call that gets here) */
@@ -372,16 +377,16 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
         MG_CUDA(MG_LAUNCH(prep)(tokens, m->proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
                            lw + L0_B_BIAS, lw + L0_C_BIAS, m->dt, m->adt, m->lam, m->k, m->q, st));
         /* theta recurrence, rotary of k and q in place; angle state carried */
-        MG_CUDA(MG_LAUNCH(angles)(batch, seqlen, m->proj, m->dt, ang_l, ang_l, m->k, m->q, reset, st));
+        MG_CUDA(MG_LAUNCH(angles)(batch, seqlen, m->proj, m->dt, ang_l, ang_l, m->k, m->q, reset, start, st));
         /* y = SSM(...); ssm, k_prev, v_prev states carried */
 #if HAS_CHUNKED
         if (chunked)
             MG_CUDA(MG_LAUNCH(scan_chunked)(batch, seqlen, m->proj, m->k, m->q, m->dt, m->adt, m->lam,
-                                       lw + L0_D, ssm_l, kp_l, vp_l, ssm_l, kp_l, vp_l, m->y, st));
+                                       lw + L0_D, ssm_l, kp_l, vp_l, ssm_l, kp_l, vp_l, m->y, start, st));
         else
 #endif
         MG_CUDA(MG_LAUNCH(scan)(batch, seqlen, m->proj, m->k, m->q, m->dt, m->adt, m->lam, lw + L0_D,
-                           ssm_l, kp_l, vp_l, ssm_l, kp_l, vp_l, m->y, reset, st));
+                           ssm_l, kp_l, vp_l, ssm_l, kp_l, vp_l, m->y, reset, start, st));
         /* g = gate(y, z) */
 #if OUTPROJ_NORM
         MG_CUDA(MG_LAUNCH(gate)(tokens, m->y, m->proj, lw + L0_NORM_GATE_W, m->g, st));
@@ -412,30 +417,70 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
     return MG_OK;
 }
 
-/* prefill and burn_in: the arguments checked (states optional), then the
- * forward over the whole sequence; last_only: burn_in's last-step output. */
+static mg_status forward(model_model *m, int batch, int seqlen, const float *u, float *out,
+                         float *ssm, float *kp, float *vp, float *ang, int last_only, int decode,
+                         const unsigned char *reset)
+{
+    return forward_ex(m, batch, seqlen, u, out, ssm, kp, vp, ang, last_only, decode, reset, NULL);
+}
+
+/* A start mask the device cannot read (unregistered host memory, or no
+ * pointer CUDA knows) would fault the kernels: refused before any launch
+ * (a host-side lookup, as check_reset does for the decode step's mask). */
+static mg_status check_starts(const char *fn, const unsigned char *start)
+{
+    if (!start) return MG_OK;
+    struct cudaPointerAttributes a;
+    const cudaError_t ce = cudaPointerGetAttributes(&a, start);
+    if (ce != cudaSuccess) (void)cudaGetLastError();   /* not sticky: clear it for the next call */
+    if (ce != cudaSuccess || a.type == cudaMemoryTypeUnregistered)
+        return mg_fail(MG_ERR_INVALID_ARG, "%s: start mask %p is not memory the device can read (pass device "
+                       "memory, or cudaHostRegister it)", fn, (const void *)start);
+    return MG_OK;
+}
+
+/* prefill and burn_in (and their _starts forms): the arguments checked
+ * (states optional), then the forward over the whole sequence; last_only:
+ * burn_in's last-step output; start: the episode-start mask or NULL. */
 static mg_status checked_forward(model_model *m, const char *fn, int batch, int seqlen, const float *u,
                                  float *out, float *ssm, float *k_prev, float *v_prev, float *angle,
-                                 int last_only)
+                                 int last_only, const unsigned char *start)
 {
     const float *const st[4] = { ssm, k_prev, v_prev, angle };
     mg_status s = check_call(m, fn, batch, seqlen, u, out, st, 0);
+    if (s == MG_OK) s = check_starts(fn, start);
     if (s != MG_OK) return s;
-    return forward(m, batch, seqlen, u, out, ssm, k_prev, v_prev, angle, last_only, 0, NULL);
+    return forward_ex(m, batch, seqlen, u, out, ssm, k_prev, v_prev, angle, last_only, 0, NULL, start);
 }
 
 mg_status model_prefill(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
                       float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
 {
     return checked_forward(m, MODEL_NAME "_prefill", batch, seqlen, d_u, d_out, d_ssm, d_k_prev, d_v_prev,
-                           d_angle, 0);
+                           d_angle, 0, NULL);
+}
+
+mg_status model_prefill_starts(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
+                             float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle,
+                             const unsigned char *d_start)
+{
+    return checked_forward(m, MODEL_NAME "_prefill_starts", batch, seqlen, d_u, d_out, d_ssm, d_k_prev,
+                           d_v_prev, d_angle, 0, d_start);
 }
 
 mg_status model_burn_in(model_model *m, int batch, int seqlen, const float *d_u, float *d_last_out,
                       float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
 {
     return checked_forward(m, MODEL_NAME "_burn_in", batch, seqlen, d_u, d_last_out, d_ssm, d_k_prev, d_v_prev,
-                           d_angle, 1);
+                           d_angle, 1, NULL);
+}
+
+mg_status model_burn_in_starts(model_model *m, int batch, int seqlen, const float *d_u, float *d_last_out,
+                             float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle,
+                             const unsigned char *d_start)
+{
+    return checked_forward(m, MODEL_NAME "_burn_in_starts", batch, seqlen, d_u, d_last_out, d_ssm, d_k_prev,
+                           d_v_prev, d_angle, 1, d_start);
 }
 
 /* One token per stream: the single-token kernels up to DEC_MAX_BATCH

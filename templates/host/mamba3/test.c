@@ -628,6 +628,289 @@ static void test_bad_calls(void)
     free(sent); free(back);
 }
 
+/* ---------------------------------------------------------------- episode starts */
+/* prefill_starts / burn_in_starts (doc/math.md section 9) against the
+ * reference's _ex entry points, decode steps with the reset mask, and the
+ * maskless call. */
+
+/* The start mask [batch][T] of a pattern: 0 none (all zero); 1 mixed:
+ * stream 0 starts at t = 0, mid-chunk, on two consecutive tokens at a
+ * chunk edge (CHUNK - 1, CHUNK), at the scan's staging edge, on the last
+ * token of a chunk and on the last token of the call; stream 1 has none;
+ * stream 2 starts at t = 1, at 2 CHUNK and at 2 CHUNK + 1; stream b > 2 at
+ * (b * 7) % T (values 1 and 255: any nonzero byte starts an episode); 2
+ * every stream: at t = 0, mid-sequence and on its last token. */
+static void start_mask(unsigned char *m, int batch, int T, int pattern)
+{
+    memset(m, 0, (size_t)batch * T);
+    if (pattern == 0) return;
+    for (int b = 0; b < batch; ++b) {
+        unsigned char *r = m + (size_t)b * T;
+        if (pattern == 2) {
+            r[0] = 1;
+            r[T / 2] = 1;
+            r[T - 1] = 255;
+            continue;
+        }
+        const int at0[] = { 0, CHUNK / 2 + 1, CHUNK - 1, CHUNK, SCAN_TCHUNK, 2 * CHUNK - 1, T - 1 };
+        const int at2[] = { 1, 2 * CHUNK, 2 * CHUNK + 1 };
+        if (b == 0) {
+            for (size_t i = 0; i < sizeof at0 / sizeof at0[0]; ++i)
+                if (at0[i] >= 0 && at0[i] < T) r[at0[i]] = (unsigned char)(i % 2 ? 255 : 1);
+        } else if (b == 2) {
+            for (size_t i = 0; i < sizeof at2 / sizeof at2[0]; ++i)
+                if (at2[i] < T) r[at2[i]] = 1;
+        } else if (b > 2) {
+            r[(b * 7) % T] = 255;
+        }
+    }
+}
+
+static unsigned char *up_starts(const unsigned char *m, int batch, int T)
+{
+    unsigned char *d = dalloc_bytes((size_t)batch * T);
+    if (cudaMemcpy(d, m, (size_t)batch * T, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy starts");
+    return d;
+}
+
+/* GPU prefill_starts (last_only: burn_in_starts) on host data, as gpu_prefill. */
+static mg_status gpu_prefill_starts(int batch, int T, const float *u, float *out, hstate *st,
+                                    const unsigned char *dstart, int last_only)
+{
+    const size_t no = last_only ? n_out(batch, 1) : n_out(batch, T);
+    float *du = mg_tap_dalloc(n_u(batch, T)), *dout = mg_tap_dalloc(no);
+    float *ds[NST] = { NULL, NULL, NULL, NULL };
+    mg_tap_up(du, u, n_u(batch, T));
+    if (st)
+        for (int i = 0; i < NST; ++i) {
+            ds[i] = mg_tap_dalloc(st_floats(i, batch));
+            mg_tap_up(ds[i], st->s[i], st_floats(i, batch));
+        }
+    mg_status s = last_only ? model_burn_in_starts(model, batch, T, du, dout, ds[0], ds[1], ds[2], ds[3], dstart)
+                            : model_prefill_starts(model, batch, T, du, dout, ds[0], ds[1], ds[2], ds[3], dstart);
+    if (s == MG_OK) {
+        mg_tap_down(out, dout, no);
+        if (st)
+            for (int i = 0; i < NST; ++i) mg_tap_down(st->s[i], ds[i], st_floats(i, batch));
+    }
+    mg_dev_free(du); mg_dev_free(dout);
+    for (int i = 0; i < NST; ++i) mg_dev_free(ds[i]);
+    return s;
+}
+
+/* The reference with a start mask (mg_ref_mamba3_forward_ex), from st0. */
+static void ref_prefill_starts(int batch, int T, const float *u, const hstate *st0, const unsigned char *mask,
+                               double *out, rstate *rs)
+{
+    for (int i = 0; i < NST; ++i)
+        for (size_t j = 0; j < st_floats(i, batch); ++j) rs->s[i][j] = st0->s[i][j];
+    mg_ref_seqs o;
+    memset(&o, 0, sizeof o);
+    o.start = mask;
+    if (mg_ref_mamba3_forward_ex(&dims, &lay, blob, batch, T, u, out, rs->s[0], rs->s[1], rs->s[2], rs->s[3], &o) !=
+        MG_OK)
+        mg_tap_bail("reference forward_ex");
+}
+
+/* prefill_starts (and burn_in_starts) from a random state with the mask
+ * of `pattern` vs the reference: out (burn-in: the last step) and the
+ * final states. path names the scan the caller set. */
+static void test_prefill_starts(int batch, int T, int pattern, const char *path, uint64_t seed)
+{
+    static const char *const pname[3] = { "no starts", "mixed starts", "every stream starts" };
+    float *u = FALLOC(n_u(batch, T)), *out = FALLOC(n_out(batch, T)), *last = FALLOC(n_out(batch, 1));
+    double *rout = DALLOC_H(n_out(batch, T)), *rlast = DALLOC_H(n_out(batch, 1));
+    unsigned char *mask = (unsigned char *)mg_tap_malloc((size_t)batch * T);
+    hstate st0 = hs_new(batch), st = hs_new(batch), bst = hs_new(batch);
+    rstate rs = rs_new(batch);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    hs_rand_copies(&st0, seed + 1, &st, &bst);
+    start_mask(mask, batch, T, pattern);
+    unsigned char *dmask = up_starts(mask, batch, T);
+    mg_status s1 = gpu_prefill_starts(batch, T, u, out, &st, dmask, 0);
+    mg_status s2 = gpu_prefill_starts(batch, T, u, last, &bst, dmask, 1);
+    char what[256];
+    if (!mg_tap_ok(s1 == MG_OK && s2 == MG_OK, "prefill_starts and burn_in_starts b=%d T=%d (%s, %s) run", batch, T,
+                   pname[pattern], path)) {
+        mg_tap_diag("%s: %s", mg_status_name(s1 != MG_OK ? s1 : s2), mg_last_error());
+    } else {
+        ref_prefill_starts(batch, T, u, &st0, mask, rout, &rs);
+        snprintf(what, sizeof what, "prefill_starts b=%d T=%d (%s, %s) vs reference_ex: out", batch, T,
+                 pname[pattern], path);
+        cmp_ref(what, out, rout, n_out(batch, T));
+        snprintf(what, sizeof what, "prefill_starts b=%d T=%d (%s, %s) vs reference_ex", batch, T, pname[pattern],
+                 path);
+        cmp_ref_states(what, &st, &rs);
+        for (int b = 0; b < batch; ++b)
+            memcpy(rlast + n_out(b, 1), rout + n_out(b, T) + n_out(1, T - 1), n_out(1, 1) * sizeof(double));
+        snprintf(what, sizeof what, "burn_in_starts b=%d T=%d (%s, %s) vs reference_ex: last_out", batch, T,
+                 pname[pattern], path);
+        cmp_ref(what, last, rlast, n_out(batch, 1));
+        snprintf(what, sizeof what, "burn_in_starts b=%d T=%d (%s, %s) vs reference_ex", batch, T, pname[pattern],
+                 path);
+        cmp_ref_states(what, &bst, &rs);
+    }
+    mg_dev_free(dmask);
+    free(u); free(out); free(last); free(rout); free(rlast); free(mask);
+    hs_free(&st0); hs_free(&st); hs_free(&bst); rs_free(&rs);
+}
+
+/* A masked prefill == T decode steps with the reset mask of each step
+ * taken from the start column t (GPU only: decode vs prefill tolerance). */
+static void test_starts_vs_decode_reset(int batch, int T, const char *path, uint64_t seed)
+{
+    float *u = FALLOC(n_u(batch, T)), *pout = FALLOC(n_out(batch, T)), *dout = FALLOC(n_out(batch, T));
+    float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
+    unsigned char *mask = (unsigned char *)mg_tap_malloc((size_t)batch * T), *col = (unsigned char *)mg_tap_malloc((size_t)batch);
+    hstate pst = hs_new(batch), dst = hs_new(batch);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    hs_rand_copies(&pst, seed + 1, &dst, NULL);
+    start_mask(mask, batch, T, 1);
+    unsigned char *dmask = up_starts(mask, batch, T), *dcol = dalloc_bytes((size_t)batch);
+    mg_status s = gpu_prefill_starts(batch, T, u, pout, &pst, dmask, 0);
+    float *du = mg_tap_dalloc(n_u(batch, 1)), *dout_t = mg_tap_dalloc(n_out(batch, 1));
+    float *ds[NST];
+    for (int i = 0; i < NST; ++i) {
+        ds[i] = mg_tap_dalloc(st_floats(i, batch));
+        mg_tap_up(ds[i], dst.s[i], st_floats(i, batch));
+    }
+    for (int t = 0; t < T && s == MG_OK; ++t) {
+        step_in(ut, u, batch, T, t);
+        mg_tap_up(du, ut, n_u(batch, 1));
+        for (int b = 0; b < batch; ++b) col[b] = mask[(size_t)b * T + t];
+        up_mask(dcol, col, batch);
+        s = model_decode_step_reset(model, batch, du, dout_t, DEV_STATES(ds), dcol);
+        if (s != MG_OK) break;
+        mg_tap_down(ot, dout_t, n_out(batch, 1));
+        step_out(dout, ot, batch, T, t);
+    }
+    if (s == MG_OK)
+        for (int i = 0; i < NST; ++i) mg_tap_down(dst.s[i], ds[i], st_floats(i, batch));
+    char what[200];
+    if (!mg_tap_ok(s == MG_OK, "prefill_starts (%s) and %d decode_step_reset steps of batch %d run", path, T, batch)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    } else {
+        snprintf(what, sizeof what, "decode_step_reset x%d vs prefill_starts %d (%s): out (every step)", T, T, path);
+        cmp_gpu(what, dout, pout, n_out(batch, T));
+        snprintf(what, sizeof what, "decode_step_reset x%d vs prefill_starts %d (%s)", T, T, path);
+        cmp_gpu_states(what, &dst, &pst);
+    }
+    mg_dev_free(du); mg_dev_free(dout_t); mg_dev_free(dmask); mg_dev_free(dcol);
+    for (int i = 0; i < NST; ++i) mg_dev_free(ds[i]);
+    free(u); free(pout); free(dout); free(ut); free(ot); free(mask); free(col);
+    hs_free(&pst); hs_free(&dst);
+}
+
+/* An all-zero mask (and a NULL one) == the maskless prefill and burn-in,
+ * bit for bit (out and final states). */
+static void test_starts_zero_mask(int batch, int T, const char *path, uint64_t seed)
+{
+    float *u = FALLOC(n_u(batch, T)), *oa = FALLOC(n_out(batch, T)), *ob = FALLOC(n_out(batch, T));
+    float *oc = FALLOC(n_out(batch, T));
+    unsigned char *mask = (unsigned char *)mg_tap_malloc((size_t)batch * T);
+    hstate st0 = hs_new(batch), sa = hs_new(batch), sb = hs_new(batch), sc = hs_new(batch);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    hs_rand_copies(&st0, seed + 1, &sa, &sb);
+    hs_copy(&sc, &st0);
+    start_mask(mask, batch, T, 0);
+    unsigned char *dmask = up_starts(mask, batch, T);
+    mg_status s = gpu_prefill(batch, T, u, oa, &sa);
+    if (s == MG_OK) s = gpu_prefill_starts(batch, T, u, ob, &sb, dmask, 0);
+    if (s == MG_OK) s = gpu_prefill_starts(batch, T, u, oc, &sc, NULL, 0);
+    int same = s == MG_OK && memcmp(oa, ob, n_out(batch, T) * sizeof(float)) == 0;
+    for (int i = 0; i < NST && same; ++i) same = memcmp(sa.s[i], sb.s[i], st_floats(i, batch) * sizeof(float)) == 0;
+    if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    mg_tap_ok(same, "prefill_starts with an all-zero mask == prefill (%s, b=%d T=%d): out and states bit-identical",
+              path, batch, T);
+    same = s == MG_OK && memcmp(oa, oc, n_out(batch, T) * sizeof(float)) == 0;
+    for (int i = 0; i < NST && same; ++i) same = memcmp(sa.s[i], sc.s[i], st_floats(i, batch) * sizeof(float)) == 0;
+    mg_tap_ok(same, "prefill_starts with a NULL mask == prefill (%s): bit-identical", path);
+    /* burn-in: the zero mask's last step == burn_in's */
+    float *la = FALLOC(n_out(batch, 1)), *lb = FALLOC(n_out(batch, 1));
+    hs_copy(&sa, &st0);
+    hs_copy(&sb, &st0);
+    float *du = mg_tap_dalloc(n_u(batch, T)), *dl = mg_tap_dalloc(n_out(batch, 1));
+    float *ds[NST];
+    for (int i = 0; i < NST; ++i) {
+        ds[i] = mg_tap_dalloc(st_floats(i, batch));
+        mg_tap_up(ds[i], sa.s[i], st_floats(i, batch));
+    }
+    mg_tap_up(du, u, n_u(batch, T));
+    s = model_burn_in(model, batch, T, du, dl, DEV_STATES(ds));
+    if (s == MG_OK) mg_tap_down(la, dl, n_out(batch, 1));
+    if (s == MG_OK) s = gpu_prefill_starts(batch, T, u, lb, &sb, dmask, 1);
+    mg_tap_ok(s == MG_OK && memcmp(la, lb, n_out(batch, 1) * sizeof(float)) == 0,
+              "burn_in_starts with an all-zero mask == burn_in (%s): last_out bit-identical", path);
+    mg_dev_free(du); mg_dev_free(dl); mg_dev_free(dmask);
+    for (int i = 0; i < NST; ++i) mg_dev_free(ds[i]);
+    free(u); free(oa); free(ob); free(oc); free(la); free(lb); free(mask);
+    hs_free(&st0); hs_free(&sa); hs_free(&sb); hs_free(&sc);
+}
+
+/* Bad prefill_starts / burn_in_starts calls: the status of the plain
+ * calls' checks, nothing launched (out and states untouched). */
+static void test_starts_bad_calls(void)
+{
+    const int B = imin(2, MAX_BATCH), T = imin(3, MAX_SEQ_LEN);
+    const size_t nu = n_u(B, T), no = n_out(B, T);
+    float *du = mg_tap_dalloc(nu), *dout = mg_tap_dalloc(no), *ds[NST];
+    unsigned char *mask = (unsigned char *)mg_tap_malloc((size_t)B * T);
+    start_mask(mask, B, T, 2);
+    unsigned char *dm = up_starts(mask, B, T);
+    size_t ns_tot = no;
+    for (int i = 0; i < NST; ++i) {
+        ds[i] = mg_tap_dalloc(st_floats(i, B));
+        ns_tot += st_floats(i, B);
+    }
+    float *sent = FALLOC(ns_tot), *back = FALLOC(ns_tot);
+    for (size_t i = 0; i < ns_tot; ++i) sent[i] = 4321.0f + (float)(i % 89);
+    mg_tap_up(dout, sent, no);
+    for (int i = 0; i < NST; ++i) mg_tap_up(ds[i], sent, st_floats(i, B));
+    float *s0 = ds[0], *s1 = ds[1], *s2 = ds[2], *s3 = ds[3];
+    mg_tap_expect_status(model_prefill_starts(NULL, B, T, du, dout, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "prefill_starts with a NULL model");
+    mg_tap_expect_status(model_prefill_starts(model, 0, T, du, dout, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "prefill_starts batch = 0");
+    mg_tap_expect_status(model_prefill_starts(model, MAX_BATCH + 1, T, du, dout, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "prefill_starts batch = MAX_BATCH + 1");
+    mg_tap_expect_status(model_prefill_starts(model, B, 0, du, dout, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "prefill_starts seqlen = 0");
+    mg_tap_expect_status(model_prefill_starts(model, B, MAX_SEQ_LEN + 1, du, dout, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "prefill_starts seqlen = MAX_SEQ_LEN + 1");
+    mg_tap_expect_status(model_prefill_starts(model, B, T, NULL, dout, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "prefill_starts u = NULL");
+    mg_tap_expect_status(model_prefill_starts(model, B, T, du, NULL, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "prefill_starts out = NULL");
+    mg_tap_expect_status(model_prefill_starts(model, B, T, du, dout, s0, NULL, s2, s3, dm), MG_ERR_INVALID_ARG, "prefill_starts states without k_prev");
+    mg_tap_expect_status(model_prefill_starts(model, B, T, du, dout, s0, s1, s2, s3 + 1, dm), MG_ERR_ALIGNMENT, "prefill_starts misaligned angle");
+    mg_tap_expect_status(model_burn_in_starts(NULL, B, T, du, dout, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "burn_in_starts with a NULL model");
+    mg_tap_expect_status(model_burn_in_starts(model, B, T, du, NULL, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "burn_in_starts last_out = NULL");
+    mg_tap_expect_status(model_burn_in_starts(model, B, 0, du, dout, s0, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "burn_in_starts seqlen = 0");
+    mg_tap_expect_status(model_burn_in_starts(model, B, T, du, dout, NULL, s1, s2, s3, dm), MG_ERR_INVALID_ARG, "burn_in_starts states without ssm");
+    mg_tap_expect_status(model_burn_in_starts(model, B, T, du + 1, dout, s0, s1, s2, s3, dm), MG_ERR_ALIGNMENT, "burn_in_starts misaligned u");
+    /* a mask in host memory the device cannot read */
+    mg_tap_expect_status(model_prefill_starts(model, B, T, du, dout, s0, s1, s2, s3, mask), MG_ERR_INVALID_ARG, "prefill_starts with an unregistered host mask");
+    mg_tap_expect_status(model_burn_in_starts(model, B, T, du, dout, s0, s1, s2, s3, mask), MG_ERR_INVALID_ARG, "burn_in_starts with an unregistered host mask");
+    int untouched = 1;
+    mg_tap_down(back, dout, no);
+    untouched = memcmp(back, sent, no * sizeof(float)) == 0;
+    for (int i = 0; i < NST; ++i) {
+        mg_tap_down(back, ds[i], st_floats(i, B));
+        untouched = untouched && memcmp(back, sent, st_floats(i, B) * sizeof(float)) == 0;
+    }
+    mg_tap_ok(untouched, "bad prefill_starts / burn_in_starts calls left out and the states untouched");
+    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dm);
+    for (int i = 0; i < NST; ++i) mg_dev_free(ds[i]);
+    free(sent); free(back); free(mask);
+}
+
+/* Every case above on one scan path (the caller set it). */
+static void test_starts_path(const char *path, int budget, uint64_t seed)
+{
+    const int b3 = imin(3, MAX_BATCH);
+    const int T = imin(MAX_SEQ_LEN, imin(2 * CHUNK + 5, imax(2, budget / 16 / b3)));
+    test_prefill_starts(b3, T, 1, path, seed);
+    test_prefill_starts(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, imin(CHUNK + 3, imax(2, budget / 32))), 2, path, seed + 10);
+    /* one stream over several chunks (the fused scan's segment form, where it has one) */
+    test_prefill_starts(1, imin(MAX_SEQ_LEN, imin(4 * CHUNK + 3, imax(2, budget / 16))), 1, path, seed + 20);
+    test_starts_vs_decode_reset(b3, imin(MAX_SEQ_LEN, imin(2 * CHUNK + 5, SCAN_TCHUNK + 9)), path, seed + 30);
+    test_starts_zero_mask(b3, imin(MAX_SEQ_LEN, 2 * CHUNK + 5), path, seed + 40);
+    test_starts_zero_mask(1, imin(MAX_SEQ_LEN, 4 * CHUNK + 3), path, seed + 50);
+}
+
 int main(void)
 {
     if (!mg_tap_start()) return 0;
@@ -763,6 +1046,20 @@ int main(void)
     test_decode_graph_reset(imin(5, MAX_BATCH), 6, "fused decode", 940);
     if (MAX_BATCH > MODEL_DEC_MAX_BATCH) test_decode_graph_reset(MAX_BATCH, 5, "prefill-kernel decode", 941);
     test_reset_bad_calls();
+
+    /* Episode starts (prefill_starts, burn_in_starts) on every scan path:
+     * vs the reference's _ex forward, vs decode steps with the reset mask,
+     * an all-zero mask vs the maskless call; bad calls. */
+#if MODEL_HAS_CHUNKED_SCAN
+    set_scan(MODEL_SCAN_SEQUENTIAL);
+    test_starts_path("sequential scan", budget, 960);
+    set_scan(MODEL_SCAN_CHUNKED);
+    test_starts_path(MODEL_HAS_FUSED_PREFILL ? "fused chunked scan" : "chunked scan", budget, 970);
+    set_scan(MODEL_SCAN_SPEC);
+#else
+    test_starts_path("sequential scan", budget, 960);
+#endif
+    test_starts_bad_calls();
 
     /* Weights out of the init range (REF(push_ranges): softplus's argument
      * above its threshold, and Mamba-3's a_floor clamp binding): out and

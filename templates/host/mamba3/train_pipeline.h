@@ -55,6 +55,8 @@ struct model_trainer {
     float *gacc;                   /* gradient accumulation: the backward's scratch blob (NULL until turned on) */
     int accumulate;                /* the backward adds its parameter gradients to grads */
     int fwd_chunked;               /* the last forward_train ran the chunked SSM (its checkpoints) */
+    const unsigned char *start;    /* episode-start mask of the next forward_train (device, NULL: none) */
+    const unsigned char *fwd_start;   /* the mask the last forward_train ran with (its backward's) */
 };
 
 /* Sizes (p == NULL) or carves (p != NULL) the workspace; below. */
@@ -129,6 +131,25 @@ mg_status model_trainer_set_scan(model_trainer *t, int choice)
     return MG_OK;
 }
 
+/* The mask is read by the kernels of every later forward_train and
+ * backward: one the device cannot read is refused here (a host-side
+ * pointer lookup), and the mask set before stays. */
+mg_status model_trainer_set_starts(model_trainer *t, const unsigned char *d_start)
+{
+    static const char fn[] = MODEL_NAME "_trainer_set_starts";
+    TRAINER_LIVE(t, fn);
+    if (d_start) {
+        struct cudaPointerAttributes a;
+        const cudaError_t ce = cudaPointerGetAttributes(&a, d_start);
+        if (ce != cudaSuccess) (void)cudaGetLastError();   /* not sticky */
+        if (ce != cudaSuccess || a.type == cudaMemoryTypeUnregistered)
+            return mg_fail(MG_ERR_INVALID_ARG, "%s: %p is not memory the device can read (pass device memory, or "
+                           "cudaHostRegister it)", fn, (const void *)d_start);
+    }
+    t->start = d_start;
+    return MG_OK;
+}
+
 /* Whether the SSM of a call of seqlen steps runs chunked: the trainer's
  * choice, else the spec's scan.mode (SCAN_MODE_ID). The forward for
  * training decides (the chunked forward saves the state entering every
@@ -182,6 +203,8 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
     t->seqlen = seqlen;
     const int chunked = scan_chunked(t, seqlen);
     t->fwd_chunked = chunked;
+    const unsigned char *start = t->start;   /* episode starts (NULL: none), for the backward too */
+    t->fwd_start = start;
 #if LOWP
     MG_CUDA(model_launch_convert_train(w, t->wa, st));
 #endif
@@ -226,17 +249,17 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
             MG_CUDA(cudaMemsetAsync(vp0, 0, (size_t)batch * VPREV_PER_SEQ * sizeof(float), st));
             MG_CUDA(cudaMemsetAsync(ang0, 0, (size_t)batch * ANGLE_PER_SEQ * sizeof(float), st));
         }
-        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, ang_l, t->cs, st));
+        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, ang_l, t->cs, start, st));
         MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
                             lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
 #if HAS_CHUNKED_BWD
         if (chunked)
             MG_CUDA(model_launch_scan_fwd_chunked(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam,
-                                            lw + L0_D, ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l, st));
+                                            lw + L0_D, ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l, start, st));
         else
 #endif
         MG_CUDA(model_launch_scan_fwd(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam, lw + L0_D,
-                                ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l, st));
+                                ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l, start, st));
 #if OUTPROJ_NORM
         MG_CUDA(model_launch_gate_fwd(tokens, y_l, proj, lw + L0_NORM_GATE_W, t->g, st));
 #else
@@ -307,6 +330,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
 #endif
     void *dhA_out = LOWP ? dhA : NULL;
     const int chunked = t->fwd_chunked;   /* the SSM of the forward's checkpoints, for every layer */
+    const unsigned char *start = t->fwd_start;   /* and its episode starts */
 
     /* Gradient accumulation: the tensors below go to the trainer's scratch
      * blob, added to the caller's at the end (after the unscale). */
@@ -355,7 +379,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         CHECK(mg_linear_dw(t->blas, tokens, D_MODEL, D_INNER, ACT, dhA, D_MODEL, t->g, D_INNER,
                            MG_F32, gl + L0_OUT_PROJ_W, D_INNER, 0.0f));
         /* recompute the SSM inputs (forward arithmetic), with the rotary cos/sin */
-        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, NULL, t->cs, st));
+        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, NULL, t->cs, start, st));
         MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
                             lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
         /* the SSM, in reverse from the checkpoints */
@@ -363,17 +387,17 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         if (chunked)
             MG_CUDA(model_launch_scan_bwd_chunked(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam,
                                             lw + L0_D, ckpt, kp0, vp0, t->dy, t->dk, t->dq, t->dv, t->dadt,
-                                            t->ddt, t->dlam, t->part_D, dssm_l, dkp_l, dvp_l, st));
+                                            t->ddt, t->dlam, t->part_D, dssm_l, dkp_l, dvp_l, start, st));
         else
 #else
         (void)chunked;
 #endif
         MG_CUDA(model_launch_scan_bwd(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam, lw + L0_D, ckpt,
                                 kp0, vp0, t->dy, t->dk, t->dq, t->dv, t->dadt, t->ddt, t->dlam, t->part_D,
-                                dssm_l, dkp_l, dvp_l, st));
+                                dssm_l, dkp_l, dvp_l, start, st));
         MG_CUDA(model_launch_reduce_parts(t->part_D, batch, N_HEADS, N_HEADS, gl + L0_D, st));
         /* rotary and angle recurrence, in reverse */
-        MG_CUDA(model_launch_angles_bwd(batch, seqlen, t->k, t->q, t->cs, t->dk, t->dq, t->gth, dang_l, st));
+        MG_CUDA(model_launch_angles_bwd(batch, seqlen, t->k, t->q, t->cs, t->dk, t->dq, t->gth, dang_l, start, st));
         /* per-token maps: dproj (x, B, C, dd_dt, dd_A, trap, angles) and parameter rows */
         MG_CUDA(model_launch_prep_bwd(tokens, proj, t->dt, t->lam, lw + L0_DT_BIAS, lw + L0_B_NORM_W,
                                 lw + L0_C_NORM_W, t->dk, t->dq, t->dv, t->dadt, t->ddt, t->dlam, t->gth,

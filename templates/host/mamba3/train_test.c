@@ -439,6 +439,170 @@ static void test_spec_dispatch(int B, int T, uint64_t seed)
 /* ---------------------------------------------------------------- AdamW */
 #include "train_tests.h"   /* part 2: AdamW, training, the training graph, main's first and last steps */
 
+/* ---------------------------------------------------------------- episode starts */
+/* trainer_set_starts (doc/math.md section 9): forward_train and backward
+ * with a start mask against the reference's _ex forward and backward. */
+
+/* The chunk edges a start should sit on: the checkpoint stride and the
+ * chunked backward's chunk (the checkpoint stride without one). */
+#define START_Q (MODEL_BWD_CHUNK > 0 ? MODEL_BWD_CHUNK : CKPT)
+
+/* The start mask [B][T] of a pattern: 0 none; 1 mixed: stream 0 starts at
+ * t = 0, on the checkpoint edge and the token before it, mid-chunk, on two
+ * consecutive tokens at a chunk edge (START_Q, START_Q + 1) and on its last
+ * token; stream 1 has none; stream 2 at t = 1 and 2 START_Q - 1; stream b >
+ * 2 at (5 b) % T (values 1 and 255); 2 every stream: at t = 0 and T / 2. */
+static void train_start_mask(unsigned char *m, int B, int T, int pattern)
+{
+    memset(m, 0, (size_t)B * T);
+    if (pattern == 0) return;
+    for (int b = 0; b < B; ++b) {
+        unsigned char *r = m + (size_t)b * T;
+        if (pattern == 2) {
+            r[0] = 1;
+            r[T / 2] = 255;
+            continue;
+        }
+        const int at0[] = { 0, CKPT - 1, CKPT, START_Q / 2 + 1, START_Q, START_Q + 1, T - 1 };
+        if (b == 0) {
+            for (size_t i = 0; i < sizeof at0 / sizeof at0[0]; ++i)
+                if (at0[i] >= 0 && at0[i] < T) r[at0[i]] = (unsigned char)(i % 2 ? 255 : 1);
+        } else if (b == 2) {
+            if (T > 1) r[1] = 1;
+            if (2 * START_Q - 1 < T) r[2 * START_Q - 1] = 1;
+        } else if (b > 2) {
+            r[(5 * b) % T] = 255;
+        }
+    }
+}
+
+static unsigned char *train_up_starts(const unsigned char *m, int B, int T)
+{
+    unsigned char *d = (unsigned char *)mg_tap_dalloc(((size_t)B * T + 3) / 4);
+    if (cudaMemcpy(d, m, (size_t)B * T, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy starts");
+    return d;
+}
+
+static void set_starts(const unsigned char *d)
+{
+    if (model_trainer_set_starts(tr, d) != MG_OK) mg_tap_bail("trainer_set_starts");
+}
+
+/* forward_train + backward with the mask of `pattern` from a random state
+ * vs the reference (forward_ex, backward_ex): out, final states, every
+ * parameter gradient, du and the initial-state gradients, which must be
+ * exactly 0 for a stream whose first token is a start. */
+static void test_grads_starts(int B, int T, int pattern, const char *path, uint64_t seed)
+{
+    static const char *const pname[3] = { "no starts", "mixed starts", "every stream starts" };
+    float *u, *dout, *st0[NST];
+    rand_call(B, T, seed, 1.0f, &u, &dout, st0);
+    unsigned char *mask = (unsigned char *)mg_tap_malloc((size_t)B * T);
+    train_start_mask(mask, B, T, pattern);
+    unsigned char *dmask = train_up_starts(mask, B, T);
+    char how[160], what[320];
+    snprintf(how, sizeof how, "%s, %s", pname[pattern], path);
+    run_out r;
+    run_alloc(&r, B, T);
+    set_starts(dmask);
+    mg_status s = gpu_run(B, T, u, st0, dout, 1, &r);
+    set_starts(NULL);
+    if (!mg_tap_ok(s == MG_OK, "forward_train + backward with starts b=%d T=%d (%s) run", B, T, how)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    } else {
+        double *rout = DALLOC_H(n_out(B, T)), *rdout = DALLOC_H(n_out(B, T));
+        double *rg = DALLOC_H(lay.total), *rdu = DALLOC_H(n_u(B, T));
+        double *rst[NST], *rst0[NST], *rdst[NST];
+        for (int i = 0; i < NST; ++i) {
+            const size_t n = st_floats(i, B);
+            rst[i] = DALLOC_H(n); rst0[i] = DALLOC_H(n); rdst[i] = DALLOC_H(n);
+            for (size_t j = 0; j < n; ++j) rst[i][j] = rst0[i][j] = st0[i][j];
+        }
+        for (size_t i = 0; i < n_out(B, T); ++i) rdout[i] = dout[i];
+        mg_ref_seqs o;
+        memset(&o, 0, sizeof o);
+        o.start = mask;
+        if (mg_ref_mamba3_forward_ex(&dims, &lay, blob, B, T, u, rout, rst[0], rst[1], rst[2], rst[3], &o) != MG_OK)
+            mg_tap_bail("reference forward_ex");
+        if (mg_ref_mamba3_backward_ex(&dims, &lay, blob, B, T, u, rst0[0], rst0[1], rst0[2], rst0[3], rdout, NULL,
+                                      NULL, NULL, NULL, NULL, rg, rdu, rdst[0], rdst[1], rdst[2], rdst[3], &o) != MG_OK)
+            mg_tap_bail("reference backward_ex");
+        snprintf(what, sizeof what, "starts b=%d T=%d (%s): forward_train out", B, T, how);
+        cmp_ref(what, r.out, rout, n_out(B, T), FWD_TOL);
+        snprintf(what, sizeof what, "starts b=%d T=%d (%s)", B, T, how);
+        cmp_final_states(what, B, r.st, rst, NULL, FWD_TOL);
+        for (int i = 0; i < n_tens; ++i) {
+            snprintf(what, sizeof what, "starts b=%d T=%d (%s): grad %s", B, T, how, tens[i].name);
+            cmp_ref(what, r.grads + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
+        }
+        snprintf(what, sizeof what, "starts b=%d T=%d (%s): du", B, T, how);
+        cmp_ref(what, r.du, rdu, n_u(B, T), GRAD_TOL);
+        size_t nonzero = 0;
+        for (int i = 0; i < NST; ++i) {
+            snprintf(what, sizeof what, "starts b=%d T=%d (%s): d %s (initial)", B, T, how, st_name[i]);
+            cmp_ref_state_grad(what, r.dst[i], rdst[i], st_floats(i, B), GRAD_TOL);
+            const size_t per = st_floats(i, 1) / N_LAYERS;
+            for (int l = 0; l < N_LAYERS; ++l)
+                for (int b = 0; b < B; ++b)
+                    if (mask[(size_t)b * T])
+                        for (size_t j = 0; j < per; ++j) nonzero += r.dst[i][((size_t)l * B + b) * per + j] != 0.0f;
+        }
+        mg_tap_ok(nonzero == 0, "starts b=%d T=%d (%s): the initial-state gradients of the streams starting at t = 0 "
+                  "are exactly 0 (%zu nonzero)", B, T, how, nonzero);
+        free(rout); free(rdout); free(rg); free(rdu);
+        for (int i = 0; i < NST; ++i) { free(rst[i]); free(rst0[i]); free(rdst[i]); }
+    }
+    mg_dev_free(dmask);
+    run_free(&r);
+    free(u); free(dout); free(mask);
+    for (int i = 0; i < NST; ++i) free(st0[i]);
+}
+
+/* An all-zero mask == no mask, bit for bit (out, final states, every
+ * gradient); a mask set and cleared again (NULL) leaves later calls
+ * maskless. */
+static void test_starts_zero_mask(int B, int T, const char *path, uint64_t seed)
+{
+    float *u, *dout, *st0[NST];
+    rand_call(B, T, seed, 1.0f, &u, &dout, st0);
+    unsigned char *mask = (unsigned char *)mg_tap_malloc((size_t)B * T);
+    train_start_mask(mask, B, T, 0);
+    unsigned char *dmask = train_up_starts(mask, B, T);
+    run_out a, b;
+    run_alloc(&a, B, T); run_alloc(&b, B, T);
+    mg_status s1 = gpu_run(B, T, u, st0, dout, 1, &a);
+    set_starts(dmask);
+    mg_status s2 = gpu_run(B, T, u, st0, dout, 1, &b);
+    set_starts(NULL);
+    int same = s1 == MG_OK && s2 == MG_OK && memcmp(a.grads, b.grads, WFLOATS * sizeof(float)) == 0 &&
+               memcmp(a.du, b.du, n_u(B, T) * sizeof(float)) == 0 &&
+               memcmp(a.out, b.out, n_out(B, T) * sizeof(float)) == 0;
+    for (int i = 0; i < NST && same; ++i)
+        same = memcmp(a.dst[i], b.dst[i], st_floats(i, B) * sizeof(float)) == 0 &&
+               memcmp(a.st[i], b.st[i], st_floats(i, B) * sizeof(float)) == 0;
+    mg_tap_ok(same, "an all-zero start mask == no mask (%s, b=%d T=%d): out, final states and gradients "
+              "bit-identical", path, B, T);
+    mg_status s3 = gpu_run(B, T, u, st0, dout, 1, &b);
+    mg_tap_ok(s3 == MG_OK && memcmp(a.grads, b.grads, WFLOATS * sizeof(float)) == 0,
+              "trainer_set_starts(NULL) clears the mask: the next run is the maskless one (%s)", path);
+    run_free(&a); run_free(&b);
+    mg_dev_free(dmask);
+    free(u); free(dout); free(mask);
+    for (int i = 0; i < NST; ++i) free(st0[i]);
+}
+
+/* Every check above on one SSM path (the caller set it). */
+static void test_starts_path(const char *path, int budget, uint64_t seed)
+{
+    const int b3 = imin(3, MAX_BATCH);
+    int T = imin(MAX_SEQ_LEN, 2 * START_Q + 3);
+    if (b3 * T > budget) T = imax(2, imin(T, budget / b3));
+    test_grads_starts(b3, T, 1, path, seed);
+    const int b2 = imin(2, MAX_BATCH);
+    test_grads_starts(b2, imax(2, imin(T, START_Q + 2)), 2, path, seed + 10);
+    test_starts_zero_mask(b3, imin(MAX_SEQ_LEN, 2 * START_Q + 3), path, seed + 20);
+}
+
 /* ---------------------------------------------------------------- bad calls */
 static void test_bad_calls(void)
 {
@@ -456,6 +620,15 @@ static void test_bad_calls(void)
     mg_tap_expect_status(model_forward_train(tr, dw, B, T, du, dout, dg, dm, dv, dw + 1), MG_ERR_ALIGNMENT, "forward_train misaligned angle");
     mg_tap_expect_status(model_backward(NULL, dout, dg, NULL, NULL, NULL, NULL, NULL), MG_ERR_INVALID_ARG, "backward NULL trainer");
     mg_tap_expect_status(model_trainer_set_scan(NULL, MODEL_SCAN_SPEC), MG_ERR_INVALID_ARG, "trainer_set_scan NULL trainer");
+    mg_tap_expect_status(model_trainer_set_starts(NULL, NULL), MG_ERR_INVALID_ARG, "trainer_set_starts NULL trainer");
+    mg_tap_expect_status(model_trainer_set_starts((model_trainer *)dg, NULL), MG_ERR_INVALID_ARG,
+                         "trainer_set_starts on a pointer that is no trainer");
+    {
+        unsigned char hmask[4] = { 1, 0, 0, 0 };
+        mg_tap_expect_status(model_trainer_set_starts(tr, hmask), MG_ERR_INVALID_ARG,
+                             "trainer_set_starts with an unregistered host mask");
+        mg_clear_error();
+    }
     mg_tap_expect_status(model_trainer_set_scan(tr, 3), MG_ERR_INVALID_ARG, "trainer_set_scan unknown choice 3");
     mg_tap_expect_status(model_trainer_set_scan(tr, -1), MG_ERR_INVALID_ARG, "trainer_set_scan unknown choice -1");
 #if !MODEL_HAS_CHUNKED_BWD
@@ -535,6 +708,18 @@ int main(void)
         grads_tag = "";
         set_scan(MODEL_SCAN_SPEC);
     }
+#endif
+
+    /* Episode starts (trainer_set_starts) on each SSM: every gradient vs
+     * the reference's _ex backward; an all-zero mask vs none. */
+#if MODEL_HAS_CHUNKED_BWD
+    set_scan(MODEL_SCAN_SEQUENTIAL);
+    test_starts_path("sequential SSM", budget, 350);
+    set_scan(MODEL_SCAN_CHUNKED);
+    test_starts_path("chunked SSM", budget, 360);
+    set_scan(MODEL_SCAN_SPEC);
+#else
+    test_starts_path("sequential SSM", budget, 350);
 #endif
 
     /* Weights out of the init range (softplus's argument above its

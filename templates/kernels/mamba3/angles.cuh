@@ -22,6 +22,13 @@
 // last slice's thread after the second, so out may alias in. cs (optional,
 // training) [tok][H][S][2] receives the (cos, sin) of every rotation: the
 // backward's R^T.
+// STARTS (start [batch][seqlen] bytes given; doc/math.md section 9): at a
+// token whose start entry is nonzero the sum restarts, theta_t = pi *
+// tanh(angles_t[a]) * dt_t[h] mod 2pi. A slice's sum is then the sum from
+// its last start on, with a flag that it holds one; the prefix over the
+// slices restarts at a flagged slice, and a slice after any start starts
+// from that prefix alone, not from theta_0. The instance without starts is
+// the code as it was.
 // ---------------------------------------------------------------------------
 // The angle reduced into [0, 2pi) (2pi: TWO_PI_D): fmod, then one step up
 // or down. A walk's angle leaves [0, 2pi) by less than 2pi per token, and
@@ -57,32 +64,65 @@ __device__ __forceinline__ float2 rotate_pair(float c, float s, float2 v)
 // the start is th0 plus the prefix, wrapped. part: the block's
 // [ANGLE_SLICES][S] shared scratch. Every thread of the block calls it
 // (two barriers). The angle kernels of inference and training share it.
-template <class Inc>
+// STARTS: is_start(t) says whether token t starts an episode; pflag is the
+// block's [ANGLE_SLICES][S] shared flags (unused without STARTS). A slice
+// sums from its last start on; the prefix restarts at a slice that holds a
+// start, and th0 is added only while no start came before the slice.
+template <bool STARTS, class Inc, class IsStart>
 __device__ __forceinline__ double angle_slice_start(double th0, int t0, int t1, int a, int sl,
-                                                    double (*part)[S], Inc inc)
+                                                    double (*part)[S], unsigned char (*pflag)[S], Inc inc,
+                                                    IsStart is_start)
 {
     double sum = 0.0;
-    for (int t = t0; t < t1; ++t) sum += inc(t);
+    bool fl = false;
+    for (int t = t0; t < t1; ++t) {
+        if constexpr (STARTS) {
+            if (is_start(t)) {
+                sum = 0.0;
+                fl = true;
+            }
+        }
+        sum += inc(t);
+    }
     part[sl][a] = sum;
+    if constexpr (STARTS) pflag[sl][a] = fl;
     __syncthreads();
     if (sl == 0) {   // exclusive prefix over the slices, in order
         double run = 0.0;
+        bool started = false;
         for (int j = 0; j < ANGLE_SLICES; ++j) {
             const double v = part[j][a];
             part[j][a] = run;
-            run += v;
+            if constexpr (STARTS) {
+                const bool f = pflag[j][a];
+                pflag[j][a] = started;   // a start before slice j
+                if (f) {
+                    run = v;
+                    started = true;
+                } else {
+                    run += v;
+                }
+            } else {
+                run += v;
+            }
         }
     }
     __syncthreads();
+    if constexpr (STARTS) {
+        if (pflag[sl][a]) return wrap_2pi(part[sl][a]);
+    }
     return wrap_2pi(th0 + part[sl][a]);
 }
 
+template <bool STARTS>
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt,
               const float *angle_in, float *angle_out, float *__restrict__ k,
-              float *__restrict__ q, float *__restrict__ cs, const unsigned char *__restrict__ reset)
+              float *__restrict__ q, float *__restrict__ cs, const unsigned char *__restrict__ reset,
+              const unsigned char *__restrict__ start)
 {
     __shared__ double part[ANGLE_SLICES][S];
+    __shared__ unsigned char pflag[STARTS ? ANGLE_SLICES : 1][S];
     const int a = threadIdx.x % S, sl = threadIdx.x / S;
     const int h = blockIdx.x;
     const size_t b = blockIdx.y;
@@ -96,10 +136,14 @@ angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restric
         const size_t tok = row0 + t;
         return PI_D * (double)tanhf(to_f32(proj[tok * NP + OFF_ANG + a])) * (double)dt[tok * H + h];
     };
+    const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle, rotating k and q.
-    double th = angle_slice_start(th0, t0, t1, a, sl, part, inc);
+    double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, inc, is_start);
     for (int t = t0; t < t1; ++t) {
         const size_t tok = row0 + t;
+        if constexpr (STARTS) {
+            if (is_start(t)) th = 0.0;   // a new episode: the sum restarts
+        }
         th = wrap_2pi(th + inc(t));
         double sd, cd;
         sincos(th, &sd, &cd);

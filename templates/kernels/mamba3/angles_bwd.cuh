@@ -18,13 +18,22 @@
 // sum from t on (f32, t from the end). dangle0 (optional) [b][H][S] = d L / d
 // theta_0 = gth of the first token (0 for an empty sequence). Each entry is
 // read and written by one thread: deterministic.
+// STARTS (start [batch][seqlen]; doc/math.md section 9): theta_t depends on
+// the thetas since the last start only, so the suffix sums stop at a
+// start: gth_t = sum of g_s over s >= t up to the next start (excluded).
+// Pass 1 sums a slice's g up to its first start (the part that reaches the
+// slices before it) and flags the slice; the suffix over the slices
+// restarts at a flagged slice; pass 2 resets its running sum after a start
+// token. dangle0 is then 0 for a stream whose first token is a start.
 // ---------------------------------------------------------------------------
+template <bool STARTS>
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_bwd_kernel(int seqlen, const float *__restrict__ k, const float *__restrict__ q,
                   const float *__restrict__ cs, float *__restrict__ dk, float *__restrict__ dq,
-                  float *__restrict__ gth, float *__restrict__ dangle0)
+                  float *__restrict__ gth, float *__restrict__ dangle0, const unsigned char *__restrict__ start)
 {
     __shared__ float part[ANGLE_SLICES][S];
+    __shared__ unsigned char pflag[STARTS ? ANGLE_SLICES : 1][S];
     const int a = threadIdx.x % S, sl = threadIdx.x / S;
     const int h = blockIdx.x;
     const size_t b = blockIdx.y;
@@ -34,6 +43,7 @@ angles_bwd_kernel(int seqlen, const float *__restrict__ k, const float *__restri
 
     // Pass 1: the local terms and the un-rotated gradients.
     float sum = 0.0f;
+    bool fl = false;   // STARTS: a start seen in this slice (sum stops growing there)
     for (int t = t0; t < t1; ++t) {
         const size_t tok = row0 + t;
         const size_t base = (tok * H + h) * N + 2 * a;
@@ -51,16 +61,27 @@ angles_bwd_kernel(int seqlen, const float *__restrict__ k, const float *__restri
         *reinterpret_cast<float2 *>(dk + base) = ug;
         *reinterpret_cast<float2 *>(dq + base) = uf;
         gth[(tok * H + h) * S + a] = gl;
-        sum += gl;
+        if constexpr (STARTS) {
+            if (start[tok]) fl = true;
+            if (!fl) sum += gl;
+        } else {
+            sum += gl;
+        }
     }
     part[sl][a] = sum;
+    if constexpr (STARTS) pflag[sl][a] = fl;
     __syncthreads();
     if (sl == 0) {   // exclusive suffix over the slices, last first
         float run = 0.0f;
         for (int j = ANGLE_SLICES - 1; j >= 0; --j) {
             const float v = part[j][a];
             part[j][a] = run;
-            run += v;
+            if constexpr (STARTS) {
+                if (pflag[j][a]) run = v;   // nothing crosses slice j's first start
+                else run += v;
+            } else {
+                run += v;
+            }
         }
     }
     __syncthreads();
@@ -71,6 +92,9 @@ angles_bwd_kernel(int seqlen, const float *__restrict__ k, const float *__restri
         float *gp = gth + ((row0 + t) * H + h) * S + a;
         run += *gp;
         *gp = run;
+        if constexpr (STARTS) {
+            if (start[row0 + t]) run = 0.0f;   // no gradient crosses a start
+        }
     }
     if (dangle0 && sl == 0) dangle0[(b * H + h) * (size_t)S + a] = run;
 }

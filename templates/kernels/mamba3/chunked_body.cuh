@@ -80,6 +80,22 @@ __device__ __forceinline__ void ck_mma_ldn(float c[4], const op_t *a, const op_t
         tile_mma_rt(c, a, bt, lane, dm.ldn, dm.ldn);
 }
 
+// ---- Episode starts (STARTS; doc/math.md section 9). With a start mask
+// the stage puts the chunk's start flags (1.0f / 0.0f) into s_cs (which
+// ck_decay overwrites) and zeroes the beta copy of a token followed by a
+// start (s_nx). ck_decay then also turns the flags into lst_t, the last
+// start at or before row t in the chunk (-1: none), written over s_adt
+// (dead after the prefix sum), and masks what crosses a start:
+//   exp(cs_t) -> 0 for t at or after the chunk's first start (the entering
+//      state does not reach it),
+//   w_s -> 0 for s before the chunk's last start, exp(cs_end) -> 0 when the
+//      chunk holds one (the state leaving the chunk is that of its last
+//      episode);
+// ck_outputs drops the pairs s < t with lst_t > s (a start in (s, t]). cs
+// itself is not restarted: inside an episode the differences cs_t - cs_s
+// are the sums they were. The instances without STARTS are the code as it
+// was.
+
 // ---- The pieces of a chunk's work after its stage (sections B, C, D of
 // the design above), shared by ck_fwd_body and the fused inference kernel
 // (mg_m3_chunked_fused.cuh), which stages the chunk differently but runs
@@ -88,34 +104,59 @@ __device__ __forceinline__ void ck_mma_ldn(float c[4], const op_t *a, const op_t
 // here), s_misc.
 
 // B: cumulative decay and weights (warp 0, fixed order). The caller
-// synchronises the block after it.
+// synchronises the block after it. STARTS: see above (flags in s_cs in,
+// lst over s_adt out).
+template <bool STARTS = false>
 __device__ __forceinline__ void ck_decay(float *fs, int warp, int lane)
 {
-    const float *s_adt = fs, *s_gam = fs + CK_Q, *s_nx = fs + 2 * CK_Q;
+    float *s_adt = fs;
+    const float *s_gam = fs + CK_Q, *s_nx = fs + 2 * CK_Q;
     float *s_cs = fs + 3 * CK_Q, *s_ecs = fs + 4 * CK_Q, *s_scl = fs + 5 * CK_Q, *s_w = fs + 6 * CK_Q;
     float *s_misc = fs + 7 * CK_Q;
     if (warp != 0) return;
     float carry = 0.0f;
+    int lcarry = -1;   // STARTS: the last start so far (-1: none)
     for (int seg = 0; seg < CK_Q; seg += 32) {
         const int i = seg + lane;
         float x = i < CK_Q ? s_adt[i] : 0.0f;
+        int ls = -1;
+        if constexpr (STARTS) ls = (i < CK_Q && s_cs[i] != 0.0f) ? i : -1;   // read before s_cs is written
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const float yv = __shfl_up_sync(FULL_MASK, x, o);
             if (lane >= o) x += yv;
+            if constexpr (STARTS) {
+                const int lv = __shfl_up_sync(FULL_MASK, ls, o);
+                if (lane >= o) ls = max(ls, lv);
+            }
         }
         x += carry;
         if (i < CK_Q) s_cs[i] = x;
         carry = __shfl_sync(FULL_MASK, x, 31);
+        if constexpr (STARTS) {
+            ls = max(ls, lcarry);
+            if (i < CK_Q) s_adt[i] = (float)ls;   // lst_i (A*dt is not read again)
+            lcarry = __shfl_sync(FULL_MASK, ls, 31);
+        }
     }
-    // carry = cs at the end of the chunk (padding rows add 0)
+    // carry = cs at the end of the chunk (padding rows add 0); lcarry = the
+    // chunk's last start (padding rows hold none)
     for (int i = lane; i < CK_Q; i += 32) {
         const float cs = s_cs[i], sc = s_gam[i] + s_nx[i];
-        s_ecs[i] = expf(cs);
-        s_scl[i] = sc;
-        s_w[i] = expf(carry - cs) * sc;
+        if constexpr (STARTS) {
+            s_ecs[i] = s_adt[i] < 0.0f ? expf(cs) : 0.0f;
+            s_scl[i] = sc;
+            s_w[i] = i >= lcarry ? expf(carry - cs) * sc : 0.0f;
+        } else {
+            s_ecs[i] = expf(cs);
+            s_scl[i] = sc;
+            s_w[i] = expf(carry - cs) * sc;
+        }
     }
-    if (lane == 0) s_misc[0] = expf(carry);
+    if (lane == 0) {
+        if constexpr (STARTS) s_misc[0] = lcarry < 0 ? expf(carry) : 0.0f;
+        else s_misc[0] = expf(carry);
+    }
 }
 
 // Kw[n][s] = w_s k'_s[n] (transposed): the chunk's term of the state
@@ -136,7 +177,7 @@ __device__ __forceinline__ void ck_weighted_k(const Dm dm, const op_t *Ks, op_t 
 // inter- and intra-chunk terms plus D v). Reads Qs, Ks, Vt, Hb; each warp
 // uses its own W tile Ww. The caller synchronises the block after it (Kw
 // complete, every read of Hb done).
-template <class Dm, class Sink>
+template <bool STARTS = false, class Dm, class Sink>
 __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op_t *Ks, op_t *Kw, const op_t *Vt,
                                            const op_t *Hb, op_t *Ww, const float *fs, float dsk, int len,
                                            int tid, int warp, int lane, Sink sink)
@@ -167,6 +208,8 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
         // intra-chunk: the causal 16 x 16 blocks of W, times V
         const float cst0 = s_cs[t0 + g], cst1 = s_cs[t0 + g + 8];
         const float gam0 = s_gam[t0 + g], gam1 = s_gam[t0 + g + 8];
+        // STARTS: lst of the two rows (ck_decay, over s_adt): s < lst_t crosses a start
+        const int lst0 = STARTS ? (int)fs[t0 + g] : -1, lst1 = STARTS ? (int)fs[t0 + g + 8] : -1;
         for (int sb = 0; sb <= mt; ++sb) {
             const int s0 = sb * 16;
             float sq[2][4];
@@ -183,7 +226,7 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
                 for (int r = 0; r < 4; ++r) {
                     const int tr = t0 + g + 8 * (r >> 1), sc = s0 + 8 * jj + cc + (r & 1);
                     float wv = 0.0f;
-                    if (sc < tr)
+                    if (sc < tr && (!STARTS || sc >= ((r >> 1) ? lst1 : lst0)))
                         wv = sq[jj][r] * expf(((r >> 1) ? cst1 : cst0) - s_cs[sc]) * s_scl[sc];
                     else if (sc == tr)
                         wv = sq[jj][r] * ((r >> 1) ? gam1 : gam0);
@@ -276,14 +319,15 @@ __device__ __forceinline__ void ck_state_store(const Dm dm, const float (&hs)[Dm
 // grid (H, batch), CK_THREADS threads, the policy's shared memory. ckpt
 // (training only, else NULL) receives the state entering every chunk, f32
 // [b][h][ckpt_slots][P][N] at slot c0/ckpt_step.
-template <class Dm>
+template <bool STARTS = false, class Dm>
 __device__ __forceinline__ void
 ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
             const float *__restrict__ q, const float *__restrict__ dt,
             const float *__restrict__ adt, const float *__restrict__ lam,
             const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
             const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-            float *__restrict__ y, float *__restrict__ ckpt, int ckpt_step, int ckpt_slots, const Dm dm)
+            float *__restrict__ y, float *__restrict__ ckpt, int ckpt_step, int ckpt_slots, const Dm dm,
+            const unsigned char *__restrict__ start = nullptr)
 {
     const int N = dm.N, P = dm.P, H = dm.H, E = dm.E, NP = dm.NP, OFF_X = dm.OFF_X;
     const int CK_NW = dm.nw, CK_LDN = dm.ldn;
@@ -295,7 +339,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
     op_t *Hb = Vt + P * CK_LDQ;                       // [P][CK_LDN]     state entering the chunk
     op_t *Wt = Hb + P * CK_LDN;                       // [CK_WARPS][16][CK_LDW]  per-warp W tile
     float *fs = reinterpret_cast<float *>(Wt + CK_WARPS * 16 * CK_LDW);
-    float *s_adt = fs, *s_gam = fs + CK_Q, *s_nx = fs + 2 * CK_Q;
+    float *s_adt = fs, *s_gam = fs + CK_Q, *s_nx = fs + 2 * CK_Q, *s_cs = fs + 3 * CK_Q;
 
     if (seqlen <= 0) return;
     const int h = blockIdx.x;
@@ -309,6 +353,9 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
     // (p0s + g + 8*(r/2), n0s + 8j + cc + r%2).
     const int p0s = (warp % (P / 16)) * 16, n0s = (warp / (P / 16)) * CK_NW;
     float hs[Dm::NW_MAX / 8][4];
+    if constexpr (STARTS) {
+        if (start[row0]) ssm_in = kp_in = vp_in = nullptr;   // an episode starts at t = 0: no state in
+    }
     {
         const size_t t0 = row0 * H + h;
         const float w0 = (kp_in && vp_in) ? (1.0f - lam[t0]) * dt[t0] : 0.0f;
@@ -333,6 +380,14 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
                 ga = lam[th] * dt[th];
                 if (c0 + i + 1 < seqlen) nx = (1.0f - lam[th + H]) * dt[th + H];
             }
+            if constexpr (STARTS) {
+                float f = 0.0f;
+                if (i < len) {
+                    f = start[row0 + c0 + i] ? 1.0f : 0.0f;
+                    if (c0 + i + 1 < seqlen && start[row0 + c0 + i + 1]) nx = 0.0f;   // its beta copy is dropped
+                }
+                s_cs[i] = f;   // the start flags, for ck_decay
+            }
             s_adt[i] = a; s_gam[i] = ga; s_nx[i] = nx;
         }
 #pragma unroll 4
@@ -355,7 +410,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
         }
         __syncthreads();
         // ---- B: cumulative decay and weights ----
-        ck_decay(fs, warp, lane);
+        ck_decay<STARTS>(fs, warp, lane);
         __syncthreads();
         // The next chunk's rows of q', k' and v into L2 while this one
         // computes (one 128-byte line per prefetch): its staging then waits
@@ -376,7 +431,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
         }
         // ---- C: Kw and the outputs (f32 y, pairs of p) ----
         float *yc = y + (row0 + c0) * E + h * P;
-        ck_outputs(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
+        ck_outputs<STARTS>(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
                    [&](int tr, int p, float o0, float o1) {
                        float2 o;
                        o.x = o0;

@@ -38,14 +38,31 @@
 // every sum has a fixed order (partials per tile in shared memory, summed
 // in tile order): bit-identical reruns, no atomics. Outputs and their
 // layouts are those of scan_bwd_kernel.
+//
+// Episode starts (STARTS, start [batch][seqlen] bytes; doc/math.md section
+// 9). The forward's masks (mg_m3_chunked_body.cuh, "Episode starts") make
+// constant zeros of E_t (t at or after the chunk's first start), of the
+// pairs Lm[t][s] with a start in (s, t], of w_s (s before the chunk's last
+// start) and of exp(cs_end) (a chunk holding a start), and drop the
+// shifted term (1-lam_t) dt_t of a start token t. Every derivative above
+// is the masked factor times something, so the same formulas with the same
+// masks are the backward: the staged flags give lst_t (last start at or
+// before t, over s_adt, as in ck_decay), phase B masks E, exp(cs_end - cs_s)
+// (the dscale factor) and w, ckb_block the pairs (M, W and their sums), and
+// the shifted-term gradient dscale_{t-1} is not given to a start token t
+// (nor to the first token of the chunk walked before, when it is a start).
+// No adjoint crosses a start: G leaving a chunk with a start is the part
+// of its tokens before the first start, 0 when that is the first token.
 // ===========================================================================
 
 // One causal 16 x 16 block (t-tile tb, s-tile sb) of QK^T and dY V^T into
-// M, W and the block's partial sums (phase C below).
+// M, W and the block's partial sums (phase C below). STARTS: s_lst[t] is
+// the last start at or before row t (-1: none); pairs across one are 0.
+template <bool STARTS>
 __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *Qs, const op_t *Ks,
                                           const op_t *Ys, const op_t *Vs, op_t *Mm, op_t *Wm,
                                           const float *s_cs, const float *s_scl, const float *s_gam,
-                                          float *s_dg, float *rowR, float *colR, float *colS)
+                                          float *s_dg, float *rowR, float *colR, float *colS, const float *s_lst)
 {
     const int g = lane >> 2, cc = (lane & 3) * 2;
     const int t0 = tb * 16, s0 = sb * 16;
@@ -76,7 +93,7 @@ __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *
         for (int r = 0; r < 4; ++r) {
             const int tr = t0 + g + 8 * (r >> 1), sc = s0 + 8 * jj + cc + (r & 1);
             float m = 0.0f, w = 0.0f;
-            if (sc < tr) {
+            if (sc < tr && (!STARTS || sc >= (int)s_lst[tr])) {
                 const float lm = expf(s_cs[tr] - s_cs[sc]);
                 const float L = lm * s_scl[sc];
                 const float rr = dv[jj][r] * qk[jj][r];
@@ -123,6 +140,7 @@ __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *
     }
 }
 
+template <bool STARTS>
 __global__ void __launch_bounds__(CKB_THREADS, 1)
 scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
                         const float *__restrict__ q, const float *__restrict__ dt,
@@ -132,7 +150,8 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
                         const float *__restrict__ dy, float *__restrict__ dk, float *__restrict__ dq,
                         float *__restrict__ dv, float *__restrict__ dadt_o, float *__restrict__ ddt_o,
                         float *__restrict__ dlam_o, float *__restrict__ part_D, float *__restrict__ dssm0,
-                        float *__restrict__ dkp0, float *__restrict__ dvp0)
+                        float *__restrict__ dkp0, float *__restrict__ dvp0,
+                        const unsigned char *__restrict__ start)
 {
     extern __shared__ __align__(16) unsigned char bq_smem[];
     op_t *Qs = reinterpret_cast<op_t *>(bq_smem);   // [CKB_Q][LDN] q'_t
@@ -169,6 +188,10 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
     const int nck = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;   // checkpoints of the sequence
     const int nch = (seqlen + CKB_Q - 1) / CKB_Q;     // backward chunks
     const float dsk = Dskip[h];
+    if constexpr (STARTS) {
+        if (start[row0]) kp0 = vp0 = nullptr;   // a start at t = 0: the initial state is not read
+    }
+    bool pend_start = false;   // STARTS: the first token of the chunk walked last is a start (thread 0)
 
     // This warp's adjoint tile: rows p0s.., columns n0s..; ga[j][r] holds
     // (p0s + g + 8*(r/2), n0s + 8j + cc + r%2).
@@ -199,6 +222,14 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
                 d = dt[th];
                 l = lam[th];
                 if (c0 + i + 1 < seqlen) nx = (1.0f - lam[th + H]) * dt[th + H];
+            }
+            if constexpr (STARTS) {
+                float f = 0.0f;
+                if (i < len) {
+                    f = start[row0 + c0 + i] ? 1.0f : 0.0f;
+                    if (c0 + i + 1 < seqlen && start[row0 + c0 + i + 1]) nx = 0.0f;   // its beta copy is dropped
+                }
+                s_cs[i] = f;   // the start flags, for phase B
             }
             s_adt[i] = a; s_dt[i] = d; s_lam[i] = l; s_gam[i] = l * d; s_nx[i] = nx;
             s_dg[i] = 0.0f;
@@ -264,27 +295,50 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
         // ---- B: cumulative decay and weights (warp 0, fixed order) ----
         if (warp == 0) {
             float carry = 0.0f;
+            int lcarry = -1;   // STARTS: the last start so far (-1: none)
             for (int seg = 0; seg < CKB_Q; seg += 32) {
                 const int i = seg + lane;
                 float x = i < CKB_Q ? s_adt[i] : 0.0f;
+                int ls = -1;
+                if constexpr (STARTS) ls = (i < CKB_Q && s_cs[i] != 0.0f) ? i : -1;   // before s_cs is written
 #pragma unroll
                 for (int o = 1; o < 32; o <<= 1) {
                     const float yv = __shfl_up_sync(FULL_MASK, x, o);
                     if (lane >= o) x += yv;
+                    if constexpr (STARTS) {
+                        const int lv = __shfl_up_sync(FULL_MASK, ls, o);
+                        if (lane >= o) ls = max(ls, lv);
+                    }
                 }
                 x += carry;
                 if (i < CKB_Q) s_cs[i] = x;
                 carry = __shfl_sync(FULL_MASK, x, 31);
+                if constexpr (STARTS) {
+                    ls = max(ls, lcarry);
+                    if (i < CKB_Q) s_adt[i] = (float)ls;   // lst_i (A*dt is not read again)
+                    lcarry = __shfl_sync(FULL_MASK, ls, 31);
+                }
             }
             for (int i = lane; i < CKB_Q; i += 32) {
                 const float cs = s_cs[i], sc = s_gam[i] + s_nx[i];
-                const float ew = expf(carry - cs);
-                s_ecs[i] = expf(cs);
-                s_scl[i] = sc;
-                s_ew[i] = ew;
-                s_w[i] = ew * sc;
+                if constexpr (STARTS) {
+                    const float ew = i >= lcarry ? expf(carry - cs) : 0.0f;
+                    s_ecs[i] = s_adt[i] < 0.0f ? expf(cs) : 0.0f;
+                    s_scl[i] = sc;
+                    s_ew[i] = ew;
+                    s_w[i] = ew * sc;
+                } else {
+                    const float ew = expf(carry - cs);
+                    s_ecs[i] = expf(cs);
+                    s_scl[i] = sc;
+                    s_ew[i] = ew;
+                    s_w[i] = ew * sc;
+                }
             }
-            if (lane == 0) s_misc[0] = expf(carry);
+            if (lane == 0) {
+                if constexpr (STARTS) s_misc[0] = lcarry < 0 ? expf(carry) : 0.0f;
+                else s_misc[0] = expf(carry);
+            }
         }
         __syncthreads();
         // The chunk walked next (c - 1): its rows of q', k', dy, v and its
@@ -321,7 +375,8 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
             for (int tb = 0; tb < CKB_T; ++tb)
                 for (int sb = 0; sb <= tb; ++sb, ++cnt)
                     if (cnt % CKB_WARPS == warp)
-                        ckb_block(tb, sb, lane, Qs, Ks, Ys, Vs, Mm, Wm, s_cs, s_scl, s_gam, s_dg, rowR, colR, colS);
+                        ckb_block<STARTS>(tb, sb, lane, Qs, Ks, Ys, Vs, Mm, Wm, s_cs, s_scl, s_gam, s_dg, rowR,
+                                          colR, colS, s_adt);
         }
         __syncthreads();
         // ---- D: dV, dQ, dK items (16 rows x CKB_CW columns each) ----
@@ -487,8 +542,10 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
                 float ddt = dgam * s_lam[t], dl = dgam * s_dt[t];
                 if (t > 0) {
                     const float dn = s_dsc[t - 1];
-                    ddt += dn * (1.0f - s_lam[t]);
-                    dl -= dn * s_dt[t];
+                    if (!STARTS || (int)s_adt[t] != t) {   // a start token has no shifted term
+                        ddt += dn * (1.0f - s_lam[t]);
+                        dl -= dn * s_dt[t];
+                    }
                     const size_t th = (row0 + c0 + t) * H + h;
                     ddt_o[th] = ddt;
                     dlam_o[th] = dl;
@@ -506,11 +563,17 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
                     const int tn = c0 + CKB_Q;
                     const size_t th = (row0 + tn) * H + h;
                     const float dn = s_dsc[CKB_Q - 1], l = lam[th], d = dt[th];
-                    ddt_o[th] = pend_ddt + dn * (1.0f - l);
-                    dlam_o[th] = pend_dlam - dn * d;
+                    if (STARTS && pend_start) {   // a start: no shifted term
+                        ddt_o[th] = pend_ddt;
+                        dlam_o[th] = pend_dlam;
+                    } else {
+                        ddt_o[th] = pend_ddt + dn * (1.0f - l);
+                        dlam_o[th] = pend_dlam - dn * d;
+                    }
                 }
                 pend_ddt = s_misc[1];
                 pend_dlam = s_misc[2];
+                if constexpr (STARTS) pend_start = s_adt[0] == 0.0f;   // lst_0 = 0: this chunk starts with one
                 for (int t = 0; t < len; ++t) gD += s_yv[t];
             }
         }

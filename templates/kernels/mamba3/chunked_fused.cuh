@@ -68,6 +68,19 @@
 // "shifted" states the chunk loop carries, so nothing else changes at a
 // segment edge.
 //
+// Episode starts (STARTS, start [batch][seqlen] bytes; doc/math.md
+// section 9): the chunk's start flags are staged in s_cs for ck_decay and
+// ck_outputs (mg_m3_chunked_body.cuh, "Episode starts"), the beta copy of
+// a token followed by a start is dropped (s_nx), and the angle walk
+// restarts at a start: a slice's sum runs from its last start, and a
+// thread after a start in the chunk starts from the slices since the last
+// one (not from the angle entering the chunk). A stream whose first token
+// is a start reads no state in. Segments: seg_angle_kernel sums each
+// segment from its last start and flags it (in sg.th, which launch 3
+// overwrites last segment first, so the flags it reads are intact); the
+// prefix over the segments restarts at a flagged one. A local state and
+// its decay (0 for a segment holding a start) need nothing more.
+//
 // The same arithmetic as the unfused path except where the angle sums
 // restart: per chunk and slice here, per sequence slice there (f64 sums of
 // the same increments in another grouping: agreement to f64 rounding
@@ -118,21 +131,37 @@ enum { FUSED_WHOLE = 0, FUSED_LOCAL = 1, FUSED_SEGMENT = 2 };
 // The angle entering segment s of (b, h) (a = angle): the input angle plus
 // the previous segments' sums, in segment order, wrapped (FUSED_LOCAL and
 // seg_combine_kernel: the same bits).
+template <bool STARTS = false>
 __device__ __forceinline__ double seg_angle_start(const fused_seg &sg, const float *ang_in, size_t bh, int s, int a)
 {
     double pre = 0.0;
-    for (int j = 0; j < s; ++j) pre += sg.asum[(bh * sg.nseg + j) * S + a];
+    bool started = false;   // STARTS: a segment before s holds a start (flag 1.0 in sg.th, launch 1)
+    for (int j = 0; j < s; ++j) {
+        const double v = sg.asum[(bh * sg.nseg + j) * S + a];
+        if constexpr (STARTS) {
+            if (sg.th[(bh * sg.nseg + j) * S + a] != 0.0) {
+                pre = v;
+                started = true;
+                continue;
+            }
+        }
+        pre += v;
+    }
+    if constexpr (STARTS) {
+        if (started) return wrap_2pi(pre);
+    }
     return wrap_2pi((ang_in ? (double)ang_in[bh * S + a] : 0.0) + pre);
 }
 
-template <int MODE>
+template <int MODE, bool STARTS>
 __global__ void __launch_bounds__(CK_THREADS, CK_FUSED_MIN_BLOCKS)
 scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
                   const float *__restrict__ Bnw, const float *__restrict__ Cnw,
                   const float *__restrict__ Bbias, const float *__restrict__ Cbias,
                   const float *__restrict__ Dskip, const float *__restrict__ ngw, const float *ssm_in,
                   const float *kp_in, const float *vp_in, const float *ang_in, float *ssm_out, float *kp_out,
-                  float *vp_out, float *ang_out, act_t *__restrict__ gout, fused_seg sg)
+                  float *vp_out, float *ang_out, act_t *__restrict__ gout, fused_seg sg,
+                  const unsigned char *__restrict__ start)
 {
     const ck_dims_fixed dm;
     extern __shared__ __align__(16) unsigned char ck_smem[];
@@ -144,6 +173,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
     op_t *Wt = Hb + P * CK_LDN;                       // [CK_WARPS][16][CK_LDW]  per-warp W tile
     float *fs = reinterpret_cast<float *>(Wt + CK_WARPS * 16 * CK_LDW);   // 7 CK_Q + 4 step scalars
     float *s_adt = fs, *s_gam = fs + CK_Q, *s_nx = fs + 2 * CK_Q;
+    float *s_sf = fs + 3 * CK_Q;                      // STARTS: the start flags (s_cs, before ck_decay)
     float *Ys = fs + 7 * CK_Q + 4;                    // [CK_Q][CK_LDY]  y + D v (f32), or:
     float *s_tanh = Ys;                               // [CK_Q][S]       tanh of the angle inputs (stage only)
     float *s_dt = Ys + CK_YT;                         // [CK_Q + 4]      dt (row CK_Q: next chunk's first)
@@ -174,6 +204,9 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
     const int c_end = MODE == FUSED_WHOLE ? seqlen : min(seqlen, c_begin + sg.seg_chunks * CK_Q);
     const bool last_seg = c_end == seqlen;
     float hs[CK_NW / 8][4];
+    if constexpr (STARTS) {
+        if (MODE == FUSED_WHOLE && start[row0]) ssm_in = kp_in = vp_in = nullptr;   // a start at t = 0
+    }
     if (MODE == FUSED_WHOLE) {
         float w0 = 0.0f;
         if (kp_in && vp_in) {
@@ -185,7 +218,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         if (tid < S) s_th[tid] = ang_in ? (double)ang_in[bh * S + tid] : 0.0;
     } else if (MODE == FUSED_LOCAL) {
         ck_state_init(dm, hs, Hb, nullptr, nullptr, nullptr, 0.0f, bh, p0s, n0s, lane);
-        if (tid < S) s_th[tid] = seg_angle_start(sg, ang_in, bh, seg, tid);
+        if (tid < S) s_th[tid] = seg_angle_start<STARTS>(sg, ang_in, bh, seg, tid);
     } else {
         // the entering state of slot (b, h, seg): ck_state_init reads
         // [bh][P][N] of the pointer it is given, hence the base moved back
@@ -214,6 +247,9 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
             s_dt[i] = d;
             s_lam[i] = l;
             if (i < CK_Q) s_adt[i] = a;
+            if constexpr (STARTS) {
+                if (i < CK_Q) s_sf[i] = c0 + i < seqlen && start[row0 + c0 + i] ? 1.0f : 0.0f;
+            }
         }
 #pragma unroll 4
         for (int idx = tid; idx < CK_Q * (N / FV); idx += CK_THREADS) {
@@ -254,6 +290,9 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
             if (i < len) {
                 ga = s_lam[i] * s_dt[i];
                 if (c0 + i + 1 < seqlen) nx = (1.0f - s_lam[i + 1]) * s_dt[i + 1];
+                if constexpr (STARTS) {
+                    if (c0 + i + 1 < seqlen && start[row0 + c0 + i + 1]) nx = 0.0f;   // its beta copy is dropped
+                }
             }
             s_gam[i] = ga;
             s_nx[i] = nx;
@@ -262,7 +301,12 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         const int at0 = min(len, asl * CK_ASTEPS), at1 = min(len, at0 + CK_ASTEPS);   // its steps
         if (ang_thread) {
             double sum = 0.0;
-            for (int i = at0; i < at1; ++i) sum += PI_D * (double)s_tanh[i * S + aa] * (double)s_dt[i];
+            for (int i = at0; i < at1; ++i) {
+                if constexpr (STARTS) {
+                    if (s_sf[i] != 0.0f) sum = 0.0;   // the slice's sum from its last start
+                }
+                sum += PI_D * (double)s_tanh[i * S + aa] * (double)s_dt[i];
+            }
             s_part[asl * S + aa] = sum;
             th_start = s_th[aa];
         }
@@ -291,13 +335,26 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         }
         if (ang_thread) {
             double pre = 0.0;
-            for (int j = 0; j < asl; ++j) pre += s_part[j * S + aa];
-            double th = wrap_2pi(th_start + pre);
+            int j0 = 0;   // STARTS: the slice of the last start before this thread's steps
+            bool started = false;
+            if constexpr (STARTS) {
+                for (int i = at0 - 1; i >= 0; --i)
+                    if (s_sf[i] != 0.0f) {
+                        j0 = i / CK_ASTEPS;
+                        started = true;
+                        break;
+                    }
+            }
+            for (int j = j0; j < asl; ++j) pre += s_part[j * S + aa];
+            double th = wrap_2pi((started ? 0.0 : th_start) + pre);
             const int n = 2 * aa;
             const float bw0 = Bnw[n], bw1 = Bnw[n + 1], cw0 = Cnw[n], cw1 = Cnw[n + 1];
             const float bb0 = Bbias[h * N + n], bb1 = Bbias[h * N + n + 1];
             const float cb0 = Cbias[h * N + n], cb1 = Cbias[h * N + n + 1];
             for (int i = at0; i < at1; ++i) {
+                if constexpr (STARTS) {
+                    if (s_sf[i] != 0.0f) th = 0.0;   // a new episode: the sum restarts
+                }
                 th = th + PI_D * (double)s_tanh[i * S + aa] * (double)s_dt[i];
                 if (th < 0.0 || th >= TWO_PI_D) th = wrap_2pi(th);   // fmod is the identity on [0, 2pi)
                 double sd, cd;
@@ -320,7 +377,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         }
         __syncthreads();
         // ---- B: cumulative decay and weights ----
-        ck_decay(fs, warp, lane);
+        ck_decay<STARTS>(fs, warp, lane);
         __syncthreads();
         // The next chunk's B, C, x and z rows into L2 while this one computes.
         if (c0 + CK_Q < c_end) {
@@ -342,7 +399,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
             ck_weighted_k(dm, Ks, Kw, fs, tid);
             if (tid == 0) dec *= fs[7 * CK_Q];
         } else {
-            ck_outputs(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
+            ck_outputs<STARTS>(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
                        [&](int tr, int p, float o0, float o1) {
                            float2 o;
                            o.x = o0;
@@ -396,18 +453,38 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
 // nseg), CK_THREADS threads: thread (a, sl) sums a lane-strided share of
 // the segment's steps in f64, then one thread per angle adds the shares in
 // order.
+template <bool STARTS>
 __global__ void __launch_bounds__(CK_THREADS)
-seg_angle_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt_bias, fused_seg sg)
+seg_angle_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt_bias, fused_seg sg,
+                 const unsigned char *__restrict__ start)
 {
     __shared__ double part[CK_ASL][S];
+    __shared__ int lmax[STARTS ? CK_THREADS / 32 : 1];
     const int h = blockIdx.x, seg = blockIdx.z;
     const size_t b = blockIdx.y, bh = b * H + h;
     const int a = threadIdx.x % S, sl = threadIdx.x / S;
     const int t0 = seg * sg.seg_chunks * CK_Q, t1 = min(seqlen, t0 + sg.seg_chunks * CK_Q);
     const float dtb = dt_bias[h];
+    int tl = t0;   // STARTS: the segment's last start (its sum runs from there), else t0
+    if constexpr (STARTS) {
+        // the last start in [t0, t1): per thread, a warp's max by butterfly,
+        // then the warps' in order (no atomics)
+        int m = -1;
+        for (int t = t0 + (int)threadIdx.x; t < t1; t += CK_THREADS)
+            if (start[b * (size_t)seqlen + t]) m = t;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(FULL_MASK, m, o));
+        if ((threadIdx.x & 31) == 0) lmax[threadIdx.x >> 5] = m;
+        __syncthreads();
+        m = -1;
+        for (int w = 0; w < CK_THREADS / 32; ++w) m = max(m, lmax[w]);
+        if (m >= 0) tl = m;
+        if (threadIdx.x < S) sg.th[(bh * sg.nseg + seg) * S + a] = m >= 0 ? 1.0 : 0.0;   // the flag (launch 2, 3)
+    }
     if (sl < CK_ASL) {
         double sum = 0.0;
         for (int t = t0 + sl; t < t1; t += CK_ASL) {
+            if (STARTS && t < tl) continue;
             const act_t *pr = proj + (b * (size_t)seqlen + t) * NP;
             const float d = softplus(to_f32(pr[OFF_DT + h]) + dtb);
             sum += PI_D * (double)tanhf(to_f32(pr[OFF_ANG + a])) * (double)d;
@@ -426,12 +503,17 @@ seg_angle_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
 // batch), CK_THREADS threads; thread i owns state entries i, i +
 // CK_THREADS, ... and walks the segments in order, turning the local states
 // into entering states in place (E_s = decay_{s-1} E_{s-1} + local_{s-1}).
+template <bool STARTS>
 __global__ void __launch_bounds__(CK_THREADS)
 seg_combine_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
-                   const float *ssm_in, const float *kp_in, const float *vp_in, const float *ang_in, fused_seg sg)
+                   const float *ssm_in, const float *kp_in, const float *vp_in, const float *ang_in, fused_seg sg,
+                   const unsigned char *__restrict__ start)
 {
     const int h = blockIdx.x;
     const size_t b = blockIdx.y, bh = b * H + h;
+    if constexpr (STARTS) {
+        if (start[b * (size_t)seqlen]) ssm_in = kp_in = vp_in = nullptr;   // a start at t = 0: no state in
+    }
     float w0 = 0.0f;
     if (kp_in && vp_in) {   // the first token's (1-lam) dt, as the whole-sequence kernel
         float d0, adt0, lam0;
@@ -449,6 +531,14 @@ seg_combine_kernel(int seqlen, const act_t *__restrict__ proj, const float *__re
             v = sg.dec[bh * sg.nseg + s] * v + loc;
         }
     }
-    for (int a = threadIdx.x; a < S; a += CK_THREADS)
-        for (int s = 0; s < sg.nseg; ++s) sg.th[(bh * sg.nseg + s) * S + a] = seg_angle_start(sg, ang_in, bh, s, a);
+    for (int a = threadIdx.x; a < S; a += CK_THREADS) {
+        if constexpr (STARTS) {
+            // last segment first: seg_angle_start(s) reads the flags of the
+            // segments before s, which share sg.th
+            for (int s = sg.nseg - 1; s >= 0; --s)
+                sg.th[(bh * sg.nseg + s) * S + a] = seg_angle_start<true>(sg, ang_in, bh, s, a);
+        } else {
+            for (int s = 0; s < sg.nseg; ++s) sg.th[(bh * sg.nseg + s) * S + a] = seg_angle_start(sg, ang_in, bh, s, a);
+        }
+    }
 }

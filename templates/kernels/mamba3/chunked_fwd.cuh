@@ -12,14 +12,17 @@ struct ck_dims_fixed {
     static constexpr int NW_MAX = CK_NW, PW_MAX = CK_PW;
 };
 
+// STARTS: start [batch][seqlen] (mg_m3_chunked_body.cuh, "Episode starts").
+template <bool STARTS>
 __global__ void __launch_bounds__(CK_THREADS, CK_MIN_BLOCKS)
 scan_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
                     const float *__restrict__ q, const float *__restrict__ dt,
                     const float *__restrict__ adt, const float *__restrict__ lam,
                     const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
                     const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                    float *__restrict__ y, float *__restrict__ ckpt, int ckpt_step, int ckpt_slots)
+                    float *__restrict__ y, float *__restrict__ ckpt, int ckpt_step, int ckpt_slots,
+                    const unsigned char *__restrict__ start)
 {
-    ck_fwd_body(seqlen, proj, k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in, ssm_out, kp_out, vp_out, y,
-                ckpt, ckpt_step, ckpt_slots, ck_dims_fixed());
+    ck_fwd_body<STARTS>(seqlen, proj, k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in, ssm_out, kp_out, vp_out, y,
+                        ckpt, ckpt_step, ckpt_slots, ck_dims_fixed(), start);
 }

@@ -26,19 +26,23 @@ cudaError_t MG_LAUNCH(prep)(int tokens, const void *proj, const float *dt_bias,
 /* The launchers that read a recurrent state (angles, scan, decode_mixer)
  * take reset [batch] (uint8, NULL: none): a sequence whose entry is nonzero
  * starts from zero states instead of its states in (the decode step's reset
- * mask; prefill passes NULL). */
+ * mask; prefill passes NULL). Those that carry a state across tokens
+ * (angles, scan, scan_chunked, scan_fused) take start [batch][seqlen]
+ * (uint8, NULL: none): a new episode at every token whose entry is nonzero
+ * (doc/math.md section 9; prefill_starts, burn_in_starts). */
 /* Angle recurrence (sequential in t) and rotary of k and q in place.
  * angle_in NULL: zeros; angle_out NULL: not written (may alias angle_in). */
 cudaError_t MG_LAUNCH(angles)(int batch, int seqlen, const void *proj, const float *dt,
                               const float *angle_in, float *angle_out, float *k, float *q,
-                              const unsigned char *reset, cudaStream_t stream);
+                              const unsigned char *reset, const unsigned char *start, cudaStream_t stream);
 /* The SSM (exponential-trapezoidal recurrence) -> y [tokens][E] (f32).
  * Each state pointer: NULL in = zeros, NULL out = not written; out may alias in. */
 cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *proj, const float *k,
                             const float *q, const float *dt, const float *adt, const float *lam,
                             const float *Dskip, const float *ssm_in, const float *kp_in,
                             const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                            float *y, const unsigned char *reset, cudaStream_t stream);
+                            float *y, const unsigned char *reset, const unsigned char *start,
+                            cudaStream_t stream);
 /* Gate: g = y*silu(z), or per head y*rms(y)*norm_gate_w*silu(z) -> g [tokens][E] (act). */
 cudaError_t MG_LAUNCH(gate)(int tokens, const float *y, const void *proj, const float *norm_gate_w,
                             void *g, cudaStream_t stream);
@@ -49,7 +53,7 @@ cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *proj, con
                                     const float *q, const float *dt, const float *adt, const float *lam,
                                     const float *Dskip, const float *ssm_in, const float *kp_in,
                                     const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                                    float *y, cudaStream_t stream);
+                                    float *y, const unsigned char *start, cudaStream_t stream);
 /* The whole SSM core of a layer in one launch (prep, angles, the chunked
  * scan and the gate; defined when MG_M3_FUSED): from the in_proj output
  * proj to g [tokens][E] (act). The four states as in scan (NULL in = zeros,
@@ -63,7 +67,7 @@ cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, void *seg_ws,
                                   const float *C_bias, const float *Dskip, const float *norm_gate_w,
                                   const float *ssm_in, const float *kp_in, const float *vp_in,
                                   const float *angle_in, float *ssm_out, float *kp_out, float *vp_out,
-                                  float *angle_out, void *g, cudaStream_t stream);
+                                  float *angle_out, void *g, const unsigned char *start, cudaStream_t stream);
 /* wa[i] = (storage dtype) w[i], i < n (round to nearest); defined with a
  * 16-bit storage dtype (MG_M3_LOWP). */
 cudaError_t MG_LAUNCH(convert)(const float *w, void *wa, size_t n, cudaStream_t stream);

@@ -14,13 +14,21 @@ extern "C" cudaError_t MG_LAUNCH(prep)(int tokens, const void *proj, const float
     return cudaGetLastError();
 }
 
+// The launchers that take a start mask (episode starts, [batch][seqlen]
+// bytes, NULL: none) launch the kernels' STARTS instance only when one is
+// given: the instance without is the code as it was.
 extern "C" cudaError_t MG_LAUNCH(angles)(int batch, int seqlen, const void *proj, const float *dt,
                                          const float *angle_in, float *angle_out, float *k, float *q,
-                                         const unsigned char *reset, cudaStream_t stream)
+                                         const unsigned char *reset, const unsigned char *start,
+                                         cudaStream_t stream)
 {
     const dim3 grid(ANGLE_BLOCKS, batch);
-    angles_kernel<<<grid, ANGLE_THREADS, 0, stream>>>(
-        seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, nullptr, reset);
+    if (start)
+        angles_kernel<true><<<grid, ANGLE_THREADS, 0, stream>>>(
+            seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, nullptr, reset, start);
+    else
+        angles_kernel<false><<<grid, ANGLE_THREADS, 0, stream>>>(
+            seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, nullptr, reset, nullptr);
     return cudaGetLastError();
 }
 
@@ -28,12 +36,18 @@ extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *proj, 
                                        const float *q, const float *dt, const float *adt, const float *lam,
                                        const float *Dskip, const float *ssm_in, const float *kp_in,
                                        const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                                       float *y, const unsigned char *reset, cudaStream_t stream)
+                                       float *y, const unsigned char *reset, const unsigned char *start,
+                                       cudaStream_t stream)
 {
     const dim3 grid(H, batch);
-    scan_kernel<<<grid, SCAN_THREADS, 0, stream>>>(
-        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-        ssm_out, kp_out, vp_out, y, reset);
+    if (start)
+        scan_kernel<true><<<grid, SCAN_THREADS, 0, stream>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            ssm_out, kp_out, vp_out, y, reset, start);
+    else
+        scan_kernel<false><<<grid, SCAN_THREADS, 0, stream>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            ssm_out, kp_out, vp_out, y, reset, nullptr);
     return cudaGetLastError();
 }
 
@@ -50,18 +64,29 @@ extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void
                                                const float *q, const float *dt, const float *adt,
                                                const float *lam, const float *Dskip, const float *ssm_in,
                                                const float *kp_in, const float *vp_in, float *ssm_out,
-                                               float *kp_out, float *vp_out, float *y, cudaStream_t stream)
+                                               float *kp_out, float *vp_out, float *y,
+                                               const unsigned char *start, cudaStream_t stream)
 {
     // Dynamic shared memory above 48 KiB needs the opt-in, once per process
     // (a function-local static: initialised once, thread-safe).
+    const cudaFuncAttribute fa = cudaFuncAttributeMaxDynamicSharedMemorySize;
     static const cudaError_t attr = CK_SMEM_BYTES > 48 * 1024
-        ? cudaFuncSetAttribute(scan_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CK_SMEM_BYTES)
+        ? cudaFuncSetAttribute(scan_chunked_kernel<false>, fa, CK_SMEM_BYTES)
+        : cudaSuccess;
+    static const cudaError_t attr_st = CK_SMEM_BYTES > 48 * 1024
+        ? cudaFuncSetAttribute(scan_chunked_kernel<true>, fa, CK_SMEM_BYTES)
         : cudaSuccess;
     if (attr != cudaSuccess) return attr;
+    if (attr_st != cudaSuccess) return attr_st;
     const dim3 grid(H, batch);
-    scan_chunked_kernel<<<grid, CK_THREADS, CK_SMEM_BYTES, stream>>>(
-        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-        ssm_out, kp_out, vp_out, y, NULL, 0, 0);
+    if (start)
+        scan_chunked_kernel<true><<<grid, CK_THREADS, CK_SMEM_BYTES, stream>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            ssm_out, kp_out, vp_out, y, NULL, 0, 0, start);
+    else
+        scan_chunked_kernel<false><<<grid, CK_THREADS, CK_SMEM_BYTES, stream>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            ssm_out, kp_out, vp_out, y, NULL, 0, 0, nullptr);
     return cudaGetLastError();
 }
 #endif
@@ -72,14 +97,46 @@ extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void
 // form. nseg is a request: clamped to the chunks (at least two per
 // segment) and to the SEG_SLOTS slots of the workspace seg_ws
 // (SEG_WS_BYTES), then evened out so that no segment is empty.
+template <bool STARTS>
 static cudaError_t fused_smem_optin()
 {
     if (CK_FUSED_SMEM_BYTES <= 48 * 1024) return cudaSuccess;
     const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    cudaError_t e = cudaFuncSetAttribute(scan_fused_kernel<FUSED_WHOLE>, a, CK_FUSED_SMEM_BYTES);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(scan_fused_kernel<FUSED_LOCAL>, a, CK_FUSED_SMEM_BYTES);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(scan_fused_kernel<FUSED_SEGMENT>, a, CK_FUSED_SMEM_BYTES);
+    cudaError_t e = cudaFuncSetAttribute(scan_fused_kernel<FUSED_WHOLE, STARTS>, a, CK_FUSED_SMEM_BYTES);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(scan_fused_kernel<FUSED_LOCAL, STARTS>, a, CK_FUSED_SMEM_BYTES);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(scan_fused_kernel<FUSED_SEGMENT, STARTS>, a, CK_FUSED_SMEM_BYTES);
     return e;
+}
+
+// The launches of the fused core, the STARTS instances or not (start [batch][seqlen], NULL: none).
+template <bool STARTS>
+static cudaError_t fused_launch(int batch, int seqlen, const fused_seg &sg, const act_t *pj, const float *dt_bias,
+                                const float *B_norm_w, const float *C_norm_w, const float *B_bias,
+                                const float *C_bias, const float *Dskip, const float *norm_gate_w,
+                                const float *ssm_in, const float *kp_in, const float *vp_in, const float *angle_in,
+                                float *ssm_out, float *kp_out, float *vp_out, float *angle_out, act_t *ga,
+                                const unsigned char *start, cudaStream_t stream)
+{
+    // Dynamic shared memory above 48 KiB needs the opt-in, once per process.
+    static const cudaError_t attr = fused_smem_optin<STARTS>();
+    if (attr != cudaSuccess) return attr;
+    if (sg.nseg == 1) {
+        scan_fused_kernel<FUSED_WHOLE, STARTS><<<dim3(H, batch), CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
+            seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, ssm_in, kp_in, vp_in,
+            angle_in, ssm_out, kp_out, vp_out, angle_out, ga, sg, start);
+        return cudaGetLastError();
+    }
+    const dim3 grid(H, batch, sg.nseg);
+    seg_angle_kernel<STARTS><<<grid, CK_THREADS, 0, stream>>>(seqlen, pj, dt_bias, sg, start);
+    scan_fused_kernel<FUSED_LOCAL, STARTS><<<grid, CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
+        seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, nullptr, nullptr, nullptr,
+        angle_in, nullptr, nullptr, nullptr, nullptr, ga, sg, start);
+    seg_combine_kernel<STARTS><<<dim3(H, batch), CK_THREADS, 0, stream>>>(seqlen, pj, dt_bias, ssm_in, kp_in,
+                                                                           vp_in, angle_in, sg, start);
+    scan_fused_kernel<FUSED_SEGMENT, STARTS><<<grid, CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
+        seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, nullptr, nullptr, nullptr,
+        nullptr, ssm_out, kp_out, vp_out, angle_out, ga, sg, start);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, void *seg_ws, const void *proj,
@@ -88,11 +145,8 @@ extern "C" cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, vo
                                              const float *norm_gate_w, const float *ssm_in, const float *kp_in,
                                              const float *vp_in, const float *angle_in, float *ssm_out,
                                              float *kp_out, float *vp_out, float *angle_out, void *g,
-                                             cudaStream_t stream)
+                                             const unsigned char *start, cudaStream_t stream)
 {
-    // Dynamic shared memory above 48 KiB needs the opt-in, once per process.
-    static const cudaError_t attr = fused_smem_optin();
-    if (attr != cudaSuccess) return attr;
     const act_t *pj = static_cast<const act_t *>(proj);
     act_t *ga = static_cast<act_t *>(g);
     const int nchunks = (seqlen + CK_Q - 1) / CK_Q;
@@ -110,22 +164,12 @@ extern "C" cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, vo
     sg.asum = reinterpret_cast<double *>(ws + SEG_OFF_ASUM);
     sg.th = reinterpret_cast<double *>(ws + SEG_OFF_TH);
     sg.dec = reinterpret_cast<float *>(ws + SEG_OFF_DEC);
-    if (sg.nseg == 1) {
-        scan_fused_kernel<FUSED_WHOLE><<<dim3(H, batch), CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
-            seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, ssm_in, kp_in, vp_in,
-            angle_in, ssm_out, kp_out, vp_out, angle_out, ga, sg);
-        return cudaGetLastError();
-    }
-    const dim3 grid(H, batch, sg.nseg);
-    seg_angle_kernel<<<grid, CK_THREADS, 0, stream>>>(seqlen, pj, dt_bias, sg);
-    scan_fused_kernel<FUSED_LOCAL><<<grid, CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
-        seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, nullptr, nullptr, nullptr,
-        angle_in, nullptr, nullptr, nullptr, nullptr, ga, sg);
-    seg_combine_kernel<<<dim3(H, batch), CK_THREADS, 0, stream>>>(seqlen, pj, dt_bias, ssm_in, kp_in, vp_in,
-                                                                   angle_in, sg);
-    scan_fused_kernel<FUSED_SEGMENT><<<grid, CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
-        seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, nullptr, nullptr, nullptr,
-        nullptr, ssm_out, kp_out, vp_out, angle_out, ga, sg);
-    return cudaGetLastError();
+    if (start)
+        return fused_launch<true>(batch, seqlen, sg, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip,
+                                  norm_gate_w, ssm_in, kp_in, vp_in, angle_in, ssm_out, kp_out, vp_out, angle_out,
+                                  ga, start, stream);
+    return fused_launch<false>(batch, seqlen, sg, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip,
+                               norm_gate_w, ssm_in, kp_in, vp_in, angle_in, ssm_out, kp_out, vp_out, angle_out,
+                               ga, nullptr, stream);
 }
 #endif

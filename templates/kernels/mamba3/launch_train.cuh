@@ -23,10 +23,16 @@ extern "C" cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const
 
 extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
                                                const float *angle_in, float *angle_out, float *cs,
-                                               cudaStream_t st)
+                                               const unsigned char *start, cudaStream_t st)
 {
-    angles_cs_kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(proj), dt_bias, angle_in, angle_out, cs);
+    // start [batch][seqlen] (NULL: none): the kernels' STARTS instance only
+    // when a mask is given, here and below
+    if (start)
+        angles_cs_kernel<true><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
+            seqlen, static_cast<const act_t *>(proj), dt_bias, angle_in, angle_out, cs, start);
+    else
+        angles_cs_kernel<false><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
+            seqlen, static_cast<const act_t *>(proj), dt_bias, angle_in, angle_out, cs, nullptr);
     return cudaGetLastError();
 }
 
@@ -35,11 +41,16 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *pr
                                            const float *lam, const float *Dskip, const float *ssm_in,
                                            const float *kp_in, const float *vp_in, float *ssm_out,
                                            float *kp_out, float *vp_out, float *ckpt, float *y,
-                                           cudaStream_t st)
+                                           const unsigned char *start, cudaStream_t st)
 {
-    scan_fwd_kernel<<<dim3(H, batch), BTHREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-        ssm_out, kp_out, vp_out, ckpt, y);
+    if (start)
+        scan_fwd_kernel<true><<<dim3(H, batch), BTHREADS, 0, st>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            ssm_out, kp_out, vp_out, ckpt, y, start);
+    else
+        scan_fwd_kernel<false><<<dim3(H, batch), BTHREADS, 0, st>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            ssm_out, kp_out, vp_out, ckpt, y, nullptr);
     return cudaGetLastError();
 }
 
@@ -78,11 +89,16 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *pr
                                            const float *kp0, const float *vp0, const float *dy, float *dk,
                                            float *dq, float *dv, float *dadt, float *ddt, float *dlam,
                                            float *part_D, float *dssm0, float *dkp0, float *dvp0,
-                                           cudaStream_t st)
+                                           const unsigned char *start, cudaStream_t st)
 {
-    scan_bwd_kernel<<<dim3(H, batch), BTHREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
-        dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0);
+    if (start)
+        scan_bwd_kernel<true><<<dim3(H, batch), BTHREADS, 0, st>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+            dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, start);
+    else
+        scan_bwd_kernel<false><<<dim3(H, batch), BTHREADS, 0, st>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+            dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, nullptr);
     return cudaGetLastError();
 }
 
@@ -93,16 +109,26 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
                                                    const float *kp0, const float *vp0, const float *dy,
                                                    float *dk, float *dq, float *dv, float *dadt, float *ddt,
                                                    float *dlam, float *part_D, float *dssm0, float *dkp0,
-                                                   float *dvp0, cudaStream_t st)
+                                                   float *dvp0, const unsigned char *start, cudaStream_t st)
 {
     // Dynamic shared memory above 48 KiB needs the opt-in, once per process.
+    const cudaFuncAttribute fa = cudaFuncAttributeMaxDynamicSharedMemorySize;
     static const cudaError_t attr = CKB_SMEM_BYTES > 48 * 1024
-        ? cudaFuncSetAttribute(scan_bwd_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CKB_SMEM_BYTES)
+        ? cudaFuncSetAttribute(scan_bwd_chunked_kernel<false>, fa, CKB_SMEM_BYTES)
+        : cudaSuccess;
+    static const cudaError_t attr_st = CKB_SMEM_BYTES > 48 * 1024
+        ? cudaFuncSetAttribute(scan_bwd_chunked_kernel<true>, fa, CKB_SMEM_BYTES)
         : cudaSuccess;
     if (attr != cudaSuccess) return attr;
-    scan_bwd_chunked_kernel<<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
-        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
-        dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0);
+    if (attr_st != cudaSuccess) return attr_st;
+    if (start)
+        scan_bwd_chunked_kernel<true><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+            dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, start);
+    else
+        scan_bwd_chunked_kernel<false><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+            dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, nullptr);
     return cudaGetLastError();
 }
 
@@ -111,27 +137,41 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const 
                                                    const float *lam, const float *Dskip, const float *ssm_in,
                                                    const float *kp_in, const float *vp_in, float *ssm_out,
                                                    float *kp_out, float *vp_out, float *ckpt, float *y,
-                                                   cudaStream_t st)
+                                                   const unsigned char *start, cudaStream_t st)
 {
+    const cudaFuncAttribute fa = cudaFuncAttributeMaxDynamicSharedMemorySize;
     static const cudaError_t attr = ckpt_fwd::CK_SMEM_BYTES > 48 * 1024
-        ? cudaFuncSetAttribute(ckpt_fwd::scan_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               ckpt_fwd::CK_SMEM_BYTES)
+        ? cudaFuncSetAttribute(ckpt_fwd::scan_chunked_kernel<false>, fa, ckpt_fwd::CK_SMEM_BYTES)
+        : cudaSuccess;
+    static const cudaError_t attr_st = ckpt_fwd::CK_SMEM_BYTES > 48 * 1024
+        ? cudaFuncSetAttribute(ckpt_fwd::scan_chunked_kernel<true>, fa, ckpt_fwd::CK_SMEM_BYTES)
         : cudaSuccess;
     if (attr != cudaSuccess) return attr;
+    if (attr_st != cudaSuccess) return attr_st;
     const int slots = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;   // the sequential path's checkpoint layout
-    ckpt_fwd::scan_chunked_kernel<<<dim3(H, batch), ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
-        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-        ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE, slots);
+    const dim3 grid(H, batch);
+    if (start)
+        ckpt_fwd::scan_chunked_kernel<true><<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE, slots, start);
+    else
+        ckpt_fwd::scan_chunked_kernel<false><<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
+            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE, slots, nullptr);
     return cudaGetLastError();
 }
 #endif
 
 extern "C" cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const float *k, const float *q,
                                              const float *cs, float *dk, float *dq, float *gth,
-                                             float *dangle0, cudaStream_t st)
+                                             float *dangle0, const unsigned char *start, cudaStream_t st)
 {
-    angles_bwd_kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, k, q, cs, dk, dq, gth,
-                                                                          dangle0);
+    if (start)
+        angles_bwd_kernel<true><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, k, q, cs, dk, dq,
+                                                                                    gth, dangle0, start);
+    else
+        angles_bwd_kernel<false><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, k, q, cs, dk, dq,
+                                                                                     gth, dangle0, nullptr);
     return cudaGetLastError();
 }
 

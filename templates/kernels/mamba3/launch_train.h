@@ -15,9 +15,13 @@ cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int 
 /* The SSM inputs of the training forward: angles_train first (the (cos, sin)
  * table cs [tokens][H][S][2] of the rotary angles, and the final angle),
  * then prep_train (dt, A*dt, lambda and the per-head k, q, rotated by cs
- * as they are written). */
+ * as they are written). The launchers with a start argument take the
+ * episode-start mask [batch][seqlen] (uint8, NULL: none; doc/math.md
+ * section 9): the forward restarts every recurrence at a start, the
+ * backward passes no gradient across one. */
 cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
-                                    const float *angle_in, float *angle_out, float *cs, cudaStream_t st);
+                                    const float *angle_in, float *angle_out, float *cs,
+                                    const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias, const float *B_norm_w,
                                   const float *C_norm_w, const float *B_bias, const float *C_bias,
                                   const float *cs, float *dt, float *adt, float *lam, float *k, float *q,
@@ -26,7 +30,7 @@ cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const f
                                 const float *q, const float *dt, const float *adt, const float *lam,
                                 const float *Dskip, const float *ssm_in, const float *kp_in,
                                 const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                                float *ckpt, float *y, cudaStream_t st);
+                                float *ckpt, float *y, const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(gate_fwd)(int tokens, const float *y, const void *proj,
                                 const float *norm_gate_w, void *g, cudaStream_t st);
 cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w, const float *rstd,
@@ -44,7 +48,8 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const f
                                 const float *Dskip, const float *ckpt, const float *kp0,
                                 const float *vp0, const float *dy, float *dk, float *dq, float *dv,
                                 float *dadt, float *ddt, float *dlam, float *part_D,
-                                float *dssm0, float *dkp0, float *dvp0, cudaStream_t st);
+                                float *dssm0, float *dkp0, float *dvp0, const unsigned char *start,
+                                cudaStream_t st);
 /* The chunked SSM backward (chunks of CKB_Q steps; defined when the model has
  * it, MG_M3_CKB): the arguments, outputs and layouts of scan_bwd, with the
  * checkpoints of scan_fwd_chunked. */
@@ -53,7 +58,8 @@ cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj,
                                         const float *Dskip, const float *ckpt, const float *kp0,
                                         const float *vp0, const float *dy, float *dk, float *dq, float *dv,
                                         float *dadt, float *ddt, float *dlam, float *part_D,
-                                        float *dssm0, float *dkp0, float *dvp0, cudaStream_t st);
+                                        float *dssm0, float *dkp0, float *dvp0, const unsigned char *start,
+                                        cudaStream_t st);
 /* The chunked forward for training: scan_fwd's arguments; ckpt receives
  * the state entering every chunk (the shifted form of the chunked scan) at
  * slot chunk_start / CKPT_STRIDE, for scan_bwd_chunked. */
@@ -61,10 +67,10 @@ cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj,
                                         const float *q, const float *dt, const float *adt, const float *lam,
                                         const float *Dskip, const float *ssm_in, const float *kp_in,
                                         const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                                        float *ckpt, float *y, cudaStream_t st);
+                                        float *ckpt, float *y, const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const float *k, const float *q,
                                   const float *cs, float *dk, float *dq, float *gth,
-                                  float *dangle0, cudaStream_t st);
+                                  float *dangle0, const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_bwd)(int tokens, const void *proj, const float *dt, const float *lam,
                                 const float *dt_bias, const float *B_norm_w, const float *C_norm_w,
                                 const float *dk, const float *dq, const float *dv,

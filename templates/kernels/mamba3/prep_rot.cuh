@@ -15,18 +15,22 @@ static_assert(N % 2 == 0, "prep_rot_kernel stores (even, odd) pairs");
 // the bit) with dt_t[h] = softplus(dd_dt + dt_bias) taken from the in_proj
 // row (head_scalars' expression: prep's dt to the bit), writing the (cos,
 // sin) of every rotation into cs [tok][H][S][2] instead of rotating k and q.
-// angle_out (optional) may alias angle_in, as in angles_kernel.
+// angle_out (optional) may alias angle_in, as in angles_kernel. STARTS:
+// start [batch][seqlen] restarts the sum, as in angles_kernel.
 // ---------------------------------------------------------------------------
 __device__ __forceinline__ float row_head_dt(const act_t *pr, int h, float dtb)
 {
     return softplus(to_f32(pr[OFF_DT + h]) + dtb);
 }
 
+template <bool STARTS>
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
-                 const float *angle_in, float *angle_out, float *__restrict__ cs)
+                 const float *angle_in, float *angle_out, float *__restrict__ cs,
+                 const unsigned char *__restrict__ start)
 {
     __shared__ double part[ANGLE_SLICES][S];
+    __shared__ unsigned char pflag[STARTS ? ANGLE_SLICES : 1][S];
     const int a = threadIdx.x % S, sl = threadIdx.x / S;
     const int h = blockIdx.x;
     const size_t b = blockIdx.y;
@@ -41,10 +45,14 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
         const act_t *pr = proj + (row0 + t) * NP;
         return PI_D * (double)tanhf(to_f32(pr[OFF_ANG + a])) * (double)row_head_dt(pr, h, dtb);
     };
+    const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle; one (cos, sin) per token.
-    double th = angle_slice_start(th0, t0, t1, a, sl, part, inc);
+    double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, inc, is_start);
     for (int t = t0; t < t1; ++t) {
         const size_t tok = row0 + t;
+        if constexpr (STARTS) {
+            if (is_start(t)) th = 0.0;   // a new episode: the sum restarts
+        }
         th = wrap_2pi(th + inc(t));
         double sd, cd;
         sincos(th, &sd, &cd);

@@ -20,13 +20,15 @@
 // written by its owner at the end (out may alias in; NULL in = zeros, NULL
 // out = not written).
 // ---------------------------------------------------------------------------
+template <bool STARTS>
 __global__ void __launch_bounds__(SCAN_THREADS)
 scan_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
             const float *__restrict__ q, const float *__restrict__ dt,
             const float *__restrict__ adt, const float *__restrict__ lam,
             const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
             const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-            float *__restrict__ y, const unsigned char *__restrict__ reset)
+            float *__restrict__ y, const unsigned char *__restrict__ reset,
+            const unsigned char *__restrict__ start)
 {
     __shared__ float sk[SCAN_TCHUNK][N];
     __shared__ float sq[SCAN_TCHUNK][N];
@@ -38,6 +40,9 @@ scan_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
     const size_t bh = b * H + h;
     const size_t row0 = b * (size_t)seqlen;   // first token of the sequence
     if (reset && reset[b]) ssm_in = kp_in = vp_in = nullptr;   // a new sequence: zero states in
+    if constexpr (STARTS) {
+        if (seqlen > 0 && start[row0]) ssm_in = kp_in = vp_in = nullptr;   // an episode starts at t = 0
+    }
 
     float hs[SCAN_RPT][SCAN_NPT], kp[SCAN_NPT], vp[SCAN_RPT];
 #pragma unroll
@@ -74,6 +79,9 @@ scan_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
             sc[tt][1] = (1.0f - l) * d * al;
             sc[tt][2] = l * d;
             sc[tt][3] = 0.0f;
+            if constexpr (STARTS) {
+                if (start[row0 + t0 + tt]) sc[tt][0] = sc[tt][1] = 0.0f;   // zero state, k_prev, v_prev in
+            }
         }
         __syncthreads();
         for (int tt = 0; tt < nt; ++tt) {

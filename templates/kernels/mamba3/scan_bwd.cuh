@@ -15,6 +15,14 @@
 //   dk, dq [tok][H][N] (of the rotated k', q'), dv [tok][E],
 //   dadt, ddt, dlam [tok][H], part_D[b][h] = sum_t dy . v,
 //   dssm0, dkp0, dvp0 (optional): d L / d initial Hs, k_prev, v_prev.
+// STARTS (start [batch][seqlen]; doc/math.md section 9): alpha = beta = 0 at
+// a start token, as in the forward. That is the whole backward of a start:
+// the recompute zeroes the state there, G * alpha drops the adjoint carried
+// to the token before, beta * (...) drops the k_prev / v_prev terms owed
+// to it, and d(A dt), the beta parts of d dt and d lambda vanish (alpha and
+// beta multiply only zeros at that step). A stream whose first token is a
+// start gets zero initial-state gradients the same way.
+template <bool STARTS>
 __global__ void __launch_bounds__(BTHREADS)
 scan_bwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
                 const float *__restrict__ q, const float *__restrict__ dt,
@@ -24,7 +32,7 @@ scan_bwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restr
                 const float *__restrict__ dy, float *__restrict__ dk, float *__restrict__ dq,
                 float *__restrict__ dv, float *__restrict__ dadt_o, float *__restrict__ ddt_o,
                 float *__restrict__ dlam_o, float *__restrict__ part_D, float *__restrict__ dssm0,
-                float *__restrict__ dkp0, float *__restrict__ dvp0)
+                float *__restrict__ dkp0, float *__restrict__ dvp0, const unsigned char *__restrict__ start)
 {
     __shared__ float sk[CKPT_STRIDE + 1][N];   // [0]: k' of the token before the chunk
     __shared__ float sq[CKPT_STRIDE][N];
@@ -90,6 +98,9 @@ scan_bwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restr
             sc[tt][3] = d;
             sc[tt][4] = l;
             sc[tt][5] = sc[tt][6] = sc[tt][7] = 0.0f;
+            if constexpr (STARTS) {
+                if (start[row0 + t0 + tt]) sc[tt][0] = sc[tt][1] = 0.0f;   // no state, k_prev, v_prev in
+            }
         }
         __syncthreads();
         // Recompute the chunk's states from its checkpoint (forward arithmetic).

@@ -12,13 +12,16 @@
 // ckpt [b][h][nck][P][N] (nck = ceil(seqlen/CKPT_STRIDE); chunk 0 = the initial
 // state). y [tok][E] f32. States: NULL in = zeros, NULL out = not written;
 // out may alias in (each entry is read and written by its owner only).
+// STARTS: start [batch][seqlen] as in scan_kernel (alpha = beta = 0 at a
+// start token; no state in for a stream starting at t = 0).
+template <bool STARTS>
 __global__ void __launch_bounds__(BTHREADS)
 scan_fwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
                 const float *__restrict__ q, const float *__restrict__ dt,
                 const float *__restrict__ adt, const float *__restrict__ lam,
                 const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
                 const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                float *__restrict__ ckpt, float *__restrict__ y)
+                float *__restrict__ ckpt, float *__restrict__ y, const unsigned char *__restrict__ start)
 {
     __shared__ float sk[CKPT_STRIDE][N];
     __shared__ float sq[CKPT_STRIDE][N];
@@ -30,6 +33,9 @@ scan_fwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restr
     const size_t bh = b * H + h;
     const size_t row0 = b * (size_t)seqlen;
     const int nck = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;
+    if constexpr (STARTS) {
+        if (seqlen > 0 && start[row0]) ssm_in = kp_in = vp_in = nullptr;   // an episode starts at t = 0
+    }
 
     float hs[BRPT][BNPT], kp[BNPT], vp[BRPT];
 #pragma unroll
@@ -74,6 +80,9 @@ scan_fwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restr
             sc[tt][1] = (1.0f - l) * d * al;
             sc[tt][2] = l * d;
             sc[tt][3] = 0.0f;
+            if constexpr (STARTS) {
+                if (start[row0 + t0 + tt]) sc[tt][0] = sc[tt][1] = 0.0f;   // zero state, k_prev, v_prev in
+            }
         }
         __syncthreads();
         for (int tt = 0; tt < nt; ++tt) {
