@@ -272,6 +272,60 @@ def _():
     return ok, "; ".join(c[1] for c in checks) if ok else None
 
 
+@test("prefill with starts: an all-zero mask gives prefill's bits; starts at t = 0 and mid-window restart there "
+      "(== the window split by hand); burn_in with the mask; mask checks")
+def _():
+    s0 = random_state(B)
+    zero = torch.zeros(B, T, dtype=torch.bool, device=dev)
+    a, sa = model.prefill(u, s0.clone(), starts=zero)
+    b, sb = model.prefill(u, s0.clone())
+    ok = torch.equal(a, b) and states_equal(sa, sb)
+    first = zero.clone()
+    first[:, 0] = True
+    c, sc = model.prefill(u, s0.clone(), starts=first)   # the random state ignored
+    e0, es0 = rel(c, out_ref), state_rel(sc, st_ref)
+    mid = zero.clone()
+    mid[:, T1] = True
+    d, sd = model.prefill(u, s0.clone(), starts=mid.to(torch.uint8))
+    h, _ = model.prefill(u[:, :T1].contiguous(), s0.clone())
+    t2, st2 = model.prefill(u[:, T1:].contiguous())
+    e1, e2, es = rel(d[:, :T1], h), rel(d[:, T1:], t2), state_rel(sd, st2)
+    last, sl = model.burn_in(u, s0.clone(), starts=mid)
+    eb = rel(last, d[:, -1])
+    ok = ok and max(e0, es0, e1, e2, es, eb) < TOL
+    x = u
+    checks = [raises(lambda: model.prefill(x, starts=torch.zeros(B, T, device=dev)), TypeError, "uint8"),
+              raises(lambda: model.prefill(x, starts=torch.zeros(B, T + 1, dtype=torch.bool, device=dev)),
+                     ValueError, "one entry per token"),
+              raises(lambda: model.prefill(x, starts=torch.zeros(B, T, dtype=torch.bool)), ValueError, "on cpu")]
+    ok = ok and all(c_[0] for c_ in checks)
+    return ok, "t=0: %.3g/%.3g, split: %.3g %.3g state %.3g, burn_in %.3g; %s" % (
+        e0, es0, e1, e2, es, eb, "; ".join(c_[1] for c_ in checks))
+
+
+if M.HAS_TRAINING:
+    @test("forward with starts (training): out as prefill with the mask; no gradient crosses a start; a stream "
+          "starting at t = 0 gets zero initial-state gradients")
+    def _():
+        m2 = M.Model({k: v.detach().clone() for k, v in model.state_dict().items()})
+        s0 = random_state(B)
+        for t in s0.tensors():
+            t.requires_grad_(True)
+        x = u.clone().requires_grad_(True)
+        mask = torch.zeros(B, T, dtype=torch.bool, device=dev)
+        mask[:, T1] = True
+        mask[0, 0] = True
+        out, _ = m2.forward(x, s0, starts=mask)
+        with torch.no_grad():
+            ref, _ = m2.prefill(u, M.State(B, dev, [t.detach().clone() for t in s0.tensors()]), starts=mask)
+        e = rel(out, ref)
+        out[:, T1:].pow(2).sum().backward()   # only outputs from the start on
+        cut = x.grad[:, :T1].abs().max().item()
+        s0g = max(t.grad[:, 0].abs().max().item() for t in s0.tensors())
+        ok = e < TOL and cut == 0.0 and s0g == 0.0 and x.grad[:, T1:].abs().max().item() > 0
+        return ok, "out rel %.3g, |du| before the start %.3g, |d state0| of stream 0 %.3g" % (e, cut, s0g)
+
+
 @test("calls run on the current stream: prefill on a side stream == on the default stream")
 def _():
     s = torch.cuda.Stream()

@@ -72,6 +72,8 @@ _API = {
     "prefill": (_I, (_P, _I, _I, _P, _P) + _STATES),
     "decode_step": (_I, (_P, _I, _P, _P) + _STATES),
     "burn_in": (_I, (_P, _I, _I, _P, _P) + _STATES),
+    "prefill_starts": (_I, (_P, _I, _I, _P, _P) + _STATES + (_P,)),
+    "burn_in_starts": (_I, (_P, _I, _I, _P, _P) + _STATES + (_P,)),
     "decode_graph_create": (_I, (_P, _I, _P, _P) + _STATES + (ctypes.POINTER(_P),)),
     "decode_step_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P,)),
     "decode_graph_create_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P, ctypes.POINTER(_P))),
@@ -90,6 +92,7 @@ _TRAIN_API = {
     "trainer_set_stream": (_I, (_P, _P)),
     "trainer_workspace_bytes": (_Z, ()),
     "trainer_set_scan": (_I, (_P, _I)),
+    "trainer_set_starts": (_I, (_P, _P)),
     "trainer_set_loss_scaling": (_I, (_P, ctypes.c_float, _I)),
     "forward_train": (_I, (_P, _P, _I, _I, _P, _P) + _STATES),
     "backward": (_I, (_P, _P, _P, _P) + _STATES),
@@ -238,6 +241,23 @@ def _check_reset(r, what, batch, device):
     return r
 
 
+def _check_starts(s, what, batch, seqlen, device):
+    """s: a start mask, a bool or uint8 CUDA tensor [batch][seqlen] on
+    `device`, contiguous (one byte per token: nonzero = a new episode begins
+    there, every state zeroed before it; doc/math.md section 9)."""
+    if not isinstance(s, torch.Tensor):
+        raise TypeError("%s: expected a torch.Tensor, got %s" % (what, type(s).__name__))
+    if s.dtype not in (torch.bool, torch.uint8):
+        raise TypeError("%s: dtype %s, expected torch.bool or torch.uint8" % (what, s.dtype))
+    if s.device != device:
+        raise ValueError("%s: on %s, the model is on %s" % (what, s.device, device))
+    if tuple(s.shape) != (batch, seqlen):
+        raise ValueError("%s: shape %s, expected (%d, %d) (one entry per token)" % (what, tuple(s.shape), batch, seqlen))
+    if not s.is_contiguous():
+        raise ValueError("%s: not contiguous (pass .contiguous())" % what)
+    return s
+
+
 def _batch_seqlen(u, what, seq):
     """The batch (and seqlen) of an input u [batch][seqlen][IN_DIM] (seq) or
     [batch][IN_DIM], checked against the library's bounds."""
@@ -323,21 +343,30 @@ def _inv_softplus(x):
 
 class _Train(torch.autograd.Function):
     """forward_train + backward of the library as one autograd node. Inputs:
-    model, u, the initial state tensors, the parameters; outputs: out and
+    model, u, the start mask (None, or [batch][seqlen] bool / uint8: kept
+    alive here until backward, which uses the forward's mask), the initial
+    state tensors, the parameters; outputs: out and
     the final state tensors (no gradient flows back through them: the
     library differentiates out only). Gradients: of u, of the initial
     states and of every parameter (views into a gradient blob of their own)."""
 
     @staticmethod
-    def forward(ctx, model, u, *rest):
+    def forward(ctx, model, u, starts, *rest):
         states = rest[:_NS]
         batch, seqlen = u.shape[0], u.shape[1]
         out = torch.empty((batch, seqlen, D_MODEL), dtype=_f32, device=model.device)
         final = [s.detach().clone() for s in states]   # the library overwrites its states with the final ones
         with torch.cuda.device(model.device):
             t = model._trainer_on_stream()
-            model._lib.call("forward_train", t, model.weights.data_ptr(), batch, seqlen, u.data_ptr(),
-                            out.data_ptr(), *[s.data_ptr() for s in final])
+            # the mask of this forward only: the trainer's backward keeps
+            # using it (NAME_trainer_set_starts), later calls get none
+            model._lib.call("trainer_set_starts", t, starts.data_ptr() if starts is not None else None)
+            try:
+                model._lib.call("forward_train", t, model.weights.data_ptr(), batch, seqlen, u.data_ptr(),
+                                out.data_ptr(), *[s.data_ptr() for s in final])
+            finally:
+                model._lib.call("trainer_set_starts", t, None)
+        ctx.starts = starts   # alive until backward reads it
         model._train_serial += 1
         ctx.model = model
         ctx.serial = model._train_serial
@@ -361,9 +390,9 @@ class _Train(torch.autograd.Function):
             else dout.to(_f32).contiguous()
         if dout.data_ptr() % 16:
             dout = dout.clone()
-        need = ctx.needs_input_grad
+        need = ctx.needs_input_grad   # model, u, starts, states..., parameters...
         du = torch.empty(ctx.u_shape, dtype=_f32, device=dev) if need[1] else None
-        dstates = [torch.empty(shape, dtype=_f32, device=dev) if need[2 + i] else None
+        dstates = [torch.empty(shape, dtype=_f32, device=dev) if need[3 + i] else None
                    for i, shape in enumerate(ctx.state_shapes)]
         # A fresh blob per backward (the caching allocator makes it cheap):
         # the views returned alias nothing that a later backward overwrites.
@@ -374,12 +403,13 @@ class _Train(torch.autograd.Function):
                             *[d.data_ptr() if d is not None else None for d in dstates])
         pgrads = []
         for i, (p, (off, numel, shape)) in enumerate(zip(model._params, model._layout)):
-            if need[2 + _NS + i]:
+            if need[3 + _NS + i]:
                 model._link_grad(i)   # p.grad a view into model.grads, so that it accumulates there
                 pgrads.append(grads[off:off + numel].view(shape))
             else:
                 pgrads.append(None)
-        return (None, du) + tuple(dstates) + tuple(pgrads)
+        ctx.starts = None
+        return (None, du, None) + tuple(dstates) + tuple(pgrads)
 
 
 class Model(torch.nn.Module):
@@ -657,17 +687,24 @@ class Model(torch.nn.Module):
         return state
 
     @torch.no_grad()
-    def prefill(self, u, state=None):
+    def prefill(self, u, state=None, starts=None):
         """out [batch][seqlen][D_MODEL] for u [batch][seqlen][IN_DIM]; state:
         the initial state, updated in place to the final one (None: a fresh
-        State). Returns (out, state)."""
+        State). starts: None, or a bool / uint8 CUDA tensor [batch][seqlen]
+        (NAME_prefill_starts): where it is nonzero a new episode begins, every
+        state zeroed before that token. Returns (out, state)."""
         batch, seqlen = _batch_seqlen(u, "prefill: u", True)
         _check_tensor(u, "prefill: u", u.shape, self.device)
         state = self._state_for(state, batch, "prefill")
         out = torch.empty((batch, seqlen, D_MODEL), dtype=_f32, device=self.device)
         with torch.cuda.device(self.device):
-            self._lib.call("prefill", self._model_on_stream(), batch, seqlen, u.data_ptr(), out.data_ptr(),
-                           *state._ptrs())
+            if starts is None:
+                self._lib.call("prefill", self._model_on_stream(), batch, seqlen, u.data_ptr(), out.data_ptr(),
+                               *state._ptrs())
+            else:
+                _check_starts(starts, "prefill: starts", batch, seqlen, self.device)
+                self._lib.call("prefill_starts", self._model_on_stream(), batch, seqlen, u.data_ptr(),
+                               out.data_ptr(), *state._ptrs(), starts.data_ptr())
         return out, state
 
     @torch.no_grad()
@@ -694,17 +731,22 @@ class Model(torch.nn.Module):
         return out
 
     @torch.no_grad()
-    def burn_in(self, u, state=None):
+    def burn_in(self, u, state=None, starts=None):
         """The forward over u [batch][seqlen][IN_DIM] returning only the last
-        timestep's output [batch][D_MODEL]; state as prefill. Returns
-        (last_out, state)."""
+        timestep's output [batch][D_MODEL]; state and starts as prefill.
+        Returns (last_out, state)."""
         batch, seqlen = _batch_seqlen(u, "burn_in: u", True)
         _check_tensor(u, "burn_in: u", u.shape, self.device)
         state = self._state_for(state, batch, "burn_in")
         out = torch.empty((batch, D_MODEL), dtype=_f32, device=self.device)
         with torch.cuda.device(self.device):
-            self._lib.call("burn_in", self._model_on_stream(), batch, seqlen, u.data_ptr(), out.data_ptr(),
-                           *state._ptrs())
+            if starts is None:
+                self._lib.call("burn_in", self._model_on_stream(), batch, seqlen, u.data_ptr(), out.data_ptr(),
+                               *state._ptrs())
+            else:
+                _check_starts(starts, "burn_in: starts", batch, seqlen, self.device)
+                self._lib.call("burn_in_starts", self._model_on_stream(), batch, seqlen, u.data_ptr(),
+                               out.data_ptr(), *state._ptrs(), starts.data_ptr())
         return out, state
 
     def decode_graph(self, state, reset=False):
@@ -750,20 +792,24 @@ class Model(torch.nn.Module):
 
     # ---- training ----
 
-    def forward(self, u, state=None):
+    def forward(self, u, state=None, starts=None):
         """(out, final_state) for u [batch][seqlen][IN_DIM] from `state` (None:
         a fresh start), which is left as it is. Differentiable when grad mode
         is on and the parameters, u or the state's tensors require grad:
         gradients reach the parameters (.grad, views into self.grads), u and
         the initial state; the final state carries none (detach it to carry
-        it into the next window). Else it is prefill on a copy of the state."""
-        batch, _ = _batch_seqlen(u, "forward: u", True)
+        it into the next window). Else it is prefill on a copy of the state.
+        starts: as prefill (a window crossing episode boundaries: the states
+        restart at each start and no gradient crosses it)."""
+        batch, seqlen = _batch_seqlen(u, "forward: u", True)
         state = self._state_for(state, batch, "forward")
+        if starts is not None:
+            _check_starts(starts, "forward: starts", batch, seqlen, self.device)
         if not torch.is_grad_enabled() or not (u.requires_grad or any(t.requires_grad for t in state.tensors())
                                                or any(p.requires_grad for p in self._params)):
-            return self.prefill(u, state.clone())
+            return self.prefill(u, state.clone(), starts)
         _check_tensor(u, "forward: u", u.shape, self.device)
-        outs = _Train.apply(self, u, *state.tensors(), *self._params)
+        outs = _Train.apply(self, u, starts, *state.tensors(), *self._params)
         return outs[0], State(batch, self.device, outs[1:])
 
     def adamw_step(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, max_grad_norm=0.0,
