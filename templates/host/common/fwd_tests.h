@@ -547,8 +547,8 @@ static void test_packed(uint64_t seed)
     float *u = FALLOC(n_u(1, total)), *out = FALLOC(n_out(1, total));
     double *rout = DALLOC_H(n_out(1, total));
     float *du = mg_tap_dalloc(n_u(1, total)), *dout = mg_tap_dalloc(n_out(1, total));
-    float *ds[NST], *hs[NST];
-    double *rs[NST];
+    float *ds[NST] = { NULL }, *hs[NST] = { NULL };
+    double *rs[NST] = { NULL };
     for (int i = 0; i < NST; ++i) {
         const size_t n = st_floats(i, nseq);
         ds[i] = mg_tap_dalloc(n);
@@ -576,7 +576,7 @@ static void test_packed(uint64_t seed)
         snprintf(what, sizeof what, "prefill_packed (%s) vs reference forward_ex: final states", lens);
         CMP_STATES_ANY(what, nseq, hs, rs, NULL);
         /* each sequence alone: prefill at batch 1 from zero states */
-        float *sout = FALLOC(n_out(1, total)), *sst[NST], *d1[NST];
+        float *sout = FALLOC(n_out(1, total)), *sst[NST] = { NULL }, *d1[NST] = { NULL };
         for (int i = 0; i < NST; ++i) { sst[i] = FALLOC(st_floats(i, nseq)); d1[i] = mg_tap_dalloc(st_floats(i, 1)); }
         mg_status s1 = MG_OK;
         for (int q = 0; q < nseq && s1 == MG_OK; ++q) {
@@ -630,7 +630,7 @@ static void test_packed_bad_calls(void)
     const int nb = MAX_BATCH + 2;
     int32_t *cu = (int32_t *)mg_tap_calloc((size_t)(nb + 1) * sizeof(int32_t));
     const size_t nu = n_u(1, 4), no = n_out(1, 4);
-    float *du = mg_tap_dalloc(nu), *dout = mg_tap_dalloc(no), *ho = FALLOC(no), *ds[NST], *hs[NST];
+    float *du = mg_tap_dalloc(nu), *dout = mg_tap_dalloc(no), *ho = FALLOC(no), *ds[NST] = { NULL }, *hs[NST] = { NULL };
     for (size_t i = 0; i < no; ++i) ho[i] = -1234.5f;
     mg_tap_up(dout, ho, no);
     for (int i = 0; i < NST; ++i) {
