@@ -730,16 +730,22 @@ static void test_train_packed(uint64_t seed)
         mg_status s1 = MG_OK;
         for (int q = 0; q < nseq && s1 == MG_OK; ++q) {
             const int len = cu[q + 1] - cu[q];
-            s1 = model_forward_train(tr, d_blob, 1, len, d_u + n_u(1, cu[q]), d_out + n_out(1, cu[q]), NO_STATES);
-            if (s1 == MG_OK) s1 = model_backward(tr, d_dy + n_out(1, cu[q]), d_g, d_du + n_u(1, cu[q]), NO_STATES);
+            /* its own buffers: every pointer 16-byte aligned whatever IN_DIM is */
+            float *a_u = mg_tap_dalloc(n_u(1, len)), *a_o = mg_tap_dalloc(n_out(1, len));
+            float *a_dy = mg_tap_dalloc(n_out(1, len)), *a_du = mg_tap_dalloc(n_u(1, len));
+            mg_tap_up(a_u, u + n_u(1, cu[q]), n_u(1, len));
+            mg_tap_up(a_dy, dy + n_out(1, cu[q]), n_out(1, len));
+            s1 = model_forward_train(tr, d_blob, 1, len, a_u, a_o, NO_STATES);
+            if (s1 == MG_OK) s1 = model_backward(tr, a_dy, d_g, a_du, NO_STATES);
             if (s1 == MG_OK) {
                 mg_tap_down(g1, d_g, WFLOATS);
                 for (size_t j = 0; j < WFLOATS; ++j) sg[j] += g1[j];
+                mg_tap_down(o1 + n_out(1, cu[q]), a_o, n_out(1, len));
+                mg_tap_down(u1 + n_u(1, cu[q]), a_du, n_u(1, len));
             }
+            mg_dev_free(a_u); mg_dev_free(a_o); mg_dev_free(a_dy); mg_dev_free(a_du);
         }
         if (mg_tap_ok(s1 == MG_OK, "forward_train + backward of each packed sequence alone run")) {
-            mg_tap_down(o1, d_out, n_out(1, total));
-            mg_tap_down(u1, d_du, n_u(1, total));
             for (size_t j = 0; j < n_out(1, total); ++j) sout[j] = o1[j];
             for (size_t j = 0; j < n_u(1, total); ++j) sdu[j] = u1[j];
 #define WHAT(x) (snprintf(what, sizeof what, "packed (%d sequences) vs each sequence alone: %s", nseq, (x)), what)
