@@ -27,6 +27,7 @@ int main(void)
     model_model *fm = (model_model *)junk;
     model_graph *pg = (model_graph *)junk;   /* prefill_graph_create must set it to NULL */
     float dummy[64] __attribute__((aligned(16)));
+    const int32_t cu[2] = { 0, 1 };   /* a valid packing of one token */
 
     expect_dead(model_set_scan(NULL, 0), "set_scan(NULL)");
     expect_dead(model_set_scan(fm, 0), "set_scan(forged model)");
@@ -38,11 +39,15 @@ int main(void)
                 "prefill_starts(forged model)");
     expect_dead(model_burn_in_starts(NULL, 1, 1, dummy, dummy, NULL, NULL, NULL), "burn_in_starts(NULL)");
     expect_dead(model_prefill_graph_create(fm, 1, 1, dummy, dummy, NULL, NULL, &pg), "prefill_graph_create(forged model)");
+    expect_dead(model_prefill_packed(fm, 1, cu, dummy, dummy, NULL, NULL), "prefill_packed(forged model)");
+    expect_dead(model_prefill_packed(NULL, 1, cu, dummy, dummy, NULL, NULL), "prefill_packed(NULL)");
 #else                 /* Mamba-3: ssm, k_prev, v_prev, angle */
     expect_dead(model_prefill(fm, 1, 1, dummy, dummy, NULL, NULL, NULL, NULL), "prefill(forged model)");
     expect_dead(model_decode_step(fm, 1, dummy, dummy, dummy, dummy, dummy, dummy), "decode_step(forged model)");
     expect_dead(model_prefill_graph_create(fm, 1, 1, dummy, dummy, NULL, NULL, NULL, NULL, &pg),
                 "prefill_graph_create(forged model)");
+    expect_dead(model_prefill_packed(fm, 1, cu, dummy, dummy, NULL, NULL, NULL, NULL), "prefill_packed(forged model)");
+    expect_dead(model_prefill_packed(NULL, 1, cu, dummy, dummy, NULL, NULL, NULL, NULL), "prefill_packed(NULL)");
 #endif
     mg_tap_ok(pg == NULL, "prefill_graph_create on a forged model returns no graph");
     mg_tap_ok(model_workspace_bytes(fm) == 0 && model_workspace_bytes(NULL) == 0,
@@ -67,6 +72,11 @@ int main(void)
 #ifdef MODEL_D_CONV
     expect_dead(model_trainer_set_starts(ft, NULL), "trainer_set_starts(forged trainer)");
     expect_dead(model_trainer_set_starts(NULL, NULL), "trainer_set_starts(NULL)");
+    expect_dead(model_forward_train_packed(ft, dummy, 1, cu, dummy, dummy, NULL, NULL),
+                "forward_train_packed(forged trainer)");
+#else
+    expect_dead(model_forward_train_packed(ft, dummy, 1, cu, dummy, dummy, NULL, NULL, NULL, NULL),
+                "forward_train_packed(forged trainer)");
 #endif
     expect_dead(model_trainer_set_loss_scaling(ft, 0.0f, 1), "trainer_set_loss_scaling(forged trainer)");
     expect_dead(model_adamw_step(ft, dummy, dummy + 16, dummy + 32, dummy + 48, &p), "adamw_step(forged trainer)");

@@ -55,9 +55,12 @@ E.FILES = {
   { path = "mg_convert.cuh", copy = "kernels/common/convert.cuh" },
   { path = "mg_launch_norm.cuh",    copy = "kernels/common/launch_norm.cuh" },
   { path = "mg_launch_convert.cuh", copy = "kernels/common/launch_convert.cuh" },
+  { path = "mg_packed.cuh",         copy = "kernels/common/packed.cuh" },
+  { path = "mg_launch_packed.cuh",  copy = "kernels/common/launch_packed.cuh" },
   { path = "%s.c",              template = "{dir}/model.c.tmpl" },
   { path = "mg_{k}_pipeline.h", copy = "host/{dir}/pipeline.h" },
   { path = "mg_model_host.h",  copy = "host/common/model_host.h" },
+  { path = "mg_packed_host.h", copy = "host/common/packed_host.h" },
   -- the test and bench programs (plain C; model_alias.h names the model)
   { path = "model_alias.h", template = "common/model_alias.h.tmpl" },
   { path = "%s_test.c",     copy = "host/{dir}/test.c" },

@@ -395,7 +395,7 @@ check(ok_n, "emit.files without training", not ok_n and tostring(files_nt))
 if ok_n then
   local names = {}
   for i, f in ipairs(files_nt) do names[i] = f.path end
-  is(table.concat(names, " "), "rl.h rl_common.cuh mg_dtype.cuh rl_kernels.cu mg_m1_util.cuh mg_m1_conv.cuh mg_m1_scan_body.cuh mg_m1_scan_fwd.cuh mg_m1_decode.cuh mg_m1_launch.cuh mg_m1_launch.h mg_rms_row.cuh mg_norm.cuh mg_convert.cuh mg_launch_norm.cuh mg_launch_convert.cuh rl.c mg_m1_pipeline.h mg_model_host.h model_alias.h rl_test.c fwd_tests.h rl_bench.c bench_util.h rl.pc.in rlConfig.cmake.in rlConfigVersion.cmake Makefile rl.py",
+  is(table.concat(names, " "), "rl.h rl_common.cuh mg_dtype.cuh rl_kernels.cu mg_m1_util.cuh mg_m1_conv.cuh mg_m1_scan_body.cuh mg_m1_scan_fwd.cuh mg_m1_decode.cuh mg_m1_launch.cuh mg_m1_launch.h mg_rms_row.cuh mg_norm.cuh mg_convert.cuh mg_launch_norm.cuh mg_launch_convert.cuh mg_packed.cuh mg_launch_packed.cuh rl.c mg_m1_pipeline.h mg_model_host.h mg_packed_host.h model_alias.h rl_test.c fwd_tests.h rl_bench.c bench_util.h rl.pc.in rlConfig.cmake.in rlConfigVersion.cmake Makefile rl.py",
     "emit: emit.training = false drops the training files")
 end
 if ok_e then
@@ -404,7 +404,8 @@ if ok_e then
   is(table.concat(names, " "), "rl.h<mamba1/model.h.tmpl rl_common.cuh<mamba1/common.cuh.tmpl mg_dtype.cuh<kernels/common/dtype.cuh rl_kernels.cu<mamba1/kernels.cu.tmpl " ..
     "mg_m1_util.cuh<kernels/mamba1/util.cuh mg_m1_conv.cuh<kernels/mamba1/conv.cuh mg_m1_scan_body.cuh<kernels/mamba1/scan_body.cuh mg_m1_scan_fwd.cuh<kernels/mamba1/scan_fwd.cuh mg_m1_decode.cuh<kernels/mamba1/decode.cuh mg_m1_launch.cuh<kernels/mamba1/launch.cuh mg_m1_launch.h<kernels/mamba1/launch.h " ..
     "mg_rms_row.cuh<kernels/common/rms_row.cuh mg_norm.cuh<kernels/common/norm.cuh mg_convert.cuh<kernels/common/convert.cuh mg_launch_norm.cuh<kernels/common/launch_norm.cuh mg_launch_convert.cuh<kernels/common/launch_convert.cuh " ..
-    "rl.c<mamba1/model.c.tmpl mg_m1_pipeline.h<host/mamba1/pipeline.h mg_model_host.h<host/common/model_host.h " ..
+    "mg_packed.cuh<kernels/common/packed.cuh mg_launch_packed.cuh<kernels/common/launch_packed.cuh " ..
+    "rl.c<mamba1/model.c.tmpl mg_m1_pipeline.h<host/mamba1/pipeline.h mg_model_host.h<host/common/model_host.h mg_packed_host.h<host/common/packed_host.h " ..
     "model_alias.h<common/model_alias.h.tmpl rl_test.c<host/mamba1/test.c fwd_tests.h<host/common/fwd_tests.h rl_bench.c<host/mamba1/bench.c bench_util.h<host/common/bench_util.h " ..
     "rl_train.h<mamba1/train.h.tmpl rl_backward.cu<mamba1/backward.cu.tmpl " ..
     "mg_m1_train_norm.cuh<kernels/mamba1/train_norm.cuh mg_m1_train_conv.cuh<kernels/mamba1/train_conv.cuh mg_m1_scan_bwd.cuh<kernels/mamba1/scan_bwd.cuh mg_m1_launch_train.cuh<kernels/mamba1/launch_train.cuh mg_m1_launch_train.h<kernels/mamba1/launch_train.h mg_block_sum.cuh<kernels/common/block_sum.cuh mg_train_norm.cuh<kernels/common/train_norm.cuh mg_adamw.cuh<kernels/common/adamw.cuh mg_launch_train_norm.cuh<kernels/common/launch_train_norm.cuh mg_grad_norm.cuh<kernels/common/grad_norm.cuh mg_loss.cuh<kernels/common/loss.cuh mg_grad_accum.cuh<kernels/common/grad_accum.cuh " ..

@@ -12,8 +12,12 @@
  * NO_STATES (NULL for every state argument of the library's calls),
  * DEV_STATES(st) (the state arguments of a decode step from an array of
  * device states), SELFCHECK_DIAG(T, r) (the diag line of a selfcheck report),
- * NST (the number of recurrent states) and st_floats(i, batch) (floats of
- * state i for batch streams, all layers)
+ * NST (the number of recurrent states), st_floats(i, batch) (floats of
+ * state i for batch streams, all layers) and REF_FWD_EX(T, u, out, st, o)
+ * (the reference's forward_ex, batch 1, on double states st[NST]),
+ * CMP_STATES_ANY(prefix, batch, got, ref, gpu) (host states got[NST]
+ * against the reference's ref[NST] or, ref NULL, another run's gpu[NST],
+ * within TOL) and cmp_gpu (f32 against f32, within TOL)
  * (part 2): the end of the parameter-table test (param_table_end), the
  * steps of the decode-graph test (decode_graph_steps), the reset-mask tests
  * (test_decode_reset, test_decode_graph_reset, test_reset_bad_calls), the
@@ -21,7 +25,8 @@
  * main's first steps after the layout (fwd_model_start), the weights out
  * of the init range and back (fwd_weights_pushed, fwd_weights_init;
  * part 1: weights_tag, push_inputs), the library's
- * self-check (test_selfcheck) and main's last steps (fwd_end). */
+ * self-check (test_selfcheck), packed sequences (test_packed,
+ * test_packed_bad_calls) and main's last steps (fwd_end). */
 #ifndef MG_FWD_TESTS_PART1
 #define MG_FWD_TESTS_PART1
 
@@ -510,6 +515,164 @@ static void test_selfcheck(int seqlen)
     mg_status s = model_selfcheck(&o, &r);
     SELFCHECK_DIAG(o.seqlen, r);
     if (!mg_tap_ok(s == MG_OK && r.passed, MODEL_NAME "_selfcheck passes")) mg_tap_diag("%s", mg_last_error());
+}
+
+/* ---------------------------------------------------------------- packed sequences (doc/math.md §9) */
+
+/* The lengths of the packed tests: 1, chunk-1, chunk, chunk+1 and a long
+ * one (chunk = MODEL_SCAN_CHUNK), each within 1..MAX_SEQ_LEN, as many as
+ * MAX_BATCH allows; cu gets the offsets (nseq + 1). Returns nseq. */
+static int packed_lengths(int32_t *cu)
+{
+    const int C = MODEL_SCAN_CHUNK;
+    const int want[5] = { 1, C - 1, C, C + 1, 2 * C + 3 };
+    const int nseq = imin(5, MAX_BATCH);
+    cu[0] = 0;
+    for (int i = 0; i < nseq; ++i) cu[i + 1] = cu[i] + imax(1, imin(want[i], MAX_SEQ_LEN));
+    return nseq;
+}
+
+/* Floats of one stream's slice of state i in one layer. */
+static size_t st_per(int i) { return st_floats(i, 1) / MODEL_N_LAYERS; }
+
+/* prefill_packed (every sequence from zero states; the state buffers hold
+ * random values, which must be ignored) vs the reference's packed call
+ * (forward_ex with cu_seqlens, zero initial states): out and every final
+ * state within TOL; and vs prefill on each sequence alone from zero states
+ * (the same model, other GEMM shapes): within TOL as well. */
+static void test_packed(uint64_t seed)
+{
+    int32_t cu[6];
+    const int nseq = packed_lengths(cu), total = cu[nseq];
+    float *u = FALLOC(n_u(1, total)), *out = FALLOC(n_out(1, total));
+    double *rout = DALLOC_H(n_out(1, total));
+    float *du = mg_tap_dalloc(n_u(1, total)), *dout = mg_tap_dalloc(n_out(1, total));
+    float *ds[NST] = { NULL }, *hs[NST] = { NULL };
+    double *rs[NST] = { NULL };
+    for (int i = 0; i < NST; ++i) {
+        const size_t n = st_floats(i, nseq);
+        ds[i] = mg_tap_dalloc(n);
+        hs[i] = FALLOC(n);
+        rs[i] = (double *)mg_tap_calloc(n * sizeof(double));   /* zero initial states */
+        mg_tap_randn(hs[i], n, seed + 10 + (uint64_t)i, 1.0f);
+        mg_tap_up(ds[i], hs[i], n);
+    }
+    mg_tap_randn(u, n_u(1, total), seed, 1.0f);
+    mg_tap_up(du, u, n_u(1, total));
+    const mg_ref_seqs o = { NULL, cu, nseq, nseq };
+    if (REF_FWD_EX(total, u, rout, rs, &o) != MG_OK) mg_tap_bail(FWD_STR(REF(forward_ex)));
+    char what[200], lens[64];
+    snprintf(lens, sizeof lens, "lengths %d", (int)(cu[1] - cu[0]));
+    for (int i = 1; i < nseq; ++i)
+        snprintf(lens + strlen(lens), sizeof lens - strlen(lens), ",%d", (int)(cu[i + 1] - cu[i]));
+    const mg_status s = model_prefill_packed(model, nseq, cu, du, dout, DEV_STATES(ds));
+    if (!mg_tap_ok(s == MG_OK, "prefill_packed (%s) runs", lens)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    } else {
+        mg_tap_down(out, dout, n_out(1, total));
+        snprintf(what, sizeof what, "prefill_packed (%s) vs reference forward_ex (cu_seqlens): out", lens);
+        cmp_ref(what, out, rout, n_out(1, total));
+        for (int i = 0; i < NST; ++i) mg_tap_down(hs[i], ds[i], st_floats(i, nseq));
+        snprintf(what, sizeof what, "prefill_packed (%s) vs reference forward_ex: final states", lens);
+        CMP_STATES_ANY(what, nseq, hs, rs, NULL);
+        /* each sequence alone: prefill at batch 1 from zero states */
+        float *sout = FALLOC(n_out(1, total)), *sst[NST] = { NULL }, *d1[NST] = { NULL };
+        for (int i = 0; i < NST; ++i) { sst[i] = FALLOC(st_floats(i, nseq)); d1[i] = mg_tap_dalloc(st_floats(i, 1)); }
+        mg_status s1 = MG_OK;
+        for (int q = 0; q < nseq && s1 == MG_OK; ++q) {
+            for (int i = 0; i < NST; ++i)
+                if (cudaMemset(d1[i], 0, st_floats(i, 1) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
+            const int len = cu[q + 1] - cu[q];
+            /* its own buffers: u and out of each call 16-byte aligned whatever IN_DIM is */
+            float *u1 = mg_tap_dalloc(n_u(1, len)), *o1 = mg_tap_dalloc(n_out(1, len));
+            mg_tap_up(u1, u + n_u(1, cu[q]), n_u(1, len));
+            s1 = model_prefill(model, 1, len, u1, o1, DEV_STATES(d1));
+            if (s1 == MG_OK) mg_tap_down(sout + n_out(1, cu[q]), o1, n_out(1, len));
+            mg_dev_free(u1); mg_dev_free(o1);
+            for (int i = 0; i < NST && s1 == MG_OK; ++i) {
+                float *h1 = FALLOC(st_floats(i, 1));
+                mg_tap_down(h1, d1[i], st_floats(i, 1));
+                for (int l = 0; l < MODEL_N_LAYERS; ++l)
+                    memcpy(sst[i] + ((size_t)l * nseq + q) * st_per(i), h1 + (size_t)l * st_per(i),
+                           st_per(i) * sizeof(float));
+                free(h1);
+            }
+        }
+        if (mg_tap_ok(s1 == MG_OK, "prefill of each packed sequence alone runs")) {
+            snprintf(what, sizeof what, "prefill_packed (%s) vs prefill of each sequence alone (within TOL): out",
+                     lens);
+            cmp_gpu(what, out, sout, n_out(1, total));
+            snprintf(what, sizeof what, "prefill_packed (%s) vs prefill of each sequence alone (within TOL): final "
+                     "states", lens);
+            CMP_STATES_ANY(what, nseq, hs, NULL, sst);
+        } else {
+            mg_tap_diag("%s: %s", mg_status_name(s1), mg_last_error());
+        }
+        free(sout);
+        for (int i = 0; i < NST; ++i) { free(sst[i]); mg_dev_free(d1[i]); }
+    }
+    for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); free(rs[i]); }
+    mg_dev_free(du); mg_dev_free(dout);
+    free(u); free(out); free(rout);
+}
+
+/* Whether n floats of device buffer d still hold the bits of h. */
+static int dev_unchanged(const float *d, const float *h, size_t n)
+{
+    float *x = FALLOC(n);
+    mg_tap_down(x, d, n);
+    const int same = memcmp(x, h, n * sizeof(float)) == 0;
+    free(x);
+    return same;
+}
+
+/* Every bad cu_seqlens refused with MG_ERR_INVALID_ARG before anything is
+ * written (out and states sentinel-filled, unchanged after), and a forged
+ * model. */
+static void test_packed_bad_calls(void)
+{
+    const int nb = MAX_BATCH + 2;
+    int32_t *cu = (int32_t *)mg_tap_calloc((size_t)(nb + 1) * sizeof(int32_t));
+    const size_t nu = n_u(1, 4), no = n_out(1, 4);
+    float *du = mg_tap_dalloc(nu), *dout = mg_tap_dalloc(no), *ho = FALLOC(no), *ds[NST] = { NULL }, *hs[NST] = { NULL };
+    for (size_t i = 0; i < no; ++i) ho[i] = -1234.5f;
+    mg_tap_up(dout, ho, no);
+    for (int i = 0; i < NST; ++i) {
+        const size_t n = st_floats(i, MAX_BATCH + 1);
+        ds[i] = mg_tap_dalloc(n);
+        hs[i] = FALLOC(n);
+        for (size_t j = 0; j < n; ++j) hs[i][j] = 777.25f;
+        mg_tap_up(ds[i], hs[i], n);
+    }
+    struct { const char *what; int nseq; int32_t v[3]; int null; } bad[] = {
+        { "cu_seqlens NULL", 1, { 0, 1, 0 }, 1 },
+        { "nseq = 0", 0, { 0, 1, 0 }, 0 },
+        { "nseq = MAX_BATCH + 1", MAX_BATCH + 1, { 0, 1, 2 }, 0 },
+        { "cu_seqlens[0] = 1", 1, { 1, 2, 0 }, 0 },
+        { "an empty sequence (equal entries)", 2, { 0, 1, 1 }, 0 },
+        { "decreasing entries", 2, { 0, 2, 1 }, 0 },
+        { "a sequence longer than MAX_SEQ_LEN", 1, { 0, MAX_SEQ_LEN + 1, 0 }, 0 },
+    };
+    char what[160];
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; ++k) {
+        memset(cu, 0, (size_t)(nb + 1) * sizeof(int32_t));
+        memcpy(cu, bad[k].v, sizeof bad[k].v);
+        if (bad[k].nseq > 2)   /* valid increasing offsets past the first entries */
+            for (int i = 1; i <= bad[k].nseq; ++i) cu[i] = i;
+        snprintf(what, sizeof what, "prefill_packed refuses %s", bad[k].what);
+        mg_tap_expect_status(model_prefill_packed(model, bad[k].nseq, bad[k].null ? NULL : cu, du, dout,
+                                                  DEV_STATES(ds)), MG_ERR_INVALID_ARG, what);
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess) mg_tap_bail("cudaDeviceSynchronize");
+    int same = dev_unchanged(dout, ho, no);
+    for (int i = 0; i < NST; ++i) same &= dev_unchanged(ds[i], hs[i], st_floats(i, MAX_BATCH + 1));
+    mg_tap_ok(same, "prefill_packed's refused calls wrote nothing (out and states keep their sentinels)");
+    cu[0] = 0; cu[1] = 1;
+    mg_tap_expect_status(model_prefill_packed(NULL, 1, cu, du, dout, DEV_STATES(ds)), MG_ERR_INVALID_ARG,
+                         "prefill_packed refuses a NULL model");
+    for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); }
+    mg_dev_free(du); mg_dev_free(dout);
+    free(ho); free(cu);
 }
 
 /* main's last steps: free everything, the TAP summary (main's status). */

@@ -13,7 +13,14 @@
  *   NO_STATES          NULL for each state (a call from a fresh state)
  *   CHECK_STATES(fn, batch, seqlen, u, out, required)
  *                      the arch's check_call of those states
- * and its forward takes (..., STATE_ARGS, last_only, decode, reset).
+ * and its forward takes (..., STATE_ARGS, last_only, decode, reset); for
+ * packed sequences (mg_packed_host.h) also
+ *   STATE_SIZES(batch) the states' sizes in floats, { ... } in STATE_ARGS order
+ *   N_STATES           how many there are
+ *   FORWARD_STARTS(batch, seqlen, u, out, start)
+ *                      its prefill forward with a start mask, on STATE_ARGS
+ * and its struct model_model holds pk, pk_u, pk_out, pk_start, pk_off (the
+ * packed workspace, allocated here at create).
  * The names model_X / MODEL_X, MODEL_NAME, MODEL_UPPER, SCAN_SPEC_WHY,
  * HAS_CHUNKED, LOWP and GRAPH_CAPTURE_MODE come from NAME.c. Plain C11. */
 
@@ -55,17 +62,36 @@ static void model_free(model_model *m)
 #ifdef ARCH_DESTROY
     ARCH_DESTROY(m);
 #endif
+    mg_dev_free(m->pk);
     mg_dev_free(m->wa);
     mg_dev_free(m->ws);
     mg_blas_destroy(m->blas);
     free(m);
 }
 
-/* The last step of create: m gets its serial and enters the registry (on
- * failure it is freed). */
+/* The packed-sequence workspace (NAME_prefill_packed): the padded input
+ * [MAX_TOKENS][IN_DIM] and output [MAX_TOKENS][D_MODEL] (f32), the start
+ * mask [MAX_TOKENS] and the offsets [MAX_BATCH + 1]; one allocation. */
+static size_t packed_ws_bytes(void)
+{
+    return ws_bytes((size_t)MAX_TOKENS * IN_DIM, sizeof(float)) + ws_bytes((size_t)MAX_TOKENS * D_MODEL, sizeof(float))
+         + ws_bytes((size_t)MAX_TOKENS, 1) + ws_bytes((size_t)MODEL_MAX_BATCH + 1, sizeof(int));
+}
+
+/* The last step of create: the packed workspace, then m gets its serial and
+ * enters the registry (on failure it is freed). */
 static mg_status model_register(model_model *m)
 {
     static _Atomic unsigned long long next_serial = 1;
+    const size_t pkb = packed_ws_bytes();
+    mg_status ps = mg_dev_alloc(&m->pk, pkb, MODEL_NAME " packed-sequence workspace");
+    if (ps != MG_OK) { model_free(m); return ps; }
+    char *p = (char *)m->pk;
+    m->pk_u = (float *)(void *)p;        p += ws_bytes((size_t)MAX_TOKENS * IN_DIM, sizeof(float));
+    m->pk_out = (float *)(void *)p;      p += ws_bytes((size_t)MAX_TOKENS * D_MODEL, sizeof(float));
+    m->pk_start = (unsigned char *)p;    p += ws_bytes((size_t)MAX_TOKENS, 1);
+    m->pk_off = (int *)(void *)p;
+    m->ws_total += pkb;
     m->serial = next_serial++;
     const mg_status s = mg_handle_add(m, &model_kind_model);
     if (s != MG_OK) model_free(m);
@@ -252,6 +278,34 @@ mg_status model_decode_graph_launch(model_graph *g)
     if (!mg_handle_live(g->m, &model_kind_model) || g->m->serial != g->serial)
         return mg_fail(MG_ERR_STATE, "%s: the graph's model was destroyed (destroy the graph first)", fn);
     MG_CUDA(cudaGraphLaunch(g->exec, g->m->stream));
+    return MG_OK;
+}
+
+/* ---- Packed variable-length sequences (cu_seqlens; doc/math.md §9) ----
+ * Every check on the host (cu_seqlens is host memory) before any launch;
+ * then the states are zeroed, u is gathered into the padded batch
+ * [nseq][maxlen] with a start at each row's first real token, the arch's
+ * forward with that mask runs on the caller's states (batch nseq: the
+ * final states land in [n_layers][nseq][...]), and the real tokens' rows
+ * are scattered into out. */
+#include "mg_packed_host.h"
+
+mg_status model_prefill_packed(model_model *m, int nseq, const int32_t *cu_seqlens, const float *d_u,
+                               float *d_out, STATE_PARAMS)
+{
+    static const char fn[] = MODEL_NAME "_prefill_packed";
+    MODEL_LIVE(m, fn);
+    packed_shape ps = { 0, 0, 0 };
+    mg_status s = packed_check(fn, nseq, cu_seqlens, MODEL_MAX_BATCH, MODEL_MAX_SEQ_LEN, &ps);
+    if (s == MG_OK) s = CHECK_STATES(fn, ps.nseq, ps.maxlen, d_u, d_out, 0);
+    if (s != MG_OK) return s;
+    float *const sp[N_STATES] = { STATE_ARGS };
+    const size_t sf[N_STATES] = STATE_SIZES(ps.nseq);
+    s = packed_zero_states(sp, sf, N_STATES, m->stream);
+    if (s == MG_OK) s = packed_gather(&ps, cu_seqlens, m->pk_off, d_u, m->pk_u, IN_DIM, m->pk_start, m->stream);
+    if (s == MG_OK) s = FORWARD_STARTS(ps.nseq, ps.maxlen, m->pk_u, m->pk_out, m->pk_start);
+    if (s != MG_OK) return s;
+    MG_CUDA(MG_LAUNCH(unpack_rows)(m->pk_out, d_out, D_MODEL, m->pk_off, ps.nseq, ps.maxlen, m->stream));
     return MG_OK;
 }
 

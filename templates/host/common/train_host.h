@@ -10,7 +10,9 @@
  * scaler, scaling, scan_choice, gacc, accumulate) and the prototype of its
  * carve(); the arch's
  * NAME_train.c defines model_X / MODEL_X, MODEL_NAME, LOWP, ACT_SIZE and
- * MAX_TOKENS. Plain C11. */
+ * MAX_TOKENS; the struct also holds the packed-sequence fields (pk_u,
+ * pk_start, pk_off, pk_nseq, pk_maxlen, fwd_packed; carved by carve()).
+ * Plain C11. */
 
 static size_t ws_bytes(size_t elems, size_t elem_size)
 {
@@ -272,4 +274,49 @@ mg_status model_train_graph_set_params(model_train_graph *g, const model_adamw_p
     CHECK(train_graph_live(g, fn));
     CHECK(check_adamw(fn, p));
     return graph_write_params(g, p);
+}
+
+/* ---- Packed sequences in training (cu_seqlens; doc/math.md §9,
+ * mg_packed_host.h). forward_train_packed runs forward_train on the padded
+ * batch [nseq][maxlen] with the start mask of the packing (the trainer's
+ * own buffers: pk_u, pk_start, pk_off; the padded output in outbuf) and
+ * remembers the packing; the backward that follows gathers dout into the
+ * padded layout (zeros at the pads, in the trainer's dout buffer) and
+ * scatters du back. Any other forward_train forgets it. ---- */
+#include "mg_packed_host.h"
+
+/* Before the padded forward (arguments checked): the states zeroed, u and
+ * the start mask gathered. */
+static mg_status trainer_packed_pre(model_trainer *t, const packed_shape *ps, const int32_t *cu, const float *u,
+                                    float *const *sp, const size_t *sf, int n)
+{
+    t->have_fwd = 0;
+    t->fwd_packed = 0;
+    CHECK(packed_zero_states(sp, sf, n, t->stream));
+    return packed_gather(ps, cu, t->pk_off, u, t->pk_u, IN_DIM, t->pk_start, t->stream);
+}
+
+/* After it: the real tokens' outputs scattered into out, the packing kept. */
+static mg_status trainer_packed_post(model_trainer *t, const packed_shape *ps, float *out)
+{
+    MG_CUDA(MG_LAUNCH(unpack_rows)(t->outbuf, out, D_MODEL, t->pk_off, ps->nseq, ps->maxlen, t->stream));
+    t->pk_nseq = ps->nseq;
+    t->pk_maxlen = ps->maxlen;
+    t->fwd_packed = 1;
+    return MG_OK;
+}
+
+/* The backward of a packed forward: dout [total][D_MODEL] into the padded
+ * t->dout (pads 0); the caller runs the backward on it with du (if wanted)
+ * into pk_u, then trainer_packed_du scatters it. */
+static mg_status trainer_packed_dout(model_trainer *t, const float *dout)
+{
+    MG_CUDA(MG_LAUNCH(pack_rows)(dout, t->dout, D_MODEL, t->pk_off, t->pk_nseq, t->pk_maxlen, NULL, t->stream));
+    return MG_OK;
+}
+
+static mg_status trainer_packed_du(model_trainer *t, float *du)
+{
+    MG_CUDA(MG_LAUNCH(unpack_rows)(t->pk_u, du, IN_DIM, t->pk_off, t->pk_nseq, t->pk_maxlen, t->stream));
+    return MG_OK;
 }

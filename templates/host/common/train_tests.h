@@ -11,13 +11,16 @@
  * NO_STATES (NULL for every state argument of the library's calls),
  * NO_STATE0 (gpu_run's fresh start), MATRIX_SUFFIXES (the names of the
  * weights that are matrices), and for the training graph: NST, st_floats,
- * RAND_CALL, STATE_ARGS, CREATE_CHECKS_STATE, STATE_NAMES (part 2): the
+ * RAND_CALL, STATE_ARGS, CREATE_CHECKS_STATE, STATE_NAMES, and for packed
+ * sequences REF_TRAIN_PACKED (the reference's packed forward_ex and
+ * backward_ex from zero states) and CMP_FINAL_STATES (part 2): the
  * tests every arch runs word for word: AdamW vs a CPU implementation in
  * double (test_adamw), a NaN gradient skips the update (test_adamw_skip),
  * dynamic loss scaling (test_loss_scaling), gradient accumulation
  * (test_grad_accumulate), a few MSE training steps
  * (test_training), the training step as a CUDA Graph (test_train_graph),
- * AdamW's bad arguments (test_bad_adamw); and the steps of main around the
+ * AdamW's bad arguments (test_bad_adamw), packed sequences
+ * (test_train_packed); and the steps of main around the
  * arch's own tests (train_budget, train_start, test_grads_first,
  * test_grads_chunks, test_grads_pushed, train_end). The chunked-backward tests' call (chunked_call) is in part
  * 1. */
@@ -664,6 +667,138 @@ static void test_grad_accumulate(int B, int T, uint64_t seed)
 }
 
 /* The program defines this one after this part. */
+/* Packed sequences in training (doc/math.md §9): forward_train_packed +
+ * backward over lengths 1, chunk-1, chunk, chunk+1 and a long one (chunk =
+ * MODEL_SCAN_CHUNK) vs the reference's packed forward_ex / backward_ex
+ * (cu_seqlens, zero initial states): out and final states within FWD_TOL,
+ * every weight gradient and du within GRAD_TOL; vs forward_train + backward
+ * of each sequence alone (batch 1, zero states; weight gradients summed on
+ * the host): out within FWD_TOL, du and the gradients within GRAD_TOL.
+ * Then the refusals: a backward with initial-state gradients after a
+ * packed forward, and bad cu_seqlens (out and states untouched). */
+static void test_train_packed(uint64_t seed)
+{
+    const int C = MODEL_SCAN_CHUNK;
+    const int want[5] = { 1, C - 1, C, C + 1, 2 * C + 3 };
+    const int nseq = imin(5, MAX_BATCH);
+    int32_t cu[6] = { 0 };
+    for (int i = 0; i < nseq; ++i) cu[i + 1] = cu[i] + imax(1, imin(want[i], MAX_SEQ_LEN));
+    const int total = cu[nseq];
+    float *u = FALLOC(n_u(1, total)), *dy = FALLOC(n_out(1, total));
+    mg_tap_randn(u, n_u(1, total), seed, 1.0f);
+    mg_tap_randn(dy, n_out(1, total), seed + 1, 1.0f);
+    float *d_u = mg_tap_dalloc(n_u(1, total)), *d_out = mg_tap_dalloc(n_out(1, total));
+    float *d_dy = mg_tap_dalloc(n_out(1, total)), *d_g = mg_tap_dalloc(WFLOATS), *d_du = mg_tap_dalloc(n_u(1, total));
+    mg_tap_up(d_u, u, n_u(1, total));
+    mg_tap_up(d_dy, dy, n_out(1, total));
+    float *ds[NST] = { NULL }, *hs[NST] = { NULL };
+    double *rs[NST] = { NULL };
+    for (int i = 0; i < NST; ++i) {
+        ds[i] = mg_tap_dalloc(st_floats(i, nseq));
+        hs[i] = FALLOC(st_floats(i, nseq));
+        rs[i] = DALLOC_H(st_floats(i, nseq));   /* zero initial states */
+        mg_tap_randn(hs[i], st_floats(i, nseq), seed + 5 + (uint64_t)i, 1.0f);   /* ignored by the call */
+        mg_tap_up(ds[i], hs[i], st_floats(i, nseq));
+    }
+    double *rout = DALLOC_H(n_out(1, total)), *rg = DALLOC_H(WFLOATS), *rdu = DALLOC_H(n_u(1, total));
+    const mg_ref_seqs o = { NULL, cu, nseq, nseq };
+    REF_TRAIN_PACKED(total, u, dy, rout, rs, rg, rdu, &o);
+    float *out = FALLOC(n_out(1, total)), *g = FALLOC(WFLOATS), *gu = FALLOC(n_u(1, total));
+    mg_status s = model_forward_train_packed(tr, d_blob, nseq, cu, d_u, d_out, STATE_ARGS(ds));
+    if (s == MG_OK) s = model_backward(tr, d_dy, d_g, d_du, NO_STATES);
+    char what[240];
+    if (!mg_tap_ok(s == MG_OK, "forward_train_packed + backward (%d sequences, %d tokens) run", nseq, total)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    } else {
+        mg_tap_down(out, d_out, n_out(1, total));
+        mg_tap_down(g, d_g, WFLOATS);
+        mg_tap_down(gu, d_du, n_u(1, total));
+        for (int i = 0; i < NST; ++i) mg_tap_down(hs[i], ds[i], st_floats(i, nseq));
+#define WHAT(x) (snprintf(what, sizeof what, "packed (%d sequences) vs reference _ex (cu_seqlens): %s", nseq, (x)), what)
+        cmp_ref(WHAT("forward_train out"), out, rout, n_out(1, total), FWD_TOL);
+        CMP_FINAL_STATES(WHAT("forward_train"), nseq, hs, rs);
+        for (int i = 0; i < n_tens; ++i) {
+            char nm[120];
+            snprintf(nm, sizeof nm, "grad %s", tens[i].name);
+            cmp_ref(WHAT(nm), g + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
+        }
+        cmp_ref(WHAT("du"), gu, rdu, n_u(1, total), GRAD_TOL);
+#undef WHAT
+        /* each sequence alone: forward_train + backward at batch 1 from zero states */
+        double *sg = DALLOC_H(WFLOATS), *sout = DALLOC_H(n_out(1, total)), *sdu = DALLOC_H(n_u(1, total));
+        float *g1 = FALLOC(WFLOATS), *o1 = FALLOC(n_out(1, total)), *u1 = FALLOC(n_u(1, total));
+        mg_status s1 = MG_OK;
+        for (int q = 0; q < nseq && s1 == MG_OK; ++q) {
+            const int len = cu[q + 1] - cu[q];
+            /* its own buffers: every pointer 16-byte aligned whatever IN_DIM is */
+            float *a_u = mg_tap_dalloc(n_u(1, len)), *a_o = mg_tap_dalloc(n_out(1, len));
+            float *a_dy = mg_tap_dalloc(n_out(1, len)), *a_du = mg_tap_dalloc(n_u(1, len));
+            mg_tap_up(a_u, u + n_u(1, cu[q]), n_u(1, len));
+            mg_tap_up(a_dy, dy + n_out(1, cu[q]), n_out(1, len));
+            s1 = model_forward_train(tr, d_blob, 1, len, a_u, a_o, NO_STATES);
+            if (s1 == MG_OK) s1 = model_backward(tr, a_dy, d_g, a_du, NO_STATES);
+            if (s1 == MG_OK) {
+                mg_tap_down(g1, d_g, WFLOATS);
+                for (size_t j = 0; j < WFLOATS; ++j) sg[j] += g1[j];
+                mg_tap_down(o1 + n_out(1, cu[q]), a_o, n_out(1, len));
+                mg_tap_down(u1 + n_u(1, cu[q]), a_du, n_u(1, len));
+            }
+            mg_dev_free(a_u); mg_dev_free(a_o); mg_dev_free(a_dy); mg_dev_free(a_du);
+        }
+        if (mg_tap_ok(s1 == MG_OK, "forward_train + backward of each packed sequence alone run")) {
+            for (size_t j = 0; j < n_out(1, total); ++j) sout[j] = o1[j];
+            for (size_t j = 0; j < n_u(1, total); ++j) sdu[j] = u1[j];
+#define WHAT(x) (snprintf(what, sizeof what, "packed (%d sequences) vs each sequence alone: %s", nseq, (x)), what)
+            cmp_ref(WHAT("forward_train out (within FWD_TOL)"), out, sout, n_out(1, total), FWD_TOL);
+            cmp_ref(WHAT("du (within GRAD_TOL)"), gu, sdu, n_u(1, total), GRAD_TOL);
+            cmp_ref(WHAT("weight gradients, summed over the sequences (within GRAD_TOL)"), g, sg, WFLOATS, GRAD_TOL);
+#undef WHAT
+        } else {
+            mg_tap_diag("%s: %s", mg_status_name(s1), mg_last_error());
+        }
+        free(sg); free(sout); free(sdu); free(g1); free(o1); free(u1);
+    }
+    /* refusals: initial-state gradients after a packed forward; bad cu_seqlens, nothing written */
+    s = model_forward_train_packed(tr, d_blob, nseq, cu, d_u, d_out, STATE_ARGS(ds));
+    if (s != MG_OK) mg_tap_bail("forward_train_packed");
+    mg_tap_expect_status(model_backward(tr, d_dy, d_g, d_du, STATE_ARGS(ds)), MG_ERR_INVALID_ARG,
+                         "backward after forward_train_packed refuses initial-state gradients");
+    if (cudaDeviceSynchronize() != cudaSuccess) mg_tap_bail("cudaDeviceSynchronize");
+    for (size_t j = 0; j < n_out(1, total); ++j) out[j] = -99.5f;
+    mg_tap_up(d_out, out, n_out(1, total));
+    for (int i = 0; i < NST; ++i) mg_tap_down(hs[i], ds[i], st_floats(i, nseq));
+    static const struct { const char *what; int nseq; int32_t v[3]; } bad[] = {
+        { "nseq = 0", 0, { 0, 1, 0 } },
+        { "cu_seqlens[0] = 2", 1, { 2, 3, 0 } },
+        { "an empty sequence", 2, { 0, 1, 1 } },
+        { "a sequence longer than MAX_SEQ_LEN", 1, { 0, MAX_SEQ_LEN + 1, 0 } },
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; ++k) {
+        snprintf(what, sizeof what, "forward_train_packed refuses %s", bad[k].what);
+        mg_tap_expect_status(model_forward_train_packed(tr, d_blob, bad[k].nseq, bad[k].v, d_u, d_out, STATE_ARGS(ds)),
+                             MG_ERR_INVALID_ARG, what);
+    }
+    mg_tap_expect_status(model_forward_train_packed(tr, d_blob, 1, NULL, d_u, d_out, STATE_ARGS(ds)),
+                         MG_ERR_INVALID_ARG, "forward_train_packed refuses cu_seqlens NULL");
+    mg_tap_expect_status(model_forward_train_packed(NULL, d_blob, nseq, cu, d_u, d_out, STATE_ARGS(ds)),
+                         MG_ERR_INVALID_ARG, "forward_train_packed refuses a NULL trainer");
+    if (cudaDeviceSynchronize() != cudaSuccess) mg_tap_bail("cudaDeviceSynchronize");
+    float *chk = FALLOC(n_out(1, total));
+    mg_tap_down(chk, d_out, n_out(1, total));
+    int same = memcmp(chk, out, n_out(1, total) * sizeof(float)) == 0;
+    free(chk);
+    for (int i = 0; i < NST; ++i) {
+        float *x = FALLOC(st_floats(i, nseq));
+        mg_tap_down(x, ds[i], st_floats(i, nseq));
+        same &= memcmp(x, hs[i], st_floats(i, nseq) * sizeof(float)) == 0;
+        free(x);
+    }
+    mg_tap_ok(same, "forward_train_packed's refused calls wrote nothing (out and states unchanged)");
+    for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); free(rs[i]); }
+    mg_dev_free(d_u); mg_dev_free(d_out); mg_dev_free(d_dy); mg_dev_free(d_g); mg_dev_free(d_du);
+    free(u); free(dy); free(out); free(g); free(gu); free(rout); free(rg); free(rdu);
+}
+
 static void test_bad_calls(void);
 
 /* main's last tests (ba: the batch of the first gradient check), once the

@@ -28,8 +28,14 @@ struct model_model {
     void *wa;           /* low-precision copy of the blob (act elements, blob offsets); NULL for f32 */
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
     unsigned long long serial;   /* unique per model of the process (decode graphs check it) */
-    size_t ws_total;    /* device bytes held: ws (+ wa) */
+    size_t ws_total;    /* device bytes held: ws (+ wa) + pk */
     int sms;            /* multiprocessors of the device (scan.mode auto picks the scan with it) */
+    /* packed sequences (mg_model_host.h): one allocation pk holding the
+     * padded input and output, the start mask and the offsets */
+    void *pk;
+    float *pk_u, *pk_out;
+    unsigned char *pk_start;
+    int *pk_off;
 };
 
 /* The arch's checks and forward, for the common part (mg_model_host.h). */
@@ -43,6 +49,13 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
 #define NO_STATES NULL, NULL
 #define CHECK_STATES(fn, batch, seqlen, u, out, required) \
     check_call(m, fn, batch, seqlen, u, out, d_conv_state, d_ssm_state, required)
+static mg_status forward_starts(model_model *m, int batch, int seqlen, const float *u, float *out,
+                                float *cs, float *ss, int last_only, int decode, const unsigned char *reset,
+                                const unsigned char *start);
+#define N_STATES 2
+#define STATE_SIZES(batch) { model_conv_state_floats(batch), model_ssm_state_floats(batch) }
+#define FORWARD_STARTS(batch, seqlen, u, out, start) \
+    forward_starts(m, batch, seqlen, u, out, d_conv_state, d_ssm_state, 0, 0, NULL, start)
 #include "mg_model_host.h"
 
 mg_status model_create(model_model **out, cudaStream_t stream)

@@ -162,6 +162,19 @@ static size_t st_floats(int i, int batch)
 }
 #define NO_STATES NULL, NULL
 #define DEV_STATES(st) st[0], st[1]
+#define REF_FWD_EX(T, u, out, st, o) mg_ref_mamba1_forward_ex(&dims, &lay, blob, 1, T, u, out, st[0], st[1], o)
+/* Host states got against the reference's (ref) or another run's (gpu). */
+static void cmp_states_any(const char *prefix, int batch, float *const got[], double *const ref[], float *const gpu[])
+{
+    static const char *const name[NST] = { "conv_state", "ssm_state" };
+    char what[256];
+    for (int i = 0; i < NST; ++i) {
+        snprintf(what, sizeof what, "%s: %s", prefix, name[i]);
+        if (ref) cmp_ref(what, got[i], ref[i], st_floats(i, batch));
+        else cmp_gpu(what, got[i], gpu[i], st_floats(i, batch));
+    }
+}
+#define CMP_STATES_ANY(prefix, batch, got, ref, gpu) cmp_states_any(prefix, batch, got, ref, gpu)
 #define SELFCHECK_DIAG(T, r)                                                                                        \
     mg_tap_diag("selfcheck b=1 T=%d: out rel_l2=%.3e, conv_state rel_l2=%.3e, ssm_state rel_l2=%.3e", T,           \
                 r.out.rel_l2, r.conv_state.rel_l2, r.ssm_state.rel_l2)
@@ -1192,6 +1205,8 @@ int main(void)
         test_starts_decode(bs, imin(MAX_SEQ_LEN, SCAN_TCHUNK + 6), 1004);
         test_starts_split(bs, imin(MAX_SEQ_LEN, 2 * SCAN_CHUNK + 9), 1005);
         test_starts_bad_calls();
+        test_packed(1006);
+        test_packed_bad_calls();
     }
 
     /* The library's own self-check. */

@@ -49,6 +49,12 @@ struct model_trainer {
     int hold_scale;                /* backward leaves the scale as it is (graph warm-up) */
     model_adamw_params *hp;   /* the hyperparameters of the last eager AdamW step (device) */
     float *coef;                   /* its derived factors: decay, step size, sqrt(bc2) (device) */
+    /* packed sequences (forward_train_packed; mg_train_host.h) */
+    float *pk_u;                   /* [MAX_TOKENS][IN_DIM] padded u, then padded du */
+    unsigned char *pk_start;       /* [MAX_TOKENS] the packing's start mask */
+    int *pk_off;                   /* [MAX_BATCH + 1] cu_seqlens on the device */
+    int pk_nseq, pk_maxlen;        /* the packing of the last forward */
+    int fwd_packed;                /* the last forward_train was packed */
 };
 
 /* Sizes (p == NULL) or carves (p != NULL) the workspace; below. */
@@ -68,6 +74,9 @@ static size_t carve(model_trainer *t, char *p)
     TAKE(ckpt, float *, L * MB * MAX_CKPTS * E * D_STATE, 4);
     TAKE(cs0, float *, L * MB * CS_PER_SEQ, 4);
     TAKE(u, float *, HAS_INPUT_PROJ ? MT * IN_DIM : 1, 4);
+    TAKE(pk_u, float *, MT * IN_DIM, 4);
+    TAKE(pk_start, unsigned char *, MT, 1);
+    TAKE(pk_off, int *, MB + 1, 4);
     TAKE(hn, char *, L * MT * D_MODEL, ACT_SIZE);
     TAKE(xz, char *, L * MT * XZ_DIM, ACT_SIZE);
     TAKE(xc, char *, L * MT * E, ACT_SIZE);
@@ -197,6 +206,7 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
     const cudaStream_t st = t->stream;
     const size_t E = D_INNER;
     t->have_fwd = 0;
+    t->fwd_packed = 0;
     t->w = w;
     t->batch = batch;
     t->seqlen = seqlen;
@@ -261,6 +271,29 @@ mg_status model_forward_train(model_trainer *t, const float *d_weights, int batc
     CHECK(check_forward(fn, d_weights, batch, seqlen, d_u, d_conv_state, d_ssm_state));
     CHECK(need_ptr(fn, d_out, "out", 1));
     return forward_train(t, d_weights, batch, seqlen, d_u, d_out, d_conv_state, d_ssm_state);
+}
+
+/* Packed sequences (mg_train_host.h): the padded batch's forward with the
+ * packing's start mask in place of the trainer's own (set_starts' mask is
+ * kept for the next plain forward). */
+mg_status model_forward_train_packed(model_trainer *t, const float *d_weights, int nseq, const int32_t *cu_seqlens,
+                                     const float *d_u, float *d_out, float *d_conv_state, float *d_ssm_state)
+{
+    static const char fn[] = MODEL_NAME "_forward_train_packed";
+    TRAINER_LIVE(t, fn);
+    packed_shape ps = { 0, 0, 0 };
+    CHECK(packed_check(fn, nseq, cu_seqlens, MAX_BATCH, MAX_SEQ_LEN, &ps));
+    CHECK(check_forward(fn, d_weights, ps.nseq, ps.maxlen, d_u, d_conv_state, d_ssm_state));
+    CHECK(need_ptr(fn, d_out, "out", 1));
+    float *const sp[2] = { d_conv_state, d_ssm_state };
+    const size_t sf[2] = { (size_t)N_LAYERS * ps.nseq * CS_PER_SEQ, (size_t)N_LAYERS * ps.nseq * SS_PER_SEQ };
+    CHECK(trainer_packed_pre(t, &ps, cu_seqlens, d_u, sp, sf, 2));
+    const unsigned char *const own = t->start;
+    t->start = t->pk_start;
+    const mg_status s = forward_train(t, d_weights, ps.nseq, ps.maxlen, t->pk_u, t->outbuf, d_conv_state, d_ssm_state);
+    t->start = own;
+    CHECK(s);
+    return trainer_packed_post(t, &ps, d_out);
 }
 
 static mg_status backward(model_trainer *t, const float *dout, float *gr, float *du, float *dcs, float *dss)
@@ -383,6 +416,15 @@ mg_status model_backward(model_trainer *t, const float *d_dout, float *d_grads,
     CHECK(need_ptr(fn, d_du, "du", 0));
     CHECK(need_ptr(fn, d_dconv_state, "dconv_state", 0));
     CHECK(need_ptr(fn, d_dssm_state, "dssm_state", 0));
+    if (t->fwd_packed) {
+        /* a packed forward: its sequences started from zero states */
+        if (d_dconv_state || d_dssm_state)
+            return mg_fail(MG_ERR_INVALID_ARG, "%s: the forward was " MODEL_NAME "_forward_train_packed, whose "
+                           "sequences start from zero states: dconv_state and dssm_state must be NULL", fn);
+        CHECK(trainer_packed_dout(t, d_dout));
+        CHECK(backward(t, t->dout, d_grads, d_du ? t->pk_u : NULL, NULL, NULL));
+        return d_du ? trainer_packed_du(t, d_du) : MG_OK;
+    }
     return backward(t, d_dout, d_grads, d_du, d_dconv_state, d_dssm_state);
 }
 

@@ -602,6 +602,30 @@ static size_t st_floats(int i, int B) { return i == 0 ? model_conv_state_floats(
 #define STATE_ARGS(a) (a)[0], (a)[1]
 #define CREATE_CHECKS_STATE(i) ((i) == 1)
 #define STATE_NAMES "conv / ssm"
+/* the reference's packed call from zero states: out and final states
+ * (forward_ex), weight gradients and du (backward_ex) */
+static void ref_train_packed(int T, const float *u, const float *dy, double *out, double *const st[NST], double *g,
+                             double *du, const mg_ref_seqs *o)
+{
+    double *rdy = DALLOC_H(n_out(1, T));
+    for (size_t i = 0; i < n_out(1, T); ++i) rdy[i] = dy[i];
+    if (mg_ref_mamba1_forward_ex(&dims, &lay, blob, 1, T, u, out, st[0], st[1], o) != MG_OK)
+        mg_tap_bail("reference forward_ex (packed)");
+    if (mg_ref_mamba1_backward_ex(&dims, &lay, blob, 1, T, u, NULL, NULL, rdy, g, du, NULL, NULL, o) != MG_OK)
+        mg_tap_bail("reference backward_ex (packed)");
+    free(rdy);
+}
+#define REF_TRAIN_PACKED ref_train_packed
+static void cmp_final_states(const char *prefix, int B, float *const got[NST], double *const ref[NST])
+{
+    static const char *const name[NST] = { "conv_state", "ssm_state" };
+    char what[300];
+    for (int i = 0; i < NST; ++i) {
+        snprintf(what, sizeof what, "%s: final %s", prefix, name[i]);
+        cmp_ref(what, got[i], ref[i], st_floats(i, B), FWD_TOL);
+    }
+}
+#define CMP_FINAL_STATES(prefix, B, got, ref) cmp_final_states(prefix, B, got, ref)
 
 /* ---------------------------------------------------------------- AdamW */
 #include "train_tests.h"   /* part 2: AdamW, training, the training graph, main's first and last steps */
@@ -711,6 +735,7 @@ int main(void)
     /* Episode starts in training (trainer_set_starts). */
     test_starts(budget);
 
+    test_train_packed(1100);
     train_end(ba);   /* AdamW, training, the training graph, bad calls */
     mg_ref_mamba1_layout_free(&lay);
     return mg_tap_done();

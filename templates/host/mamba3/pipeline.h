@@ -38,7 +38,13 @@ struct model_model {
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
     unsigned long long serial;   /* unique per model of the process (decode graphs check it) */
     int sms;            /* SMs of the device at create (the fused scan's segments) */
-    size_t ws_total;    /* device bytes held: ws + wa + split_ws (+ split_old) */
+    size_t ws_total;    /* device bytes held: ws + wa + split_ws (+ split_old) + pk */
+    /* packed sequences (mg_model_host.h): one allocation pk holding the
+     * padded input and output, the start mask and the offsets */
+    void *pk;
+    float *pk_u, *pk_out;
+    unsigned char *pk_start;
+    int *pk_off;
 };
 
 /* The unfused buffers for a scan choice (below; model_set_scan calls it
@@ -59,6 +65,14 @@ static mg_status forward(model_model *m, int batch, int seqlen, const float *u, 
 #define NO_STATES NULL, NULL, NULL, NULL
 #define CHECK_STATES(fn, batch, seqlen, u, out, required) \
     check_call(m, fn, batch, seqlen, u, out, (const float *const[4]){ STATE_ARGS }, required)
+static mg_status forward_ex(model_model *m, int batch, int seqlen, const float *u, float *out,
+                            float *ssm, float *kp, float *vp, float *ang, int last_only, int decode,
+                            const unsigned char *reset, const unsigned char *start);
+#define N_STATES 4
+#define STATE_SIZES(batch) { model_ssm_state_floats(batch), model_k_prev_state_floats(batch), \
+                             model_v_prev_state_floats(batch), model_angle_state_floats(batch) }
+#define FORWARD_STARTS(batch, seqlen, u, out, start) \
+    forward_ex(m, batch, seqlen, u, out, STATE_ARGS, 0, 0, NULL, start)
 #include "mg_model_host.h"
 
 /* Tokens the unfused buffers need for a scan choice: every token of a call

@@ -216,6 +216,22 @@ static void cmp_ref_prefill(const char *what_case, int batch, int T, const float
 #define REF(x) mg_ref_mamba3_##x
 #define NO_STATES NULL, NULL, NULL, NULL
 #define DEV_STATES(st) st[0], st[1], st[2], st[3]
+#define REF_FWD_EX(T, u, out, st, o) \
+    mg_ref_mamba3_forward_ex(&dims, &lay, blob, 1, T, u, out, st[0], st[1], st[2], st[3], o)
+/* Host states got against the reference's (ref) or another run's (gpu),
+ * frame-invariant as cmp_states_tol. */
+static void cmp_states_any(const char *prefix, int batch, float *const got[], double *const ref[], float *const gpu[])
+{
+    char what[256];
+    mg_err e[NST];
+    mg_ref_mamba3_compare_states(&dims, batch, (const float *const *)got, (const double *const *)ref,
+                                 (const float *const *)gpu, e);
+    for (int i = 0; i < NST; ++i) {
+        snprintf(what, sizeof what, "%s: %s", prefix, st_name[i]);
+        report_tol(what, &e[i], TOL);
+    }
+}
+#define CMP_STATES_ANY(prefix, batch, got, ref, gpu) cmp_states_any(prefix, batch, got, ref, gpu)
 #define SELFCHECK_DIAG(T, r)                                                                                        \
     mg_tap_diag("selfcheck b=1 T=%d: out rel_l2=%.3e, ssm %.3e, k_prev %.3e, v_prev %.3e, angle %.3e", T,          \
                 r.out.rel_l2, r.ssm.rel_l2, r.k_prev.rel_l2, r.v_prev.rel_l2, r.angle.rel_l2)
@@ -1060,6 +1076,8 @@ int main(void)
     test_starts_path("sequential scan", budget, 960);
 #endif
     test_starts_bad_calls();
+    test_packed(1006);
+    test_packed_bad_calls();
 
     /* Weights out of the init range (REF(push_ranges): softplus's argument
      * above its threshold, and Mamba-3's a_floor clamp binding): out and

@@ -57,6 +57,12 @@ struct model_trainer {
     int fwd_chunked;               /* the last forward_train ran the chunked SSM (its checkpoints) */
     const unsigned char *start;    /* episode-start mask of the next forward_train (device, NULL: none) */
     const unsigned char *fwd_start;   /* the mask the last forward_train ran with (its backward's) */
+    /* packed sequences (forward_train_packed; mg_train_host.h) */
+    float *pk_u;                   /* [MAX_TOKENS][IN_DIM] padded u, then padded du */
+    unsigned char *pk_start;       /* [MAX_TOKENS] the packing's start mask */
+    int *pk_off;                   /* [MAX_BATCH + 1] cu_seqlens on the device */
+    int pk_nseq, pk_maxlen;        /* the packing of the last forward */
+    int fwd_packed;                /* the last forward_train was packed */
 };
 
 /* Sizes (p == NULL) or carves (p != NULL) the workspace; below. */
@@ -79,6 +85,9 @@ static size_t carve(model_trainer *t, char *p)
     TAKE(vp0, float *, L * MB * VPREV_PER_SEQ, 4);
     TAKE(ang0, float *, L * MB * ANGLE_PER_SEQ, 4);
     TAKE(u, float *, HAS_INPUT_PROJ ? MT * IN_DIM : 1, 4);
+    TAKE(pk_u, float *, MT * IN_DIM, 4);
+    TAKE(pk_start, unsigned char *, MT, 1);
+    TAKE(pk_off, int *, MB + 1, 4);
     TAKE(hn, char *, L * MT * D_MODEL, ACT_SIZE);
     TAKE(proj, char *, L * MT * NP_DIM, ACT_SIZE);
     TAKE(dt, float *, MT * H, 4);
@@ -198,6 +207,7 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
     const cudaStream_t st = t->stream;
     const size_t E = D_INNER, MB = MAX_BATCH;
     t->have_fwd = 0;
+    t->fwd_packed = 0;
     t->w = w;
     t->batch = batch;
     t->seqlen = seqlen;
@@ -288,6 +298,32 @@ mg_status model_forward_train(model_trainer *t, const float *d_weights, int batc
     CHECK(need_ptr(fn, d_out, "out", 1));
     CHECK(check_forward(fn, d_weights, batch, seqlen, d_u, d_ssm, d_k_prev, d_v_prev, d_angle));
     return forward_train(t, d_weights, batch, seqlen, d_u, d_out, d_ssm, d_k_prev, d_v_prev, d_angle);
+}
+
+/* Packed sequences (mg_train_host.h): the padded batch's forward with the
+ * packing's start mask in place of the trainer's own (set_starts' mask is
+ * kept for the next plain forward). */
+mg_status model_forward_train_packed(model_trainer *t, const float *d_weights, int nseq, const int32_t *cu_seqlens,
+                                     const float *d_u, float *d_out,
+                                     float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
+{
+    static const char fn[] = MODEL_NAME "_forward_train_packed";
+    TRAINER_LIVE(t, fn);
+    packed_shape ps = { 0, 0, 0 };
+    CHECK(packed_check(fn, nseq, cu_seqlens, MAX_BATCH, MAX_SEQ_LEN, &ps));
+    CHECK(need_ptr(fn, d_out, "out", 1));
+    CHECK(check_forward(fn, d_weights, ps.nseq, ps.maxlen, d_u, d_ssm, d_k_prev, d_v_prev, d_angle));
+    float *const sp[4] = { d_ssm, d_k_prev, d_v_prev, d_angle };
+    const size_t nl = (size_t)N_LAYERS * ps.nseq;
+    const size_t sf[4] = { nl * SSM_PER_SEQ, nl * KPREV_PER_SEQ, nl * VPREV_PER_SEQ, nl * ANGLE_PER_SEQ };
+    CHECK(trainer_packed_pre(t, &ps, cu_seqlens, d_u, sp, sf, 4));
+    const unsigned char *const own = t->start;
+    t->start = t->pk_start;
+    const mg_status s = forward_train(t, d_weights, ps.nseq, ps.maxlen, t->pk_u, t->outbuf, d_ssm, d_k_prev,
+                                      d_v_prev, d_angle);
+    t->start = own;
+    CHECK(s);
+    return trainer_packed_post(t, &ps, d_out);
 }
 
 /* The checks of a forward over [batch][seqlen] with optional states. */
@@ -458,6 +494,15 @@ mg_status model_backward(model_trainer *t, const float *d_dout, float *d_grads, 
     CHECK(need_ptr(fn, d_dk_prev, "dk_prev", 0));
     CHECK(need_ptr(fn, d_dv_prev, "dv_prev", 0));
     CHECK(need_ptr(fn, d_dangle, "dangle", 0));
+    if (t->fwd_packed) {
+        /* a packed forward: its sequences started from zero states */
+        if (d_dssm || d_dk_prev || d_dv_prev || d_dangle)
+            return mg_fail(MG_ERR_INVALID_ARG, "%s: the forward was " MODEL_NAME "_forward_train_packed, whose "
+                           "sequences start from zero states: dssm, dk_prev, dv_prev and dangle must be NULL", fn);
+        CHECK(trainer_packed_dout(t, d_dout));
+        CHECK(backward(t, t->dout, d_grads, d_du ? t->pk_u : NULL, NULL, NULL, NULL, NULL));
+        return d_du ? trainer_packed_du(t, d_du) : MG_OK;
+    }
     return backward(t, d_dout, d_grads, d_du, d_dssm, d_dk_prev, d_dv_prev, d_dangle);
 }
 

@@ -435,6 +435,22 @@ static void test_spec_dispatch(int B, int T, uint64_t seed)
 #define STATE_ARGS(a) (a)[0], (a)[1], (a)[2], (a)[3]
 #define CREATE_CHECKS_STATE(i) 1
 #define STATE_NAMES "ssm / k_prev / v_prev / angle"
+/* the reference's packed call from zero states: out and final states
+ * (forward_ex), weight gradients and du (backward_ex) */
+static void ref_train_packed(int T, const float *u, const float *dy, double *out, double *const st[NST], double *g,
+                             double *du, const mg_ref_seqs *o)
+{
+    double *rdy = DALLOC_H(n_out(1, T));
+    for (size_t i = 0; i < n_out(1, T); ++i) rdy[i] = dy[i];
+    if (mg_ref_mamba3_forward_ex(&dims, &lay, blob, 1, T, u, out, st[0], st[1], st[2], st[3], o) != MG_OK)
+        mg_tap_bail("reference forward_ex (packed)");
+    if (mg_ref_mamba3_backward_ex(&dims, &lay, blob, 1, T, u, NULL, NULL, NULL, NULL, rdy, NULL, NULL, NULL, NULL,
+                                  NULL, g, du, NULL, NULL, NULL, NULL, o) != MG_OK)
+        mg_tap_bail("reference backward_ex (packed)");
+    free(rdy);
+}
+#define REF_TRAIN_PACKED ref_train_packed
+#define CMP_FINAL_STATES(prefix, B, got, ref) cmp_final_states(prefix, B, got, ref, NULL, FWD_TOL)
 
 /* ---------------------------------------------------------------- AdamW */
 #include "train_tests.h"   /* part 2: AdamW, training, the training graph, main's first and last steps */
@@ -726,6 +742,7 @@ int main(void)
      * threshold, and the a_floor clamp binding): every gradient vs the reference. */
     test_grads_pushed(ba, imin(ta, imin(MAX_SEQ_LEN, CKPT + 5)), 4711);
 
+    test_train_packed(1100);
     train_end(ba);   /* AdamW, training, the training graph, bad calls */
     mg_ref_mamba3_layout_free(&lay);
     return mg_tap_done();
