@@ -20,7 +20,8 @@
  *   FORWARD_STARTS(batch, seqlen, u, out, start)
  *                      its prefill forward with a start mask, on STATE_ARGS
  * and its struct model_model holds pk, pk_u, pk_out, pk_start, pk_off (the
- * packed workspace, allocated here at create).
+ * packed workspace, allocated here by the first packed call: models that
+ * never pack do not pay for it).
  * The names model_X / MODEL_X, MODEL_NAME, MODEL_UPPER, SCAN_SPEC_WHY,
  * HAS_CHUNKED, LOWP and GRAPH_CAPTURE_MODE come from NAME.c. Plain C11. */
 
@@ -78,20 +79,28 @@ static size_t packed_ws_bytes(void)
          + ws_bytes((size_t)MAX_TOKENS, 1) + ws_bytes((size_t)MODEL_MAX_BATCH + 1, sizeof(int));
 }
 
-/* The last step of create: the packed workspace, then m gets its serial and
- * enters the registry (on failure it is freed). */
-static mg_status model_register(model_model *m)
+/* The packed workspace of m, allocated by its first packed call (then
+ * counted in workspace_bytes); nothing to do after that. */
+static mg_status packed_ws(model_model *m)
 {
-    static _Atomic unsigned long long next_serial = 1;
+    if (m->pk) return MG_OK;
     const size_t pkb = packed_ws_bytes();
-    mg_status ps = mg_dev_alloc(&m->pk, pkb, MODEL_NAME " packed-sequence workspace");
-    if (ps != MG_OK) { model_free(m); return ps; }
+    const mg_status s = mg_dev_alloc(&m->pk, pkb, MODEL_NAME " packed-sequence workspace");
+    if (s != MG_OK) return s;
     char *p = (char *)m->pk;
     m->pk_u = (float *)(void *)p;        p += ws_bytes((size_t)MAX_TOKENS * IN_DIM, sizeof(float));
     m->pk_out = (float *)(void *)p;      p += ws_bytes((size_t)MAX_TOKENS * D_MODEL, sizeof(float));
     m->pk_start = (unsigned char *)p;    p += ws_bytes((size_t)MAX_TOKENS, 1);
     m->pk_off = (int *)(void *)p;
     m->ws_total += pkb;
+    return MG_OK;
+}
+
+/* The last step of create: m gets its serial and enters the registry (on
+ * failure it is freed). */
+static mg_status model_register(model_model *m)
+{
+    static _Atomic unsigned long long next_serial = 1;
     m->serial = next_serial++;
     const mg_status s = mg_handle_add(m, &model_kind_model);
     if (s != MG_OK) model_free(m);
@@ -298,6 +307,7 @@ mg_status model_prefill_packed(model_model *m, int nseq, const int32_t *cu_seqle
     packed_shape ps = { 0, 0, 0 };
     mg_status s = packed_check(fn, nseq, cu_seqlens, MODEL_MAX_BATCH, MODEL_MAX_SEQ_LEN, &ps);
     if (s == MG_OK) s = CHECK_STATES(fn, ps.nseq, ps.maxlen, d_u, d_out, 0);
+    if (s == MG_OK) s = packed_ws(m);   /* the first packed call of this model allocates it */
     if (s != MG_OK) return s;
     float *const sp[N_STATES] = { STATE_ARGS };
     const size_t sf[N_STATES] = STATE_SIZES(ps.nseq);
