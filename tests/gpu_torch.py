@@ -326,6 +326,28 @@ if M.HAS_TRAINING:
         return ok, "out rel %.3g, |du| before the start %.3g, |d state0| of stream 0 %.3g" % (e, cut, s0g)
 
 
+@test("prefill_packed: each sequence's out and final state == prefill of that sequence alone; bad offsets refused")
+def _():
+    lens = [1, 5, T][:min(3, M.MAX_BATCH)]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    x = torch.randn(cu[-1], M.IN_DIM, device=dev)
+    out, st = model.prefill_packed(x, cu)
+    worst = 0.0
+    for i, n in enumerate(lens):
+        o1, s1 = model.prefill(x[cu[i]:cu[i + 1]].unsqueeze(0).contiguous())
+        worst = max(worst, rel(out[cu[i]:cu[i + 1]], o1[0]))
+        si = M.State(1, dev, [t[:, i:i + 1].contiguous() for t in st.tensors()])
+        worst = max(worst, state_rel(si, s1))
+    bad = [raises(lambda: model.prefill_packed(x, [1] + cu[1:]), M.LibraryError, "cu_seqlens"),
+           raises(lambda: model.prefill_packed(x, cu[:-1] + [cu[-1] + 1]), ValueError, "rows")]
+    if len(lens) > 1:
+        bad.append(raises(lambda: model.prefill_packed(x, [0, 0] + cu[2:]), M.LibraryError, "cu_seqlens"))  # empty
+    ok = worst < TOL and all(b[0] for b in bad)
+    return ok, "worst rel %.3g; %s" % (worst, "; ".join(b[1] for b in bad))
+
+
 @test("calls run on the current stream: prefill on a side stream == on the default stream")
 def _():
     s = torch.cuda.Stream()

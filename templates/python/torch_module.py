@@ -74,6 +74,7 @@ _API = {
     "burn_in": (_I, (_P, _I, _I, _P, _P) + _STATES),
     "prefill_starts": (_I, (_P, _I, _I, _P, _P) + _STATES + (_P,)),
     "burn_in_starts": (_I, (_P, _I, _I, _P, _P) + _STATES + (_P,)),
+    "prefill_packed": (_I, (_P, _I, _P, _P, _P) + _STATES),
     "decode_graph_create": (_I, (_P, _I, _P, _P) + _STATES + (ctypes.POINTER(_P),)),
     "decode_step_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P,)),
     "decode_graph_create_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P, ctypes.POINTER(_P))),
@@ -705,6 +706,34 @@ class Model(torch.nn.Module):
                 _check_starts(starts, "prefill: starts", batch, seqlen, self.device)
                 self._lib.call("prefill_starts", self._model_on_stream(), batch, seqlen, u.data_ptr(),
                                out.data_ptr(), *state._ptrs(), starts.data_ptr())
+        return out, state
+
+    @torch.no_grad()
+    def prefill_packed(self, u, cu_seqlens):
+        """Packed variable-length sequences (NAME_prefill_packed): u
+        [total][IN_DIM] holds nseq sequences one after another, sequence i
+        being rows cu_seqlens[i] .. cu_seqlens[i+1] (a list or CPU integer
+        tensor of nseq + 1 offsets from 0, strictly increasing). Every
+        sequence starts from zero states. Returns (out [total][D_MODEL], a
+        State of batch nseq with each sequence's final state)."""
+        cu = [int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+        nseq = len(cu) - 1
+        if nseq < 1:
+            raise ValueError("prefill_packed: cu_seqlens needs at least 2 entries (nseq + 1), got %d" % len(cu))
+        if not isinstance(u, torch.Tensor) or u.dim() != 2 or u.shape[1] != IN_DIM:
+            raise ValueError("prefill_packed: u: shape %s, expected [total][%d] (IN_DIM)"
+                             % (tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__, IN_DIM))
+        if cu[-1] != u.shape[0]:
+            raise ValueError("prefill_packed: cu_seqlens ends at %d, u has %d rows" % (cu[-1], u.shape[0]))
+        _check_tensor(u, "prefill_packed: u", u.shape, self.device)
+        if not 1 <= nseq <= MAX_BATCH:
+            raise ValueError("prefill_packed: %d sequences, out of range 1..%d (MAX_BATCH)" % (nseq, MAX_BATCH))
+        state = State(nseq, self.device)
+        out = torch.empty((u.shape[0], D_MODEL), dtype=_f32, device=self.device)
+        offs = (ctypes.c_int32 * len(cu))(*cu)   # host memory: the library checks it before any launch
+        with torch.cuda.device(self.device):
+            self._lib.call("prefill_packed", self._model_on_stream(), nseq, ctypes.cast(offs, _P), u.data_ptr(),
+                           out.data_ptr(), *state._ptrs())
         return out, state
 
     @torch.no_grad()
