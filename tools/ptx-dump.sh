@@ -14,7 +14,12 @@
 # file order) dropped, and the functions sorted by name (so moving a kernel within or
 # across files of the package shows no difference). Then
 #   diff -r -x pkg BEFORE AFTER
-# says whether two trees emit the same device code for these specs.
+# says whether two trees emit the same device code for these specs, and
+#   tools/ptx-match.py BEFORE AFTER
+# whether every kernel of BEFORE still has an instance with its exact code
+# (for a change that turned kernels into templates or added parameters).
+# MAMBA_GEN may be a wrapper script (e.g. one running mamba-gen --templates
+# DIR of an older tree: git archive REV templates | tar -x -C DIR).
 # Env: MG_RUNTIME_CFLAGS (-I of the runtime headers), NVCC (default nvcc),
 # JOBS (default nproc).
 set -eu
