@@ -4,7 +4,10 @@
 per kernel and launch shape: calls, total and mean time, share of the row's
 kernel time, achieved DRAM bandwidth and f32 FLOP rate with their fractions
 of the ceilings measured by the bench in the same run, SM throughput and
-achieved occupancy (both time-weighted over the calls).
+achieved occupancy (both time-weighted over the calls), and the two largest
+warp stall reasons when the CSV has ncu's WarpStateStats section (metrics
+whose names hold "issue_stalled_"; their shares of the stall total, time-
+weighted): what a latency-bound kernel waits on.
 
     ncu_summary.py --row LABEL --copy-gbps X --f32-tflops Y [--csv OUT] NCU.csv
 
@@ -38,7 +41,8 @@ UNIT = {
 }
 
 HEADER = ["row", "kernel", "grid", "block", "regs", "calls", "total_us", "mean_us", "share",
-          "dram_gbps", "frac_copy", "f32_tflops", "frac_f32", "sm_pct", "occupancy_pct"]
+          "dram_gbps", "frac_copy", "f32_tflops", "frac_f32", "sm_pct", "occupancy_pct", "top_stalls"]
+STALL = "issue_stalled_"   # in the names of WarpStateStats' per-reason metrics
 
 
 def number(text, unit):
@@ -63,9 +67,15 @@ def read_launches(path):
                              "block": rec.get("Block Size", "")}
             order.append(lid)
         try:
-            launches[lid][name] = number(rec.get("Metric Value", ""), rec.get("Metric Unit", ""))
+            v = number(rec.get("Metric Value", ""), rec.get("Metric Unit", ""))
         except ValueError:
-            pass   # "n/a" and the like: the metric is left out
+            continue   # "n/a" and the like: the metric is left out
+        if STALL in name:
+            # the reason: what follows "issue_stalled_", without the statistic's suffix
+            reason = name.split(STALL, 1)[1].split("_per_")[0].split(".")[0]
+            launches[lid].setdefault("stalls", {})[reason] = v
+        else:
+            launches[lid][name] = v
     return [launches[i] for i in order]
 
 
@@ -77,7 +87,7 @@ def summarize(launches):
         k = (ln["kernel"], ln["grid"], ln["block"])
         if k not in groups:
             groups[k] = {"calls": 0, "time": 0.0, "bytes": 0.0, "flops": 0.0, "sm": 0.0, "occ": 0.0,
-                         "regs": ln.get(REGS, 0.0)}
+                         "regs": ln.get(REGS, 0.0), "stalls": {}}
             keys.append(k)
         g = groups[k]
         t = ln.get(TIME, 0.0)
@@ -87,7 +97,18 @@ def summarize(launches):
         g["flops"] += 2.0 * ln.get(FFMA, 0.0) + ln.get(FADD, 0.0) + ln.get(FMUL, 0.0)
         g["sm"] += t * ln.get(SM_PCT, 0.0)
         g["occ"] += t * ln.get(OCC_PCT, 0.0)
+        for reason, v in ln.get("stalls", {}).items():
+            g["stalls"][reason] = g["stalls"].get(reason, 0.0) + t * v
     return [(k, groups[k]) for k in keys]
+
+
+def top_stalls(stalls, n=2):
+    """'reason share%, ...' of the n largest stall reasons ('' without any)."""
+    total = sum(v for v in stalls.values() if v > 0)
+    if total <= 0:
+        return ""
+    top = sorted(stalls.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return "; ".join("%s %.0f%%" % (r, 100.0 * v / total) for r, v in top)
 
 
 def rows(label, summary, copy_gbps, f32_tflops):
@@ -102,18 +123,18 @@ def rows(label, summary, copy_gbps, f32_tflops):
                     "%.4f" % (g["time"] / total), "%.1f" % gbps,
                     "%.4f" % (gbps / copy_gbps if copy_gbps > 0 else 0.0), "%.3f" % tflops,
                     "%.4f" % (tflops / f32_tflops if f32_tflops > 0 else 0.0),
-                    "%.1f" % (g["sm"] / t), "%.1f" % (g["occ"] / t)])
+                    "%.1f" % (g["sm"] / t), "%.1f" % (g["occ"] / t), top_stalls(g["stalls"])])
     return out
 
 
 def print_table(label, table, total_us):
     print("== %s: %d kernel(s), %.1f us of kernel time" % (label, len(table), total_us))
-    print("%-44s %18s %6s %5s %10s %6s %9s %6s %8s %6s %6s" % (
-        "kernel", "grid", "calls", "regs", "total us", "share", "GB/s", "copy", "TFLOP/s", "SM%", "occ%"))
+    print("%-44s %18s %6s %5s %10s %6s %9s %6s %8s %6s %6s  %s" % (
+        "kernel", "grid", "calls", "regs", "total us", "share", "GB/s", "copy", "TFLOP/s", "SM%", "occ%", "stalls"))
     for r in table:
         name = r[1] if len(r[1]) <= 44 else r[1][:41] + "..."
-        print("%-44s %18s %6s %5s %10s %5.1f%% %9s %5.1f%% %8s %6s %6s" % (
-            name, r[2], r[5], r[4], r[6], 100 * float(r[8]), r[9], 100 * float(r[10]), r[11], r[13], r[14]))
+        print("%-44s %18s %6s %5s %10s %5.1f%% %9s %5.1f%% %8s %6s %6s  %s" % (
+            name, r[2], r[5], r[4], r[6], 100 * float(r[8]), r[9], 100 * float(r[10]), r[11], r[13], r[14], r[15]))
 
 
 def main(argv):
