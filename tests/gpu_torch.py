@@ -348,6 +348,25 @@ def _():
     return ok, "worst rel %.3g; %s" % (worst, "; ".join(b[1] for b in bad))
 
 
+@test("prefill graph == eager prefill over three windows (bit-identical outputs and states)")
+def _():
+    s1 = random_state(B)
+    s2 = s1.clone()
+    g = model.prefill_graph(s2, T)
+    ok = True
+    try:
+        for _ in range(3):
+            x = torch.randn(B, T, M.IN_DIM, device=dev)
+            a, _ = model.prefill(x, s1)
+            b = g.run(x).clone()
+            ok = ok and torch.equal(a, b)
+        torch.cuda.synchronize()
+        ok = ok and states_equal(s1, s2)
+    finally:
+        g.close()
+    return ok
+
+
 @test("calls run on the current stream: prefill on a side stream == on the default stream")
 def _():
     s = torch.cuda.Stream()

@@ -12,7 +12,7 @@ try:
 except ImportError as _e:   # the one dependency besides the library
     raise ImportError("%s.py needs PyTorch with CUDA (import torch failed: %s)" % (NAME, _e)) from _e
 
-__all__ = ["Model", "State", "DecodeGraph", "LibraryError", "load_library"]
+__all__ = ["Model", "State", "DecodeGraph", "PrefillGraph", "LibraryError", "load_library"]
 
 _f32 = torch.float32
 
@@ -78,6 +78,7 @@ _API = {
     "decode_graph_create": (_I, (_P, _I, _P, _P) + _STATES + (ctypes.POINTER(_P),)),
     "decode_step_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P,)),
     "decode_graph_create_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P, ctypes.POINTER(_P))),
+    "prefill_graph_create": (_I, (_P, _I, _I, _P, _P) + _STATES + (ctypes.POINTER(_P),)),
     "decode_graph_launch": (_I, (_P,)),
     "decode_graph_destroy": (None, (_P,)),
     "set_scan": (_I, (_P, _I)),
@@ -784,6 +785,11 @@ class Model(torch.nn.Module):
         (DecodeGraph.reset, step(u, reset))."""
         return DecodeGraph(self, state, reset)
 
+    def prefill_graph(self, state, seqlen):
+        """A PrefillGraph: prefill of [state.batch][seqlen] captured once as a
+        CUDA Graph with fixed tensors (NAME_prefill_graph_create)."""
+        return PrefillGraph(self, state, seqlen)
+
     def set_scan(self, choice):
         """Force the scan of prefill / burn-in and of training: "spec" (as the
         spec says), "sequential" or "chunked"."""
@@ -902,7 +908,7 @@ class DecodeGraph:
 
     def replay(self):
         if self._g is None:
-            raise RuntimeError("%s: the decode graph was closed" % NAME)
+            raise RuntimeError("%s: the graph was closed" % NAME)
         with torch.cuda.device(self.model.device):
             self.model._model_on_stream()   # the graph replays on the model's current stream, with fresh weights
             self.model._lib.call("decode_graph_launch", self._g)
@@ -931,6 +937,45 @@ class DecodeGraph:
             self.close()
         except Exception:
             pass
+
+
+class PrefillGraph(DecodeGraph):
+    """NAME_prefill_graph_create: prefill of `seqlen` tokens for `state`
+    captured once as a CUDA Graph with fixed tensors: .u
+    [batch][seqlen][IN_DIM], .out [batch][seqlen][D_MODEL] (overwritten by
+    every run) and the state's tensors (advanced in place). run(u) copies u
+    in, replays and returns .out; replay() replays with .u as it is.
+    Bit-identical to prefill(u, state), without the call's launch costs.
+    Close it (or let it go) before the model."""
+
+    def __init__(self, model, state, seqlen):
+        if not isinstance(state, State):
+            raise TypeError("prefill_graph: expected a %s.State, got %s" % (NAME, type(state).__name__))
+        model._state_for(state, state.batch, "prefill_graph")
+        seqlen = int(seqlen)
+        if not 1 <= seqlen <= MAX_SEQ_LEN:
+            raise ValueError("prefill_graph: seqlen %d out of range 1..%d (MAX_SEQ_LEN)" % (seqlen, MAX_SEQ_LEN))
+        self.model, self.state, self.batch, self.seqlen = model, state, state.batch, seqlen
+        self.u = torch.zeros((self.batch, seqlen, IN_DIM), dtype=_f32, device=model.device)
+        self.out = torch.zeros((self.batch, seqlen, D_MODEL), dtype=_f32, device=model.device)
+        self.reset = None
+        self._g = None
+        h = _P()
+        with torch.cuda.device(model.device):
+            model._lib.call("prefill_graph_create", model._model_on_stream(), self.batch, seqlen, self.u.data_ptr(),
+                            self.out.data_ptr(), *state._ptrs(), ctypes.byref(h))
+        self._g = h.value
+        model._graphs.append(self)
+
+    @torch.no_grad()
+    def run(self, u):
+        _batch_seqlen(u, "PrefillGraph.run: u", True)
+        _check_tensor(u, "PrefillGraph.run: u", self.u.shape, self.model.device)
+        self.u.copy_(u)
+        return self.replay()
+
+    def step(self, u, reset=None):
+        raise TypeError("PrefillGraph: use run(u) (a window of tokens), not step")
 
 
 def _canonical(name):
