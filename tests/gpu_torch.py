@@ -348,6 +348,27 @@ def _():
     return ok, "worst rel %.3g; %s" % (worst, "; ".join(b[1] for b in bad))
 
 
+@test("prefill graph with a start mask == eager prefill with it over three windows (bit-identical)")
+def _():
+    s1 = random_state(B)
+    s2 = s1.clone()
+    g = model.prefill_graph(s2, T, starts=True)
+    ok = True
+    try:
+        for w in range(3):
+            x = torch.randn(B, T, M.IN_DIM, device=dev)
+            mask = torch.zeros(B, T, dtype=torch.bool, device=dev)
+            mask[:, (3 * w + 1) % T] = True
+            a, _ = model.prefill(x, s1, starts=mask)
+            b = g.run(x, mask).clone()
+            ok = ok and torch.equal(a, b)
+        torch.cuda.synchronize()
+        ok = ok and states_equal(s1, s2)
+    finally:
+        g.close()
+    return ok
+
+
 @test("prefill graph == eager prefill over three windows (bit-identical outputs and states)")
 def _():
     s1 = random_state(B)

@@ -79,6 +79,7 @@ _API = {
     "decode_step_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P,)),
     "decode_graph_create_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P, ctypes.POINTER(_P))),
     "prefill_graph_create": (_I, (_P, _I, _I, _P, _P) + _STATES + (ctypes.POINTER(_P),)),
+    "prefill_graph_create_starts": (_I, (_P, _I, _I, _P, _P) + _STATES + (_P, ctypes.POINTER(_P))),
     "decode_graph_launch": (_I, (_P,)),
     "decode_graph_destroy": (None, (_P,)),
     "set_scan": (_I, (_P, _I)),
@@ -785,10 +786,11 @@ class Model(torch.nn.Module):
         (DecodeGraph.reset, step(u, reset))."""
         return DecodeGraph(self, state, reset)
 
-    def prefill_graph(self, state, seqlen):
+    def prefill_graph(self, state, seqlen, starts=False):
         """A PrefillGraph: prefill of [state.batch][seqlen] captured once as a
-        CUDA Graph with fixed tensors (NAME_prefill_graph_create)."""
-        return PrefillGraph(self, state, seqlen)
+        CUDA Graph with fixed tensors (NAME_prefill_graph_create; starts=True:
+        with a start mask buffer, NAME_prefill_graph_create_starts)."""
+        return PrefillGraph(self, state, seqlen, starts)
 
     def set_scan(self, choice):
         """Force the scan of prefill / burn-in and of training: "spec" (as the
@@ -946,9 +948,12 @@ class PrefillGraph(DecodeGraph):
     every run) and the state's tensors (advanced in place). run(u) copies u
     in, replays and returns .out; replay() replays with .u as it is.
     Bit-identical to prefill(u, state), without the call's launch costs.
-    Close it (or let it go) before the model."""
+    With starts=True it also has .starts, a uint8 [batch][seqlen] mask
+    buffer read at every replay (zeros: no start); run(u, starts) copies a
+    mask in first (prefill(u, state, starts)). Close it (or let it go)
+    before the model."""
 
-    def __init__(self, model, state, seqlen):
+    def __init__(self, model, state, seqlen, starts=False):
         if not isinstance(state, State):
             raise TypeError("prefill_graph: expected a %s.State, got %s" % (NAME, type(state).__name__))
         model._state_for(state, state.batch, "prefill_graph")
@@ -959,18 +964,30 @@ class PrefillGraph(DecodeGraph):
         self.u = torch.zeros((self.batch, seqlen, IN_DIM), dtype=_f32, device=model.device)
         self.out = torch.zeros((self.batch, seqlen, D_MODEL), dtype=_f32, device=model.device)
         self.reset = None
+        self.starts = torch.zeros((self.batch, seqlen), dtype=torch.uint8, device=model.device) if starts else None
         self._g = None
         h = _P()
         with torch.cuda.device(model.device):
-            model._lib.call("prefill_graph_create", model._model_on_stream(), self.batch, seqlen, self.u.data_ptr(),
-                            self.out.data_ptr(), *state._ptrs(), ctypes.byref(h))
+            if starts:
+                model._lib.call("prefill_graph_create_starts", model._model_on_stream(), self.batch, seqlen,
+                                self.u.data_ptr(), self.out.data_ptr(), *state._ptrs(), self.starts.data_ptr(),
+                                ctypes.byref(h))
+            else:
+                model._lib.call("prefill_graph_create", model._model_on_stream(), self.batch, seqlen,
+                                self.u.data_ptr(), self.out.data_ptr(), *state._ptrs(), ctypes.byref(h))
         self._g = h.value
         model._graphs.append(self)
 
     @torch.no_grad()
-    def run(self, u):
+    def run(self, u, starts=None):
         _batch_seqlen(u, "PrefillGraph.run: u", True)
         _check_tensor(u, "PrefillGraph.run: u", self.u.shape, self.model.device)
+        if starts is not None:
+            if self.starts is None:
+                raise ValueError("PrefillGraph.run: starts given to a graph made without them "
+                                 "(prefill_graph(state, seqlen, starts=True))")
+            _check_starts(starts, "PrefillGraph.run: starts", self.batch, self.seqlen, self.model.device)
+            self.starts.copy_(starts)
         self.u.copy_(u)
         return self.replay()
 

@@ -21,7 +21,7 @@
  * (part 2): the end of the parameter-table test (param_table_end), the
  * steps of the decode-graph test (decode_graph_steps), the reset-mask tests
  * (test_decode_reset, test_decode_graph_reset, test_reset_bad_calls), the
- * prefill graph (test_prefill_graph),
+ * prefill graph (test_prefill_graph, test_prefill_graph_starts),
  * main's first steps after the layout (fwd_model_start), the weights out
  * of the init range and back (fwd_weights_pushed, fwd_weights_init;
  * part 1: weights_tag, push_inputs), the library's
@@ -388,6 +388,75 @@ static void test_prefill_graph(int batch, int T, int W, uint64_t seed)
     for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); }
     mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dug); mg_dev_free(dog);
     free(hu); free(oe); free(og);
+}
+
+/* The prefill graph with a start mask buffer: W windows, the mask in the
+ * graph's buffer rewritten before each (starts at varying tokens, none,
+ * t = 0 of every stream), against W eager prefill_starts calls with the
+ * same masks from a buffer of their own, from the same random states: out
+ * of every window and the final states bit-identical (a graph that kept the
+ * mask it was captured with differs). */
+static void test_prefill_graph_starts(int batch, int T, int W, uint64_t seed)
+{
+    const size_t nm = (size_t)batch * T;
+    float *hu = FALLOC(n_u(batch, T)), *oe = FALLOC(n_out(batch, T)), *og = FALLOC(n_out(batch, T));
+    float *due = mg_tap_dalloc(n_u(batch, T)), *doe = mg_tap_dalloc(n_out(batch, T));
+    float *dug = mg_tap_dalloc(n_u(batch, T)), *dog = mg_tap_dalloc(n_out(batch, T));
+    unsigned char *mask = (unsigned char *)mg_tap_malloc(nm);
+    unsigned char *dme = dalloc_bytes(nm), *dmg = dalloc_bytes(nm);
+    float *dse[NST], *dsg[NST];
+    for (int i = 0; i < NST; ++i) {
+        const size_t n = st_floats(i, batch);
+        float *h = FALLOC(n);
+        mg_tap_randn(h, n, seed + 1 + (uint64_t)i, 0.5f);
+        dse[i] = mg_tap_dalloc(n); dsg[i] = mg_tap_dalloc(n);
+        mg_tap_up(dse[i], h, n); mg_tap_up(dsg[i], h, n);
+        free(h);
+    }
+    memset(mask, 1, nm);   /* the buffer at capture: a start everywhere, unlike the windows */
+    if (cudaMemcpy(dmg, mask, nm, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy");
+    if (cudaMemset(dug, 0, n_u(batch, T) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
+    model_graph *g = NULL;
+    mg_status s = model_prefill_graph_create_starts(model, batch, T, dug, dog, DEV_STATES(dsg), dmg, &g);
+    if (!mg_tap_ok(s == MG_OK, "prefill_graph_create_starts batch=%d T=%d", batch, T))
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    int same = g != NULL;
+    for (int w = 0; w < W && s == MG_OK; ++w) {
+        for (int b = 0; b < batch; ++b)
+            for (int t = 0; t < T; ++t)
+                mask[(size_t)b * T + t] = (unsigned char)(w % 3 == 1 ? 0 : w % 3 == 2 ? (t == 0) * 7
+                                                          : ((b + t + w) % 5 == 0));
+        if (cudaMemcpy(dme, mask, nm, cudaMemcpyHostToDevice) != cudaSuccess ||
+            cudaMemcpy(dmg, mask, nm, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy");
+        mg_tap_randn(hu, n_u(batch, T), seed + 10 + (uint64_t)w, 1.0f);
+        mg_tap_up(due, hu, n_u(batch, T));
+        mg_tap_up(dug, hu, n_u(batch, T));
+        s = model_prefill_starts(model, batch, T, due, doe, DEV_STATES(dse), dme);
+        if (s == MG_OK) s = model_decode_graph_launch(g);
+        if (s != MG_OK) break;
+        mg_tap_down(oe, doe, n_out(batch, T));
+        mg_tap_down(og, dog, n_out(batch, T));
+        if (memcmp(oe, og, n_out(batch, T) * sizeof(float)) != 0) {
+            mg_err e = mg_compare_f32f32(og, oe, n_out(batch, T));
+            mg_tap_diag("window %d: graph vs eager out rel_l2 %.3e", w, e.rel_l2);
+            same = 0;
+        }
+    }
+    if (g) {
+        if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+        mg_tap_ok(s == MG_OK && same, "prefill graph with a start mask changed between %d windows == eager "
+                  "prefill_starts: out of every window bit-identical", W);
+        mg_tap_ok(s == MG_OK && same_states(dse, dsg, batch),
+                  "prefill graph with a start mask == eager prefill_starts: final states bit-identical");
+        model_decode_graph_destroy(g);
+    }
+    g = NULL;
+    s = model_prefill_graph_create_starts(model, batch, T, dug, dog, NO_STATES, (const unsigned char *)mask, &g);
+    mg_tap_ok(s == MG_ERR_INVALID_ARG && g == NULL,
+              "prefill_graph_create_starts with a host-memory mask: invalid argument, no graph (%s)", mg_last_error());
+    for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); }
+    mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dug); mg_dev_free(dog); mg_dev_free(dme); mg_dev_free(dmg);
+    free(hu); free(oe); free(og); free(mask);
 }
 
 /* Bad calls of the reset API: the documented status, and nothing launched

@@ -208,16 +208,18 @@ void model_decode_graph_destroy(model_graph *g)
 }
 
 /* The decode graph (seqlen 1, decode 1), with or without a reset buffer,
- * or the prefill graph (decode 0: batch x seqlen tokens, states optional);
- * fn names the caller. */
+ * or the prefill graph (decode 0: batch x seqlen tokens, states optional),
+ * with or without a start mask buffer (FORWARD_STARTS); fn names the
+ * caller. */
 static mg_status graph_create(const char *fn, model_model *m, int batch, int seqlen, int decode,
                               const float *d_u, float *d_out, STATE_PARAMS, const unsigned char *reset,
-                              model_graph **out)
+                              const unsigned char *start, model_graph **out)
 {
     if (!out) return mg_fail(MG_ERR_INVALID_ARG, "%s: graph pointer is NULL", fn);
     *out = NULL;
     mg_status s = CHECK_STATES(fn, batch, seqlen, d_u, d_out, decode);
     if (s == MG_OK) s = check_reset(fn, reset);
+    if (s == MG_OK && start) s = mg_dev_readable(start, fn, "start");
     if (s != MG_OK) return s;
     model_graph *g = (model_graph *)calloc(1, sizeof *g);
     if (!g) return mg_fail(MG_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
@@ -239,9 +241,10 @@ static mg_status graph_create(const char *fn, model_model *m, int batch, int seq
     if (s == MG_OK) {
         s = mg_cuda_check(cudaStreamBeginCapture(cap, GRAPH_CAPTURE_MODE), "graph_create: cudaStreamBeginCapture");
         if (s == MG_OK) {
-            /* the kernels read reset[] at every replay: the mask is the
-             * buffer's contents at launch time */
-            const mg_status sf = forward(m, batch, seqlen, d_u, d_out, STATE_ARGS, 0, decode, reset);
+            /* the kernels read reset[] and start[] at every replay: a mask
+             * is the buffer's contents at launch time */
+            const mg_status sf = start ? FORWARD_STARTS(batch, seqlen, d_u, d_out, start)
+                                       : forward(m, batch, seqlen, d_u, d_out, STATE_ARGS, 0, decode, reset);
             /* End the capture whatever happened, so the stream is usable again. */
             const cudaError_t ee = cudaStreamEndCapture(cap, &g->graph);
             s = sf != MG_OK ? sf : mg_cuda_check(ee, "graph_create: cudaStreamEndCapture");
@@ -260,20 +263,28 @@ static mg_status graph_create(const char *fn, model_model *m, int batch, int seq
 mg_status model_decode_graph_create(model_model *m, int batch, const float *d_u, float *d_out,
                                     STATE_PARAMS, model_graph **out)
 {
-    return graph_create(MODEL_NAME "_decode_graph_create", m, batch, 1, 1, d_u, d_out, STATE_ARGS, NULL, out);
+    return graph_create(MODEL_NAME "_decode_graph_create", m, batch, 1, 1, d_u, d_out, STATE_ARGS, NULL, NULL, out);
 }
 
 mg_status model_decode_graph_create_reset(model_model *m, int batch, const float *d_u, float *d_out,
                                           STATE_PARAMS, const uint8_t *d_reset, model_graph **out)
 {
     return graph_create(MODEL_NAME "_decode_graph_create_reset", m, batch, 1, 1, d_u, d_out, STATE_ARGS, d_reset,
-                        out);
+                        NULL, out);
 }
 
 mg_status model_prefill_graph_create(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
                                      STATE_PARAMS, model_graph **out)
 {
-    return graph_create(MODEL_NAME "_prefill_graph_create", m, batch, seqlen, 0, d_u, d_out, STATE_ARGS, NULL, out);
+    return graph_create(MODEL_NAME "_prefill_graph_create", m, batch, seqlen, 0, d_u, d_out, STATE_ARGS, NULL, NULL,
+                        out);
+}
+
+mg_status model_prefill_graph_create_starts(model_model *m, int batch, int seqlen, const float *d_u, float *d_out,
+                                            STATE_PARAMS, const uint8_t *d_start, model_graph **out)
+{
+    return graph_create(MODEL_NAME "_prefill_graph_create_starts", m, batch, seqlen, 0, d_u, d_out, STATE_ARGS,
+                        NULL, d_start, out);
 }
 
 mg_status model_decode_graph_launch(model_graph *g)
