@@ -388,6 +388,36 @@ def _():
     return ok
 
 
+if M.HAS_TRAINING:
+    @test("forward_packed (training): out == prefill_packed; du and every parameter gradient == the sequences "
+          "run one by one (parameter gradients summed)")
+    def _():
+        m2 = M.Model({k: v.detach().clone() for k, v in model.state_dict().items()})
+        params = list(m2.parameters())
+        lens = [1, 5, T][:min(3, M.MAX_BATCH)]
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        x = torch.randn(cu[-1], M.IN_DIM, device=dev, requires_grad=True)
+        out, _ = m2.forward_packed(x, cu)
+        with torch.no_grad():
+            ref, _ = m2.prefill_packed(x.detach(), cu)
+        gp = torch.autograd.grad(out.pow(2).sum(), [x] + params)
+        gx = torch.zeros_like(x)
+        gw = [torch.zeros_like(p) for p in params]
+        for i in range(len(lens)):
+            xi = x.detach()[cu[i]:cu[i + 1]].unsqueeze(0).contiguous().requires_grad_(True)
+            oi, _ = m2(xi)
+            gi = torch.autograd.grad(oi.pow(2).sum(), [xi] + params)
+            gx[cu[i]:cu[i + 1]] = gi[0][0]
+            for a, b in zip(gw, gi[1:]):
+                a += b
+        e_out = rel(out, ref)
+        e_dx = rel(gp[0], gx)
+        e_w = max(rel(a, b) for a, b in zip(gp[1:], gw) if b.norm().item() > 0)
+        return max(e_out, e_dx, e_w) < TOL, "out %.3g, du %.3g, worst parameter gradient %.3g" % (e_out, e_dx, e_w)
+
+
 @test("calls run on the current stream: prefill on a side stream == on the default stream")
 def _():
     s = torch.cuda.Stream()

@@ -98,6 +98,7 @@ _TRAIN_API = {
     "trainer_set_starts": (_I, (_P, _P)),
     "trainer_set_loss_scaling": (_I, (_P, ctypes.c_float, _I)),
     "forward_train": (_I, (_P, _P, _I, _I, _P, _P) + _STATES),
+    "forward_train_packed": (_I, (_P, _P, _I, _P, _P, _P) + _STATES),
     "backward": (_I, (_P, _P, _P, _P) + _STATES),
     "adamw_step": (_I, (_P, _P, _P, _P, _P, ctypes.POINTER(_AdamWParams))),
 }
@@ -413,6 +414,62 @@ class _Train(torch.autograd.Function):
                 pgrads.append(None)
         ctx.starts = None
         return (None, du, None) + tuple(dstates) + tuple(pgrads)
+
+
+class _TrainPacked(torch.autograd.Function):
+    """forward_train_packed + backward as one autograd node: inputs model, u
+    [total][IN_DIM], the offsets (a ctypes int32 array, host memory), the
+    parameters; outputs out [total][D_MODEL] and the final states (no
+    gradient flows back through them). Every sequence starts from zero
+    states, so there is no initial-state gradient; gradients reach u and
+    the parameters."""
+
+    @staticmethod
+    def forward(ctx, model, u, offs, *params):
+        nseq = len(offs) - 1
+        out = torch.empty((u.shape[0], D_MODEL), dtype=_f32, device=model.device)
+        final = State(nseq, model.device)
+        with torch.cuda.device(model.device):
+            t = model._trainer_on_stream()
+            model._lib.call("forward_train_packed", t, model.weights.data_ptr(), nseq, ctypes.cast(offs, _P),
+                            u.data_ptr(), out.data_ptr(), *final._ptrs())
+        model._train_serial += 1
+        ctx.model = model
+        ctx.serial = model._train_serial
+        ctx.wversion = (model.weights._version, model._fused_steps)
+        ctx.u_shape = tuple(u.shape)
+        ctx.mark_non_differentiable(*final.tensors())
+        return (out,) + tuple(final.tensors())
+
+    @staticmethod
+    def backward(ctx, dout, *unused):
+        model = ctx.model
+        if model._train_serial != ctx.serial:
+            raise RuntimeError("%s: backward through a training forward that is no longer the last one: the library "
+                               "keeps the activations of one forward; call backward before the next forward" % NAME)
+        if (model.weights._version, model._fused_steps) != ctx.wversion:
+            raise RuntimeError("%s: the weights changed between the forward and its backward "
+                               "(step the optimizer after backward)" % NAME)
+        dev = model.device
+        dout = torch.zeros((ctx.u_shape[0], D_MODEL), dtype=_f32, device=dev) if dout is None \
+            else dout.to(_f32).contiguous()
+        if dout.data_ptr() % 16:
+            dout = dout.clone()
+        need = ctx.needs_input_grad   # model, u, offs, parameters...
+        du = torch.empty(ctx.u_shape, dtype=_f32, device=dev) if need[1] else None
+        grads = torch.empty(WEIGHTS_FLOATS, dtype=_f32, device=dev)
+        with torch.cuda.device(dev):
+            t = model._trainer_on_stream()
+            model._lib.call("backward", t, dout.data_ptr(), grads.data_ptr(), du.data_ptr() if du is not None else None,
+                            *([None] * _NS))
+        pgrads = []
+        for i, (p, (off, numel, shape)) in enumerate(zip(model._params, model._layout)):
+            if need[3 + i]:
+                model._link_grad(i)
+                pgrads.append(grads[off:off + numel].view(shape))
+            else:
+                pgrads.append(None)
+        return (None, du, None) + tuple(pgrads)
 
 
 class Model(torch.nn.Module):
@@ -848,6 +905,26 @@ class Model(torch.nn.Module):
         _check_tensor(u, "forward: u", u.shape, self.device)
         outs = _Train.apply(self, u, starts, *state.tensors(), *self._params)
         return outs[0], State(batch, self.device, outs[1:])
+
+    def forward_packed(self, u, cu_seqlens):
+        """Training over packed sequences (NAME_forward_train_packed): u
+        [total][IN_DIM] and cu_seqlens as prefill_packed; every sequence
+        starts from zero states. Returns (out [total][D_MODEL], the final
+        State of nseq rows, no gradient through it); differentiable as
+        forward (gradients reach the parameters and u). Without grad mode
+        (or nothing requiring grad) it is prefill_packed."""
+        if not torch.is_grad_enabled() or not (u.requires_grad or any(p.requires_grad for p in self._params)):
+            return self.prefill_packed(u, cu_seqlens)
+        cu = [int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+        if len(cu) < 2 or u.dim() != 2 or u.shape[1] != IN_DIM or cu[-1] != u.shape[0]:
+            raise ValueError("forward_packed: u %s and cu_seqlens (%d entries ending at %s) do not agree: expected "
+                             "u [cu_seqlens[-1]][%d]" % (tuple(u.shape), len(cu), cu[-1] if cu else None, IN_DIM))
+        if not 1 <= len(cu) - 1 <= MAX_BATCH:
+            raise ValueError("forward_packed: %d sequences, out of range 1..%d (MAX_BATCH)" % (len(cu) - 1, MAX_BATCH))
+        _check_tensor(u, "forward_packed: u", u.shape, self.device)
+        offs = (ctypes.c_int32 * len(cu))(*cu)   # host memory, alive for this call (checked there)
+        outs = _TrainPacked.apply(self, u, offs, *self._params)
+        return outs[0], State(len(cu) - 1, self.device, outs[1:])
 
     def adamw_step(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, max_grad_norm=0.0,
                    wd_matrices_only=False, step=None):
