@@ -345,6 +345,53 @@ def _inv_softplus(x):
     return x + torch.log(-torch.expm1(-x))
 
 
+def _mark_forward(ctx, model, u):
+    """A training forward just ran: ctx records which one, so that its
+    backward can check it is still the trainer's last and the weights did
+    not change in between."""
+    model._train_serial += 1
+    ctx.model = model
+    ctx.serial = model._train_serial
+    ctx.wversion = (model.weights._version, model._fused_steps)
+    ctx.u_shape = tuple(u.shape)
+
+
+def _run_backward(ctx, dout, dstates, pneed):
+    """NAME_backward of the forward ctx recorded (_mark_forward): dout of
+    out's shape (None: zeros), du when u needs it (needs_input_grad[1]),
+    dstates the initial-state gradient tensors or None, one per state;
+    pneed: per parameter, whether it needs a gradient. -> (du, the
+    parameter gradients: views into a fresh gradient blob, or None)."""
+    model = ctx.model
+    if model._train_serial != ctx.serial:
+        raise RuntimeError("%s: backward through a training forward that is no longer the last one: the library "
+                           "keeps the activations of one forward; call backward before the next forward" % NAME)
+    if (model.weights._version, model._fused_steps) != ctx.wversion:
+        raise RuntimeError("%s: the weights changed between the forward and its backward "
+                           "(step the optimizer after backward)" % NAME)
+    dev = model.device
+    dout = torch.zeros(ctx.u_shape[:-1] + (D_MODEL,), dtype=_f32, device=dev) if dout is None \
+        else dout.to(_f32).contiguous()
+    if dout.data_ptr() % 16:
+        dout = dout.clone()
+    du = torch.empty(ctx.u_shape, dtype=_f32, device=dev) if ctx.needs_input_grad[1] else None
+    # A fresh blob per backward (the caching allocator makes it cheap):
+    # the views returned alias nothing that a later backward overwrites.
+    grads = torch.empty(WEIGHTS_FLOATS, dtype=_f32, device=dev)
+    with torch.cuda.device(dev):
+        t = model._trainer_on_stream()
+        model._lib.call("backward", t, dout.data_ptr(), grads.data_ptr(), du.data_ptr() if du is not None else None,
+                        *[d.data_ptr() if d is not None else None for d in dstates])
+    pgrads = []
+    for i, (need, (off, numel, shape)) in enumerate(zip(pneed, model._layout)):
+        if need:
+            model._link_grad(i)   # p.grad a view into model.grads, so that it accumulates there
+            pgrads.append(grads[off:off + numel].view(shape))
+        else:
+            pgrads.append(None)
+    return du, pgrads
+
+
 class _Train(torch.autograd.Function):
     """forward_train + backward of the library as one autograd node. Inputs:
     model, u, the start mask (None, or [batch][seqlen] bool / uint8: kept
@@ -371,47 +418,17 @@ class _Train(torch.autograd.Function):
             finally:
                 model._lib.call("trainer_set_starts", t, None)
         ctx.starts = starts   # alive until backward reads it
-        model._train_serial += 1
-        ctx.model = model
-        ctx.serial = model._train_serial
-        ctx.wversion = (model.weights._version, model._fused_steps)
-        ctx.u_shape = tuple(u.shape)
+        _mark_forward(ctx, model, u)
         ctx.state_shapes = [tuple(s.shape) for s in states]
         ctx.mark_non_differentiable(*final)
         return (out,) + tuple(final)
 
     @staticmethod
     def backward(ctx, dout, *unused):
-        model = ctx.model
-        if model._train_serial != ctx.serial:
-            raise RuntimeError("%s: backward through a training forward that is no longer the last one: the library "
-                               "keeps the activations of one forward; call backward before the next forward" % NAME)
-        if (model.weights._version, model._fused_steps) != ctx.wversion:
-            raise RuntimeError("%s: the weights changed between the forward and its backward "
-                               "(step the optimizer after backward)" % NAME)
-        dev = model.device
-        dout = torch.zeros(ctx.u_shape[:2] + (D_MODEL,), dtype=_f32, device=dev) if dout is None \
-            else dout.to(_f32).contiguous()
-        if dout.data_ptr() % 16:
-            dout = dout.clone()
         need = ctx.needs_input_grad   # model, u, starts, states..., parameters...
-        du = torch.empty(ctx.u_shape, dtype=_f32, device=dev) if need[1] else None
-        dstates = [torch.empty(shape, dtype=_f32, device=dev) if need[3 + i] else None
+        dstates = [torch.empty(shape, dtype=_f32, device=ctx.model.device) if need[3 + i] else None
                    for i, shape in enumerate(ctx.state_shapes)]
-        # A fresh blob per backward (the caching allocator makes it cheap):
-        # the views returned alias nothing that a later backward overwrites.
-        grads = torch.empty(WEIGHTS_FLOATS, dtype=_f32, device=dev)
-        with torch.cuda.device(dev):
-            t = model._trainer_on_stream()
-            model._lib.call("backward", t, dout.data_ptr(), grads.data_ptr(), du.data_ptr() if du is not None else None,
-                            *[d.data_ptr() if d is not None else None for d in dstates])
-        pgrads = []
-        for i, (p, (off, numel, shape)) in enumerate(zip(model._params, model._layout)):
-            if need[3 + _NS + i]:
-                model._link_grad(i)   # p.grad a view into model.grads, so that it accumulates there
-                pgrads.append(grads[off:off + numel].view(shape))
-            else:
-                pgrads.append(None)
+        du, pgrads = _run_backward(ctx, dout, dstates, need[3 + _NS:])
         ctx.starts = None
         return (None, du, None) + tuple(dstates) + tuple(pgrads)
 
@@ -433,42 +450,14 @@ class _TrainPacked(torch.autograd.Function):
             t = model._trainer_on_stream()
             model._lib.call("forward_train_packed", t, model.weights.data_ptr(), nseq, ctypes.cast(offs, _P),
                             u.data_ptr(), out.data_ptr(), *final._ptrs())
-        model._train_serial += 1
-        ctx.model = model
-        ctx.serial = model._train_serial
-        ctx.wversion = (model.weights._version, model._fused_steps)
-        ctx.u_shape = tuple(u.shape)
+        _mark_forward(ctx, model, u)
         ctx.mark_non_differentiable(*final.tensors())
         return (out,) + tuple(final.tensors())
 
     @staticmethod
     def backward(ctx, dout, *unused):
-        model = ctx.model
-        if model._train_serial != ctx.serial:
-            raise RuntimeError("%s: backward through a training forward that is no longer the last one: the library "
-                               "keeps the activations of one forward; call backward before the next forward" % NAME)
-        if (model.weights._version, model._fused_steps) != ctx.wversion:
-            raise RuntimeError("%s: the weights changed between the forward and its backward "
-                               "(step the optimizer after backward)" % NAME)
-        dev = model.device
-        dout = torch.zeros((ctx.u_shape[0], D_MODEL), dtype=_f32, device=dev) if dout is None \
-            else dout.to(_f32).contiguous()
-        if dout.data_ptr() % 16:
-            dout = dout.clone()
-        need = ctx.needs_input_grad   # model, u, offs, parameters...
-        du = torch.empty(ctx.u_shape, dtype=_f32, device=dev) if need[1] else None
-        grads = torch.empty(WEIGHTS_FLOATS, dtype=_f32, device=dev)
-        with torch.cuda.device(dev):
-            t = model._trainer_on_stream()
-            model._lib.call("backward", t, dout.data_ptr(), grads.data_ptr(), du.data_ptr() if du is not None else None,
-                            *([None] * _NS))
-        pgrads = []
-        for i, (p, (off, numel, shape)) in enumerate(zip(model._params, model._layout)):
-            if need[3 + i]:
-                model._link_grad(i)
-                pgrads.append(grads[off:off + numel].view(shape))
-            else:
-                pgrads.append(None)
+        # model, u, offs, parameters...; no initial states: no state gradients
+        du, pgrads = _run_backward(ctx, dout, [None] * _NS, ctx.needs_input_grad[3:])
         return (None, du, None) + tuple(pgrads)
 
 
