@@ -85,6 +85,25 @@ def random_state(batch, scale=0.1):
     return st
 
 
+def graph_matches_eager(make_graph, n, step):
+    """A graph made by make_graph(state) on a copy of a random state, and
+    eager calls on the original: n steps, step(i, eager_state, graph) ->
+    (eager out, graph out); every out and the final states bit-identical."""
+    s1 = random_state(B)
+    s2 = s1.clone()
+    g = make_graph(s2)
+    ok = True
+    try:
+        for i in range(n):
+            a, b = step(i, s1, g)
+            ok = ok and torch.equal(a, b)
+        torch.cuda.synchronize()
+        ok = ok and states_equal(s1, s2)
+    finally:
+        g.close()
+    return ok
+
+
 def raises(fn, exc, pattern):
     try:
         fn()
@@ -208,21 +227,10 @@ def _():
 
 @test("decode graph == eager decode_step (bit-identical outputs and states)")
 def _():
-    s1 = random_state(B)
-    s2 = s1.clone()
-    g = model.decode_graph(s2)
-    ok = True
-    try:
-        for _ in range(4):
-            x = torch.randn(B, M.IN_DIM, device=dev)
-            a = model.decode_step(x, s1)
-            b = g.step(x).clone()
-            ok = ok and torch.equal(a, b)
-        torch.cuda.synchronize()
-        ok = ok and states_equal(s1, s2)
-    finally:
-        g.close()
-    return ok
+    def step(i, s1, g):
+        x = torch.randn(B, M.IN_DIM, device=dev)
+        return model.decode_step(x, s1), g.step(x).clone()
+    return graph_matches_eager(model.decode_graph, 4, step)
 
 
 RB = min(4, M.MAX_BATCH)
@@ -350,42 +358,20 @@ def _():
 
 @test("prefill graph with a start mask == eager prefill with it over three windows (bit-identical)")
 def _():
-    s1 = random_state(B)
-    s2 = s1.clone()
-    g = model.prefill_graph(s2, T, starts=True)
-    ok = True
-    try:
-        for w in range(3):
-            x = torch.randn(B, T, M.IN_DIM, device=dev)
-            mask = torch.zeros(B, T, dtype=torch.bool, device=dev)
-            mask[:, (3 * w + 1) % T] = True
-            a, _ = model.prefill(x, s1, starts=mask)
-            b = g.run(x, mask).clone()
-            ok = ok and torch.equal(a, b)
-        torch.cuda.synchronize()
-        ok = ok and states_equal(s1, s2)
-    finally:
-        g.close()
-    return ok
+    def step(w, s1, g):
+        x = torch.randn(B, T, M.IN_DIM, device=dev)
+        mask = torch.zeros(B, T, dtype=torch.bool, device=dev)
+        mask[:, (3 * w + 1) % T] = True
+        return model.prefill(x, s1, starts=mask)[0], g.run(x, mask).clone()
+    return graph_matches_eager(lambda st: model.prefill_graph(st, T, starts=True), 3, step)
 
 
 @test("prefill graph == eager prefill over three windows (bit-identical outputs and states)")
 def _():
-    s1 = random_state(B)
-    s2 = s1.clone()
-    g = model.prefill_graph(s2, T)
-    ok = True
-    try:
-        for _ in range(3):
-            x = torch.randn(B, T, M.IN_DIM, device=dev)
-            a, _ = model.prefill(x, s1)
-            b = g.run(x).clone()
-            ok = ok and torch.equal(a, b)
-        torch.cuda.synchronize()
-        ok = ok and states_equal(s1, s2)
-    finally:
-        g.close()
-    return ok
+    def step(i, s1, g):
+        x = torch.randn(B, T, M.IN_DIM, device=dev)
+        return model.prefill(x, s1)[0], g.run(x).clone()
+    return graph_matches_eager(lambda st: model.prefill_graph(st, T), 3, step)
 
 
 if M.HAS_TRAINING:
