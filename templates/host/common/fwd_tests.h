@@ -21,7 +21,7 @@
  * (part 2): the end of the parameter-table test (param_table_end), the
  * steps of the decode-graph test (decode_graph_steps), the reset-mask tests
  * (test_decode_reset, test_decode_graph_reset, test_reset_bad_calls), the
- * prefill graph (test_prefill_graph, test_prefill_graph_starts),
+ * prefill graph, with or without a start mask (test_prefill_graph),
  * main's first steps after the layout (fwd_model_start), the weights out
  * of the init range and back (fwd_weights_pushed, fwd_weights_init;
  * part 1: weights_tag, push_inputs), the library's
@@ -241,6 +241,20 @@ static void test_decode_reset(int batch, int T, const char *path, uint64_t seed)
     free(u); free(oa); free(ob); free(mask);
 }
 
+/* Random device states for batch streams (seed), twice: a[] and b[] hold
+ * the same values (one for the eager calls, one for a graph). */
+static void dev_state_pair(float *a[], float *b[], int batch, uint64_t seed)
+{
+    for (int i = 0; i < NST; ++i) {
+        const size_t n = st_floats(i, batch);
+        float *h = FALLOC(n);
+        mg_tap_randn(h, n, seed + 1 + (uint64_t)i, 0.5f);
+        a[i] = mg_tap_dalloc(n); b[i] = mg_tap_dalloc(n);
+        mg_tap_up(a[i], h, n); mg_tap_up(b[i], h, n);
+        free(h);
+    }
+}
+
 /* The decode graph with a reset buffer: T replays, the mask in the graph's
  * buffer changed before each (some streams, none, all, others), against T
  * eager decode_step_reset calls with the same masks from a buffer of their
@@ -257,14 +271,7 @@ static void test_decode_graph_reset(int batch, int T, const char *path, uint64_t
     unsigned char *dme = dalloc_bytes((size_t)batch), *dmg = dalloc_bytes((size_t)batch);
     float *dse[NST], *dsg[NST];
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
-    for (int i = 0; i < NST; ++i) {
-        const size_t n = st_floats(i, batch);
-        float *h = FALLOC(n);
-        mg_tap_randn(h, n, seed + 1 + (uint64_t)i, 0.5f);
-        dse[i] = mg_tap_dalloc(n); dsg[i] = mg_tap_dalloc(n);
-        mg_tap_up(dse[i], h, n); mg_tap_up(dsg[i], h, n);
-        free(h);
-    }
+    dev_state_pair(dse, dsg, batch, seed);
     reset_mask(mask, batch, 2, 0);   /* the buffer's contents at capture: all set, unlike most steps */
     up_mask(dmg, mask, batch);
     if (cudaMemset(dug, 0, n_u(batch, 1) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
@@ -308,130 +315,63 @@ static void test_decode_graph_reset(int batch, int T, const char *path, uint64_t
 
 /* ---- The prefill graph ---- */
 
-/* W windows of T tokens through one prefill graph (fixed buffers, the
- * states advancing in place) against W eager prefill calls from the same
- * random states: every window's out and the final states bit-identical (a
- * graph that did not advance the states, or replayed another scan, differs).
- * A graph with NULL states: every replay == an eager prefill from zeros.
- * Bad arguments are refused, nothing captured. */
-static void test_prefill_graph(int batch, int T, int W, uint64_t seed)
+/* Window w's start mask of test_prefill_graph: starts at scattered tokens,
+ * none, or t = 0 of every stream (any nonzero byte is a start). */
+static void window_starts(unsigned char *mask, int batch, int T, int w)
 {
-    float *hu = FALLOC(n_u(batch, T)), *oe = FALLOC(n_out(batch, T)), *og = FALLOC(n_out(batch, T));
-    float *due = mg_tap_dalloc(n_u(batch, T)), *doe = mg_tap_dalloc(n_out(batch, T));
-    float *dug = mg_tap_dalloc(n_u(batch, T)), *dog = mg_tap_dalloc(n_out(batch, T));
-    float *dse[NST], *dsg[NST];
-    for (int i = 0; i < NST; ++i) {
-        const size_t n = st_floats(i, batch);
-        float *h = FALLOC(n);
-        mg_tap_randn(h, n, seed + 1 + (uint64_t)i, 0.5f);
-        dse[i] = mg_tap_dalloc(n); dsg[i] = mg_tap_dalloc(n);
-        mg_tap_up(dse[i], h, n); mg_tap_up(dsg[i], h, n);
-        free(h);
-    }
-    if (cudaMemset(dug, 0, n_u(batch, T) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
-    model_graph *g = NULL;
-    mg_status s = model_prefill_graph_create(model, batch, T, dug, dog, DEV_STATES(dsg), &g);
-    if (!mg_tap_ok(s == MG_OK, "prefill_graph_create batch=%d T=%d", batch, T))
-        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
-    int same = g != NULL;
-    for (int w = 0; w < W && s == MG_OK; ++w) {
-        mg_tap_randn(hu, n_u(batch, T), seed + 10 + (uint64_t)w, 1.0f);
-        mg_tap_up(due, hu, n_u(batch, T));
-        mg_tap_up(dug, hu, n_u(batch, T));
-        s = model_prefill(model, batch, T, due, doe, DEV_STATES(dse));
-        if (s == MG_OK) s = model_decode_graph_launch(g);
-        if (s != MG_OK) break;
-        mg_tap_down(oe, doe, n_out(batch, T));
-        mg_tap_down(og, dog, n_out(batch, T));
-        if (memcmp(oe, og, n_out(batch, T) * sizeof(float)) != 0) {
-            mg_err e = mg_compare_f32f32(og, oe, n_out(batch, T));
-            mg_tap_diag("window %d: graph vs eager out rel_l2 %.3e", w, e.rel_l2);
-            same = 0;
-        }
-    }
-    if (g) {
-        if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
-        mg_tap_ok(s == MG_OK && same, "prefill graph batch=%d T=%d, %d windows == eager prefill: out of every "
-                  "window bit-identical", batch, T, W);
-        mg_tap_ok(s == MG_OK && same_states(dse, dsg, batch),
-                  "prefill graph batch=%d T=%d: states advanced in place, bit-identical to eager", batch, T);
-        model_decode_graph_destroy(g);
-    }
-    /* NULL states: a fresh start at every replay */
-    g = NULL;
-    s = model_prefill_graph_create(model, batch, T, dug, dog, NO_STATES, &g);
-    same = s == MG_OK;
-    for (int w = 0; w < 2 && s == MG_OK; ++w) {
-        mg_tap_randn(hu, n_u(batch, T), seed + 20 + (uint64_t)w, 1.0f);
-        mg_tap_up(due, hu, n_u(batch, T));
-        mg_tap_up(dug, hu, n_u(batch, T));
-        s = model_prefill(model, batch, T, due, doe, NO_STATES);
-        if (s == MG_OK) s = model_decode_graph_launch(g);
-        if (s != MG_OK) break;
-        mg_tap_down(oe, doe, n_out(batch, T));
-        mg_tap_down(og, dog, n_out(batch, T));
-        same = same && memcmp(oe, og, n_out(batch, T) * sizeof(float)) == 0;
-    }
-    if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
-    mg_tap_ok(s == MG_OK && same, "prefill graph without states: every replay == eager prefill from zeros, "
-              "bit-identical");
-    model_decode_graph_destroy(g);
-    /* bad arguments: an error, no graph */
-    g = NULL;
-    s = model_prefill_graph_create(model, batch, 0, dug, dog, NO_STATES, &g);
-    mg_tap_ok(s == MG_ERR_INVALID_ARG && g == NULL, "prefill_graph_create seqlen 0: invalid argument, no graph (%s)",
-              mg_last_error());
-    s = model_prefill_graph_create(model, batch, T, dug, NULL, NO_STATES, &g);
-    mg_tap_ok(s == MG_ERR_INVALID_ARG && g == NULL, "prefill_graph_create out NULL: invalid argument, no graph");
-    s = model_prefill_graph_create(model, batch, T, dug, dog, NO_STATES, NULL);
-    mg_tap_ok(s == MG_ERR_INVALID_ARG, "prefill_graph_create graph pointer NULL: invalid argument");
-    for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); }
-    mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dug); mg_dev_free(dog);
-    free(hu); free(oe); free(og);
+    for (int b = 0; b < batch; ++b)
+        for (int t = 0; t < T; ++t)
+            mask[(size_t)b * T + t] = (unsigned char)(w % 3 == 1 ? 0 : w % 3 == 2 ? (t == 0) * 7
+                                                      : ((b + t + w) % 5 == 0));
 }
 
-/* The prefill graph with a start mask buffer: W windows, the mask in the
- * graph's buffer rewritten before each (starts at varying tokens, none,
- * t = 0 of every stream), against W eager prefill_starts calls with the
- * same masks from a buffer of their own, from the same random states: out
- * of every window and the final states bit-identical (a graph that kept the
- * mask it was captured with differs). */
-static void test_prefill_graph_starts(int batch, int T, int W, uint64_t seed)
+/* W windows of T tokens through one prefill graph (fixed buffers, the
+ * states advancing in place) against W eager calls from the same random
+ * states: every window's out and the final states bit-identical (a graph
+ * that did not advance the states, or replayed another scan, differs).
+ * starts: the graph has a start-mask buffer, rewritten before each window
+ * (window_starts; at capture it holds a start everywhere, unlike any
+ * window), and the eager calls are prefill_starts with the same masks from
+ * a buffer of their own (a graph that kept its capture-time mask differs).
+ * Without starts also: a graph with NULL states (every replay == an eager
+ * prefill from zeros) and bad arguments (refused, nothing captured); with
+ * starts, a mask in host memory refused. */
+static void test_prefill_graph(int batch, int T, int W, int starts, uint64_t seed)
 {
     const size_t nm = (size_t)batch * T;
     float *hu = FALLOC(n_u(batch, T)), *oe = FALLOC(n_out(batch, T)), *og = FALLOC(n_out(batch, T));
     float *due = mg_tap_dalloc(n_u(batch, T)), *doe = mg_tap_dalloc(n_out(batch, T));
     float *dug = mg_tap_dalloc(n_u(batch, T)), *dog = mg_tap_dalloc(n_out(batch, T));
-    unsigned char *mask = (unsigned char *)mg_tap_malloc(nm);
-    unsigned char *dme = dalloc_bytes(nm), *dmg = dalloc_bytes(nm);
+    unsigned char *mask = starts ? (unsigned char *)mg_tap_malloc(nm) : NULL;
+    unsigned char *dme = starts ? dalloc_bytes(nm) : NULL, *dmg = starts ? dalloc_bytes(nm) : NULL;
+    const char *what = starts ? "prefill graph with a start mask" : "prefill graph";
     float *dse[NST], *dsg[NST];
-    for (int i = 0; i < NST; ++i) {
-        const size_t n = st_floats(i, batch);
-        float *h = FALLOC(n);
-        mg_tap_randn(h, n, seed + 1 + (uint64_t)i, 0.5f);
-        dse[i] = mg_tap_dalloc(n); dsg[i] = mg_tap_dalloc(n);
-        mg_tap_up(dse[i], h, n); mg_tap_up(dsg[i], h, n);
-        free(h);
-    }
-    memset(mask, 1, nm);   /* the buffer at capture: a start everywhere, unlike the windows */
-    if (cudaMemcpy(dmg, mask, nm, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy");
+    dev_state_pair(dse, dsg, batch, seed);
     if (cudaMemset(dug, 0, n_u(batch, T) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
     model_graph *g = NULL;
-    mg_status s = model_prefill_graph_create_starts(model, batch, T, dug, dog, DEV_STATES(dsg), dmg, &g);
-    if (!mg_tap_ok(s == MG_OK, "prefill_graph_create_starts batch=%d T=%d", batch, T))
+    mg_status s;
+    if (starts) {
+        memset(mask, 1, nm);
+        if (cudaMemcpy(dmg, mask, nm, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy");
+        s = model_prefill_graph_create_starts(model, batch, T, dug, dog, DEV_STATES(dsg), dmg, &g);
+    } else {
+        s = model_prefill_graph_create(model, batch, T, dug, dog, DEV_STATES(dsg), &g);
+    }
+    if (!mg_tap_ok(s == MG_OK, "%s_create batch=%d T=%d", starts ? "prefill_graph_create_starts"
+                   : "prefill_graph_create", batch, T))
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     int same = g != NULL;
     for (int w = 0; w < W && s == MG_OK; ++w) {
-        for (int b = 0; b < batch; ++b)
-            for (int t = 0; t < T; ++t)
-                mask[(size_t)b * T + t] = (unsigned char)(w % 3 == 1 ? 0 : w % 3 == 2 ? (t == 0) * 7
-                                                          : ((b + t + w) % 5 == 0));
-        if (cudaMemcpy(dme, mask, nm, cudaMemcpyHostToDevice) != cudaSuccess ||
-            cudaMemcpy(dmg, mask, nm, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy");
+        if (starts) {
+            window_starts(mask, batch, T, w);
+            if (cudaMemcpy(dme, mask, nm, cudaMemcpyHostToDevice) != cudaSuccess ||
+                cudaMemcpy(dmg, mask, nm, cudaMemcpyHostToDevice) != cudaSuccess) mg_tap_bail("cudaMemcpy");
+        }
         mg_tap_randn(hu, n_u(batch, T), seed + 10 + (uint64_t)w, 1.0f);
         mg_tap_up(due, hu, n_u(batch, T));
         mg_tap_up(dug, hu, n_u(batch, T));
-        s = model_prefill_starts(model, batch, T, due, doe, DEV_STATES(dse), dme);
+        s = starts ? model_prefill_starts(model, batch, T, due, doe, DEV_STATES(dse), dme)
+                   : model_prefill(model, batch, T, due, doe, DEV_STATES(dse));
         if (s == MG_OK) s = model_decode_graph_launch(g);
         if (s != MG_OK) break;
         mg_tap_down(oe, doe, n_out(batch, T));
@@ -444,16 +384,54 @@ static void test_prefill_graph_starts(int batch, int T, int W, uint64_t seed)
     }
     if (g) {
         if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
-        mg_tap_ok(s == MG_OK && same, "prefill graph with a start mask changed between %d windows == eager "
-                  "prefill_starts: out of every window bit-identical", W);
-        mg_tap_ok(s == MG_OK && same_states(dse, dsg, batch),
-                  "prefill graph with a start mask == eager prefill_starts: final states bit-identical");
+        if (starts) {
+            mg_tap_ok(s == MG_OK && same, "%s changed between %d windows == eager prefill_starts: out of every "
+                      "window bit-identical", what, W);
+            mg_tap_ok(s == MG_OK && same_states(dse, dsg, batch),
+                      "%s == eager prefill_starts: final states bit-identical", what);
+        } else {
+            mg_tap_ok(s == MG_OK && same, "%s batch=%d T=%d, %d windows == eager prefill: out of every "
+                      "window bit-identical", what, batch, T, W);
+            mg_tap_ok(s == MG_OK && same_states(dse, dsg, batch),
+                      "%s batch=%d T=%d: states advanced in place, bit-identical to eager", what, batch, T);
+        }
         model_decode_graph_destroy(g);
     }
     g = NULL;
-    s = model_prefill_graph_create_starts(model, batch, T, dug, dog, NO_STATES, (const unsigned char *)mask, &g);
-    mg_tap_ok(s == MG_ERR_INVALID_ARG && g == NULL,
-              "prefill_graph_create_starts with a host-memory mask: invalid argument, no graph (%s)", mg_last_error());
+    if (starts) {
+        s = model_prefill_graph_create_starts(model, batch, T, dug, dog, NO_STATES, (const unsigned char *)mask, &g);
+        mg_tap_ok(s == MG_ERR_INVALID_ARG && g == NULL,
+                  "prefill_graph_create_starts with a host-memory mask: invalid argument, no graph (%s)",
+                  mg_last_error());
+    } else {
+        /* NULL states: a fresh start at every replay */
+        s = model_prefill_graph_create(model, batch, T, dug, dog, NO_STATES, &g);
+        same = s == MG_OK;
+        for (int w = 0; w < 2 && s == MG_OK; ++w) {
+            mg_tap_randn(hu, n_u(batch, T), seed + 20 + (uint64_t)w, 1.0f);
+            mg_tap_up(due, hu, n_u(batch, T));
+            mg_tap_up(dug, hu, n_u(batch, T));
+            s = model_prefill(model, batch, T, due, doe, NO_STATES);
+            if (s == MG_OK) s = model_decode_graph_launch(g);
+            if (s != MG_OK) break;
+            mg_tap_down(oe, doe, n_out(batch, T));
+            mg_tap_down(og, dog, n_out(batch, T));
+            same = same && memcmp(oe, og, n_out(batch, T) * sizeof(float)) == 0;
+        }
+        if (s != MG_OK) mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+        mg_tap_ok(s == MG_OK && same, "prefill graph without states: every replay == eager prefill from zeros, "
+                  "bit-identical");
+        model_decode_graph_destroy(g);
+        /* bad arguments: an error, no graph */
+        g = NULL;
+        s = model_prefill_graph_create(model, batch, 0, dug, dog, NO_STATES, &g);
+        mg_tap_ok(s == MG_ERR_INVALID_ARG && g == NULL,
+                  "prefill_graph_create seqlen 0: invalid argument, no graph (%s)", mg_last_error());
+        s = model_prefill_graph_create(model, batch, T, dug, NULL, NO_STATES, &g);
+        mg_tap_ok(s == MG_ERR_INVALID_ARG && g == NULL, "prefill_graph_create out NULL: invalid argument, no graph");
+        s = model_prefill_graph_create(model, batch, T, dug, dog, NO_STATES, NULL);
+        mg_tap_ok(s == MG_ERR_INVALID_ARG, "prefill_graph_create graph pointer NULL: invalid argument");
+    }
     for (int i = 0; i < NST; ++i) { mg_dev_free(dse[i]); mg_dev_free(dsg[i]); }
     mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dug); mg_dev_free(dog); mg_dev_free(dme); mg_dev_free(dmg);
     free(hu); free(oe); free(og); free(mask);

@@ -1169,9 +1169,9 @@ int main(void)
 
     /* Prefill CUDA Graph: windows replayed == eager prefill, bit for bit
      * (short windows, and one long enough for the chunked scan at batch 1). */
-    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 950);
-    test_prefill_graph(1, imin(MAX_SEQ_LEN, 3 * MODEL_SCAN_CHUNK + 5), 2, 960);
-    test_prefill_graph_starts(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 970);
+    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 0, 950);
+    test_prefill_graph(1, imin(MAX_SEQ_LEN, 3 * MODEL_SCAN_CHUNK + 5), 2, 0, 960);
+    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 1, 970);
 
     /* Decode with a reset mask, on every decode path, and its graph. */
     {

@@ -120,27 +120,53 @@ static rstate rs_new(int batch)
 }
 static void rs_free(rstate *r) { for (int i = 0; i < NST; ++i) free(r->s[i]); }
 
-/* GPU prefill on host data. st: initial state in, final state out (NULL:
- * fresh start). Returns the status of the prefill call. */
-static mg_status gpu_prefill(int batch, int T, const float *u, float *out, hstate *st)
+/* The states st on the device: ds[i] a fresh buffer holding st's state i
+ * (NULL st: every ds[i] NULL, a fresh start); free with mg_dev_free. */
+static void hs_dev(const hstate *st, int batch, float *ds[NST])
 {
-    float *du = mg_tap_dalloc(n_u(batch, T)), *dout = mg_tap_dalloc(n_out(batch, T));
-    float *ds[NST] = { NULL, NULL, NULL, NULL };
-    mg_tap_up(du, u, n_u(batch, T));
-    if (st)
-        for (int i = 0; i < NST; ++i) {
+    for (int i = 0; i < NST; ++i) {
+        ds[i] = NULL;
+        if (st) {
             ds[i] = mg_tap_dalloc(st_floats(i, batch));
             mg_tap_up(ds[i], st->s[i], st_floats(i, batch));
         }
-    mg_status s = model_prefill(model, batch, T, du, dout, ds[0], ds[1], ds[2], ds[3]);
+    }
+}
+
+/* The library's calls that gpu_call makes on host data. */
+enum { CALL_PREFILL, CALL_PREFILL_STARTS, CALL_BURN_IN_STARTS };
+
+/* GPU prefill (which: CALL_PREFILL), prefill_starts or burn_in_starts
+ * (with the device start mask dstart, NULL allowed: the calls' NULL case)
+ * on host data. st: initial state in, final state out (NULL: fresh start).
+ * out: [batch][T] outputs, burn-in's [batch] last ones. Returns the call's
+ * status. */
+static mg_status gpu_call(int batch, int T, const float *u, float *out, hstate *st, int which,
+                          const unsigned char *dstart)
+{
+    const size_t no = which == CALL_BURN_IN_STARTS ? n_out(batch, 1) : n_out(batch, T);
+    float *du = mg_tap_dalloc(n_u(batch, T)), *dout = mg_tap_dalloc(no);
+    float *ds[NST];
+    mg_tap_up(du, u, n_u(batch, T));
+    hs_dev(st, batch, ds);
+    mg_status s = which == CALL_PREFILL ? model_prefill(model, batch, T, du, dout, ds[0], ds[1], ds[2], ds[3])
+                : which == CALL_PREFILL_STARTS
+                    ? model_prefill_starts(model, batch, T, du, dout, ds[0], ds[1], ds[2], ds[3], dstart)
+                    : model_burn_in_starts(model, batch, T, du, dout, ds[0], ds[1], ds[2], ds[3], dstart);
     if (s == MG_OK) {
-        mg_tap_down(out, dout, n_out(batch, T));
+        mg_tap_down(out, dout, no);
         if (st)
             for (int i = 0; i < NST; ++i) mg_tap_down(st->s[i], ds[i], st_floats(i, batch));
     }
     mg_dev_free(du); mg_dev_free(dout);
     for (int i = 0; i < NST; ++i) mg_dev_free(ds[i]);
     return s;
+}
+
+/* GPU prefill on host data (gpu_call). */
+static mg_status gpu_prefill(int batch, int T, const float *u, float *out, hstate *st)
+{
+    return gpu_call(batch, T, u, out, st, CALL_PREFILL, NULL);
 }
 
 /* Reference prefill: f32 inputs and initial state st0 (NULL: fresh start),
@@ -349,10 +375,7 @@ static void test_decode(int batch, int T, uint64_t seed)
 
     float *du = mg_tap_dalloc(n_u(batch, 1)), *dout_t = mg_tap_dalloc(n_out(batch, 1));
     float *ds[NST];
-    for (int i = 0; i < NST; ++i) {
-        ds[i] = mg_tap_dalloc(st_floats(i, batch));
-        mg_tap_up(ds[i], dst.s[i], st_floats(i, batch));
-    }
+    hs_dev(&dst, batch, ds);
     for (int t = 0; t < T && s == MG_OK; ++t) {
         step_in(ut, u, batch, T, t);
         mg_tap_up(du, ut, n_u(batch, 1));
@@ -424,13 +447,9 @@ static void test_burn_in(int batch, int T, int with_state, int with_ref, uint64_
     mg_status s1 = gpu_prefill(batch, T, u, pout, with_state ? &pst : NULL);
 
     float *du = mg_tap_dalloc(n_u(batch, T)), *dlast = mg_tap_dalloc(n_out(batch, 1));
-    float *ds[NST] = { NULL, NULL, NULL, NULL };
+    float *ds[NST];
     mg_tap_up(du, u, n_u(batch, T));
-    if (with_state)
-        for (int i = 0; i < NST; ++i) {
-            ds[i] = mg_tap_dalloc(st_floats(i, batch));
-            mg_tap_up(ds[i], bst.s[i], st_floats(i, batch));
-        }
+    hs_dev(with_state ? &bst : NULL, batch, ds);
     mg_status s2 = model_burn_in(model, batch, T, du, dlast, ds[0], ds[1], ds[2], ds[3]);
     if (s2 == MG_OK) {
         mg_tap_down(last, dlast, n_out(batch, 1));
@@ -477,12 +496,8 @@ static void test_decode_graph(int batch, int T, uint64_t seed)
     float *due = mg_tap_dalloc(n_u(batch, 1)), *doe = mg_tap_dalloc(n_out(batch, 1));
     float *dug = mg_tap_dalloc(n_u(batch, 1)), *dog = mg_tap_dalloc(n_out(batch, 1));
     float *dse[NST], *dsg[NST];
-    for (int i = 0; i < NST; ++i) {
-        dse[i] = mg_tap_dalloc(st_floats(i, batch));
-        dsg[i] = mg_tap_dalloc(st_floats(i, batch));
-        mg_tap_up(dse[i], st0.s[i], st_floats(i, batch));
-        mg_tap_up(dsg[i], st0.s[i], st_floats(i, batch));
-    }
+    hs_dev(&st0, batch, dse);
+    hs_dev(&st0, batch, dsg);
     if (cudaMemset(dug, 0, n_u(batch, 1) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");   /* warm-up input */
     model_graph *g = NULL;
     mg_status s = model_decode_graph_create(model, batch, dug, dog, dsg[0], dsg[1], dsg[2], dsg[3], &g);
@@ -689,29 +704,11 @@ static unsigned char *up_starts(const unsigned char *m, int batch, int T)
     return d;
 }
 
-/* GPU prefill_starts (last_only: burn_in_starts) on host data, as gpu_prefill. */
+/* GPU prefill_starts (last_only: burn_in_starts) on host data (gpu_call). */
 static mg_status gpu_prefill_starts(int batch, int T, const float *u, float *out, hstate *st,
                                     const unsigned char *dstart, int last_only)
 {
-    const size_t no = last_only ? n_out(batch, 1) : n_out(batch, T);
-    float *du = mg_tap_dalloc(n_u(batch, T)), *dout = mg_tap_dalloc(no);
-    float *ds[NST] = { NULL, NULL, NULL, NULL };
-    mg_tap_up(du, u, n_u(batch, T));
-    if (st)
-        for (int i = 0; i < NST; ++i) {
-            ds[i] = mg_tap_dalloc(st_floats(i, batch));
-            mg_tap_up(ds[i], st->s[i], st_floats(i, batch));
-        }
-    mg_status s = last_only ? model_burn_in_starts(model, batch, T, du, dout, ds[0], ds[1], ds[2], ds[3], dstart)
-                            : model_prefill_starts(model, batch, T, du, dout, ds[0], ds[1], ds[2], ds[3], dstart);
-    if (s == MG_OK) {
-        mg_tap_down(out, dout, no);
-        if (st)
-            for (int i = 0; i < NST; ++i) mg_tap_down(st->s[i], ds[i], st_floats(i, batch));
-    }
-    mg_dev_free(du); mg_dev_free(dout);
-    for (int i = 0; i < NST; ++i) mg_dev_free(ds[i]);
-    return s;
+    return gpu_call(batch, T, u, out, st, last_only ? CALL_BURN_IN_STARTS : CALL_PREFILL_STARTS, dstart);
 }
 
 /* The reference with a start mask (mg_ref_mamba3_forward_ex), from st0. */
@@ -786,10 +783,7 @@ static void test_starts_vs_decode_reset(int batch, int T, const char *path, uint
     mg_status s = gpu_prefill_starts(batch, T, u, pout, &pst, dmask, 0);
     float *du = mg_tap_dalloc(n_u(batch, 1)), *dout_t = mg_tap_dalloc(n_out(batch, 1));
     float *ds[NST];
-    for (int i = 0; i < NST; ++i) {
-        ds[i] = mg_tap_dalloc(st_floats(i, batch));
-        mg_tap_up(ds[i], dst.s[i], st_floats(i, batch));
-    }
+    hs_dev(&dst, batch, ds);
     for (int t = 0; t < T && s == MG_OK; ++t) {
         step_in(ut, u, batch, T, t);
         mg_tap_up(du, ut, n_u(batch, 1));
@@ -847,10 +841,7 @@ static void test_starts_zero_mask(int batch, int T, const char *path, uint64_t s
     hs_copy(&sb, &st0);
     float *du = mg_tap_dalloc(n_u(batch, T)), *dl = mg_tap_dalloc(n_out(batch, 1));
     float *ds[NST];
-    for (int i = 0; i < NST; ++i) {
-        ds[i] = mg_tap_dalloc(st_floats(i, batch));
-        mg_tap_up(ds[i], sa.s[i], st_floats(i, batch));
-    }
+    hs_dev(&sa, batch, ds);
     mg_tap_up(du, u, n_u(batch, T));
     s = model_burn_in(model, batch, T, du, dl, DEV_STATES(ds));
     if (s == MG_OK) mg_tap_down(la, dl, n_out(batch, 1));
@@ -1052,9 +1043,9 @@ int main(void)
 
     /* Prefill CUDA Graph: windows replayed == eager prefill, bit for bit
      * (short windows, and one long enough for the chunked scan at batch 1). */
-    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 950);
-    test_prefill_graph(1, imin(MAX_SEQ_LEN, 3 * MODEL_SCAN_CHUNK + 5), 2, 960);
-    test_prefill_graph_starts(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 970);
+    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 0, 950);
+    test_prefill_graph(1, imin(MAX_SEQ_LEN, 3 * MODEL_SCAN_CHUNK + 5), 2, 0, 960);
+    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 1, 970);
 
     /* Decode with a reset mask (the fused single-token kernels up to
      * DEC_MAX_BATCH streams, the prefill kernels above), and its graph. */
