@@ -190,6 +190,24 @@ static void cmp_final_states(const char *prefix, int B, float *const got[NST], d
 /* Appended to the names of test_grads' checks (which SSM was forced). */
 static const char *grads_tag = "";
 
+/* One run r of B x T tokens against the reference's: out, the final
+ * states (rst; NULL: not compared), every parameter gradient and du, each
+ * TAP line named "PREFIX: ...". */
+static void cmp_run(const char *prefix, int B, int T, const run_out *r, const double *rout, double *const rst[NST],
+                    const double *rg, const double *rdu)
+{
+    char what[240];
+    snprintf(what, sizeof what, "%s: forward_train out", prefix);
+    cmp_ref(what, r->out, rout, n_out(B, T), FWD_TOL);
+    if (rst) cmp_final_states(prefix, B, r->st, rst, NULL, FWD_TOL);
+    for (int i = 0; i < n_tens; ++i) {
+        snprintf(what, sizeof what, "%s: grad %s", prefix, tens[i].name);
+        cmp_ref(what, r->grads + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
+    }
+    snprintf(what, sizeof what, "%s: du", prefix);
+    cmp_ref(what, r->du, rdu, n_u(B, T), GRAD_TOL);
+}
+
 static void test_grads(int B, int T, int with_state, uint64_t seed)
 {
     float *u, *dout, *st0[NST];
@@ -223,18 +241,8 @@ static void test_grads(int B, int T, int with_state, uint64_t seed)
                                rdst[0], rdst[1], rdst[2], rdst[3]) != MG_OK)
         mg_tap_bail("reference backward");
     char what[200];
-    snprintf(what, sizeof what, "b=%d T=%d %s: forward_train out", B, T, how);
-    cmp_ref(what, r.out, rout, n_out(B, T), FWD_TOL);
-    if (with_state) {
-        snprintf(what, sizeof what, "b=%d T=%d %s", B, T, how);
-        cmp_final_states(what, B, r.st, rst, NULL, FWD_TOL);
-    }
-    for (int i = 0; i < n_tens; ++i) {
-        snprintf(what, sizeof what, "b=%d T=%d %s: grad %s", B, T, how, tens[i].name);
-        cmp_ref(what, r.grads + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
-    }
-    snprintf(what, sizeof what, "b=%d T=%d %s: du", B, T, how);
-    cmp_ref(what, r.du, rdu, n_u(B, T), GRAD_TOL);
+    snprintf(what, sizeof what, "b=%d T=%d %s", B, T, how);
+    cmp_run(what, B, T, &r, rout, with_state ? rst : NULL, rg, rdu);
     for (int i = 0; i < NST; ++i) {
         snprintf(what, sizeof what, "b=%d T=%d %s: d %s (initial)", B, T, how, st_name[i]);
         if (!with_state && i == 3) {
@@ -543,16 +551,8 @@ static void test_grads_starts(int B, int T, int pattern, const char *path, uint6
         if (mg_ref_mamba3_backward_ex(&dims, &lay, blob, B, T, u, rst0[0], rst0[1], rst0[2], rst0[3], rdout, NULL,
                                       NULL, NULL, NULL, NULL, rg, rdu, rdst[0], rdst[1], rdst[2], rdst[3], &o) != MG_OK)
             mg_tap_bail("reference backward_ex");
-        snprintf(what, sizeof what, "starts b=%d T=%d (%s): forward_train out", B, T, how);
-        cmp_ref(what, r.out, rout, n_out(B, T), FWD_TOL);
         snprintf(what, sizeof what, "starts b=%d T=%d (%s)", B, T, how);
-        cmp_final_states(what, B, r.st, rst, NULL, FWD_TOL);
-        for (int i = 0; i < n_tens; ++i) {
-            snprintf(what, sizeof what, "starts b=%d T=%d (%s): grad %s", B, T, how, tens[i].name);
-            cmp_ref(what, r.grads + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
-        }
-        snprintf(what, sizeof what, "starts b=%d T=%d (%s): du", B, T, how);
-        cmp_ref(what, r.du, rdu, n_u(B, T), GRAD_TOL);
+        cmp_run(what, B, T, &r, rout, rst, rg, rdu);
         size_t nonzero = 0;
         for (int i = 0; i < NST; ++i) {
             snprintf(what, sizeof what, "starts b=%d T=%d (%s): d %s (initial)", B, T, how, st_name[i]);
