@@ -246,8 +246,41 @@ void mg_ref_mamba3_compare_states(const mg_m3_dims *d, int batch, const float *c
     }
 }
 
+/* The angle of push_ranges' fast heads apart from the others: see the
+ * header. Each part is gathered into its own arrays, then compared as a
+ * whole angle state would be. */
+void mg_ref_mamba3_compare_angle_pushed(const mg_m3_dims *d, int batch, const float *got, const double *ref,
+                                        const float *ref32, mg_err err[2])
+{
+    const size_t H = (size_t)d->nheads, S = (size_t)d->n_angles;
+    const size_t n = (size_t)d->n_layers * (size_t)batch * H * S;
+    float *g = (float *)malloc((n ? n : 1) * sizeof *g), *r32 = (float *)malloc((n ? n : 1) * sizeof *r32);
+    double *r64 = (double *)malloc((n ? n : 1) * sizeof *r64);
+    memset(err, 0, 2 * sizeof *err);
+    if (!g || !r32 || !r64) {
+        free(g); free(r32); free(r64);
+        err[0].n_nonfinite = err[1].n_nonfinite = 1;   /* no memory: fail, never pass */
+        return;
+    }
+    for (int part = 0; part < 2; part++) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            const int fast = mg_ref_mamba3_pushed_dt_head((int)((i / S) % H));
+            if (fast != part) continue;
+            g[k] = got[i];
+            if (ref) r64[k] = ref[i]; else r32[k] = ref32[i];
+            k++;
+        }
+        err[part] = ref ? mg_compare_angle_f32(g, r64, k) : mg_compare_angle_f32f32(g, r32, k);
+    }
+    free(g); free(r32); free(r64);
+}
+
 /* ------------------------------------------------------------------ */
 /* weights out of the init range (tests)                               */
+
+/* The heads whose DT bias push_ranges raises above softplus's threshold. */
+int mg_ref_mamba3_pushed_dt_head(int h) { return h % 3 == 0; }
 
 mg_status mg_ref_mamba3_push_ranges(const mg_m3_dims *d, const mg_m3_layout *l, float *blob,
                                     unsigned long long seed, float *u_offset0)
@@ -264,7 +297,7 @@ mg_status mg_ref_mamba3_push_ranges(const mg_m3_dims *d, const mg_m3_layout *l, 
     for (int li = 0; li < d->n_layers; li++) {
         const mg_m3_layer_off *L = &l->layers[li];
         for (size_t h = 0; h < sz.H; h++) {
-            if (h % 3 == 0) {
+            if (mg_ref_mamba3_pushed_dt_head((int)h)) {
                 blob[L->dt_bias + h] = (float)(22.0 + 2.0 * mg_rng_uniform(&r));
             } else if (h % 3 == 1) {
                 float *row = blob + L->in_proj_w + (sz.oA + h) * sz.D;

@@ -122,6 +122,21 @@ mg_status mg_ref_mamba3_push_ranges(const mg_m3_dims *d, const mg_m3_layout *l, 
 void mg_ref_mamba3_compare_states(const mg_m3_dims *d, int batch, const float *const got[4],
                                   const double *const ref[4], const float *const ref32[4], mg_err err[4]);
 
+/* The angle state of a call with mg_ref_mamba3_push_ranges' weights, in two
+ * parts: err[0] over the heads whose DT stays in the init range, err[1]
+ * over the heads whose DT bias it raised (mg_ref_mamba3_pushed_dt_head).
+ * Each comparison as mg_compare_angle_f32 (against ref, f64) or, when ref
+ * is NULL, mg_compare_angle_f32f32 (against ref32). Why two parts: at DT
+ * about 22 a head's angle turns by up to 70 rad a step, so the rounding of
+ * each increment (an f32 ulp of 70 is 8e-6 rad; with bf16/f16 inputs to
+ * DT, 0.1 rad and more) adds up in the absolute angle as a random walk that
+ * no output sees; the states relative to it (the frame-invariant ssm and
+ * k_prev checks) and the outputs still agree. The other heads keep the
+ * usual bound. */
+int mg_ref_mamba3_pushed_dt_head(int h);
+void mg_ref_mamba3_compare_angle_pushed(const mg_m3_dims *d, int batch, const float *got, const double *ref,
+                                        const float *ref32, mg_err err[2]);
+
 /* Forward over [batch][seqlen]. u: [batch][seqlen][input_dim or D] (f32),
  * out: [batch][seqlen][D] (f64; may be NULL). The state arrays are read as
  * the initial state and overwritten with the final state (unchanged when

@@ -3,6 +3,7 @@
  * still shows how far the program got. */
 #include "mg_tap.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,22 @@ void mg_tap_diag(const char *fmt, ...)
     vprintf(fmt, ap);
     fputc('\n', stdout);
     va_end(ap);
+}
+
+size_t mg_tap_diag_bits(const char *what, const float *a, const float *b, size_t n)
+{
+    size_t k = 0, first = 0;
+    double mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (memcmp(&a[i], &b[i], sizeof a[i]) == 0) continue;
+        if (k++ == 0) first = i;
+        const double d = fabs((double)a[i] - (double)b[i]);
+        if (d > mx || d != d) mx = d;
+    }
+    if (k)
+        mg_tap_diag("%s: %zu of %zu floats differ, the first at %zu (%.9g vs %.9g), max |a - b| = %.3e", what, k, n,
+                    first, (double)a[first], (double)b[first], mx);
+    return k;
 }
 
 int mg_tap_ok(int pass, const char *fmt, ...)

@@ -32,6 +32,11 @@ int mg_tap_budget(double ref_budget_macs, double macs_per_token, int min_tokens,
 /* "# " + the formatted text + newline. */
 void mg_tap_diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* After a failed bit-identity check: "# WHAT: K of N floats differ, the
+ * first at I (A vs B), max |a - b| = M", or nothing when a and b are the
+ * same bits. Returns K. */
+size_t mg_tap_diag_bits(const char *what, const float *a, const float *b, size_t n);
+
 /* One numbered test line: "ok N - TEXT" or "not ok N - TEXT"; returns pass
  * (so a failure can print diagnostics: if (!mg_tap_ok(...)) mg_tap_diag(...)). */
 int mg_tap_ok(int pass, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

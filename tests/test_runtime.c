@@ -446,6 +446,45 @@ static void test_m3_push_ranges(void)
     mg_ref_mamba3_layout_free(&l);
 }
 
+/* mg_ref_mamba3_compare_angle_pushed splits the angle state by
+ * mg_ref_mamba3_pushed_dt_head: an error on a fast head shows in err[1]
+ * only, one on another head in err[0] only (layout [layers][batch][H][S]). */
+static void test_m3_angle_pushed(void)
+{
+    mg_m3_dims d = { .d_model = 16, .n_layers = 2, .d_state = 16, .d_inner = 64, .headdim = 16, .nheads = 4,
+                     .ngroups = 1, .n_angles = 3, .input_dim = 0, .norm_eps = 1e-5, .a_floor = 1e-4,
+                     .a_activation = MG_M3_A_HEAVY_TAIL, .outproj_norm = true };
+    enum { B = 2, N = 2 * B * 4 * 3 };
+    float got[N], r32[N];
+    double ref[N];
+    for (int i = 0; i < N; i++) ref[i] = r32[i] = got[i] = (float)(0.1 * i);
+    tap_ok(mg_ref_mamba3_pushed_dt_head(0) && !mg_ref_mamba3_pushed_dt_head(1) && mg_ref_mamba3_pushed_dt_head(3),
+           "pushed_dt_head: heads 0 and 3 of 4 are the fast ones");
+    mg_err e[2];
+    const int fast_i = ((1 * B + 1) * 4 + 3) * 3 + 2, slow_i = ((1 * B + 0) * 4 + 2) * 3 + 1;   /* head 3, head 2 */
+    got[fast_i] += 0.5f;
+    mg_ref_mamba3_compare_angle_pushed(&d, B, got, ref, NULL, e);
+    tap_ok(e[0].n == N / 2 && e[1].n == N / 2 && e[0].max_abs == 0.0 && fabs(e[1].max_abs - 0.5) < 1e-6,
+           "angle_pushed: a fast head's error is in err[1] only (n %zu/%zu, max %.3g/%.3g)", e[0].n, e[1].n,
+           e[0].max_abs, e[1].max_abs);
+    got[fast_i] -= 0.5f;
+    got[slow_i] += 6.283185307179586f + 0.25f;   /* a turn plus 0.25: 0.25 on the circle */
+    mg_ref_mamba3_compare_angle_pushed(&d, B, got, NULL, r32, e);
+    tap_ok(e[1].max_abs == 0.0 && fabs(e[0].max_abs - 0.25) < 1e-5,
+           "angle_pushed (f32 ref): another head's error is in err[0] only, on the circle (max %.3g/%.3g)",
+           e[0].max_abs, e[1].max_abs);
+}
+
+/* mg_tap_diag_bits counts the floats whose bits differ (0 and -0 differ,
+ * a NaN equals its own bits). */
+static void test_tap_diag_bits(void)
+{
+    float a[4] = { 1.0f, 0.0f, NAN, 3.0f }, b[4] = { 1.0f, -0.0f, NAN, 3.5f };
+    memcpy(&b[2], &a[2], sizeof a[2]);
+    tap_ok(mg_tap_diag_bits("diag_bits self-test", a, b, 4) == 2, "mg_tap_diag_bits: 2 of 4 differ (-0, 3.5)");
+    tap_ok(mg_tap_diag_bits("diag_bits self-test", a, a, 4) == 0, "mg_tap_diag_bits: a buffer against itself: 0");
+}
+
 /* ------------------------------------------------------------ cuda: host side */
 
 static void test_cuda_host(int ndev)
@@ -906,6 +945,8 @@ int main(void)
     test_rotated_states();
     test_m3_compare_states();
     test_m3_push_ranges();
+    test_m3_angle_pushed();
+    test_tap_diag_bits();
     test_start_mask();
     int ndev = mg_device_count();
     test_cuda_host(ndev);

@@ -429,13 +429,16 @@ static void test_grads_starts(int B, int T, int pattern, uint64_t seed)
 
 static int same_run(const run_out *a, const run_out *b, int B, int T)
 {
-    return memcmp(a->out, b->out, n_out(B, T) * sizeof(float)) == 0 &&
-           memcmp(a->cs, b->cs, model_conv_state_floats(B) * sizeof(float)) == 0 &&
-           memcmp(a->ss, b->ss, model_ssm_state_floats(B) * sizeof(float)) == 0 &&
-           memcmp(a->grads, b->grads, WFLOATS * sizeof(float)) == 0 &&
-           memcmp(a->du, b->du, n_u(B, T) * sizeof(float)) == 0 &&
-           memcmp(a->dcs, b->dcs, model_conv_state_floats(B) * sizeof(float)) == 0 &&
-           memcmp(a->dss, b->dss, model_ssm_state_floats(B) * sizeof(float)) == 0;
+    const size_t ncs = model_conv_state_floats(B), nss = model_ssm_state_floats(B);
+    /* every part, so a failure's diagnostics name each one that differs */
+    size_t k = mg_tap_diag_bits("out", a->out, b->out, n_out(B, T));
+    k += mg_tap_diag_bits("conv state", a->cs, b->cs, ncs);
+    k += mg_tap_diag_bits("ssm state", a->ss, b->ss, nss);
+    k += mg_tap_diag_bits("gradients", a->grads, b->grads, WFLOATS);
+    k += mg_tap_diag_bits("du", a->du, b->du, n_u(B, T));
+    k += mg_tap_diag_bits("conv state gradient", a->dcs, b->dcs, ncs);
+    k += mg_tap_diag_bits("ssm state gradient", a->dss, b->dss, nss);
+    return k == 0;
 }
 
 /* Bit for bit, on every scan walk: an all-zero mask == no mask (out,
