@@ -83,17 +83,29 @@ else
       status=1
       continue
     fi
+    # every program under every tool at once (separate processes on one
+    # GPU; each writes its own log), then the results in a fixed order
     for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
       [ -x "$prog" ] || continue
       for tool in ${SANITIZE_GPU_TOOLS:-memcheck racecheck initcheck}; do
         extra=
         [ "$tool" = memcheck ] && extra="--leak-check full"
         log=$dir/gpu_$(basename "$prog").$tool.log
-        start=$(date +%s)
-        if (cd "$pkg" && "$cs" --tool "$tool" $extra --error-exitcode 99 "$prog") > "$log" 2>&1; then
-          echo "check-sanitize: GPU: ok: $tool $(basename "$prog") ($(($(date +%s) - start))s)"
+        ( start=$(date +%s)
+          (cd "$pkg" && "$cs" --tool "$tool" $extra --error-exitcode 99 "$prog") > "$log" 2>&1
+          echo "$? $(($(date +%s) - start))" > "$log.rc" ) &
+      done
+    done
+    wait
+    for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
+      [ -x "$prog" ] || continue
+      for tool in ${SANITIZE_GPU_TOOLS:-memcheck racecheck initcheck}; do
+        log=$dir/gpu_$(basename "$prog").$tool.log
+        read -r rc secs < "$log.rc" || rc=1
+        if [ "$rc" = 0 ]; then
+          echo "check-sanitize: GPU: ok: $tool $(basename "$prog") (${secs}s; $(grep -c '^ok' "$log") TAP ok)"
         else
-          echo "check-sanitize: GPU: FAIL: $tool $(basename "$prog") ($log):"
+          echo "check-sanitize: GPU: FAIL: $tool $(basename "$prog") (exit $rc; $log):"
           grep -E '^========= |^not ok' "$log" | head -n 20
           status=1
         fi
