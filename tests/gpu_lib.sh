@@ -74,24 +74,47 @@ built() {
 }
 
 # run_all MODEL...: for each built model, its NAME_test and, when the spec
-# emits training, NAME_train_test.
+# emits training, NAME_train_test. The programs run MG_RUN_JOBS at a time
+# (default: half the cores, at most 8; each spends most of its time in its
+# single-threaded f64 reference, and no program measures time or device
+# memory, so they share the GPU without changing a result); their reports
+# follow in model order, as if run one after another.
 run_all() {
+  njobs=${MG_RUN_JOBS:-$(( $(nproc 2>/dev/null || echo 2) / 2 ))}
+  [ "$njobs" -ge 1 ] 2>/dev/null || njobs=1
+  [ "$njobs" -le 8 ] || njobs=8
+  for name in "$@"; do
+    [ "$(cat "$tap_tmp/$name.rc" 2>/dev/null)" = ok ] || continue
+    for prog in "${name}_train_test" "${name}_test"; do   # the longer first
+      [ -x "$tap_tmp/$name/$prog" ] && printf '%s|%s\n' "$tap_tmp/$name" "$prog"
+    done
+  done | xargs -P "$njobs" -I{} sh -c 'd=${1%|*} p=${1##*|}; (cd "$d" && "./$p") > "$d/$p.tap" 2>&1; echo $? > "$d/$p.rc"' \
+    run_all {}
   for name in "$@"; do
     built "$name" || continue
-    run_program "$tap_tmp/$name" "${name}_test" "$name"
+    program_report "$tap_tmp/$name" "${name}_test" "$name"
     if [ -x "$tap_tmp/$name/${name}_train_test" ]; then
-      run_program "$tap_tmp/$name" "${name}_train_test" "${name}_train_test"
+      program_report "$tap_tmp/$name" "${name}_train_test" "${name}_train_test"
     fi
   done
 }
 
-# run_program DIR PROG LABEL: run a generated TAP program, pass its tests
-# through re-numbered and prefixed with LABEL, keep its diagnostics; a crash,
-# a bail-out, a non-zero exit or a wrong count is a failure.
+# run_program DIR PROG LABEL: run a generated TAP program now, then report
+# it (program_report).
 run_program() {
+  (cd "$1" && "./$2") > "$1/$2.tap" 2>&1
+  echo $? > "$1/$2.rc"
+  program_report "$@"
+}
+
+# program_report DIR PROG LABEL: the run's output DIR/PROG.tap and exit
+# status DIR/PROG.rc: its tests passed through re-numbered and prefixed with
+# LABEL, its diagnostics kept; a crash, a bail-out, a non-zero exit or a
+# wrong count is a failure.
+program_report() {
   dir=$1 prog=$2 label=$3
-  (cd "$dir" && "./$prog") > "$dir/$prog.tap" 2>&1
-  rc=$?
+  rc=$(cat "$dir/$prog.rc" 2>/dev/null) || rc=
+  [ -n "$rc" ] || rc=127
   plan= seen=0 failed=0 bailed=
   while IFS= read -r line; do
     case "$line" in
