@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "mg_rng.h"
+#include "mg_tap.h"
 
 static size_t up64(size_t x) { return (x + 63) & ~(size_t)63; }
 
@@ -274,6 +275,26 @@ void mg_ref_mamba3_compare_angle_pushed(const mg_m3_dims *d, int batch, const fl
         err[part] = ref ? mg_compare_angle_f32(g, r64, k) : mg_compare_angle_f32f32(g, r32, k);
     }
     free(g); free(r32); free(r64);
+}
+
+void mg_ref_mamba3_tap_angle_pushed(const mg_m3_dims *d, int batch, const char *what, const float *got,
+                                    const double *ref, const float *ref32, double tol, int f32_storage)
+{
+    static const char *const part[2] = { "heads at init-range DT", "heads at DT ~ 22" };
+    mg_err e[2];
+    mg_ref_mamba3_compare_angle_pushed(d, batch, got, ref, ref32, e);
+    for (int i = 0; i < 2; i++) {
+        const double t = i ? MG_REF_M3_ANGLE_FAST_TOL : tol;
+        if (i && !f32_storage) {
+            char w[320];
+            snprintf(w, sizeof w, "%s (%s)", what, part[i]);
+            mg_tap_skip("absolute angle below the storage dtype's resolution at DT ~ 22 (ssm, k_prev and out are "
+                        "checked)", w);
+            continue;
+        }
+        mg_tap_diag("%s (%s): max_abs=%.3e rel_l2=%.3e (n=%zu)", what, part[i], e[i].max_abs, e[i].rel_l2, e[i].n);
+        mg_tap_ok(mg_err_ok(&e[i], t), "%s (%s): rel_l2 <= %g", what, part[i], t);
+    }
 }
 
 /* ------------------------------------------------------------------ */

@@ -136,6 +136,17 @@ void mg_ref_mamba3_compare_states(const mg_m3_dims *d, int batch, const float *c
 int mg_ref_mamba3_pushed_dt_head(int h);
 void mg_ref_mamba3_compare_angle_pushed(const mg_m3_dims *d, int batch, const float *got, const double *ref,
                                         const float *ref32, mg_err err[2]);
+/* The TAP lines of that comparison, for the test programs: "WHAT (heads at
+ * init-range DT): rel_l2 <= tol", then for the fast heads "WHAT (heads at
+ * DT ~ 22)": within MG_REF_M3_ANGLE_FAST_TOL when f32_storage (about 10x
+ * the random walk of the increments' rounding at the tests' lengths, far
+ * below the ~1 of a wrong angle), else a skip: with bf16/f16 inputs to DT
+ * their absolute angle is below the inputs' resolution (the ssm and k_prev
+ * states relative to it, and the outputs, are checked by the caller). Each
+ * check with its diagnostic line (max_abs, rel_l2, n). */
+#define MG_REF_M3_ANGLE_FAST_TOL 1e-3
+void mg_ref_mamba3_tap_angle_pushed(const mg_m3_dims *d, int batch, const char *what, const float *got,
+                                    const double *ref, const float *ref32, double tol, int f32_storage);
 
 /* Forward over [batch][seqlen]. u: [batch][seqlen][input_dim or D] (f32),
  * out: [batch][seqlen][D] (f64; may be NULL). The state arrays are read as

@@ -205,9 +205,8 @@ static int cmp_gpu(const char *what, const float *got, const float *ref, size_t 
  * back by its own side's final angle, the angle on the circle (its
  * rel_l2: the rms angular error over that of a uniform angle), so the
  * absolute angle's drift over a long bf16 sequence, which no output sees,
- * is measured once, in the angle, and not again in every rotated state. */
-static void report_angle_pushed(const char *prefix, int batch, const float *got, const double *ref,
-                                const float *gpu, double tol);
+ * is measured once, in the angle, and not again in every rotated state;
+ * under pushed weights, in two parts (mg_ref_mamba3_tap_angle_pushed). */
 static void cmp_states_tol(const char *prefix, const hstate *got, const rstate *ref, const hstate *gpu, double tol)
 {
     char what[200];
@@ -218,34 +217,13 @@ static void cmp_states_tol(const char *prefix, const hstate *got, const rstate *
     for (int i = 0; i < NST; ++i) {
         snprintf(what, sizeof what, "%s: %s", prefix, st_name[i]);
         if (i == NST - 1 && weights_tag[0])
-            report_angle_pushed(what, got->batch, got->s[i], ref ? ref->s[i] : NULL, gpu && !ref ? gpu->s[i] : NULL, tol);
+            mg_ref_mamba3_tap_angle_pushed(&dims, got->batch, what, got->s[i], ref ? ref->s[i] : NULL,
+                                           gpu && !ref ? gpu->s[i] : NULL, tol, MODEL_F32_STORAGE);
         else
             report_tol(what, &e[i], tol);
     }
 }
 
-/* The angle state under push_ranges' weights (weights_tag set), in two
- * checks (mg_ref_mamba3_compare_angle_pushed says why): the heads at
- * init-range DT within tol; the fast heads (DT ~ 22, up to 70 rad a step)
- * in f32 storage within ANGLE_FAST_TOL (about 10x the random walk of the
- * increments' rounding at these lengths, far below the ~1 of a wrong
- * angle), and with bf16/f16 inputs to DT not at all: their absolute angle
- * is then below the inputs' resolution (a skip that says so). */
-#define ANGLE_FAST_TOL 1e-3
-static void report_angle_pushed(const char *what, int batch, const float *got, const double *ref,
-                                const float *gpu, double tol)
-{
-    char w[240];
-    mg_err e[2];
-    mg_ref_mamba3_compare_angle_pushed(&dims, batch, got, ref, gpu, e);
-    snprintf(w, sizeof w, "%s (heads at init-range DT)", what);
-    report_tol(w, &e[0], tol);
-    snprintf(w, sizeof w, "%s (heads at DT ~ 22)", what);
-    if (MODEL_F32_STORAGE)
-        report_tol(w, &e[1], ANGLE_FAST_TOL);
-    else
-        mg_tap_skip("absolute angle below the storage dtype's resolution at DT ~ 22 (ssm, k_prev and out are checked)", w);
-}
 static void cmp_states(const char *prefix, const hstate *got, const rstate *ref, const hstate *gpu)
 {
     cmp_states_tol(prefix, got, ref, gpu, TOL);
@@ -283,7 +261,8 @@ static void cmp_states_any(const char *prefix, int batch, float *const got[], do
     for (int i = 0; i < NST; ++i) {
         snprintf(what, sizeof what, "%s: %s", prefix, st_name[i]);
         if (i == NST - 1 && weights_tag[0])
-            report_angle_pushed(what, batch, got[i], ref ? ref[i] : NULL, gpu && !ref ? gpu[i] : NULL, TOL);
+            mg_ref_mamba3_tap_angle_pushed(&dims, batch, what, got[i], ref ? ref[i] : NULL, gpu && !ref ? gpu[i] : NULL, TOL,
+                                           MODEL_F32_STORAGE);
         else
             report_tol(what, &e[i], TOL);
     }

@@ -172,36 +172,8 @@ static mg_status gpu_run(int B, int T, const float *u, float *const *st0, const 
  * final NAME state". Frame-invariant (mg_ref_mamba3_compare_states): ssm
  * and k_prev each turned back by its own side's final angle, the angle on
  * the circle (rel_l2: the rms angular error over that of a uniform angle);
- * a drift of the absolute angle shows once, in the angle. */
-static void report_err(const char *what, const mg_err *e, double tol)
-{
-    mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e->max_abs, e->rel_l2, e->n);
-    mg_tap_ok(mg_err_ok(e, tol), "%s: rel_l2 <= %g", what, tol);
-}
-
-/* The angle state under push_ranges' weights (weights_tag set), in two
- * checks (mg_ref_mamba3_compare_angle_pushed says why): the heads at
- * init-range DT within tol; the fast heads (DT ~ 22, up to 70 rad a step)
- * in f32 storage within ANGLE_FAST_TOL (about 10x the random walk of the
- * increments' rounding at these lengths, far below the ~1 of a wrong
- * angle), and with bf16/f16 inputs to DT not at all: their absolute angle
- * is then below the inputs' resolution (a skip that says so). */
-#define ANGLE_FAST_TOL 1e-3
-static void report_angle_pushed(const char *what, int B, const float *got, const double *ref, const float *gpu,
-                                double tol)
-{
-    char w[280];
-    mg_err e[2];
-    mg_ref_mamba3_compare_angle_pushed(&dims, B, got, ref, gpu, e);
-    snprintf(w, sizeof w, "%s (heads at init-range DT)", what);
-    report_err(w, &e[0], tol);
-    snprintf(w, sizeof w, "%s (heads at DT ~ 22)", what);
-    if (MODEL_F32_STORAGE)
-        report_err(w, &e[1], ANGLE_FAST_TOL);
-    else
-        mg_tap_skip("absolute angle below the storage dtype's resolution at DT ~ 22 (ssm, k_prev and out are checked)", w);
-}
-
+ * a drift of the absolute angle shows once, in the angle; under pushed
+ * weights, in two parts (mg_ref_mamba3_tap_angle_pushed). */
 static void cmp_final_states(const char *prefix, int B, float *const got[NST], double *const ref[NST],
                              float *const gpu[NST], double tol)
 {
@@ -212,10 +184,12 @@ static void cmp_final_states(const char *prefix, int B, float *const got[NST], d
     for (int i = 0; i < NST; ++i) {
         snprintf(what, sizeof what, "%s: final %s state", prefix, st_name[i]);
         if (i == NST - 1 && weights_tag[0]) {
-            report_angle_pushed(what, B, got[i], ref ? ref[i] : NULL, gpu && !ref ? gpu[i] : NULL, tol);
+            mg_ref_mamba3_tap_angle_pushed(&dims, B, what, got[i], ref ? ref[i] : NULL, gpu && !ref ? gpu[i] : NULL, tol,
+                                           MODEL_F32_STORAGE);
             continue;
         }
-        report_err(what, &e[i], tol);
+        mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e[i].max_abs, e[i].rel_l2, e[i].n);
+        mg_tap_ok(mg_err_ok(&e[i], tol), "%s: rel_l2 <= %g", what, tol);
     }
 }
 
