@@ -400,8 +400,13 @@ if M.HAS_TRAINING:
                 a += b
         e_out = rel(out, ref)
         e_dx = rel(gp[0], gx)
-        e_w = max(rel(a, b) for a, b in zip(gp[1:], gw) if b.norm().item() > 0)
-        return max(e_out, e_dx, e_w) < TOL, "out %.3g, du %.3g, worst parameter gradient %.3g" % (e_out, e_dx, e_w)
+        names = [n for n, _ in m2.named_parameters()]
+        e_w, worst = max((rel(a, b), n) for a, b, n in zip(gp[1:], gw, names) if b.norm().item() > 0)
+        # where it differs: du per sequence (lengths lens), the worst parameter
+        per_seq = ", ".join("%d: %.3g" % (n, rel(gp[0][cu[i]:cu[i + 1]], gx[cu[i]:cu[i + 1]]))
+                            for i, n in enumerate(lens))
+        return max(e_out, e_dx, e_w) < TOL, "out %.3g, du %.3g (per sequence length %s), worst parameter gradient " \
+            "%.3g (%s)" % (e_out, e_dx, per_seq, e_w, worst)
 
 
 @test("calls run on the current stream: prefill on a side stream == on the default stream")
