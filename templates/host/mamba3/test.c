@@ -199,29 +199,36 @@ static int cmp_gpu(const char *what, const float *got, const float *ref, size_t 
     return cmp_gpu_tol(what, got, ref, n, TOL);
 }
 
-/* The four states against the reference's (ref) or, when ref is NULL,
- * another GPU run's (gpu), within tol; prefix names the case. Frame-
- * invariant (mg_ref_mamba3_compare_states): ssm and k_prev each turned
- * back by its own side's final angle, the angle on the circle (its
- * rel_l2: the rms angular error over that of a uniform angle), so the
- * absolute angle's drift over a long bf16 sequence, which no output sees,
- * is measured once, in the angle, and not again in every rotated state;
- * under pushed weights, in two parts (mg_ref_mamba3_tap_angle_pushed). */
-static void cmp_states_tol(const char *prefix, const hstate *got, const rstate *ref, const hstate *gpu, double tol)
+/* The four states of batch streams, host arrays got[NST], against the
+ * reference's (ref) or, when ref is NULL, another GPU run's (gpu), within
+ * tol; prefix names the case. Frame-invariant
+ * (mg_ref_mamba3_compare_states): ssm and k_prev each turned back by its
+ * own side's final angle, the angle on the circle (its rel_l2: the rms
+ * angular error over that of a uniform angle), so the absolute angle's
+ * drift over a long bf16 sequence, which no output sees, is measured once,
+ * in the angle, and not again in every rotated state; under pushed
+ * weights, in two parts (mg_ref_mamba3_tap_angle_pushed). */
+static void cmp_host_states(const char *prefix, int batch, float *const got[], double *const ref[],
+                            float *const gpu[], double tol)
 {
-    char what[200];
+    char what[256];
     mg_err e[NST];
-    mg_ref_mamba3_compare_states(&dims, got->batch, (const float *const *)got->s,
-                                 ref ? (const double *const *)ref->s : NULL,
-                                 ref ? NULL : (const float *const *)gpu->s, e);
+    mg_ref_mamba3_compare_states(&dims, batch, (const float *const *)got, (const double *const *)ref,
+                                 (const float *const *)gpu, e);
     for (int i = 0; i < NST; ++i) {
         snprintf(what, sizeof what, "%s: %s", prefix, st_name[i]);
         if (i == NST - 1 && weights_tag[0])
-            mg_ref_mamba3_tap_angle_pushed(&dims, got->batch, what, got->s[i], ref ? ref->s[i] : NULL,
-                                           gpu && !ref ? gpu->s[i] : NULL, tol, MODEL_F32_STORAGE);
+            mg_ref_mamba3_tap_angle_pushed(&dims, batch, what, got[i], ref ? ref[i] : NULL, gpu && !ref ? gpu[i] : NULL,
+                                           tol, MODEL_F32_STORAGE);
         else
             report_tol(what, &e[i], tol);
     }
+}
+
+/* cmp_host_states of an hstate against an rstate (ref) or another hstate (gpu). */
+static void cmp_states_tol(const char *prefix, const hstate *got, const rstate *ref, const hstate *gpu, double tol)
+{
+    cmp_host_states(prefix, got->batch, got->s, ref ? ref->s : NULL, ref ? NULL : gpu->s, tol);
 }
 
 static void cmp_states(const char *prefix, const hstate *got, const rstate *ref, const hstate *gpu)
@@ -250,24 +257,7 @@ static void cmp_ref_prefill(const char *what_case, int batch, int T, const float
 #define DEV_STATES(st) st[0], st[1], st[2], st[3]
 #define REF_FWD_EX(T, u, out, st, o) \
     mg_ref_mamba3_forward_ex(&dims, &lay, blob, 1, T, u, out, st[0], st[1], st[2], st[3], o)
-/* Host states got against the reference's (ref) or another run's (gpu),
- * frame-invariant as cmp_states_tol. */
-static void cmp_states_any(const char *prefix, int batch, float *const got[], double *const ref[], float *const gpu[])
-{
-    char what[256];
-    mg_err e[NST];
-    mg_ref_mamba3_compare_states(&dims, batch, (const float *const *)got, (const double *const *)ref,
-                                 (const float *const *)gpu, e);
-    for (int i = 0; i < NST; ++i) {
-        snprintf(what, sizeof what, "%s: %s", prefix, st_name[i]);
-        if (i == NST - 1 && weights_tag[0])
-            mg_ref_mamba3_tap_angle_pushed(&dims, batch, what, got[i], ref ? ref[i] : NULL, gpu && !ref ? gpu[i] : NULL, TOL,
-                                           MODEL_F32_STORAGE);
-        else
-            report_tol(what, &e[i], TOL);
-    }
-}
-#define CMP_STATES_ANY(prefix, batch, got, ref, gpu) cmp_states_any(prefix, batch, got, ref, gpu)
+#define CMP_STATES_ANY(prefix, batch, got, ref, gpu) cmp_host_states(prefix, batch, got, ref, gpu, TOL)
 #define SELFCHECK_DIAG(T, r)                                                                                        \
     mg_tap_diag("selfcheck b=1 T=%d: out rel_l2=%.3e, ssm %.3e, k_prev %.3e, v_prev %.3e, angle %.3e", T,          \
                 r.out.rel_l2, r.ssm.rel_l2, r.k_prev.rel_l2, r.v_prev.rel_l2, r.angle.rel_l2)
