@@ -277,6 +277,60 @@ void mg_ref_mamba3_compare_angle_pushed(const mg_m3_dims *d, int batch, const fl
     free(g); free(r32); free(r64);
 }
 
+/* The ssm state of push_ranges' fast heads apart from the others: each
+ * part's heads (P x N state and S angles each) gathered, then compared
+ * frame-invariantly as a whole ssm state would be. */
+void mg_ref_mamba3_compare_ssm_pushed(const mg_m3_dims *d, int batch, const float *got, const float *got_angle,
+                                      const double *ref, const double *ref_angle, const float *ref32,
+                                      const float *ref32_angle, mg_err err[2])
+{
+    const size_t H = (size_t)d->nheads, S = (size_t)d->n_angles;
+    const size_t PN = (size_t)d->headdim * (size_t)d->d_state;
+    const size_t heads = (size_t)d->n_layers * (size_t)batch * H;
+    const size_t nh = heads ? heads : 1;
+    float *g = (float *)malloc(nh * PN * sizeof *g), *ga = (float *)malloc(nh * S * sizeof *ga);
+    float *r32 = (float *)malloc(nh * PN * sizeof *r32), *r32a = (float *)malloc(nh * S * sizeof *r32a);
+    double *r64 = (double *)malloc(nh * PN * sizeof *r64), *r64a = (double *)malloc(nh * S * sizeof *r64a);
+    memset(err, 0, 2 * sizeof *err);
+    if (!g || !ga || !r32 || !r32a || !r64 || !r64a) {
+        err[0].n_nonfinite = err[1].n_nonfinite = 1;   /* no memory: fail, never pass */
+    } else {
+        for (int part = 0; part < 2; part++) {
+            size_t k = 0;
+            for (size_t hh = 0; hh < heads; hh++) {
+                if (mg_ref_mamba3_pushed_dt_head((int)(hh % H)) != part) continue;
+                memcpy(g + k * PN, got + hh * PN, PN * sizeof *g);
+                memcpy(ga + k * S, got_angle + hh * S, S * sizeof *ga);
+                if (ref) {
+                    memcpy(r64 + k * PN, ref + hh * PN, PN * sizeof *r64);
+                    memcpy(r64a + k * S, ref_angle + hh * S, S * sizeof *r64a);
+                } else {
+                    memcpy(r32 + k * PN, ref32 + hh * PN, PN * sizeof *r32);
+                    memcpy(r32a + k * S, ref32_angle + hh * S, S * sizeof *r32a);
+                }
+                k++;
+            }
+            const mg_rot_shape sh = { k, (size_t)d->headdim, (size_t)d->d_state, S };
+            err[part] = ref ? mg_compare_rotated_f32(g, ga, r64, r64a, &sh) : mg_compare_rotated_f32f32(g, ga, r32, r32a, &sh);
+        }
+    }
+    free(g); free(ga); free(r32); free(r32a); free(r64); free(r64a);
+}
+
+void mg_ref_mamba3_tap_ssm_pushed(const mg_m3_dims *d, int batch, const char *what, const float *got,
+                                  const float *got_angle, const double *ref, const double *ref_angle,
+                                  const float *ref32, const float *ref32_angle, double tol)
+{
+    static const char *const part[2] = { "heads at init-range DT", "heads at DT ~ 22" };
+    mg_err e[2];
+    mg_ref_mamba3_compare_ssm_pushed(d, batch, got, got_angle, ref, ref_angle, ref32, ref32_angle, e);
+    for (int i = 0; i < 2; i++) {
+        const double t = i && tol < MG_REF_M3_ANGLE_FAST_TOL ? MG_REF_M3_ANGLE_FAST_TOL : tol;
+        mg_tap_diag("%s (%s): max_abs=%.3e rel_l2=%.3e (n=%zu)", what, part[i], e[i].max_abs, e[i].rel_l2, e[i].n);
+        mg_tap_ok(mg_err_ok(&e[i], t), "%s (%s): rel_l2 <= %g", what, part[i], t);
+    }
+}
+
 void mg_ref_mamba3_tap_angle_pushed(const mg_m3_dims *d, int batch, const char *what, const float *got,
                                     const double *ref, const float *ref32, double tol, int f32_storage)
 {

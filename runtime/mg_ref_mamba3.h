@@ -136,6 +136,21 @@ void mg_ref_mamba3_compare_states(const mg_m3_dims *d, int batch, const float *c
 int mg_ref_mamba3_pushed_dt_head(int h);
 void mg_ref_mamba3_compare_angle_pushed(const mg_m3_dims *d, int batch, const float *got, const double *ref,
                                         const float *ref32, mg_err err[2]);
+/* The ssm state under those weights, in the same two parts of heads: each
+ * part compared frame-invariantly (turned back by each side's own final
+ * angle, as mg_ref_mamba3_compare_states). Why: the state is a sum of
+ * terms each turned by the angle walked since its token; at DT ~ 22 the
+ * rounding of those 70-rad increments reaches the relative rotations too
+ * (about 1e-5 over a dozen steps in f32), not only the absolute angle. */
+void mg_ref_mamba3_compare_ssm_pushed(const mg_m3_dims *d, int batch, const float *got, const float *got_angle,
+                                      const double *ref, const double *ref_angle, const float *ref32,
+                                      const float *ref32_angle, mg_err err[2]);
+/* Its TAP lines: "WHAT (heads at init-range DT): rel_l2 <= tol" and
+ * "WHAT (heads at DT ~ 22)" within the larger of tol and
+ * MG_REF_M3_ANGLE_FAST_TOL, each with its diagnostic line. */
+void mg_ref_mamba3_tap_ssm_pushed(const mg_m3_dims *d, int batch, const char *what, const float *got,
+                                  const float *got_angle, const double *ref, const double *ref_angle,
+                                  const float *ref32, const float *ref32_angle, double tol);
 /* The TAP lines of that comparison, for the test programs: "WHAT (heads at
  * init-range DT): rel_l2 <= tol", then for the fast heads "WHAT (heads at
  * DT ~ 22)": within MG_REF_M3_ANGLE_FAST_TOL when f32_storage (about 10x

@@ -108,6 +108,14 @@ void mg_tap_expect_status(mg_status got, mg_status want, const char *what)
     mg_clear_error();
 }
 
+void mg_tap_expect_error(mg_status got, mg_status want, const char *needle, const char *what)
+{
+    const char *msg = mg_last_error();
+    const int named = msg && strstr(msg, needle) != NULL;   /* before mg_tap_expect_status clears it */
+    mg_tap_expect_status(got, want, what);
+    mg_tap_ok(named, "%s: the message contains \"%s\"", what, needle);
+}
+
 int mg_tap_done(void)
 {
     printf("1..%d\n", n_tests);

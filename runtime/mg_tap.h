@@ -51,6 +51,10 @@ void mg_tap_bail(const char *what) __attribute__((noreturn));
  * mg_last_error(); the message is printed and cleared. */
 void mg_tap_expect_status(mg_status got, mg_status want, const char *what);
 
+/* The same, and the message must contain needle (it names the function and
+ * the argument at fault): one test for the status, one for the message. */
+void mg_tap_expect_error(mg_status got, mg_status want, const char *needle, const char *what);
+
 /* The plan "1..N" (printed last), a diagnostic naming the failures if any;
  * returns the exit status of the program (1 when a test failed). */
 int mg_tap_done(void);

@@ -564,10 +564,8 @@ static void test_starts_bad_calls(void)
 {
     unsigned char host[16] = { 0 };
     mg_tap_expect_status(model_trainer_set_starts(NULL, d_start), MG_ERR_INVALID_ARG, "trainer_set_starts NULL trainer");
-    mg_tap_expect_status(model_trainer_set_starts(tr, host), MG_ERR_INVALID_ARG,
-                         "trainer_set_starts with a mask in unregistered host memory");
-    mg_tap_ok(strstr(mg_last_error(), "_trainer_set_starts: start") != NULL,
-              "trainer_set_starts: the message names the function and the mask (%s)", mg_last_error());
+    mg_tap_expect_error(model_trainer_set_starts(tr, host), MG_ERR_INVALID_ARG, "_trainer_set_starts: start",
+                        "trainer_set_starts with a mask in unregistered host memory");
     mg_tap_expect_status(model_trainer_set_starts(tr, (const uint8_t *)(uintptr_t)0x1000), MG_ERR_INVALID_ARG,
                          "trainer_set_starts with a pointer CUDA does not know");
     mg_tap_ok(model_trainer_set_starts(tr, d_start) == MG_OK && model_trainer_set_starts(tr, NULL) == MG_OK,

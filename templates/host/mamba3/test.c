@@ -207,7 +207,8 @@ static int cmp_gpu(const char *what, const float *got, const float *ref, size_t 
  * angular error over that of a uniform angle), so the absolute angle's
  * drift over a long bf16 sequence, which no output sees, is measured once,
  * in the angle, and not again in every rotated state; under pushed
- * weights, in two parts (mg_ref_mamba3_tap_angle_pushed). */
+ * weights, the angle and ssm states in two parts of heads
+ * (mg_ref_mamba3_tap_angle_pushed, mg_ref_mamba3_tap_ssm_pushed). */
 static void cmp_host_states(const char *prefix, int batch, float *const got[], double *const ref[],
                             float *const gpu[], double tol)
 {
@@ -220,6 +221,10 @@ static void cmp_host_states(const char *prefix, int batch, float *const got[], d
         if (i == NST - 1 && weights_tag[0])
             mg_ref_mamba3_tap_angle_pushed(&dims, batch, what, got[i], ref ? ref[i] : NULL, gpu && !ref ? gpu[i] : NULL,
                                            tol, MODEL_F32_STORAGE);
+        else if (i == 0 && weights_tag[0])
+            mg_ref_mamba3_tap_ssm_pushed(&dims, batch, what, got[0], got[NST - 1], ref ? ref[0] : NULL,
+                                         ref ? ref[NST - 1] : NULL, gpu && !ref ? gpu[0] : NULL,
+                                         gpu && !ref ? gpu[NST - 1] : NULL, tol);
         else
             report_tol(what, &e[i], tol);
     }

@@ -173,7 +173,8 @@ static mg_status gpu_run(int B, int T, const float *u, float *const *st0, const 
  * and k_prev each turned back by its own side's final angle, the angle on
  * the circle (rel_l2: the rms angular error over that of a uniform angle);
  * a drift of the absolute angle shows once, in the angle; under pushed
- * weights, in two parts (mg_ref_mamba3_tap_angle_pushed). */
+ * weights, the angle and ssm states in two parts of heads
+ * (mg_ref_mamba3_tap_angle_pushed, mg_ref_mamba3_tap_ssm_pushed). */
 static void cmp_final_states(const char *prefix, int B, float *const got[NST], double *const ref[NST],
                              float *const gpu[NST], double tol)
 {
@@ -186,6 +187,12 @@ static void cmp_final_states(const char *prefix, int B, float *const got[NST], d
         if (i == NST - 1 && weights_tag[0]) {
             mg_ref_mamba3_tap_angle_pushed(&dims, B, what, got[i], ref ? ref[i] : NULL, gpu && !ref ? gpu[i] : NULL, tol,
                                            MODEL_F32_STORAGE);
+            continue;
+        }
+        if (i == 0 && weights_tag[0]) {
+            mg_ref_mamba3_tap_ssm_pushed(&dims, B, what, got[0], got[NST - 1], ref ? ref[0] : NULL,
+                                         ref ? ref[NST - 1] : NULL, gpu && !ref ? gpu[0] : NULL,
+                                         gpu && !ref ? gpu[NST - 1] : NULL, tol);
             continue;
         }
         mg_tap_diag("%s: max_abs=%.3e rel_l2=%.3e (n=%zu)", what, e[i].max_abs, e[i].rel_l2, e[i].n);
@@ -580,9 +587,13 @@ static void test_grads_starts(int B, int T, int pattern, const char *path, uint6
     for (int i = 0; i < NST; ++i) free(st0[i]);
 }
 
-/* An all-zero mask == no mask, bit for bit (out, final states, every
- * gradient); a mask set and cleared again (NULL) leaves later calls
- * maskless. */
+/* An all-zero mask == no mask: out and final states bit for bit; the
+ * gradients bit for bit with f32 storage, and with bf16/f16 storage within
+ * GRAD_TOL (measured: a few entries 1 f32 ulp apart, which the rounding of
+ * the backward's bf16/f16 tiles then carries on: the STARTS instances of the
+ * backward kernels are compiled apart, and their low-precision paths do not
+ * round every intermediate alike); a mask set and cleared again (NULL)
+ * leaves later calls maskless. */
 static void test_starts_zero_mask(int B, int T, const char *path, uint64_t seed)
 {
     float *u, *dout, *st0[NST];
@@ -596,22 +607,48 @@ static void test_starts_zero_mask(int B, int T, const char *path, uint64_t seed)
     set_starts(dmask);
     mg_status s2 = gpu_run(B, T, u, st0, dout, 1, &b);
     set_starts(NULL);
-    int same = s1 == MG_OK && s2 == MG_OK && memcmp(a.grads, b.grads, WFLOATS * sizeof(float)) == 0 &&
-               memcmp(a.du, b.du, n_u(B, T) * sizeof(float)) == 0 &&
-               memcmp(a.out, b.out, n_out(B, T) * sizeof(float)) == 0;
-    for (int i = 0; i < NST && same; ++i)
-        same = memcmp(a.dst[i], b.dst[i], st_floats(i, B) * sizeof(float)) == 0 &&
-               memcmp(a.st[i], b.st[i], st_floats(i, B) * sizeof(float)) == 0;
-    if (!mg_tap_ok(same, "an all-zero start mask == no mask (%s, b=%d T=%d): out, final states and gradients "
-                   "bit-identical", path, B, T) && s1 == MG_OK && s2 == MG_OK) {
+    const int ran = s1 == MG_OK && s2 == MG_OK;
+    int fwd_same = ran && memcmp(a.out, b.out, n_out(B, T) * sizeof(float)) == 0;
+    for (int i = 0; i < NST && fwd_same; ++i)
+        fwd_same = memcmp(a.st[i], b.st[i], st_floats(i, B) * sizeof(float)) == 0;
+    if (!mg_tap_ok(fwd_same, "an all-zero start mask == no mask (%s, b=%d T=%d): out and final states "
+                   "bit-identical", path, B, T) && ran) {
         mg_tap_diag_bits("out", a.out, b.out, n_out(B, T));
-        mg_tap_diag_bits("du", a.du, b.du, n_u(B, T));
-        for (int i = 0; i < NST; ++i) {
-            mg_tap_diag_bits(st_name[i], a.st[i], b.st[i], st_floats(i, B));
-            mg_tap_diag_bits("initial-state gradient", a.dst[i], b.dst[i], st_floats(i, B));
+        for (int i = 0; i < NST; ++i) mg_tap_diag_bits(st_name[i], a.st[i], b.st[i], st_floats(i, B));
+    }
+    int bwd_same = ran && memcmp(a.grads, b.grads, WFLOATS * sizeof(float)) == 0 &&
+                   memcmp(a.du, b.du, n_u(B, T) * sizeof(float)) == 0;
+    for (int i = 0; i < NST && bwd_same; ++i)
+        bwd_same = memcmp(a.dst[i], b.dst[i], st_floats(i, B) * sizeof(float)) == 0;
+    if (MODEL_F32_STORAGE) {
+        if (!mg_tap_ok(bwd_same, "an all-zero start mask == no mask (%s, b=%d T=%d): gradients bit-identical",
+                       path, B, T) && ran) {
+            mg_tap_diag_bits("du", a.du, b.du, n_u(B, T));
+            for (int i = 0; i < NST; ++i)
+                mg_tap_diag_bits("initial-state gradient", a.dst[i], b.dst[i], st_floats(i, B));
+            for (int i = 0; i < n_tens; ++i)
+                mg_tap_diag_bits(tens[i].name, a.grads + tens[i].offset, b.grads + tens[i].offset, tens[i].numel);
         }
-        for (int i = 0; i < n_tens; ++i)
-            mg_tap_diag_bits(tens[i].name, a.grads + tens[i].offset, b.grads + tens[i].offset, tens[i].numel);
+    } else {
+        /* the worst relative L2 gap over du, the initial-state gradients and every parameter gradient */
+        double worst = 0.0;
+        const char *wn = "none";
+        if (ran && !bwd_same) {
+            mg_err e = mg_compare_f32f32(b.du, a.du, n_u(B, T));
+            if (e.n_nonfinite || e.rel_l2 > worst) { worst = e.n_nonfinite ? INFINITY : e.rel_l2; wn = "du"; }
+            for (int i = 0; i < NST; ++i) {
+                e = mg_compare_f32f32(b.dst[i], a.dst[i], st_floats(i, B));
+                if (e.n_nonfinite || e.rel_l2 > worst) { worst = e.n_nonfinite ? INFINITY : e.rel_l2; wn = st_name[i]; }
+            }
+            for (int i = 0; i < n_tens; ++i) {
+                e = mg_compare_f32f32(b.grads + tens[i].offset, a.grads + tens[i].offset, tens[i].numel);
+                if (e.n_nonfinite || e.rel_l2 > worst) { worst = e.n_nonfinite ? INFINITY : e.rel_l2; wn = tens[i].name; }
+            }
+        }
+        mg_tap_diag("all-zero mask vs no mask (%s): gradients %s; worst rel_l2 %.3e (%s)", path,
+                    bwd_same ? "bit-identical" : "differ", worst, wn);
+        mg_tap_ok(ran && worst <= GRAD_TOL, "an all-zero start mask == no mask (%s, b=%d T=%d): gradients within "
+                  "GRAD_TOL (%g)", path, B, T, GRAD_TOL);
     }
     mg_status s3 = gpu_run(B, T, u, st0, dout, 1, &b);
     mg_tap_ok(s3 == MG_OK && memcmp(a.grads, b.grads, WFLOATS * sizeof(float)) == 0,
