@@ -5,7 +5,7 @@ per kernel and launch shape: calls, total and mean time, share of the row's
 kernel time, achieved DRAM bandwidth and f32 FLOP rate with their fractions
 of the ceilings measured by the bench in the same run, SM throughput and
 achieved occupancy (both time-weighted over the calls), and the two largest
-warp stall reasons when the CSV has ncu's WarpStateStats section (metrics
+warp stall reasons (the per-reason metrics smsp__average_warps_issue_stalled_*, all
 whose names hold "issue_stalled_"; their shares of the stall total, time-
 weighted): what a latency-bound kernel waits on.
 
@@ -31,10 +31,18 @@ REGS = "launch__registers_per_thread"
 FFMA = "sm__sass_thread_inst_executed_op_ffma_pred_on.sum"
 FADD = "sm__sass_thread_inst_executed_op_fadd_pred_on.sum"
 FMUL = "sm__sass_thread_inst_executed_op_fmul_pred_on.sum"
-METRICS = [TIME, DRAM_R, DRAM_W, SM_PCT, OCC_PCT, REGS, FFMA, FADD, FMUL]
+# Warp stall reasons: the average number of warps stalled for each reason
+# per issued instruction (what ncu's WarpStateStats section charts; the
+# section's CSV rows hold only its totals, so each reason is asked for).
+STALL_REASONS = ["barrier", "branch_resolving", "dispatch_stall", "drain", "imc_miss", "lg_throttle",
+                 "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle", "misc", "no_instruction",
+                 "not_selected", "selected", "short_scoreboard", "sleeping", "tex_throttle", "wait"]
+STALLS = ["smsp__average_warps_issue_stalled_%s_per_issue_active.ratio" % r for r in STALL_REASONS]
+METRICS = [TIME, DRAM_R, DRAM_W, SM_PCT, OCC_PCT, REGS, FFMA, FADD, FMUL] + STALLS
 
 # Scale of the units ncu may print (base units are the first of each group).
 UNIT = {
+    "ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0,
     "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
     "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
     "KB": 1e3, "MB": 1e6, "GB": 1e9,

@@ -10,7 +10,7 @@
 # launches per kernel and launch shape: time, share, achieved DRAM
 # bandwidth and f32 FLOP rate as fractions of the ceilings of the same run,
 # SM throughput, achieved occupancy, the largest warp stall reasons
-# (ncu's WarpStateStats section). Table on the terminal, CSV in
+# (per-reason stall metrics, as ncu's WarpStateStats section charts them). Table on the terminal, CSV in
 # $BENCH_OUT/profile-NAME.csv, ncu's raw CSV per row beside it.
 #
 #   make profile PROFILE_SPEC=specs/mamba1_rl.yaml PROFILE_ROWS="prefill b64 T256;train step (graph) b64 T256"
@@ -59,7 +59,7 @@ for row in $rows; do
   raw=$out/ncu-$name-$i.csv
   rm -f "$raw"
   if ! "$ncu" --clock-control none --profile-from-start off --print-units base --csv --log-file "$raw" \
-       --metrics "$metrics" --section WarpStateStats "$bin" --only "$row" --profile --iters 1 > "$out/profile-$name-$i.txt" 2>&1; then
+       --metrics "$metrics" "$bin" --only "$row" --profile --iters 1 > "$out/profile-$name-$i.txt" 2>&1; then
     echo "profile: ncu failed on row '$row':"; tail -20 "$out/profile-$name-$i.txt"; status=1; continue
   fi
   python3 "$here/ncu_summary.py" --row "$row" --copy-gbps "$copy" --f32-tflops "$f32" --csv "$csv" "$raw" || status=1
