@@ -54,6 +54,11 @@ end
 -- kernels/mamba1/scan_body.cuh's policies): the default lane count keeps
 -- N / lanes within it, and so must a tuned one.
 M.SCAN_NPT_MAX = 16
+-- The default lane count's parallelism target: about 16 warps on each of
+-- an H200's 132 SMs (2^16 threads), and the fewest states per thread it
+-- spreads a channel down to.
+M.SCAN_TARGET_THREADS = 65536
+M.SCAN_NPT_SPREAD = 4
 
 -- Whether `lanes` threads can share one channel of the scan at d_state N:
 -- a power of two dividing 32 and N (a channel's lanes sit in one warp and
@@ -108,15 +113,31 @@ function M.derive(spec, d)
   assert(d.max_batch * d.conv_max_tiles <= 2147483647, "derive_mamba1: too many conv tiles for grid.x")
 
   -- Selective scan: scan_lanes threads share one channel, each owning
-  -- scan_npt = N/scan_lanes states in registers. scan_lanes is the smallest
-  -- power of two keeping scan_npt <= 16 (register pressure): N=16 -> 1 lane,
-  -- N=64 -> 4, N=256 -> 16. It divides 32, so a channel's lanes sit in one
-  -- warp and y = sum_n s*C reduces with shuffles.
+  -- scan_npt = N/scan_lanes states in registers. scan_lanes starts at the
+  -- smallest power of two keeping scan_npt <= 16 (register pressure): N=16
+  -- -> 1 lane, N=64 -> 4, N=256 -> 16. It divides 32, so a channel's lanes
+  -- sit in one warp and y = sum_n s*C reduces with shuffles.
   -- With `chunk_size: auto` and a tune-cache entry that names its lane
   -- count (mamba-tune sweeps 1x, 2x and 4x this default and verifies each),
   -- the measured best when the scan body can take it (mg/tune.lua lanes_ok).
   local lanes = 1
   while d.N // lanes > M.SCAN_NPT_MAX do lanes = lanes * 2 end
+  -- Then, while the scan would run fewer than SCAN_TARGET_THREADS threads
+  -- at max_batch (times the chunks of a max_seq_len window when every call
+  -- takes the chunked scan), more lanes per channel, down to
+  -- SCAN_NPT_SPREAD states per thread. Why: each thread walks its
+  -- sequence one step after another, so the scan is bound by that chain's
+  -- latency unless enough warps run side by side; a narrow model at its
+  -- largest batch (E = 256, N = 16, batch 64: 16K threads of 16 states)
+  -- filled 6% of the H200's warp slots and the scan took half of the
+  -- prefill (ncu, bench/results/h200-2026-12-05-profile-mamba1_rl.csv).
+  -- Four lanes of 4 states give 4x the warps for the price of a
+  -- per-lane softplus and two shuffles per step.
+  local chunks = spec.scan.mode == "chunked" and derive.ceil_div(d.max_seq_len, d.chunk_size) or 1
+  while lanes * 2 <= 32 and d.N // (lanes * 2) >= M.SCAN_NPT_SPREAD
+        and d.max_batch * chunks * d.E * lanes < M.SCAN_TARGET_THREADS do
+    lanes = lanes * 2
+  end
   d.scan_lanes_source = "default"
   local tl = d.tuned and d.tuned.source == "tuned" and d.tuned.scan_lanes
   if tl and M.scan_lanes_ok(d.N, tl) then

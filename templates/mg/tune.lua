@@ -47,14 +47,16 @@ M.FORMAT = "mamba-gen-tune 1"
 -- Chunk sizes and scan block sizes a sweep tries by default.
 M.CHUNKS = { 16, 32, 64, 128, 256 }
 M.THREADS = { 64, 128, 256, 512 }
--- Mamba-1: threads sharing one channel's state a sweep tries by default, as
--- multiples of the spec's own count (mg/derive_mamba1.lua: the fewest lanes
--- keeping N / lanes <= 16). More lanes per channel mean fewer states per
--- thread and more warps for the same work: at small d_state and large
--- batch the one-lane scan runs a few warps per SM and waits on its own
--- dependency chains, so the sweep measures whether spreading a channel
--- over 2 or 4 lanes hides that (at the cost of the per-channel work every
--- lane repeats and the y shuffles).
+-- Mamba-1: threads sharing one channel's state a sweep tries by default,
+-- as the spec's own count (mg/derive_mamba1.lua: the fewest lanes keeping
+-- N / lanes <= 16, spread further while the scan would run few threads at
+-- max_batch) divided or multiplied by these factors. More lanes per
+-- channel mean fewer states per thread and more warps for the same work:
+-- at small d_state and large batch a one-lane scan runs a few warps per SM
+-- and waits on its own dependency chains; fewer lanes repeat less of the
+-- per-channel work (softplus, the y shuffles). The sweep measures both
+-- sides of the default.
+M.LANE_DIVISORS = { 4, 2 }
 M.LANE_FACTORS = { 1, 2, 4 }
 -- The chunk length used for `chunk_size: auto` without a cache entry
 -- (mg/derive.lua's DEFAULT_CHUNK; repeated here for the messages).
@@ -167,11 +169,15 @@ end
 function M.lanes_ok(N, lanes) return require("mg.derive_mamba1").scan_lanes_ok(N, lanes) end
 
 -- The lane counts of a Mamba-1 sweep: opts.lanes (checked with lanes_ok by
--- the caller) or the spec's own count times M.LANE_FACTORS, those that
--- lanes_ok accepts, in that order.
+-- the caller) or the spec's own count divided by M.LANE_DIVISORS (where it
+-- divides) and times M.LANE_FACTORS, those that lanes_ok accepts, fewest
+-- lanes first.
 function M.lane_counts(d, opts)
   if opts and opts.lanes and #opts.lanes > 0 then return opts.lanes end
   local out = {}
+  for _, q in ipairs(M.LANE_DIVISORS) do
+    if d.scan_lanes % q == 0 and M.lanes_ok(d.N, d.scan_lanes // q) then out[#out + 1] = d.scan_lanes // q end
+  end
   for _, f in ipairs(M.LANE_FACTORS) do
     if M.lanes_ok(d.N, d.scan_lanes * f) then out[#out + 1] = d.scan_lanes * f end
   end

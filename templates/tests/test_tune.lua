@@ -69,7 +69,7 @@ check(find(c1, "c64_t128_l4") == nil and find(c1, "c64_t128") ~= nil, "mamba1: t
 is(g1.lanes, 4, "mamba1: the generic candidate has the spec's own lanes")
 local d16 = derive.derive(T.spec("mamba1", { name = "t16", model = { d_model = 128, n_layers = 1, d_state = 16 },
   shapes = { max_batch = 64, max_seq_len = 256 }, emit = { training = false } }))
-is(table.concat(tune.lane_counts(d16), ","), "1,2,4", "mamba1 N=16: lanes 1, 2, 4 by default")
+is(table.concat(tune.lane_counts(d16), ","), "1,2,4,8,16", "mamba1 N=16 at batch 64: its 4 lanes / 4, / 2, x 1, 2, 4")
 is(table.concat(tune.lane_counts(d16, { lanes = { 8 } }), ","), "8", "opts.lanes replaces the default list")
 local d4 = derive.derive(T.spec("mamba1", { name = "t4", model = { d_model = 128, n_layers = 1, d_state = 4 },
   shapes = { max_batch = 8, max_seq_len = 256 }, emit = { training = false } }))
