@@ -356,6 +356,27 @@ def _():
     return ok, "worst rel %.3g; %s" % (worst, "; ".join(b[1] for b in bad))
 
 
+@test("prefill_packed from given states (two sequences of one length): each sequence's out and final state == "
+      "prefill of that sequence alone from its state")
+def _():
+    lens = [5, 1, 5][:min(3, M.MAX_BATCH)]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    x = torch.randn(cu[-1], M.IN_DIM, device=dev)
+    s0 = random_state(len(lens))
+    st = s0.clone()
+    out, st = model.prefill_packed(x, cu, st)
+    worst = 0.0
+    for i, n in enumerate(lens):
+        si0 = M.State(1, dev, [t[:, i:i + 1].contiguous() for t in s0.tensors()])
+        o1, s1 = model.prefill(x[cu[i]:cu[i + 1]].unsqueeze(0).contiguous(), si0)
+        worst = max(worst, rel(out[cu[i]:cu[i + 1]], o1[0]))
+        si = M.State(1, dev, [t[:, i:i + 1].contiguous() for t in st.tensors()])
+        worst = max(worst, state_rel(si, s1))
+    return worst < TOL, "worst rel %.3g" % worst
+
+
 @test("prefill graph with a start mask == eager prefill with it over three windows (bit-identical)")
 def _():
     def step(w, s1, g):

@@ -75,6 +75,7 @@ _API = {
     "prefill_starts": (_I, (_P, _I, _I, _P, _P) + _STATES + (_P,)),
     "burn_in_starts": (_I, (_P, _I, _I, _P, _P) + _STATES + (_P,)),
     "prefill_packed": (_I, (_P, _I, _P, _P, _P) + _STATES),
+    "prefill_packed_from": (_I, (_P, _I, _P, _P, _P) + _STATES),
     "decode_graph_create": (_I, (_P, _I, _P, _P) + _STATES + (ctypes.POINTER(_P),)),
     "decode_step_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P,)),
     "decode_graph_create_reset": (_I, (_P, _I, _P, _P) + _STATES + (_P, ctypes.POINTER(_P))),
@@ -757,13 +758,16 @@ class Model(torch.nn.Module):
         return out, state
 
     @torch.no_grad()
-    def prefill_packed(self, u, cu_seqlens):
+    def prefill_packed(self, u, cu_seqlens, state=None):
         """Packed variable-length sequences (NAME_prefill_packed): u
         [total][IN_DIM] holds nseq sequences one after another, sequence i
         being rows cu_seqlens[i] .. cu_seqlens[i+1] (a list or CPU integer
-        tensor of nseq + 1 offsets from 0, strictly increasing). Every
-        sequence starts from zero states. Returns (out [total][D_MODEL], a
-        State of batch nseq with each sequence's final state)."""
+        tensor of nseq + 1 offsets from 0, strictly increasing). state:
+        None (every sequence starts from zero states), or a State of batch
+        nseq whose row i is sequence i's initial state, updated in place to
+        the final ones (NAME_prefill_packed_from: one forward per distinct
+        length). Returns (out [total][D_MODEL], a State of batch nseq with
+        each sequence's final state)."""
         cu = [int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
         nseq = len(cu) - 1
         if nseq < 1:
@@ -776,11 +780,12 @@ class Model(torch.nn.Module):
         _check_tensor(u, "prefill_packed: u", u.shape, self.device)
         if not 1 <= nseq <= MAX_BATCH:
             raise ValueError("prefill_packed: %d sequences, out of range 1..%d (MAX_BATCH)" % (nseq, MAX_BATCH))
-        state = State(nseq, self.device)
+        fn = "prefill_packed" if state is None else "prefill_packed_from"
+        state = State(nseq, self.device) if state is None else self._state_for(state, nseq, "prefill_packed")
         out = torch.empty((u.shape[0], D_MODEL), dtype=_f32, device=self.device)
         offs = (ctypes.c_int32 * len(cu))(*cu)   # host memory: the library checks it before any launch
         with torch.cuda.device(self.device):
-            self._lib.call("prefill_packed", self._model_on_stream(), nseq, ctypes.cast(offs, _P), u.data_ptr(),
+            self._lib.call(fn, self._model_on_stream(), nseq, ctypes.cast(offs, _P), u.data_ptr(),
                            out.data_ptr(), *state._ptrs())
         return out, state
 

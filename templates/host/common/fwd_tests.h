@@ -663,6 +663,70 @@ static void test_packed(uint64_t seed)
     free(u); free(out); free(rout);
 }
 
+/* prefill_packed_from: each sequence from its own random initial states
+ * (two pairs of equal lengths, so that groups of several sequences and of
+ * one run) vs the reference's packed call from the same states (forward_ex
+ * with cu_seqlens: states in and out per sequence): out and every final
+ * state within TOL; and with NULL states it is prefill_packed, bit for bit. */
+static void test_packed_from(uint64_t seed)
+{
+    const int C = MODEL_SCAN_CHUNK;
+    const int want[5] = { C + 1, 3, C + 1, 1, 3 };
+    const int nseq = imin(5, MAX_BATCH);
+    int32_t cu[6] = { 0 };
+    for (int i = 0; i < nseq; ++i) cu[i + 1] = cu[i] + imax(1, imin(want[i], MAX_SEQ_LEN));
+    const int total = cu[nseq];
+    float *u = FALLOC(n_u(1, total)), *out = FALLOC(n_out(1, total)), *out0 = FALLOC(n_out(1, total));
+    double *rout = DALLOC_H(n_out(1, total));
+    float *du = mg_tap_dalloc(n_u(1, total)), *dout = mg_tap_dalloc(n_out(1, total));
+    float *ds[NST] = { NULL }, *hs[NST] = { NULL };
+    double *rs[NST] = { NULL };
+    for (int i = 0; i < NST; ++i) {
+        const size_t n = st_floats(i, nseq);
+        ds[i] = mg_tap_dalloc(n);
+        hs[i] = FALLOC(n);
+        rs[i] = DALLOC_H(n);
+        mg_tap_randn(hs[i], n, seed + 10 + (uint64_t)i, 0.5f);
+        for (size_t j = 0; j < n; ++j) rs[i][j] = hs[i][j];
+        mg_tap_up(ds[i], hs[i], n);
+    }
+    mg_tap_randn(u, n_u(1, total), seed, 1.0f);
+    mg_tap_up(du, u, n_u(1, total));
+    const mg_ref_seqs o = { NULL, cu, nseq, nseq };
+    if (REF_FWD_EX(total, u, rout, rs, &o) != MG_OK) mg_tap_bail(FWD_STR(REF(forward_ex)));
+    char what[200], lens[64];
+    snprintf(lens, sizeof lens, "lengths %d", (int)(cu[1] - cu[0]));
+    for (int i = 1; i < nseq; ++i)
+        snprintf(lens + strlen(lens), sizeof lens - strlen(lens), ",%d", (int)(cu[i + 1] - cu[i]));
+    mg_status s = model_prefill_packed_from(model, nseq, cu, du, dout, DEV_STATES(ds));
+    if (!mg_tap_ok(s == MG_OK, "prefill_packed_from (%s, random initial states) runs", lens)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    } else {
+        mg_tap_down(out, dout, n_out(1, total));
+        snprintf(what, sizeof what, "prefill_packed_from (%s) vs reference forward_ex from the same states: out", lens);
+        cmp_ref(what, out, rout, n_out(1, total));
+        for (int i = 0; i < NST; ++i) mg_tap_down(hs[i], ds[i], st_floats(i, nseq));
+        snprintf(what, sizeof what, "prefill_packed_from (%s) vs reference forward_ex: final states", lens);
+        CMP_STATES_ANY(what, nseq, hs, rs, NULL);
+    }
+    /* NULL states: prefill_packed's zeros in */
+    s = model_prefill_packed_from(model, nseq, cu, du, dout, NO_STATES);
+    if (s == MG_OK) mg_tap_down(out, dout, n_out(1, total));
+    mg_status s0 = model_prefill_packed(model, nseq, cu, du, dout, NO_STATES);
+    if (s0 == MG_OK) mg_tap_down(out0, dout, n_out(1, total));
+    mg_tap_ok(s == MG_OK && s0 == MG_OK && memcmp(out, out0, n_out(1, total) * sizeof(float)) == 0,
+              "prefill_packed_from with NULL states == prefill_packed, bit for bit");
+    /* the refusals of prefill_packed: bad cu_seqlens, states given in part */
+    const int32_t bad_cu[3] = { 1, 2, 3 };
+    mg_tap_expect_error(model_prefill_packed_from(model, 2, bad_cu, du, dout, DEV_STATES(ds)), MG_ERR_INVALID_ARG,
+                        "_prefill_packed_from: cu_seqlens[0]", "prefill_packed_from with cu_seqlens[0] = 1");
+    mg_tap_expect_status(model_prefill_packed_from(NULL, nseq, cu, du, dout, DEV_STATES(ds)), MG_ERR_INVALID_ARG,
+                         "prefill_packed_from(NULL model)");
+    for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); free(rs[i]); }
+    mg_dev_free(du); mg_dev_free(dout);
+    free(u); free(out); free(out0); free(rout);
+}
+
 /* Whether n floats of device buffer d still hold the bits of h. */
 static int dev_unchanged(const float *d, const float *h, size_t n)
 {

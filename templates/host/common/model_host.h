@@ -19,9 +19,11 @@
  *   N_STATES           how many there are
  *   FORWARD_STARTS(batch, seqlen, u, out, start)
  *                      its prefill forward with a start mask, on STATE_ARGS
- * and its struct model_model holds pk, pk_u, pk_out, pk_start, pk_off (the
- * packed workspace, allocated here by the first packed call: models that
- * never pack do not pay for it).
+ *   FORWARD_ON(batch, seqlen, u, out, sp)
+ *                      its prefill forward on the states sp[0..N_STATES)
+ * and its struct model_model holds pk, pk_u, pk_out, pk_start, pk_off,
+ * pk_idx, pk_st[] (the packed workspace, allocated here by the first packed
+ * call: models that never pack do not pay for it).
  * The names model_X / MODEL_X, MODEL_NAME, MODEL_UPPER, SCAN_SPEC_WHY,
  * HAS_CHUNKED, LOWP and GRAPH_CAPTURE_MODE come from NAME.c. Plain C11. */
 
@@ -70,13 +72,18 @@ static void model_free(model_model *m)
     free(m);
 }
 
-/* The packed-sequence workspace (NAME_prefill_packed): the padded input
- * [MAX_TOKENS][IN_DIM] and output [MAX_TOKENS][D_MODEL] (f32), the start
- * mask [MAX_TOKENS] and the offsets [MAX_BATCH + 1]; one allocation. */
+/* The packed-sequence workspace (NAME_prefill_packed, _from): the padded
+ * input [MAX_TOKENS][IN_DIM] and output [MAX_TOKENS][D_MODEL] (f32), the
+ * start mask [MAX_TOKENS], the offsets [MAX_BATCH + 1], the sequence order
+ * [MAX_BATCH] and MAX_BATCH rows of every state; one allocation. */
 static size_t packed_ws_bytes(void)
 {
-    return ws_bytes((size_t)MAX_TOKENS * IN_DIM, sizeof(float)) + ws_bytes((size_t)MAX_TOKENS * D_MODEL, sizeof(float))
-         + ws_bytes((size_t)MAX_TOKENS, 1) + ws_bytes((size_t)MODEL_MAX_BATCH + 1, sizeof(int));
+    const size_t sf[N_STATES] = STATE_SIZES(MODEL_MAX_BATCH);
+    size_t b = ws_bytes((size_t)MAX_TOKENS * IN_DIM, sizeof(float)) + ws_bytes((size_t)MAX_TOKENS * D_MODEL, sizeof(float))
+             + ws_bytes((size_t)MAX_TOKENS, 1) + ws_bytes((size_t)MODEL_MAX_BATCH + 1, sizeof(int))
+             + ws_bytes((size_t)MODEL_MAX_BATCH, sizeof(int));
+    for (int i = 0; i < N_STATES; ++i) b += ws_bytes(sf[i], sizeof(float));
+    return b;
 }
 
 /* The packed workspace of m, allocated by its first packed call (then
@@ -91,7 +98,13 @@ static mg_status packed_ws(model_model *m)
     m->pk_u = (float *)(void *)p;        p += ws_bytes((size_t)MAX_TOKENS * IN_DIM, sizeof(float));
     m->pk_out = (float *)(void *)p;      p += ws_bytes((size_t)MAX_TOKENS * D_MODEL, sizeof(float));
     m->pk_start = (unsigned char *)p;    p += ws_bytes((size_t)MAX_TOKENS, 1);
-    m->pk_off = (int *)(void *)p;
+    m->pk_off = (int *)(void *)p;        p += ws_bytes((size_t)MODEL_MAX_BATCH + 1, sizeof(int));
+    m->pk_idx = (int *)(void *)p;        p += ws_bytes((size_t)MODEL_MAX_BATCH, sizeof(int));
+    const size_t sf[N_STATES] = STATE_SIZES(MODEL_MAX_BATCH);
+    for (int i = 0; i < N_STATES; ++i) {
+        m->pk_st[i] = (float *)(void *)p;
+        p += ws_bytes(sf[i], sizeof(float));
+    }
     m->ws_total += pkb;
     return MG_OK;
 }
@@ -327,6 +340,60 @@ mg_status model_prefill_packed(model_model *m, int nseq, const int32_t *cu_seqle
     if (s == MG_OK) s = FORWARD_STARTS(ps.nseq, ps.maxlen, m->pk_u, m->pk_out, m->pk_start);
     if (s != MG_OK) return s;
     MG_CUDA(MG_LAUNCH(unpack_rows)(m->pk_out, d_out, D_MODEL, m->pk_off, ps.nseq, ps.maxlen, m->stream));
+    return MG_OK;
+}
+
+/* From given initial states: the sequences of each distinct length run as
+ * one unpadded batch (FORWARD_ON) on MAX_BATCH-row copies of their state
+ * rows, gathered from and scattered back to the caller's states; the
+ * order (by length, then index) is sorted on the host and uploaded once
+ * with the offsets. Every check before any launch, as prefill_packed. */
+mg_status model_prefill_packed_from(model_model *m, int nseq, const int32_t *cu_seqlens, const float *d_u,
+                                    float *d_out, STATE_PARAMS)
+{
+    static const char fn[] = MODEL_NAME "_prefill_packed_from";
+    MODEL_LIVE(m, fn);
+    packed_shape ps = { 0, 0, 0 };
+    mg_status s = packed_check(fn, nseq, cu_seqlens, MODEL_MAX_BATCH, MODEL_MAX_SEQ_LEN, &ps);
+    if (s == MG_OK) s = CHECK_STATES(fn, ps.nseq, ps.maxlen, d_u, d_out, 0);
+    if (s != MG_OK) return s;
+    float *const sp[N_STATES] = { STATE_ARGS };
+    if (!sp[0]) return model_prefill_packed(m, nseq, cu_seqlens, d_u, d_out, STATE_ARGS);   /* zeros in */
+    s = packed_ws(m);   /* the first packed call of this model allocates it */
+    if (s != MG_OK) return s;
+    /* the order: by length, then by index (insertion sort: nseq <= MAX_BATCH) */
+    int order[MODEL_MAX_BATCH];
+    for (int i = 0; i < nseq; ++i) {
+        const int32_t len = cu_seqlens[i + 1] - cu_seqlens[i];
+        int j = i;
+        while (j > 0 && cu_seqlens[order[j - 1] + 1] - cu_seqlens[order[j - 1]] > len) {
+            order[j] = order[j - 1];
+            --j;
+        }
+        order[j] = i;
+    }
+    const cudaStream_t st = m->stream;
+    MG_CUDA(cudaMemcpyAsync(m->pk_off, cu_seqlens, (size_t)(nseq + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    MG_CUDA(cudaMemcpyAsync(m->pk_idx, order, (size_t)nseq * sizeof(int), cudaMemcpyHostToDevice, st));
+    const size_t full[N_STATES] = STATE_SIZES(nseq);
+    for (int a = 0; a < nseq;) {
+        const int len = cu_seqlens[order[a] + 1] - cu_seqlens[order[a]];
+        int b = a + 1;
+        while (b < nseq && cu_seqlens[order[b] + 1] - cu_seqlens[order[b]] == len) ++b;
+        const int k = b - a;
+        const int *idx = m->pk_idx + a;
+        for (int i = 0; i < N_STATES; ++i)
+            MG_CUDA(MG_LAUNCH(group_states)(sp[i], m->pk_st[i], full[i] / ((size_t)N_LAYERS * nseq), idx, k, nseq,
+                                            N_LAYERS, 0, st));
+        MG_CUDA(MG_LAUNCH(group_rows)(d_u, m->pk_u, IN_DIM, m->pk_off, idx, k, len, 0, st));
+        s = FORWARD_ON(k, len, m->pk_u, m->pk_out, m->pk_st);
+        if (s != MG_OK) return s;
+        MG_CUDA(MG_LAUNCH(group_rows)(m->pk_out, d_out, D_MODEL, m->pk_off, idx, k, len, 1, st));
+        for (int i = 0; i < N_STATES; ++i)
+            MG_CUDA(MG_LAUNCH(group_states)(m->pk_st[i], sp[i], full[i] / ((size_t)N_LAYERS * nseq), idx, k, nseq,
+                                            N_LAYERS, 1, st));
+        a = b;
+    }
     return MG_OK;
 }
 

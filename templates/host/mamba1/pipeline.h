@@ -36,6 +36,8 @@ struct model_model {
     float *pk_u, *pk_out;
     unsigned char *pk_start;
     int *pk_off;
+    int *pk_idx;                    /* [MAX_BATCH] sequence order by length (prefill_packed_from) */
+    float *pk_st[4];                /* MAX_BATCH rows of each of its (up to 4) states (prefill_packed_from) */
 };
 
 /* The arch's checks and forward, for the common part (mg_model_host.h). */
@@ -56,6 +58,8 @@ static mg_status forward_starts(model_model *m, int batch, int seqlen, const flo
 #define STATE_SIZES(batch) { model_conv_state_floats(batch), model_ssm_state_floats(batch) }
 #define FORWARD_STARTS(batch, seqlen, u, out, start) \
     forward_starts(m, batch, seqlen, u, out, d_conv_state, d_ssm_state, 0, 0, NULL, start)
+#define FORWARD_ON(batch, seqlen, u, out, sp) \
+    forward_starts(m, batch, seqlen, u, out, (sp)[0], (sp)[1], 0, 0, NULL, NULL)
 #include "mg_model_host.h"
 
 mg_status model_create(model_model **out, cudaStream_t stream)

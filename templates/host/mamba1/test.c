@@ -1205,6 +1205,7 @@ int main(void)
         test_starts_split(bs, imin(MAX_SEQ_LEN, 2 * SCAN_CHUNK + 9), 1005);
         test_starts_bad_calls();
         test_packed(1006);
+        test_packed_from(1007);
         test_packed_bad_calls();
     }
 

@@ -45,6 +45,8 @@ struct model_model {
     float *pk_u, *pk_out;
     unsigned char *pk_start;
     int *pk_off;
+    int *pk_idx;                    /* [MAX_BATCH] sequence order by length (prefill_packed_from) */
+    float *pk_st[4];                /* MAX_BATCH rows of each of its (up to 4) states (prefill_packed_from) */
 };
 
 /* The unfused buffers for a scan choice (below; model_set_scan calls it
@@ -73,6 +75,8 @@ static mg_status forward_ex(model_model *m, int batch, int seqlen, const float *
                              model_v_prev_state_floats(batch), model_angle_state_floats(batch) }
 #define FORWARD_STARTS(batch, seqlen, u, out, start) \
     forward_ex(m, batch, seqlen, u, out, STATE_ARGS, 0, 0, NULL, start)
+#define FORWARD_ON(batch, seqlen, u, out, sp) \
+    forward_ex(m, batch, seqlen, u, out, (sp)[0], (sp)[1], (sp)[2], (sp)[3], 0, 0, NULL, NULL)
 #include "mg_model_host.h"
 
 /* Tokens the unfused buffers need for a scan choice: every token of a call

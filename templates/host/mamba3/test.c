@@ -1074,6 +1074,7 @@ int main(void)
 #endif
     test_starts_bad_calls();
     test_packed(1006);
+    test_packed_from(1007);
     test_packed_bad_calls();
 
     /* Weights out of the init range (REF(push_ranges): softplus's argument

@@ -24,3 +24,19 @@ extern "C" cudaError_t MG_LAUNCH(unpack_rows)(const float *src, float *dst, int 
     unpack_rows_kernel<<<packed_blocks(nrows), 128, 0, stream>>>(src, dst, width, off, maxlen, nrows);
     return cudaGetLastError();
 }
+
+extern "C" cudaError_t MG_LAUNCH(group_rows)(const float *src, float *dst, int width, const int *off, const int *idx,
+                                             int k, int len, int scatter, cudaStream_t stream)
+{
+    const int nrows = k * len;
+    group_rows_kernel<<<packed_blocks(nrows), 128, 0, stream>>>(src, dst, width, off, idx, len, nrows, scatter);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(group_states)(const float *src, float *dst, size_t per, const int *idx, int k,
+                                               int nseq, int n_layers, int scatter, cudaStream_t stream)
+{
+    const int nrows = n_layers * k;
+    group_states_kernel<<<packed_blocks(nrows), 128, 0, stream>>>(src, dst, per, idx, k, nseq, nrows, scatter);
+    return cudaGetLastError();
+}

@@ -6,7 +6,11 @@
 // pad_b = maxlen - (off[b+1] - off[b]), and zeros before it. The start mask
 // of that batch marks t = pad_b of every row, so the pads' states are
 // discarded and the state after the row's last token is the sequence's.
-// Plain copies (no arithmetic): deterministic. Included by NAME_kernels.cu
+// Plain copies (no arithmetic): deterministic. Packed calls from given
+// initial states (NAME_prefill_packed_from) run the sequences of one
+// length at a time as a batch without padding: group_rows_kernel and
+// group_states_kernel gather those sequences' tokens and state rows, and
+// scatter the outputs and final states back. Included by NAME_kernels.cu
 // inside its anonymous namespace; includes nothing.
 
 // dst [nseq][maxlen][width] <- src [total][width] (pads: 0); start (if not
@@ -42,5 +46,39 @@ __global__ void unpack_rows_kernel(const float *__restrict__ src, float *__restr
         const float *s = src + (size_t)r * width;
         float *d = dst + (size_t)(o + t - pad) * width;
         for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
+    }
+}
+
+// One group of equal-length sequences (NAME_prefill_packed_from): the k
+// sequences idx[0..k) of the stream, each len tokens. scatter = 0: dst
+// [k][len][width] <- their rows of src [total][width]; scatter = 1: the
+// inverse (src [k][len][width] -> their rows of dst [total][width]). One
+// block per batch row (grid-stride).
+__global__ void group_rows_kernel(const float *__restrict__ src, float *__restrict__ dst, int width,
+                                  const int *__restrict__ off, const int *__restrict__ idx, int len, int nrows,
+                                  int scatter)
+{
+    for (int r = blockIdx.x; r < nrows; r += gridDim.x) {
+        const int i = r / len, t = r - i * len;
+        const size_t srow = (size_t)off[idx[i]] + t;   // the token's row in the stream
+        const float *s = src + (scatter ? (size_t)r : srow) * width;
+        float *d = dst + (scatter ? srow : (size_t)r) * width;
+        for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
+    }
+}
+
+// The state rows of that group: states are [n_layers][rows][per] floats.
+// scatter = 0: dst [n_layers][k][per] <- rows idx[0..k) of src
+// [n_layers][nseq][per]; scatter = 1: the inverse. One block per (layer,
+// row) (grid-stride).
+__global__ void group_states_kernel(const float *__restrict__ src, float *__restrict__ dst, size_t per,
+                                    const int *__restrict__ idx, int k, int nseq, int nrows, int scatter)
+{
+    for (int r = blockIdx.x; r < nrows; r += gridDim.x) {
+        const int l = r / k, i = r - l * k;
+        const size_t full = (size_t)l * nseq + idx[i], part = (size_t)r;
+        const float *s = src + (scatter ? part : full) * per;
+        float *d = dst + (scatter ? full : part) * per;
+        for (size_t c = threadIdx.x; c < per; c += blockDim.x) d[c] = s[c];
     }
 }
