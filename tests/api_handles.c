@@ -41,6 +41,7 @@ int main(void)
     expect_dead(model_prefill_graph_create(fm, 1, 1, dummy, dummy, NULL, NULL, &pg), "prefill_graph_create(forged model)");
     expect_dead(model_prefill_packed(fm, 1, cu, dummy, dummy, NULL, NULL), "prefill_packed(forged model)");
     expect_dead(model_prefill_packed(NULL, 1, cu, dummy, dummy, NULL, NULL), "prefill_packed(NULL)");
+    expect_dead(model_prefill_packed_from(fm, 1, cu, dummy, dummy, dummy, dummy), "prefill_packed_from(forged model)");
 #else                 /* Mamba-3: ssm, k_prev, v_prev, angle */
     expect_dead(model_prefill(fm, 1, 1, dummy, dummy, NULL, NULL, NULL, NULL), "prefill(forged model)");
     expect_dead(model_decode_step(fm, 1, dummy, dummy, dummy, dummy, dummy, dummy), "decode_step(forged model)");
@@ -48,6 +49,8 @@ int main(void)
                 "prefill_graph_create(forged model)");
     expect_dead(model_prefill_packed(fm, 1, cu, dummy, dummy, NULL, NULL, NULL, NULL), "prefill_packed(forged model)");
     expect_dead(model_prefill_packed(NULL, 1, cu, dummy, dummy, NULL, NULL, NULL, NULL), "prefill_packed(NULL)");
+    expect_dead(model_prefill_packed_from(fm, 1, cu, dummy, dummy, dummy, dummy, dummy, dummy),
+                "prefill_packed_from(forged model)");
 #endif
     mg_tap_ok(pg == NULL, "prefill_graph_create on a forged model returns no graph");
     mg_tap_ok(model_workspace_bytes(fm) == 0 && model_workspace_bytes(NULL) == 0,
