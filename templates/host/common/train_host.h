@@ -282,7 +282,10 @@ mg_status model_train_graph_set_params(model_train_graph *g, const model_adamw_p
  * own buffers: pk_u, pk_start, pk_off; the padded output in outbuf) and
  * remembers the packing; the backward that follows gathers dout into the
  * padded layout (zeros at the pads, in the trainer's dout buffer) and
- * scatters du back. Any other forward_train forgets it. ---- */
+ * scatters du back. Any other forward_train forgets it.
+ * forward_train_packed_from (sequences from given states) lays each
+ * sequence left-aligned instead (its state at t = 0, zeros after it), no
+ * start mask, on copies of the states in pk_st (fwd_packed = 2). ---- */
 #include "mg_packed_host.h"
 
 /* Before the padded forward (arguments checked): the states zeroed, u and
@@ -296,6 +299,23 @@ static mg_status trainer_packed_pre(model_trainer *t, const packed_shape *ps, co
     return packed_gather(ps, cu, t->pk_off, u, t->pk_u, IN_DIM, t->pk_start, t->stream);
 }
 
+/* Before the forward from given states (forward_train_packed_from;
+ * arguments checked): the offsets uploaded, u gathered left-aligned (zeros
+ * after each sequence), the caller's n states copied into the trainer's
+ * own rows pk_st (the forward overwrites its states; the caller's stay). */
+static mg_status trainer_packed_from_pre(model_trainer *t, const packed_shape *ps, const int32_t *cu, const float *u,
+                                         float *const *sp, const size_t *sf, int n)
+{
+    t->have_fwd = 0;
+    t->fwd_packed = 0;
+    MG_CUDA(cudaMemcpyAsync(t->pk_off, cu, (size_t)(ps->nseq + 1) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                            t->stream));
+    MG_CUDA(MG_LAUNCH(group_rows)(u, t->pk_u, IN_DIM, t->pk_off, NULL, ps->nseq, ps->maxlen, 0, t->stream));
+    for (int i = 0; i < n; ++i)
+        MG_CUDA(cudaMemcpyAsync(t->pk_st[i], sp[i], sf[i] * sizeof(float), cudaMemcpyDeviceToDevice, t->stream));
+    return MG_OK;
+}
+
 /* After it: the real tokens' outputs scattered into out, the packing kept. */
 static mg_status trainer_packed_post(model_trainer *t, const packed_shape *ps, float *out)
 {
@@ -306,17 +326,34 @@ static mg_status trainer_packed_post(model_trainer *t, const packed_shape *ps, f
     return MG_OK;
 }
 
+/* The same after the forward from given states (left-aligned rows):
+ * fwd_packed = 2, whose backward may give initial-state gradients. */
+static mg_status trainer_packed_from_post(model_trainer *t, const packed_shape *ps, float *out)
+{
+    MG_CUDA(MG_LAUNCH(group_rows)(t->outbuf, out, D_MODEL, t->pk_off, NULL, ps->nseq, ps->maxlen, 1, t->stream));
+    t->pk_nseq = ps->nseq;
+    t->pk_maxlen = ps->maxlen;
+    t->fwd_packed = 2;
+    return MG_OK;
+}
+
 /* The backward of a packed forward: dout [total][D_MODEL] into the padded
  * t->dout (pads 0); the caller runs the backward on it with du (if wanted)
  * into pk_u, then trainer_packed_du scatters it. */
 static mg_status trainer_packed_dout(model_trainer *t, const float *dout)
 {
-    MG_CUDA(MG_LAUNCH(pack_rows)(dout, t->dout, D_MODEL, t->pk_off, t->pk_nseq, t->pk_maxlen, NULL, t->stream));
+    if (t->fwd_packed == 2)
+        MG_CUDA(MG_LAUNCH(group_rows)(dout, t->dout, D_MODEL, t->pk_off, NULL, t->pk_nseq, t->pk_maxlen, 0, t->stream));
+    else
+        MG_CUDA(MG_LAUNCH(pack_rows)(dout, t->dout, D_MODEL, t->pk_off, t->pk_nseq, t->pk_maxlen, NULL, t->stream));
     return MG_OK;
 }
 
 static mg_status trainer_packed_du(model_trainer *t, float *du)
 {
-    MG_CUDA(MG_LAUNCH(unpack_rows)(t->pk_u, du, IN_DIM, t->pk_off, t->pk_nseq, t->pk_maxlen, t->stream));
+    if (t->fwd_packed == 2)
+        MG_CUDA(MG_LAUNCH(group_rows)(t->pk_u, du, IN_DIM, t->pk_off, NULL, t->pk_nseq, t->pk_maxlen, 1, t->stream));
+    else
+        MG_CUDA(MG_LAUNCH(unpack_rows)(t->pk_u, du, IN_DIM, t->pk_off, t->pk_nseq, t->pk_maxlen, t->stream));
     return MG_OK;
 }

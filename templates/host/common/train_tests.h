@@ -12,7 +12,7 @@
  * NO_STATE0 (gpu_run's fresh start), MATRIX_SUFFIXES (the names of the
  * weights that are matrices), and for the training graph: NST, st_floats,
  * RAND_CALL, STATE_ARGS, CREATE_CHECKS_STATE, STATE_NAMES, and for packed
- * sequences REF_TRAIN_PACKED (the reference's packed forward_ex and
+ * sequences REF_TRAIN_PACKED and REF_TRAIN_PACKED_FROM (the reference's packed forward_ex and
  * backward_ex from zero states) and CMP_FINAL_STATES (part 2): the
  * tests every arch runs word for word: AdamW vs a CPU implementation in
  * double (test_adamw), a NaN gradient skips the update (test_adamw_skip),
@@ -795,6 +795,87 @@ static void test_train_packed(uint64_t seed)
     }
     mg_tap_ok(same, "forward_train_packed's refused calls wrote nothing (out and states unchanged)");
     for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); free(rs[i]); }
+    mg_dev_free(d_u); mg_dev_free(d_out); mg_dev_free(d_dy); mg_dev_free(d_g); mg_dev_free(d_du);
+    free(u); free(dy); free(out); free(g); free(gu); free(rout); free(rg); free(rdu);
+}
+
+/* forward_train_packed_from + backward: every sequence from its own random
+ * initial states vs the reference's packed forward_ex / backward_ex from
+ * the same states (REF_TRAIN_PACKED_FROM): out, every weight gradient, du
+ * and the initial-state gradients (rows per sequence); the caller's states
+ * are read only (unchanged after the call). */
+static void test_train_packed_from(uint64_t seed)
+{
+    const int C = MODEL_SCAN_CHUNK;
+    const int want[5] = { C + 3, 1, C, 2, C - 1 };
+    const int nseq = imin(5, MAX_BATCH);
+    int32_t cu[6] = { 0 };
+    for (int i = 0; i < nseq; ++i) cu[i + 1] = cu[i] + imax(1, imin(want[i], MAX_SEQ_LEN));
+    const int total = cu[nseq];
+    float *u = FALLOC(n_u(1, total)), *dy = FALLOC(n_out(1, total));
+    mg_tap_randn(u, n_u(1, total), seed, 1.0f);
+    mg_tap_randn(dy, n_out(1, total), seed + 1, 1.0f);
+    float *d_u = mg_tap_dalloc(n_u(1, total)), *d_out = mg_tap_dalloc(n_out(1, total));
+    float *d_dy = mg_tap_dalloc(n_out(1, total)), *d_g = mg_tap_dalloc(WFLOATS), *d_du = mg_tap_dalloc(n_u(1, total));
+    mg_tap_up(d_u, u, n_u(1, total));
+    mg_tap_up(d_dy, dy, n_out(1, total));
+    float *ds[NST] = { NULL }, *dds[NST] = { NULL }, *hs[NST] = { NULL }, *hds[NST] = { NULL };
+    double *rs[NST] = { NULL }, *rs0[NST] = { NULL }, *rds[NST] = { NULL };
+    for (int i = 0; i < NST; ++i) {
+        const size_t n = st_floats(i, nseq);
+        ds[i] = mg_tap_dalloc(n);
+        dds[i] = mg_tap_dalloc(n);
+        hs[i] = FALLOC(n);
+        hds[i] = FALLOC(n);
+        rs[i] = DALLOC_H(n);
+        rs0[i] = DALLOC_H(n);
+        rds[i] = DALLOC_H(n);
+        mg_tap_randn(hs[i], n, seed + 5 + (uint64_t)i, 0.5f);
+        for (size_t j = 0; j < n; ++j) rs[i][j] = rs0[i][j] = hs[i][j];
+        mg_tap_up(ds[i], hs[i], n);
+    }
+    double *rout = DALLOC_H(n_out(1, total)), *rg = DALLOC_H(WFLOATS), *rdu = DALLOC_H(n_u(1, total));
+    const mg_ref_seqs o = { NULL, cu, nseq, nseq };
+    REF_TRAIN_PACKED_FROM(total, u, dy, rout, rs, rs0, rg, rdu, rds, &o);
+    float *out = FALLOC(n_out(1, total)), *g = FALLOC(WFLOATS), *gu = FALLOC(n_u(1, total));
+    mg_status s = model_forward_train_packed_from(tr, d_blob, nseq, cu, d_u, d_out, STATE_ARGS(ds));
+    if (s == MG_OK) s = model_backward(tr, d_dy, d_g, d_du, STATE_ARGS(dds));
+    char what[240];
+    if (!mg_tap_ok(s == MG_OK, "forward_train_packed_from + backward (%d sequences, %d tokens, random initial "
+                   "states) run", nseq, total)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    } else {
+        mg_tap_down(out, d_out, n_out(1, total));
+        mg_tap_down(g, d_g, WFLOATS);
+        mg_tap_down(gu, d_du, n_u(1, total));
+#define WHAT(x) (snprintf(what, sizeof what, "packed from given states (%d sequences) vs reference _ex: %s", nseq, \
+                          (x)), what)
+        cmp_ref(WHAT("forward_train out"), out, rout, n_out(1, total), FWD_TOL);
+        for (int i = 0; i < n_tens; ++i) {
+            char nm[120];
+            snprintf(nm, sizeof nm, "grad %s", tens[i].name);
+            cmp_ref(WHAT(nm), g + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
+        }
+        cmp_ref(WHAT("du"), gu, rdu, n_u(1, total), GRAD_TOL);
+        int kept = 1;
+        for (int i = 0; i < NST; ++i) {
+            char nm[120];
+            snprintf(nm, sizeof nm, "initial-state gradient %d", i);
+            mg_tap_down(hds[i], dds[i], st_floats(i, nseq));
+            cmp_ref(WHAT(nm), hds[i], rds[i], st_floats(i, nseq), GRAD_TOL);
+            float *x = FALLOC(st_floats(i, nseq));
+            mg_tap_down(x, ds[i], st_floats(i, nseq));
+            kept &= memcmp(x, hs[i], st_floats(i, nseq) * sizeof(float)) == 0;
+            free(x);
+        }
+#undef WHAT
+        mg_tap_ok(kept, "forward_train_packed_from leaves the caller's states as they were (read only)");
+    }
+    mg_tap_expect_status(model_forward_train_packed_from(NULL, d_blob, nseq, cu, d_u, d_out, STATE_ARGS(ds)),
+                         MG_ERR_INVALID_ARG, "forward_train_packed_from refuses a NULL trainer");
+    for (int i = 0; i < NST; ++i) {
+        mg_dev_free(ds[i]); mg_dev_free(dds[i]); free(hs[i]); free(hds[i]); free(rs[i]); free(rs0[i]); free(rds[i]);
+    }
     mg_dev_free(d_u); mg_dev_free(d_out); mg_dev_free(d_dy); mg_dev_free(d_g); mg_dev_free(d_du);
     free(u); free(dy); free(out); free(g); free(gu); free(rout); free(rg); free(rdu);
 }

@@ -54,7 +54,8 @@ struct model_trainer {
     unsigned char *pk_start;       /* [MAX_TOKENS] the packing's start mask */
     int *pk_off;                   /* [MAX_BATCH + 1] cu_seqlens on the device */
     int pk_nseq, pk_maxlen;        /* the packing of the last forward */
-    int fwd_packed;                /* the last forward_train was packed */
+    int fwd_packed;                /* the last forward_train was packed: 1 from zero states, 2 from given ones */
+    float *pk_st[2];               /* MAX_BATCH rows of each state (forward_train_packed_from's copies) */
 };
 
 /* Sizes (p == NULL) or carves (p != NULL) the workspace; below. */
@@ -77,6 +78,8 @@ static size_t carve(model_trainer *t, char *p)
     TAKE(pk_u, float *, MT * IN_DIM, 4);
     TAKE(pk_start, unsigned char *, MT, 1);
     TAKE(pk_off, int *, MB + 1, 4);
+    TAKE(pk_st[0], float *, L * MB * CS_PER_SEQ, 4);
+    TAKE(pk_st[1], float *, L * MB * SS_PER_SEQ, 4);
     TAKE(hn, char *, L * MT * D_MODEL, ACT_SIZE);
     TAKE(xz, char *, L * MT * XZ_DIM, ACT_SIZE);
     TAKE(xc, char *, L * MT * E, ACT_SIZE);
@@ -296,6 +299,32 @@ mg_status model_forward_train_packed(model_trainer *t, const float *d_weights, i
     return trainer_packed_post(t, &ps, d_out);
 }
 
+/* Packed sequences from given states (mg_train_host.h): left-aligned rows,
+ * no start mask (neither the packing's nor set_starts'), on the trainer's
+ * copies of the states. */
+mg_status model_forward_train_packed_from(model_trainer *t, const float *d_weights, int nseq,
+                                          const int32_t *cu_seqlens, const float *d_u, float *d_out,
+                                          float *d_conv_state, float *d_ssm_state)
+{
+    static const char fn[] = MODEL_NAME "_forward_train_packed_from";
+    TRAINER_LIVE(t, fn);
+    packed_shape ps = { 0, 0, 0 };
+    CHECK(packed_check(fn, nseq, cu_seqlens, MAX_BATCH, MAX_SEQ_LEN, &ps));
+    CHECK(check_forward(fn, d_weights, ps.nseq, ps.maxlen, d_u, d_conv_state, d_ssm_state));
+    CHECK(need_ptr(fn, d_out, "out", 1));
+    if (!d_conv_state)   /* no states: zeros in */
+        return model_forward_train_packed(t, d_weights, nseq, cu_seqlens, d_u, d_out, d_conv_state, d_ssm_state);
+    float *const sp[2] = { d_conv_state, d_ssm_state };
+    const size_t sf[2] = { (size_t)N_LAYERS * ps.nseq * CS_PER_SEQ, (size_t)N_LAYERS * ps.nseq * SS_PER_SEQ };
+    CHECK(trainer_packed_from_pre(t, &ps, cu_seqlens, d_u, sp, sf, 2));
+    const unsigned char *const own = t->start;
+    t->start = NULL;
+    const mg_status s = forward_train(t, d_weights, ps.nseq, ps.maxlen, t->pk_u, t->outbuf, t->pk_st[0], t->pk_st[1]);
+    t->start = own;
+    CHECK(s);
+    return trainer_packed_from_post(t, &ps, d_out);
+}
+
 static mg_status backward(model_trainer *t, const float *dout, float *gr, float *du, float *dcs, float *dss)
 {
     const int batch = t->batch, seqlen = t->seqlen, tokens = batch * seqlen;
@@ -416,6 +445,12 @@ mg_status model_backward(model_trainer *t, const float *d_dout, float *d_grads,
     CHECK(need_ptr(fn, d_du, "du", 0));
     CHECK(need_ptr(fn, d_dconv_state, "dconv_state", 0));
     CHECK(need_ptr(fn, d_dssm_state, "dssm_state", 0));
+    if (t->fwd_packed == 2) {
+        /* a packed forward from given states: rows per sequence, initial-state gradients allowed */
+        CHECK(trainer_packed_dout(t, d_dout));
+        CHECK(backward(t, t->dout, d_grads, d_du ? t->pk_u : NULL, d_dconv_state, d_dssm_state));
+        return d_du ? trainer_packed_du(t, d_du) : MG_OK;
+    }
     if (t->fwd_packed) {
         /* a packed forward: its sequences started from zero states */
         if (d_dconv_state || d_dssm_state)

@@ -617,6 +617,21 @@ static void ref_train_packed(int T, const float *u, const float *dy, double *out
     free(rdy);
 }
 #define REF_TRAIN_PACKED ref_train_packed
+/* The same from initial states st0 (st: in/out, starting equal to st0),
+ * with the initial-state gradients dst. */
+static void ref_train_packed_from(int T, const float *u, const float *dy, double *out, double *const st[NST],
+                                  double *const st0[NST], double *g, double *du, double *const dst[NST],
+                                  const mg_ref_seqs *o)
+{
+    double *rdy = DALLOC_H(n_out(1, T));
+    for (size_t i = 0; i < n_out(1, T); ++i) rdy[i] = dy[i];
+    if (mg_ref_mamba1_forward_ex(&dims, &lay, blob, 1, T, u, out, st[0], st[1], o) != MG_OK)
+        mg_tap_bail("reference forward_ex (packed, from states)");
+    if (mg_ref_mamba1_backward_ex(&dims, &lay, blob, 1, T, u, st0[0], st0[1], rdy, g, du, dst[0], dst[1], o) != MG_OK)
+        mg_tap_bail("reference backward_ex (packed, from states)");
+    free(rdy);
+}
+#define REF_TRAIN_PACKED_FROM ref_train_packed_from
 static void cmp_final_states(const char *prefix, int B, float *const got[NST], double *const ref[NST])
 {
     static const char *const name[NST] = { "conv_state", "ssm_state" };
@@ -737,6 +752,7 @@ int main(void)
     test_starts(budget);
 
     test_train_packed(1100);
+    test_train_packed_from(1101);
     train_end(ba);   /* AdamW, training, the training graph, bad calls */
     mg_ref_mamba1_layout_free(&lay);
     return mg_tap_done();

@@ -62,7 +62,8 @@ struct model_trainer {
     unsigned char *pk_start;       /* [MAX_TOKENS] the packing's start mask */
     int *pk_off;                   /* [MAX_BATCH + 1] cu_seqlens on the device */
     int pk_nseq, pk_maxlen;        /* the packing of the last forward */
-    int fwd_packed;                /* the last forward_train was packed */
+    int fwd_packed;                /* the last forward_train was packed: 1 from zero states, 2 from given ones */
+    float *pk_st[4];               /* MAX_BATCH rows of each state (forward_train_packed_from's copies) */
 };
 
 /* Sizes (p == NULL) or carves (p != NULL) the workspace; below. */
@@ -88,6 +89,10 @@ static size_t carve(model_trainer *t, char *p)
     TAKE(pk_u, float *, MT * IN_DIM, 4);
     TAKE(pk_start, unsigned char *, MT, 1);
     TAKE(pk_off, int *, MB + 1, 4);
+    TAKE(pk_st[0], float *, L * MB * SSM_PER_SEQ, 4);
+    TAKE(pk_st[1], float *, L * MB * KPREV_PER_SEQ, 4);
+    TAKE(pk_st[2], float *, L * MB * VPREV_PER_SEQ, 4);
+    TAKE(pk_st[3], float *, L * MB * ANGLE_PER_SEQ, 4);
     TAKE(hn, char *, L * MT * D_MODEL, ACT_SIZE);
     TAKE(proj, char *, L * MT * NP_DIM, ACT_SIZE);
     TAKE(dt, float *, MT * H, 4);
@@ -326,6 +331,35 @@ mg_status model_forward_train_packed(model_trainer *t, const float *d_weights, i
     return trainer_packed_post(t, &ps, d_out);
 }
 
+/* Packed sequences from given states (mg_train_host.h): left-aligned rows,
+ * no start mask (neither the packing's nor set_starts'), on the trainer's
+ * copies of the states. */
+mg_status model_forward_train_packed_from(model_trainer *t, const float *d_weights, int nseq,
+                                          const int32_t *cu_seqlens, const float *d_u, float *d_out,
+                                          float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
+{
+    static const char fn[] = MODEL_NAME "_forward_train_packed_from";
+    TRAINER_LIVE(t, fn);
+    packed_shape ps = { 0, 0, 0 };
+    CHECK(packed_check(fn, nseq, cu_seqlens, MAX_BATCH, MAX_SEQ_LEN, &ps));
+    CHECK(need_ptr(fn, d_out, "out", 1));
+    CHECK(check_forward(fn, d_weights, ps.nseq, ps.maxlen, d_u, d_ssm, d_k_prev, d_v_prev, d_angle));
+    if (!d_ssm)   /* no states: zeros in */
+        return model_forward_train_packed(t, d_weights, nseq, cu_seqlens, d_u, d_out, d_ssm, d_k_prev, d_v_prev,
+                                          d_angle);
+    float *const sp[4] = { d_ssm, d_k_prev, d_v_prev, d_angle };
+    const size_t nl = (size_t)N_LAYERS * ps.nseq;
+    const size_t sf[4] = { nl * SSM_PER_SEQ, nl * KPREV_PER_SEQ, nl * VPREV_PER_SEQ, nl * ANGLE_PER_SEQ };
+    CHECK(trainer_packed_from_pre(t, &ps, cu_seqlens, d_u, sp, sf, 4));
+    const unsigned char *const own = t->start;
+    t->start = NULL;
+    const mg_status s = forward_train(t, d_weights, ps.nseq, ps.maxlen, t->pk_u, t->outbuf, t->pk_st[0], t->pk_st[1],
+                                      t->pk_st[2], t->pk_st[3]);
+    t->start = own;
+    CHECK(s);
+    return trainer_packed_from_post(t, &ps, d_out);
+}
+
 /* The checks of a forward over [batch][seqlen] with optional states. */
 static mg_status check_forward(const char *fn, const float *d_weights, int batch, int seqlen, const float *d_u,
                                const float *d_ssm, const float *d_k_prev, const float *d_v_prev,
@@ -494,6 +528,12 @@ mg_status model_backward(model_trainer *t, const float *d_dout, float *d_grads, 
     CHECK(need_ptr(fn, d_dk_prev, "dk_prev", 0));
     CHECK(need_ptr(fn, d_dv_prev, "dv_prev", 0));
     CHECK(need_ptr(fn, d_dangle, "dangle", 0));
+    if (t->fwd_packed == 2) {
+        /* a packed forward from given states: rows per sequence, initial-state gradients allowed */
+        CHECK(trainer_packed_dout(t, d_dout));
+        CHECK(backward(t, t->dout, d_grads, d_du ? t->pk_u : NULL, d_dssm, d_dk_prev, d_dv_prev, d_dangle));
+        return d_du ? trainer_packed_du(t, d_du) : MG_OK;
+    }
     if (t->fwd_packed) {
         /* a packed forward: its sequences started from zero states */
         if (d_dssm || d_dk_prev || d_dv_prev || d_dangle)

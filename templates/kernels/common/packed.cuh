@@ -49,20 +49,29 @@ __global__ void unpack_rows_kernel(const float *__restrict__ src, float *__restr
     }
 }
 
-// One group of equal-length sequences (NAME_prefill_packed_from): the k
-// sequences idx[0..k) of the stream, each len tokens. scatter = 0: dst
-// [k][len][width] <- their rows of src [total][width]; scatter = 1: the
-// inverse (src [k][len][width] -> their rows of dst [total][width]). One
-// block per batch row (grid-stride).
+// Rows of len tokens for the k sequences idx[0..k) of the stream (idx
+// NULL: sequences 0..k-1), each sequence left-aligned in its row:
+// NAME_prefill_packed_from's groups of one length (every row full), and
+// the trainer's packed forward from given states (rows of the longest
+// length). scatter = 0: dst [k][len][width] <- the sequences' rows of src
+// [total][width], zeros past a sequence's end; scatter = 1: the inverse,
+// a sequence's own tokens only. One block per batch row (grid-stride).
 __global__ void group_rows_kernel(const float *__restrict__ src, float *__restrict__ dst, int width,
                                   const int *__restrict__ off, const int *__restrict__ idx, int len, int nrows,
                                   int scatter)
 {
     for (int r = blockIdx.x; r < nrows; r += gridDim.x) {
         const int i = r / len, t = r - i * len;
-        const size_t srow = (size_t)off[idx[i]] + t;   // the token's row in the stream
-        const float *s = src + (scatter ? (size_t)r : srow) * width;
+        const int q = idx ? idx[i] : i;
+        const bool real = t < off[q + 1] - off[q];
+        if (scatter && !real) continue;
+        const size_t srow = (size_t)off[q] + t;   // the token's row in the stream
         float *d = dst + (scatter ? srow : (size_t)r) * width;
+        if (!real) {
+            for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = 0.0f;
+            continue;
+        }
+        const float *s = src + (scatter ? (size_t)r : srow) * width;
         for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
     }
 }
