@@ -442,6 +442,46 @@ if M.HAS_TRAINING:
             "parameter gradient %.3g" % (e_out, rel(out, ref), rel(out, ox), e_dx, per_seq, e_w, worst, e_dx2, e_w2)
 
 
+if M.HAS_TRAINING:
+    @test("forward_packed from given states (training): out, du, the initial-state gradients and every parameter "
+          "gradient == the sequences run one by one from their states")
+    def _():
+        m2 = M.Model({k: v.detach().clone() for k, v in model.state_dict().items()})
+        params = list(m2.parameters())
+        lens = [5, 1, T][:min(3, M.MAX_BATCH)]
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        x = torch.randn(cu[-1], M.IN_DIM, device=dev, requires_grad=True)
+        s0 = random_state(len(lens))
+        for t in s0.tensors():
+            t.requires_grad_(True)
+        out, _ = m2.forward_packed(x, cu, s0)
+        wt = torch.randn(out.shape, device=dev)   # loss = sum(out * wt) (see the packed test above)
+        gp = torch.autograd.grad((out * wt).sum(), [x] + list(s0.tensors()) + params)
+        ns = len(s0.tensors())
+        gx = torch.zeros_like(x)
+        gs = [torch.zeros_like(t) for t in s0.tensors()]
+        gw = [torch.zeros_like(p) for p in params]
+        ox = torch.zeros_like(out)
+        for i in range(len(lens)):
+            xi = x.detach()[cu[i]:cu[i + 1]].unsqueeze(0).contiguous().requires_grad_(True)
+            si = M.State(1, dev, [t.detach()[:, i:i + 1].contiguous().requires_grad_(True) for t in s0.tensors()])
+            oi, _ = m2(xi, si)
+            gi = torch.autograd.grad((oi[0] * wt[cu[i]:cu[i + 1]]).sum(), [xi] + list(si.tensors()) + params)
+            gx[cu[i]:cu[i + 1]] = gi[0][0]
+            ox[cu[i]:cu[i + 1]] = oi.detach()[0]
+            for a, b in zip(gs, gi[1:1 + ns]):
+                a[:, i:i + 1] = b
+            for a, b in zip(gw, gi[1 + ns:]):
+                a += b
+        e_out, e_dx = rel(out, ox), rel(gp[0], gx)
+        e_s = max(rel(a, b) for a, b in zip(gp[1:1 + ns], gs) if b.norm().item() > 0)
+        e_w = max(rel(a, b) for a, b in zip(gp[1 + ns:], gw) if b.norm().item() > 0)
+        return max(e_out, e_dx, e_s, e_w) < TOL, "out %.3g, du %.3g, initial-state gradients %.3g, worst " \
+            "parameter gradient %.3g" % (e_out, e_dx, e_s, e_w)
+
+
 @test("calls run on the current stream: prefill on a side stream == on the default stream")
 def _():
     s = torch.cuda.Stream()

@@ -100,6 +100,7 @@ _TRAIN_API = {
     "trainer_set_loss_scaling": (_I, (_P, ctypes.c_float, _I)),
     "forward_train": (_I, (_P, _P, _I, _I, _P, _P) + _STATES),
     "forward_train_packed": (_I, (_P, _P, _I, _P, _P, _P) + _STATES),
+    "forward_train_packed_from": (_I, (_P, _P, _I, _P, _P, _P) + _STATES),
     "backward": (_I, (_P, _P, _P, _P) + _STATES),
     "adamw_step": (_I, (_P, _P, _P, _P, _P, ctypes.POINTER(_AdamWParams))),
 }
@@ -460,6 +461,34 @@ class _TrainPacked(torch.autograd.Function):
         # model, u, offs, parameters...; no initial states: no state gradients
         du, pgrads = _run_backward(ctx, dout, [None] * _NS, ctx.needs_input_grad[3:])
         return (None, du, None) + tuple(pgrads)
+
+
+class _TrainPackedFrom(torch.autograd.Function):
+    """forward_train_packed_from + backward as one autograd node: inputs
+    model, u [total][IN_DIM], the offsets, the initial state tensors (row i:
+    sequence i; read only), the parameters; output out [total][D_MODEL].
+    Gradients reach u, the initial states and the parameters."""
+
+    @staticmethod
+    def forward(ctx, model, u, offs, *rest):
+        states = rest[:_NS]
+        nseq = len(offs) - 1
+        out = torch.empty((u.shape[0], D_MODEL), dtype=_f32, device=model.device)
+        with torch.cuda.device(model.device):
+            t = model._trainer_on_stream()
+            model._lib.call("forward_train_packed_from", t, model.weights.data_ptr(), nseq, ctypes.cast(offs, _P),
+                            u.data_ptr(), out.data_ptr(), *[s.data_ptr() for s in states])
+        _mark_forward(ctx, model, u)
+        ctx.state_shapes = [tuple(s.shape) for s in states]
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        need = ctx.needs_input_grad   # model, u, offs, states..., parameters...
+        dstates = [torch.empty(shape, dtype=_f32, device=ctx.model.device) if need[3 + i] else None
+                   for i, shape in enumerate(ctx.state_shapes)]
+        du, pgrads = _run_backward(ctx, dout, dstates, need[3 + _NS:])
+        return (None, du, None) + tuple(dstates) + tuple(pgrads)
 
 
 class Model(torch.nn.Module):
@@ -900,15 +929,20 @@ class Model(torch.nn.Module):
         outs = _Train.apply(self, u, starts, *state.tensors(), *self._params)
         return outs[0], State(batch, self.device, outs[1:])
 
-    def forward_packed(self, u, cu_seqlens):
+    def forward_packed(self, u, cu_seqlens, state=None):
         """Training over packed sequences (NAME_forward_train_packed): u
         [total][IN_DIM] and cu_seqlens as prefill_packed; every sequence
         starts from zero states. Returns (out [total][D_MODEL], the final
         State of nseq rows, no gradient through it); differentiable as
-        forward (gradients reach the parameters and u). Without grad mode
-        (or nothing requiring grad) it is prefill_packed."""
-        if not torch.is_grad_enabled() or not (u.requires_grad or any(p.requires_grad for p in self._params)):
-            return self.prefill_packed(u, cu_seqlens)
+        forward (gradients reach the parameters and u). state: a State of
+        nseq rows, row i sequence i's initial state (left as it is;
+        NAME_forward_train_packed_from): gradients reach its tensors too,
+        and the returned state is None (that call gives no final states:
+        prefill_packed(u, cu, state) does). Without grad mode (or nothing
+        requiring grad) it is prefill_packed."""
+        if not torch.is_grad_enabled() or not (u.requires_grad or any(p.requires_grad for p in self._params) or
+                                               (state is not None and any(t.requires_grad for t in state.tensors()))):
+            return self.prefill_packed(u, cu_seqlens, None if state is None else state.clone())
         cu = [int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
         if len(cu) < 2 or u.dim() != 2 or u.shape[1] != IN_DIM or cu[-1] != u.shape[0]:
             raise ValueError("forward_packed: u %s and cu_seqlens (%d entries ending at %s) do not agree: expected "
@@ -917,6 +951,9 @@ class Model(torch.nn.Module):
             raise ValueError("forward_packed: %d sequences, out of range 1..%d (MAX_BATCH)" % (len(cu) - 1, MAX_BATCH))
         _check_tensor(u, "forward_packed: u", u.shape, self.device)
         offs = (ctypes.c_int32 * len(cu))(*cu)   # host memory, alive for this call (checked there)
+        if state is not None:
+            state = self._state_for(state, len(cu) - 1, "forward_packed")
+            return _TrainPackedFrom.apply(self, u, offs, *state.tensors(), *self._params), None
         outs = _TrainPacked.apply(self, u, offs, *self._params)
         return outs[0], State(len(cu) - 1, self.device, outs[1:])
 
