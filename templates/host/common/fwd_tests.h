@@ -569,14 +569,26 @@ static void test_selfcheck(int seqlen)
 /* The lengths of the packed tests: 1, chunk-1, chunk, chunk+1 and a long
  * one (chunk = MODEL_SCAN_CHUNK), each within 1..MAX_SEQ_LEN, as many as
  * MAX_BATCH allows; cu gets the offsets (nseq + 1). Returns nseq. */
-static int packed_lengths(int32_t *cu)
+static int packed_cu(const int want[5], int32_t *cu)
 {
-    const int C = MODEL_SCAN_CHUNK;
-    const int want[5] = { 1, C - 1, C, C + 1, 2 * C + 3 };
     const int nseq = imin(5, MAX_BATCH);
     cu[0] = 0;
     for (int i = 0; i < nseq; ++i) cu[i + 1] = cu[i] + imax(1, imin(want[i], MAX_SEQ_LEN));
     return nseq;
+}
+
+static int packed_lengths(int32_t *cu)
+{
+    const int C = MODEL_SCAN_CHUNK;
+    const int want[5] = { 1, C - 1, C, C + 1, 2 * C + 3 };
+    return packed_cu(want, cu);
+}
+
+/* "lengths a,b,..." of a packed call, for the TAP lines. */
+static void packed_label(char *lens, size_t n, const int32_t *cu, int nseq)
+{
+    snprintf(lens, n, "lengths %d", (int)(cu[1] - cu[0]));
+    for (int i = 1; i < nseq; ++i) snprintf(lens + strlen(lens), n - strlen(lens), ",%d", (int)(cu[i + 1] - cu[i]));
 }
 
 /* Floats of one stream's slice of state i in one layer. */
@@ -609,9 +621,7 @@ static void test_packed(uint64_t seed)
     const mg_ref_seqs o = { NULL, cu, nseq, nseq };
     if (REF_FWD_EX(total, u, rout, rs, &o) != MG_OK) mg_tap_bail(FWD_STR(REF(forward_ex)));
     char what[200], lens[64];
-    snprintf(lens, sizeof lens, "lengths %d", (int)(cu[1] - cu[0]));
-    for (int i = 1; i < nseq; ++i)
-        snprintf(lens + strlen(lens), sizeof lens - strlen(lens), ",%d", (int)(cu[i + 1] - cu[i]));
+    packed_label(lens, sizeof lens, cu, nseq);
     const mg_status s = model_prefill_packed(model, nseq, cu, du, dout, DEV_STATES(ds));
     if (!mg_tap_ok(s == MG_OK, "prefill_packed (%s) runs", lens)) {
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
@@ -672,10 +682,8 @@ static void test_packed_from(uint64_t seed)
 {
     const int C = MODEL_SCAN_CHUNK;
     const int want[5] = { C + 1, 3, C + 1, 1, 3 };
-    const int nseq = imin(5, MAX_BATCH);
     int32_t cu[6] = { 0 };
-    for (int i = 0; i < nseq; ++i) cu[i + 1] = cu[i] + imax(1, imin(want[i], MAX_SEQ_LEN));
-    const int total = cu[nseq];
+    const int nseq = packed_cu(want, cu), total = cu[nseq];
     float *u = FALLOC(n_u(1, total)), *out = FALLOC(n_out(1, total)), *out0 = FALLOC(n_out(1, total));
     double *rout = DALLOC_H(n_out(1, total));
     float *du = mg_tap_dalloc(n_u(1, total)), *dout = mg_tap_dalloc(n_out(1, total));
@@ -695,9 +703,7 @@ static void test_packed_from(uint64_t seed)
     const mg_ref_seqs o = { NULL, cu, nseq, nseq };
     if (REF_FWD_EX(total, u, rout, rs, &o) != MG_OK) mg_tap_bail(FWD_STR(REF(forward_ex)));
     char what[200], lens[64];
-    snprintf(lens, sizeof lens, "lengths %d", (int)(cu[1] - cu[0]));
-    for (int i = 1; i < nseq; ++i)
-        snprintf(lens + strlen(lens), sizeof lens - strlen(lens), ",%d", (int)(cu[i + 1] - cu[i]));
+    packed_label(lens, sizeof lens, cu, nseq);
     mg_status s = model_prefill_packed_from(model, nseq, cu, du, dout, DEV_STATES(ds));
     if (!mg_tap_ok(s == MG_OK, "prefill_packed_from (%s, random initial states) runs", lens)) {
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());

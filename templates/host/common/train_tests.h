@@ -667,6 +667,41 @@ static void test_grad_accumulate(int B, int T, uint64_t seed)
 }
 
 /* The program defines this one after this part. */
+/* The inputs of a packed training test: up to 5 sequences of the wanted
+ * lengths (capped to 1..MAX_SEQ_LEN, at most MAX_BATCH of them), random u
+ * and dy on the host and the device, and device out, grads and du. */
+typedef struct packed_io {
+    int32_t cu[6];
+    int nseq, total;
+    float *u, *dy, *d_u, *d_out, *d_dy, *d_g, *d_du;
+} packed_io;
+
+static void packed_io_init(packed_io *p, const int want[5], uint64_t seed)
+{
+    p->nseq = imin(5, MAX_BATCH);
+    p->cu[0] = 0;
+    for (int i = 0; i < p->nseq; ++i) p->cu[i + 1] = p->cu[i] + imax(1, imin(want[i], MAX_SEQ_LEN));
+    p->total = p->cu[p->nseq];
+    const size_t nu = n_u(1, p->total), no = n_out(1, p->total);
+    p->u = FALLOC(nu);
+    p->dy = FALLOC(no);
+    mg_tap_randn(p->u, nu, seed, 1.0f);
+    mg_tap_randn(p->dy, no, seed + 1, 1.0f);
+    p->d_u = mg_tap_dalloc(nu);
+    p->d_out = mg_tap_dalloc(no);
+    p->d_dy = mg_tap_dalloc(no);
+    p->d_g = mg_tap_dalloc(WFLOATS);
+    p->d_du = mg_tap_dalloc(nu);
+    mg_tap_up(p->d_u, p->u, nu);
+    mg_tap_up(p->d_dy, p->dy, no);
+}
+
+static void packed_io_free(packed_io *p)
+{
+    mg_dev_free(p->d_u); mg_dev_free(p->d_out); mg_dev_free(p->d_dy); mg_dev_free(p->d_g); mg_dev_free(p->d_du);
+    free(p->u); free(p->dy);
+}
+
 /* Packed sequences in training (doc/math.md §9): forward_train_packed +
  * backward over lengths 1, chunk-1, chunk, chunk+1 and a long one (chunk =
  * MODEL_SCAN_CHUNK) vs the reference's packed forward_ex / backward_ex
@@ -680,17 +715,12 @@ static void test_train_packed(uint64_t seed)
 {
     const int C = MODEL_SCAN_CHUNK;
     const int want[5] = { 1, C - 1, C, C + 1, 2 * C + 3 };
-    const int nseq = imin(5, MAX_BATCH);
-    int32_t cu[6] = { 0 };
-    for (int i = 0; i < nseq; ++i) cu[i + 1] = cu[i] + imax(1, imin(want[i], MAX_SEQ_LEN));
-    const int total = cu[nseq];
-    float *u = FALLOC(n_u(1, total)), *dy = FALLOC(n_out(1, total));
-    mg_tap_randn(u, n_u(1, total), seed, 1.0f);
-    mg_tap_randn(dy, n_out(1, total), seed + 1, 1.0f);
-    float *d_u = mg_tap_dalloc(n_u(1, total)), *d_out = mg_tap_dalloc(n_out(1, total));
-    float *d_dy = mg_tap_dalloc(n_out(1, total)), *d_g = mg_tap_dalloc(WFLOATS), *d_du = mg_tap_dalloc(n_u(1, total));
-    mg_tap_up(d_u, u, n_u(1, total));
-    mg_tap_up(d_dy, dy, n_out(1, total));
+    packed_io io;
+    packed_io_init(&io, want, seed);
+    const int nseq = io.nseq, total = io.total;
+    const int32_t *cu = io.cu;
+    const float *u = io.u, *dy = io.dy;
+    float *d_u = io.d_u, *d_out = io.d_out, *d_dy = io.d_dy, *d_g = io.d_g, *d_du = io.d_du;
     float *ds[NST] = { NULL }, *hs[NST] = { NULL };
     double *rs[NST] = { NULL };
     for (int i = 0; i < NST; ++i) {
@@ -795,8 +825,8 @@ static void test_train_packed(uint64_t seed)
     }
     mg_tap_ok(same, "forward_train_packed's refused calls wrote nothing (out and states unchanged)");
     for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); free(rs[i]); }
-    mg_dev_free(d_u); mg_dev_free(d_out); mg_dev_free(d_dy); mg_dev_free(d_g); mg_dev_free(d_du);
-    free(u); free(dy); free(out); free(g); free(gu); free(rout); free(rg); free(rdu);
+    packed_io_free(&io);
+    free(out); free(g); free(gu); free(rout); free(rg); free(rdu);
 }
 
 /* forward_train_packed_from + backward: every sequence from its own random
@@ -808,17 +838,12 @@ static void test_train_packed_from(uint64_t seed)
 {
     const int C = MODEL_SCAN_CHUNK;
     const int want[5] = { C + 3, 1, C, 2, C - 1 };
-    const int nseq = imin(5, MAX_BATCH);
-    int32_t cu[6] = { 0 };
-    for (int i = 0; i < nseq; ++i) cu[i + 1] = cu[i] + imax(1, imin(want[i], MAX_SEQ_LEN));
-    const int total = cu[nseq];
-    float *u = FALLOC(n_u(1, total)), *dy = FALLOC(n_out(1, total));
-    mg_tap_randn(u, n_u(1, total), seed, 1.0f);
-    mg_tap_randn(dy, n_out(1, total), seed + 1, 1.0f);
-    float *d_u = mg_tap_dalloc(n_u(1, total)), *d_out = mg_tap_dalloc(n_out(1, total));
-    float *d_dy = mg_tap_dalloc(n_out(1, total)), *d_g = mg_tap_dalloc(WFLOATS), *d_du = mg_tap_dalloc(n_u(1, total));
-    mg_tap_up(d_u, u, n_u(1, total));
-    mg_tap_up(d_dy, dy, n_out(1, total));
+    packed_io io;
+    packed_io_init(&io, want, seed);
+    const int nseq = io.nseq, total = io.total;
+    const int32_t *cu = io.cu;
+    const float *u = io.u, *dy = io.dy;
+    float *d_u = io.d_u, *d_out = io.d_out, *d_dy = io.d_dy, *d_g = io.d_g, *d_du = io.d_du;
     float *ds[NST] = { NULL }, *dds[NST] = { NULL }, *hs[NST] = { NULL }, *hds[NST] = { NULL };
     double *rs[NST] = { NULL }, *rs0[NST] = { NULL }, *rds[NST] = { NULL };
     for (int i = 0; i < NST; ++i) {
@@ -876,8 +901,8 @@ static void test_train_packed_from(uint64_t seed)
     for (int i = 0; i < NST; ++i) {
         mg_dev_free(ds[i]); mg_dev_free(dds[i]); free(hs[i]); free(hds[i]); free(rs[i]); free(rs0[i]); free(rds[i]);
     }
-    mg_dev_free(d_u); mg_dev_free(d_out); mg_dev_free(d_dy); mg_dev_free(d_g); mg_dev_free(d_du);
-    free(u); free(dy); free(out); free(g); free(gu); free(rout); free(rg); free(rdu);
+    packed_io_free(&io);
+    free(out); free(g); free(gu); free(rout); free(rg); free(rdu);
 }
 
 static void test_bad_calls(void);
