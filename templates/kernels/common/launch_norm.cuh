@@ -18,16 +18,20 @@ extern "C" cudaError_t MG_LAUNCH(bias_rows)(float *h, const float *bias, int row
 extern "C" cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_f32,
                                           int rows, cudaStream_t stream)
 {
+    const dim3 block(NORM_THREADS, NORM_ROWS);
+    const unsigned grid = (unsigned)((rows + NORM_ROWS - 1) / NORM_ROWS);
     if (out_f32)
-        rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<float *>(y), 1, 0);
+        rmsnorm_kernel<float><<<grid, block, 0, stream>>>(h, w, static_cast<float *>(y), 1, 0, rows);
     else
-        rmsnorm_kernel<act_t><<<rows, NORM_THREADS, 0, stream>>>(h, w, static_cast<act_t *>(y), 1, 0);
+        rmsnorm_kernel<act_t><<<grid, block, 0, stream>>>(h, w, static_cast<act_t *>(y), 1, 0, rows);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
                                                int in_stride, int in_off, cudaStream_t stream)
 {
-    rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, stream>>>(h, w, y, in_stride, in_off);
+    const dim3 block(NORM_THREADS, NORM_ROWS);
+    rmsnorm_kernel<float><<<(unsigned)((rows + NORM_ROWS - 1) / NORM_ROWS), block, 0, stream>>>(h, w, y, in_stride,
+                                                                                                 in_off, rows);
     return cudaGetLastError();
 }

@@ -8,10 +8,12 @@
 extern "C" cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
                                               float *rstd, int rows, cudaStream_t st)
 {
+    const dim3 block(NORM_THREADS, NORM_ROWS);
+    const unsigned grid = (unsigned)((rows + NORM_ROWS - 1) / NORM_ROWS);
     if (out_f32)
-        rmsnorm_fwd_kernel<float><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<float *>(y), rstd);
+        rmsnorm_fwd_kernel<float><<<grid, block, 0, st>>>(h, w, static_cast<float *>(y), rstd, rows);
     else
-        rmsnorm_fwd_kernel<act_t><<<rows, NORM_THREADS, 0, st>>>(h, w, static_cast<act_t *>(y), rstd);
+        rmsnorm_fwd_kernel<act_t><<<grid, block, 0, st>>>(h, w, static_cast<act_t *>(y), rstd, rows);
     return cudaGetLastError();
 }
 

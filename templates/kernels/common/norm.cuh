@@ -19,7 +19,8 @@ bias_rows_kernel(float4 *__restrict__ h, const float4 *__restrict__ bias, size_t
 
 // ---------------------------------------------------------------------------
 // rmsnorm_kernel: y[row] = h[row] * rsqrt(mean(h[row]^2) + eps) * w.
-// One block of NORM_THREADS threads per row (grid = rows). The row is read
+// NORM_THREADS threads per row, NORM_ROWS rows a block (threadIdx.y; grid =
+// ceil(rows / NORM_ROWS); mg_rms_row.cuh says why). The row is read
 // once as NORM_VECS float4 vectors, NORM_ITERS per thread, kept in registers.
 // The sum of squares is reduced in f32 by a warp shuffle butterfly, then
 // across the NORM_WARPS warps in index order, so every thread computes the
@@ -29,11 +30,12 @@ bias_rows_kernel(float4 *__restrict__ h, const float4 *__restrict__ bias, size_t
 // token of each sequence, burn-in).
 // ---------------------------------------------------------------------------
 template <typename OutT>
-__global__ void __launch_bounds__(NORM_THREADS)
+__global__ void __launch_bounds__(NORM_THREADS * NORM_ROWS)
 rmsnorm_kernel(const float *__restrict__ h, const float *__restrict__ w, OutT *__restrict__ y,
-               int in_stride, int in_off)
+               int in_stride, int in_off, int rows)
 {
-    const size_t row = blockIdx.x;
+    const size_t row = (size_t)blockIdx.x * NORM_ROWS + threadIdx.y;
+    if (row >= (size_t)rows) return;   // the last block's spare rows (NORM_ROWS > 1: no barrier below)
     __shared__ float part[NORM_WARPS];
     float4 v[NORM_ITERS];
     const float r = rms_load(reinterpret_cast<const float4 *>(h + (row * in_stride + in_off) * D), v, part);

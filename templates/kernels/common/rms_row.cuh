@@ -1,5 +1,6 @@
 // mg_rms_row.cuh: the row of every RMSNorm kernel (inference and training,
-// both archs): one block of NORM_THREADS threads per row of D floats,
+// both archs): NORM_THREADS threads per row of D floats (NORM_ROWS rows a
+// block),
 // NORM_ITERS float4 vectors per thread kept in registers, the sum of squares
 // reduced in f32 by a warp shuffle butterfly, then across the NORM_WARPS
 // warps in index order, so every thread computes the same, deterministic
@@ -8,8 +9,19 @@
 // included inside the anonymous namespace of the package's .cu files: it
 // includes nothing itself.
 
+// Rows per block of the RMSNorm kernels that use rms_load (threadIdx.y
+// picks the row): a row of one warp (D <= 128) needs no barrier, so
+// NORM_ROWS such rows share a block; wider rows take a block each. Why:
+// 16K one-warp blocks (mamba1_rl, D = 128) kept the H200 at 17% achieved
+// occupancy and 16% of the copy ceiling, bound by block launches (ncu,
+// bench/results/h200-2026-12-05-profile-mamba1_rl.csv). The arithmetic of
+// a row does not change: the same bits.
+constexpr int NORM_ROWS = NORM_WARPS == 1 ? 8 : 1;
+
 // Loads row hr into v and returns r = 1/sqrt(mean(row^2) + eps), the same in
-// every thread. part: the kernel's __shared__ float[NORM_WARPS].
+// every thread. part: the kernel's __shared__ float[NORM_WARPS] (unused with
+// one warp per row: the butterfly leaves the sum in every lane, and
+// 0 + part[0] of the block path is that sum, bit for bit).
 __device__ __forceinline__ float rms_load(const float4 *hr, float4 (&v)[NORM_ITERS], float *part)
 {
     float ss = 0.0f;
@@ -21,12 +33,17 @@ __device__ __forceinline__ float rms_load(const float4 *hr, float4 (&v)[NORM_ITE
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float tot = 0.0f;
+    if constexpr (NORM_WARPS == 1) {
+        (void)part;
+        return 1.0f / sqrtf((0.0f + ss) / (float)D + EPS);
+    } else {
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        float tot = 0.0f;
 #pragma unroll
-    for (int i = 0; i < NORM_WARPS; ++i) tot += part[i];
-    return 1.0f / sqrtf(tot / (float)D + EPS);
+        for (int i = 0; i < NORM_WARPS; ++i) tot += part[i];
+        return 1.0f / sqrtf(tot / (float)D + EPS);
+    }
 }
 
 // y[row][:] = v * r * w in the output type (the storage dtype or f32).

@@ -16,14 +16,15 @@ bias_rows_train_kernel(size_t n, const float *__restrict__ bias, float *__restri
 }
 
 // y[row] = h[row] * r * w, r = rsqrt(mean(h[row]^2) + eps), and rstd[row] = r.
-// One block per row, NORM_ITERS float4 per thread, warp butterflies then
-// warps in order (as the inference RMSNorm).
+// NORM_ROWS rows a block (threadIdx.y), NORM_ITERS float4 per thread, warp
+// butterflies then warps in order (as the inference RMSNorm).
 template <typename OutT>
-__global__ void __launch_bounds__(NORM_THREADS)
+__global__ void __launch_bounds__(NORM_THREADS * NORM_ROWS)
 rmsnorm_fwd_kernel(const float *__restrict__ h, const float *__restrict__ w, OutT *__restrict__ y,
-                   float *__restrict__ rstd)
+                   float *__restrict__ rstd, int rows)
 {
-    const size_t row = blockIdx.x;
+    const size_t row = (size_t)blockIdx.x * NORM_ROWS + threadIdx.y;
+    if (row >= (size_t)rows) return;   // the last block's spare rows (NORM_ROWS > 1: no barrier below)
     __shared__ float part[NORM_WARPS];
     float4 v[NORM_ITERS];
     const float r = rms_load(reinterpret_cast<const float4 *>(h + row * D), v, part);
