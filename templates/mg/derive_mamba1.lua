@@ -13,7 +13,8 @@
 --            (the conv: see the comment at d.conv_threads), d.scan_lanes
 --            (+ d.scan_lanes_source "default" | "tuned"), d.scan_npt,
 --            d.scan_threads (+ d.scan_threads_source "default" | "tuned"),
---            d.scan_channels, d.scan_blocks, d.scan_tchunk, d.scan_stage_w
+--            d.scan_channels, d.scan_blocks, d.scan_tchunk, d.scan_stage_w,
+--            d.scan_fuse_dt (dt_proj computed inside the inference scan)
 --            (floats per staged timestep), d.scan_smem_bytes (M.scan_stage)
 
 local derive = require("mg.derive")
@@ -58,6 +59,9 @@ M.SCAN_NPT_MAX = 16
 -- an H200's 132 SMs (2^16 threads), and the fewest states per thread it
 -- spreads a channel down to.
 M.SCAN_TARGET_THREADS = 65536
+-- The most dt_proj columns a fused-dt scan keeps in registers (scan_body.cuh
+-- SCAN_FDT_RMAX).
+M.SCAN_FDT_RMAX = 16
 M.SCAN_NPT_SPREAD = 4
 
 -- Whether `lanes` threads can share one channel of the scan at d_state N:
@@ -166,6 +170,15 @@ function M.derive(spec, d)
     d.scan_threads_source = "tuned"
   end
   d.scan_channels = d.scan_threads // d.scan_lanes
+  -- dt_proj fused into the inference scan: each thread computes its
+  -- channel's dt = dt_low . dt_proj.weight[e] from the staged dt_low columns
+  -- (R FMAs a step) instead of a K = R GEMM writing [tokens][E] that the
+  -- scan reads back; the R weights sit in registers (R <= SCAN_FDT_RMAX)
+  -- and dt_low takes the stage's dt slot (R <= channels). Why: on the H200
+  -- the K = 8 GEMM of mamba1_rl ran at 7.6 TFLOP/s (10 us a layer at b64
+  -- T256) plus its output's round trip. The training forward keeps the GEMM
+  -- (its backward reads the dt it saved).
+  d.scan_fuse_dt = d.R <= M.SCAN_FDT_RMAX and d.R <= d.scan_channels
   d.scan_blocks = derive.ceil_div(d.E, d.scan_channels)
   d.scan_tchunk, d.scan_stage_w, d.scan_smem_bytes = M.scan_stage(d.N, d.scan_channels)
   M.derive_inference(spec, d)

@@ -265,19 +265,25 @@ static mg_status forward_starts(model_model *m, int batch, int seqlen, const flo
         s = mg_linear(m->blas, tokens, XP_DIM, D_INNER, ACT, m->xc, D_INNER, GW(L0_X_PROJ_W), D_INNER,
                       ACT, m->dbl, XP_DIM, 1.0f, 0.0f);
         if (s != MG_OK) return s;
-        /* dt = dbl[:, 0:DT_RANK] . dt_proj.weight^T   [tokens][D_INNER] (bias added in the scan) */
+        /* dt = dbl[:, 0:DT_RANK] . dt_proj.weight^T   [tokens][D_INNER] (bias added in the scan);
+         * SCAN_FUSE_DT: the scan computes it from dt_proj.weight itself */
+#if SCAN_FUSE_DT
+        const void *dtin = GW(L0_DT_PROJ_W);
+#else
         s = mg_linear(m->blas, tokens, D_INNER, DT_RANK, ACT, m->dbl, XP_DIM, GW(L0_DT_PROJ_W), DT_RANK,
                       ACT, m->dt, D_INNER, 1.0f, 0.0f);
         if (s != MG_OK) return s;
+        const void *dtin = m->dt;
+#endif
         /* g = selective_scan(...) * silu(z), ssm state carried */
 #if HAS_CHUNKED
         if (chunked)
-            MG_CUDA(model_launch_scan_chunked(batch, seqlen, m->xc, m->dt, m->dbl, m->xz, lw + L0_DT_PROJ_B,
+            MG_CUDA(model_launch_scan_chunked(batch, seqlen, m->xc, dtin, m->dbl, m->xz, lw + L0_DT_PROJ_B,
                                             lw + L0_A_LOG, lw + L0_D, ss_l, ss_l, m->cstate, m->dsum, m->g, reset,
                                             start, st));
         else
 #endif
-            MG_CUDA(model_launch_scan(batch, seqlen, m->xc, m->dt, m->dbl, m->xz, lw + L0_DT_PROJ_B,
+            MG_CUDA(model_launch_scan(batch, seqlen, m->xc, dtin, m->dbl, m->xz, lw + L0_DT_PROJ_B,
                                     lw + L0_A_LOG, lw + L0_D, ss_l, ss_l, m->g, reset, start, st));
         }
         /* h += g . out_proj.weight^T (burn-in, last layer: the last token's rows only,

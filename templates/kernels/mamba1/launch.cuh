@@ -46,12 +46,12 @@ extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *xc, co
 {
     const dim3 grid(batch, SCAN_BLOCKS);
     if (start)
-        scan_kernel<true><<<grid, SCAN_THREADS, 0, stream>>>(
+        scan_kernel<true, SCAN_FUSE_DT><<<grid, SCAN_THREADS, 0, stream>>>(
             seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
             static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
             state_in, state_out, static_cast<act_t *>(g), reset, start);
     else
-        scan_kernel<false><<<grid, SCAN_THREADS, 0, stream>>>(
+        scan_kernel<false, SCAN_FUSE_DT><<<grid, SCAN_THREADS, 0, stream>>>(
             seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
             static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
             state_in, state_out, static_cast<act_t *>(g), reset, nullptr);
@@ -103,7 +103,7 @@ extern "C" cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, f
 // Passes 1 and 2 of the chunked scan: every chunk's incoming state into
 // cstate; reset [batch] (NULL: none) zeroes a sequence's state_in; ST:
 // episode starts (start [batch][seqlen]).
-template <bool ST>
+template <bool ST, bool FDT>
 static cudaError_t chunk_states_launch(int batch, int seqlen, const void *xc, const void *dt, const void *dbl,
                                        const float *dt_bias, const float *A_log, const float *state_in,
                                        float *cstate, float *dsum, const unsigned char *reset,
@@ -111,7 +111,7 @@ static cudaError_t chunk_states_launch(int batch, int seqlen, const void *xc, co
 {
     const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
     if (nc > 1) {
-        chunk_state_kernel<ST><<<dim3(batch, SCAN_BLOCKS, nc - 1), SCAN_THREADS, 0, stream>>>(
+        chunk_state_kernel<ST, FDT><<<dim3(batch, SCAN_BLOCKS, nc - 1), SCAN_THREADS, 0, stream>>>(
             seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
             static_cast<const act_t *>(dbl), dt_bias, A_log, cstate, dsum, start);
         const cudaError_t e1 = cudaGetLastError();
@@ -123,15 +123,16 @@ static cudaError_t chunk_states_launch(int batch, int seqlen, const void *xc, co
     return cudaGetLastError();
 }
 
-// The same for the training forward (which runs its own output pass after).
+// The same for the training forward (which runs its own output pass after;
+// its dt is the dt_proj output, never fused).
 extern "C" cudaError_t MG_LAUNCH(scan_chunk_states)(int batch, int seqlen, const void *xc, const void *dt,
                                              const void *dbl, const float *dt_bias, const float *A_log,
                                              const float *state_in, float *cstate, float *dsum,
                                              const unsigned char *start, cudaStream_t stream)
 {
-    return start ? chunk_states_launch<true>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum,
+    return start ? chunk_states_launch<true, false>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum,
                                              nullptr, start, stream)
-                 : chunk_states_launch<false>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum,
+                 : chunk_states_launch<false, false>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum,
                                               nullptr, nullptr, stream);
 }
 
@@ -143,10 +144,10 @@ static cudaError_t scan_chunked_launch(int batch, int seqlen, const void *xc, co
                                        const unsigned char *start, cudaStream_t stream)
 {
     const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
-    const cudaError_t e = chunk_states_launch<ST>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate,
+    const cudaError_t e = chunk_states_launch<ST, SCAN_FUSE_DT>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate,
                                                   dsum, reset, start, stream);
     if (e != cudaSuccess) return e;
-    chunk_output_kernel<ST><<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, stream>>>(
+    chunk_output_kernel<ST, SCAN_FUSE_DT><<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, stream>>>(
         seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
         static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
         cstate, state_out, static_cast<act_t *>(g), start);

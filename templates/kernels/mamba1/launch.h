@@ -27,7 +27,9 @@ cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *
                      const float *conv_b, const float *state_in, float *state_out,
                      void *xc, const unsigned char *reset, const unsigned char *start,
                      cudaStream_t stream);
-/* Selective scan + D skip + SiLU(z) gate -> g[tokens][E]. */
+/* Selective scan + D skip + SiLU(z) gate -> g[tokens][E]. dt: the dt_proj
+ * output [tokens][E], or with MODEL_SCAN_FUSE_DT dt_proj.weight [E][R] (the
+ * scan computes dt itself; also for scan_chunked). */
 cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *xc, const void *dt,
                      const void *dbl, const void *xz, const float *dt_bias,
                      const float *A_log, const float *Dskip, const float *state_in,

@@ -16,19 +16,29 @@
 // `Stage` is indexed stage[t][k], rows of 2N + 3 * channels floats (a static
 // array, or the generic's dynamic shared memory): see scan_stage.
 // Also needed from the includer: act_t, to_f32, from_f32, silu, softplus,
-// FULL_MASK, SCAN_THREADS, SCAN_CHUNK, COMBINE_THREADS. #included inside the
+// FULL_MASK, SCAN_THREADS, SCAN_CHUNK, COMBINE_THREADS. FDT = true
+// (the inference kernels when the generator fuses dt_proj into the scan):
+// the `dt` argument is dt_proj.weight [E][R] instead of the dt_proj output,
+// and each thread computes its channel's dt from the staged dt_low columns.
+// #included inside the
 // anonymous namespace of NAME_kernels.cu / NAME_backward.cu or inlined into
 // a tune candidate, so it includes nothing itself.
 
 // size_t without <stddef.h> (the tune candidates include no system header).
 typedef decltype(sizeof(0)) mg_size_t;
 
+// The most dt_proj columns (dt_rank) a fused-dt scan keeps in registers per
+// thread; mg/derive_mamba1.lua fuses only up to this (SCAN_FDT_RMAX there).
+constexpr int SCAN_FDT_RMAX = 16;
+
 // ---------------------------------------------------------------------------
 // scan_stage: load timesteps [t0, t0 + nt) of what the block's channels read
 // into shared memory, coalesced, by the whole block. Row tt of the stage:
 //   [0, N)                B_t            [N, 2N)   C_t (when OUT)
 //   [2N, 2N+ch)           xc of the block's channels
-//   [2N+ch, 2N+2ch)       dt (before the bias)
+//   [2N+ch, 2N+2ch)       dt (before the bias); with FDT the R columns of
+//                         dt_low instead, from which each thread computes
+//                         its channel's dt (dt_proj fused into the scan)
 //   [2N+2ch, 2N+3ch)      z (when OUT)
 // with ch = dm.channels. Why: every step of the recurrence needs these per
 // channel; read from global memory inside the step loop, each step waits
@@ -37,24 +47,31 @@ typedef decltype(sizeof(0)) mg_size_t;
 // Staged, a pass pays one latency per tchunk steps. Channels past E (a
 // partial last block) stage channel E-1, as their threads compute on it.
 // ---------------------------------------------------------------------------
-template <bool OUT, class Dm, class Stage>
+template <bool OUT, bool FDT = false, class Dm, class Stage>
 __device__ __forceinline__ void
 scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
            const act_t *__restrict__ dbl, const act_t *__restrict__ xz, Stage sBC, Dm dm)
 {
     const int E = dm.E, E2 = dm.E2, N = dm.N, R = dm.R, XP = dm.XP, ch = dm.channels;
-    const int W = OUT ? 2 * N : N;   // staged B | C columns, or B
-    const int e0 = blockIdx.y * ch;
+    // staged dbl columns: B | C (or B), and with FDT the R columns of dt_low
+    // before them, at 2N + ch .. (the dt slot; R <= ch)
+    const int W = OUT ? 2 * N : N;
     for (int i = threadIdx.x; i < nt * W; i += SCAN_THREADS) {
         const int tt = i / W, k = i % W;
         sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
     }
+    if (FDT)
+        for (int i = threadIdx.x; i < nt * R; i += SCAN_THREADS) {
+            const int tt = i / R, k = i % R;
+            sBC[tt][2 * N + ch + k] = to_f32(dbl[(row0 + t0 + tt) * XP + k]);
+        }
+    const int e0 = blockIdx.y * ch;
     for (int i = threadIdx.x; i < nt * ch; i += SCAN_THREADS) {
         const int tt = i / ch, c = i % ch;
         const mg_size_t row = row0 + t0 + tt;
         const int ee = min(e0 + c, E - 1);
         sBC[tt][2 * N + c] = to_f32(xc[row * E + ee]);
-        sBC[tt][2 * N + ch + c] = to_f32(dt[row * E + ee]);
+        if (!FDT) sBC[tt][2 * N + ch + c] = to_f32(dt[row * E + ee]);
         if (OUT) sBC[tt][2 * N + 2 * ch + c] = to_f32(xz[row * E2 + E + ee]);
     }
 }
@@ -84,7 +101,7 @@ scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const a
 // pass tests it: chunk_combine_body<true>). ST = false: none of this is
 // compiled (the instructions of the maskless kernels are unchanged).
 // ---------------------------------------------------------------------------
-template <bool OUT, bool SAVE = false, bool ST = false, class Dm, class Stage>
+template <bool OUT, bool SAVE = false, bool ST = false, bool FDT = false, class Dm, class Stage>
 __device__ __forceinline__ void
 scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
           float (&s)[Dm::NPT_MAX], const float (&A)[Dm::NPT_MAX], float dtb, float dsk, float &dsum,
@@ -95,10 +112,17 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
 {
     const int E = dm.E, N = dm.N, ch = dm.channels;
     const int c = threadIdx.x / dm.lanes;   // this thread's channel within the block
+    // FDT: dt is dt_proj.weight [E][R]; this channel's row in registers
+    float wdt[FDT ? SCAN_FDT_RMAX : 1];
+    if (FDT) {
+        const int ec = min(e, E - 1);
+#pragma unroll
+        for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r) wdt[r] = r < dm.R ? to_f32(dt[(mg_size_t)ec * dm.R + r]) : 0.0f;
+    }
     for (int t0 = t_begin; t0 < t_end; t0 += dm.tchunk) {
         const int nt = min(dm.tchunk, t_end - t0);
         __syncthreads();   // the previous pass is done reading the stage
-        scan_stage<OUT>(t0, nt, row0, xc, dt, dbl, xz, sBC, dm);
+        scan_stage<OUT, FDT>(t0, nt, row0, xc, dt, dbl, xz, sBC, dm);
         if (ST)
             for (int i = threadIdx.x; i < nt; i += SCAN_THREADS) sst[i] = start[row0 + t0 + i];
         __syncthreads();
@@ -110,7 +134,19 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
                 if (!OUT) dsum = __int_as_float(0x7f800000);   // +INFINITY: the chunk's decay is 0
             }
             const float x = sBC[tt][2 * N + c];
-            const float delta = softplus(sBC[tt][2 * N + ch + c] + dtb);
+            float dtr;   // the dt_proj output of this channel and step
+            if (FDT) {
+                // dt_low . dt_proj.weight[e] in f32, rounded to the storage
+                // dtype as the GEMM's output would be (another order of the
+                // same R products: rounding-level differences from it)
+                float acc = 0.0f;
+#pragma unroll
+                for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r) if (r < dm.R) acc += sBC[tt][2 * N + ch + r] * wdt[r];
+                dtr = to_f32(from_f32<act_t>(acc));
+            } else {
+                dtr = sBC[tt][2 * N + ch + c];
+            }
+            const float delta = softplus(dtr + dtb);
             const float dx = delta * x;
             if (OUT) {
                 const float z = sBC[tt][2 * N + 2 * ch + c];
@@ -155,7 +191,7 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
 // is written to state_out (may alias state_in; NULL: not written).
 // ST, start, sst: episode starts (scan_span).
 // ---------------------------------------------------------------------------
-template <bool ST = false, class Dm, class Stage>
+template <bool ST = false, bool FDT = false, class Dm, class Stage>
 __device__ __forceinline__ void
 scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
               const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
@@ -180,7 +216,7 @@ scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict_
         s[j] = state_in ? state_in[sb + j] : 0.0f;
     }
     float dsum = 0.0f;
-    scan_span<true, false, ST>(0, seqlen, row0, lane, e, valid, s, A, dt_bias[ec], Dskip[ec], dsum,
+    scan_span<true, false, ST, FDT>(0, seqlen, row0, lane, e, valid, s, A, dt_bias[ec], Dskip[ec], dsum,
                                xc, dt, dbl, xz, g, sBC, dm, nullptr, start, sst);
     if (state_out && valid) {
 #pragma unroll
@@ -217,7 +253,7 @@ scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict_
 // exp(A * inf) s, which is NaN for A = -0); the output pass zeroes at the
 // starts again. A start at t = 0 makes state_in irrelevant.
 // ---------------------------------------------------------------------------
-template <bool ST = false, class Dm, class Stage>
+template <bool ST = false, bool FDT = false, class Dm, class Stage>
 __device__ __forceinline__ void
 chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                  const act_t *__restrict__ dbl, const float *__restrict__ dt_bias,
@@ -239,7 +275,7 @@ chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *
         s[j] = 0.0f;
     }
     float dsum = 0.0f;
-    scan_span<false, false, ST>(c * SCAN_CHUNK, (c + 1) * SCAN_CHUNK, b * (mg_size_t)seqlen, lane, e, valid,
+    scan_span<false, false, ST, FDT>(c * SCAN_CHUNK, (c + 1) * SCAN_CHUNK, b * (mg_size_t)seqlen, lane, e, valid,
                                 s, A, dt_bias[ec], 0.0f, dsum, xc, dt, dbl, nullptr, nullptr, sBC, dm, nullptr,
                                 start, sst);
     if (valid) {
@@ -273,7 +309,7 @@ chunk_combine_body(int batch, int nc, const float *__restrict__ A_log, const flo
     }
 }
 
-template <bool ST = false, class Dm, class Stage>
+template <bool ST = false, bool FDT = false, class Dm, class Stage>
 __device__ __forceinline__ void
 chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                   const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
@@ -299,7 +335,7 @@ chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t 
         s[j] = cs[j];
     }
     float dsum = 0.0f;
-    scan_span<true, false, ST>(t_begin, t_end, b * (mg_size_t)seqlen, lane, e, valid, s, A, dt_bias[ec],
+    scan_span<true, false, ST, FDT>(t_begin, t_end, b * (mg_size_t)seqlen, lane, e, valid, s, A, dt_bias[ec],
                                Dskip[ec], dsum, xc, dt, dbl, xz, g, sBC, dm, nullptr, start, sst);
     if (state_out && valid && c == nc - 1) {
         float *so = state_out + (b * E + e) * N + lane * dm.npt;

@@ -14,7 +14,10 @@
 // [seqlen] (uint8, nonzero: the states are zeroed before that token;
 // scan_span), staged per pass in sst; the launcher instantiates ST = true
 // only for a call with a start mask, so the maskless kernel is unchanged.
-template <bool ST>
+// FDT: dt_proj fused into the scan (SCAN_FUSE_DT; scan_span): `dt` is then
+// dt_proj.weight [E][R], and the inference launchers pass it so (the
+// training forward's passes keep the dt_proj output: FDT = false).
+template <bool ST, bool FDT>
 __global__ void __launch_bounds__(SCAN_THREADS)
 scan_kernel(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
             const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
@@ -26,14 +29,14 @@ scan_kernel(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ 
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, dt, z]
     __shared__ unsigned char sst[ST ? SCAN_TCHUNK : 1];   // the pass's start flags (ST)
     const bool fresh = reset && reset[blockIdx.x];
-    scan_seq_body<ST>(seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, fresh ? nullptr : state_in, state_out, g,
+    scan_seq_body<ST, FDT>(seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, fresh ? nullptr : state_in, state_out, g,
                       sBC, ModelDims(), start, sst);
 }
 #if MG_M1_SCAN_CHUNKED
 
 // The chunked scan's three passes (see chunk_state_body in scan_body.cuh);
 // ST and start as in scan_kernel (the combine reads the starts from dsum).
-template <bool ST>
+template <bool ST, bool FDT>
 __global__ void __launch_bounds__(SCAN_THREADS)
 chunk_state_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                    const act_t *__restrict__ dbl, const float *__restrict__ dt_bias,
@@ -42,7 +45,7 @@ chunk_state_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t
 {
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];
     __shared__ unsigned char sst[ST ? SCAN_TCHUNK : 1];
-    chunk_state_body<ST>(seqlen, nc, xc, dt, dbl, dt_bias, A_log, cstate, dsum_out, sBC, ModelDims(), start, sst);
+    chunk_state_body<ST, FDT>(seqlen, nc, xc, dt, dbl, dt_bias, A_log, cstate, dsum_out, sBC, ModelDims(), start, sst);
 }
 
 // reset [batch] (NULL: none) as in scan_kernel; one thread per (b, e, n).
@@ -57,7 +60,7 @@ chunk_combine_kernel(int batch, int nc, const float *__restrict__ A_log, const f
     chunk_combine_body<ST>(batch, nc, A_log, fresh ? nullptr : state_in, cstate, dsum, ModelDims());
 }
 
-template <bool ST>
+template <bool ST, bool FDT>
 __global__ void __launch_bounds__(SCAN_THREADS)
 chunk_output_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                     const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
@@ -67,7 +70,7 @@ chunk_output_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_
 {
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];
     __shared__ unsigned char sst[ST ? SCAN_TCHUNK : 1];
-    chunk_output_body<ST>(seqlen, nc, xc, dt, dbl, xz, dt_bias, A_log, Dskip, cstate, state_out, g, sBC,
+    chunk_output_body<ST, FDT>(seqlen, nc, xc, dt, dbl, xz, dt_bias, A_log, Dskip, cstate, state_out, g, sBC,
                           ModelDims(), start, sst);
 }
 #endif // MG_M1_SCAN_CHUNKED
