@@ -78,7 +78,10 @@ built() {
 # (default: half the cores, at most 8; each spends most of its time in its
 # single-threaded f64 reference, and no program measures time or device
 # memory, so they share the GPU without changing a result); their reports
-# follow in model order, as if run one after another.
+# follow in model order, as if run one after another. MG_TEST_KEEP=DIR
+# (optional): each program's TAP output and exit status are also copied to
+# DIR/NAME/ the moment it ends, so that a suite stopped by a time limit
+# (make then deletes its log, and the suite its temp dir) leaves what ran.
 run_all() {
   njobs=${MG_RUN_JOBS:-$(( $(nproc 2>/dev/null || echo 2) / 2 ))}
   [ "$njobs" -ge 1 ] 2>/dev/null || njobs=1
@@ -88,7 +91,10 @@ run_all() {
     for prog in "${name}_train_test" "${name}_test"; do   # the longer first
       [ -x "$tap_tmp/$name/$prog" ] && printf '%s|%s\n' "$tap_tmp/$name" "$prog"
     done
-  done | xargs -P "$njobs" -I{} sh -c 'd=${1%|*} p=${1##*|}; (cd "$d" && "./$p") > "$d/$p.tap" 2>&1; echo $? > "$d/$p.rc"' \
+  done | xargs -P "$njobs" -I{} sh -c 'd=${1%|*} p=${1##*|}; (cd "$d" && "./$p") > "$d/$p.tap" 2>&1; echo $? > "$d/$p.rc"
+      if [ -n "${MG_TEST_KEEP:-}" ]; then
+        k=$MG_TEST_KEEP/${d##*/}; mkdir -p "$k" && cp "$d/$p.tap" "$d/$p.rc" "$k/"
+      fi' \
     run_all {}
   for name in "$@"; do
     built "$name" || continue
