@@ -74,6 +74,14 @@ def states_equal(s, r):
     return all(torch.equal(a, b) for a, b in zip(s.tensors(), r.tensors()))
 
 
+def offsets(lens):
+    """cu_seqlens of sequences of these lengths laid one after another."""
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    return cu
+
+
 def random_state(batch, scale=0.1):
     st = M.State(batch, dev)
     with torch.no_grad():
@@ -337,9 +345,7 @@ if M.HAS_TRAINING:
 @test("prefill_packed: each sequence's out and final state == prefill of that sequence alone; bad offsets refused")
 def _():
     lens = [1, 5, T][:min(3, M.MAX_BATCH)]
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
+    cu = offsets(lens)
     x = torch.randn(cu[-1], M.IN_DIM, device=dev)
     out, st = model.prefill_packed(x, cu)
     worst = 0.0
@@ -360,9 +366,7 @@ def _():
       "prefill of that sequence alone from its state")
 def _():
     lens = [5, 1, 5][:min(3, M.MAX_BATCH)]
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
+    cu = offsets(lens)
     x = torch.randn(cu[-1], M.IN_DIM, device=dev)
     s0 = random_state(len(lens))
     st = s0.clone()
@@ -402,9 +406,7 @@ if M.HAS_TRAINING:
         m2 = M.Model({k: v.detach().clone() for k, v in model.state_dict().items()})
         params = list(m2.parameters())
         lens = [1, 5, T][:min(3, M.MAX_BATCH)]
-        cu = [0]
-        for n in lens:
-            cu.append(cu[-1] + n)
+        cu = offsets(lens)
         x = torch.randn(cu[-1], M.IN_DIM, device=dev, requires_grad=True)
         out, _ = m2.forward_packed(x, cu)
         with torch.no_grad():
@@ -449,9 +451,7 @@ if M.HAS_TRAINING:
         m2 = M.Model({k: v.detach().clone() for k, v in model.state_dict().items()})
         params = list(m2.parameters())
         lens = [5, 1, T][:min(3, M.MAX_BATCH)]
-        cu = [0]
-        for n in lens:
-            cu.append(cu[-1] + n)
+        cu = offsets(lens)
         x = torch.randn(cu[-1], M.IN_DIM, device=dev, requires_grad=True)
         s0 = random_state(len(lens))
         for t in s0.tensors():

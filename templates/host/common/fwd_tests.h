@@ -594,6 +594,40 @@ static void packed_label(char *lens, size_t n, const int32_t *cu, int nseq)
 /* Floats of one stream's slice of state i in one layer. */
 static size_t st_per(int i) { return st_floats(i, 1) / MODEL_N_LAYERS; }
 
+/* A packed prefill of cu's sequences of u (device copy du) against the
+ * reference's packed forward_ex: prefill_packed_from when from, else
+ * prefill_packed. ds (device) and rs (reference, in and out) hold the
+ * initial states each side starts from (zeros in rs for prefill_packed,
+ * which ignores ds's values). TAP: the call runs; out and every final state
+ * within TOL. out and hs (the final states) are left on the host and lens
+ * holds the lengths' label. Returns the call's status. */
+static mg_status packed_vs_ref(int from, int nseq, const int32_t *cu, const float *u, const float *du, float *dout,
+                               float *const ds[NST], float *const hs[NST], double *const rs[NST], float *out,
+                               char *lens, size_t nlens)
+{
+    const int total = cu[nseq];
+    const char *name = from ? "prefill_packed_from" : "prefill_packed";
+    double *rout = DALLOC_H(n_out(1, total));
+    const mg_ref_seqs o = { NULL, cu, nseq, nseq };
+    if (REF_FWD_EX(total, u, rout, rs, &o) != MG_OK) mg_tap_bail(FWD_STR(REF(forward_ex)));
+    packed_label(lens, nlens, cu, nseq);
+    const mg_status s = from ? model_prefill_packed_from(model, nseq, cu, du, dout, DEV_STATES(ds))
+                             : model_prefill_packed(model, nseq, cu, du, dout, DEV_STATES(ds));
+    char what[200];
+    if (!mg_tap_ok(s == MG_OK, "%s (%s) runs", name, lens)) {
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    } else {
+        mg_tap_down(out, dout, n_out(1, total));
+        snprintf(what, sizeof what, "%s (%s) vs reference forward_ex (cu_seqlens): out", name, lens);
+        cmp_ref(what, out, rout, n_out(1, total));
+        for (int i = 0; i < NST; ++i) mg_tap_down(hs[i], ds[i], st_floats(i, nseq));
+        snprintf(what, sizeof what, "%s (%s) vs reference forward_ex: final states", name, lens);
+        CMP_STATES_ANY(what, nseq, hs, rs, NULL);
+    }
+    free(rout);
+    return s;
+}
+
 /* prefill_packed (every sequence from zero states; the state buffers hold
  * random values, which must be ignored) vs the reference's packed call
  * (forward_ex with cu_seqlens, zero initial states): out and every final
@@ -604,7 +638,6 @@ static void test_packed(uint64_t seed)
     int32_t cu[6];
     const int nseq = packed_lengths(cu), total = cu[nseq];
     float *u = FALLOC(n_u(1, total)), *out = FALLOC(n_out(1, total));
-    double *rout = DALLOC_H(n_out(1, total));
     float *du = mg_tap_dalloc(n_u(1, total)), *dout = mg_tap_dalloc(n_out(1, total));
     float *ds[NST] = { NULL }, *hs[NST] = { NULL };
     double *rs[NST] = { NULL };
@@ -618,20 +651,8 @@ static void test_packed(uint64_t seed)
     }
     mg_tap_randn(u, n_u(1, total), seed, 1.0f);
     mg_tap_up(du, u, n_u(1, total));
-    const mg_ref_seqs o = { NULL, cu, nseq, nseq };
-    if (REF_FWD_EX(total, u, rout, rs, &o) != MG_OK) mg_tap_bail(FWD_STR(REF(forward_ex)));
     char what[200], lens[64];
-    packed_label(lens, sizeof lens, cu, nseq);
-    const mg_status s = model_prefill_packed(model, nseq, cu, du, dout, DEV_STATES(ds));
-    if (!mg_tap_ok(s == MG_OK, "prefill_packed (%s) runs", lens)) {
-        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
-    } else {
-        mg_tap_down(out, dout, n_out(1, total));
-        snprintf(what, sizeof what, "prefill_packed (%s) vs reference forward_ex (cu_seqlens): out", lens);
-        cmp_ref(what, out, rout, n_out(1, total));
-        for (int i = 0; i < NST; ++i) mg_tap_down(hs[i], ds[i], st_floats(i, nseq));
-        snprintf(what, sizeof what, "prefill_packed (%s) vs reference forward_ex: final states", lens);
-        CMP_STATES_ANY(what, nseq, hs, rs, NULL);
+    if (packed_vs_ref(0, nseq, cu, u, du, dout, ds, hs, rs, out, lens, sizeof lens) == MG_OK) {
         /* each sequence alone: prefill at batch 1 from zero states */
         float *sout = FALLOC(n_out(1, total)), *sst[NST] = { NULL }, *d1[NST] = { NULL };
         for (int i = 0; i < NST; ++i) { sst[i] = FALLOC(st_floats(i, nseq)); d1[i] = mg_tap_dalloc(st_floats(i, 1)); }
@@ -670,7 +691,7 @@ static void test_packed(uint64_t seed)
     }
     for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); free(rs[i]); }
     mg_dev_free(du); mg_dev_free(dout);
-    free(u); free(out); free(rout);
+    free(u); free(out);
 }
 
 /* prefill_packed_from: each sequence from its own random initial states
@@ -685,7 +706,6 @@ static void test_packed_from(uint64_t seed)
     int32_t cu[6] = { 0 };
     const int nseq = packed_cu(want, cu), total = cu[nseq];
     float *u = FALLOC(n_u(1, total)), *out = FALLOC(n_out(1, total)), *out0 = FALLOC(n_out(1, total));
-    double *rout = DALLOC_H(n_out(1, total));
     float *du = mg_tap_dalloc(n_u(1, total)), *dout = mg_tap_dalloc(n_out(1, total));
     float *ds[NST] = { NULL }, *hs[NST] = { NULL };
     double *rs[NST] = { NULL };
@@ -700,29 +720,16 @@ static void test_packed_from(uint64_t seed)
     }
     mg_tap_randn(u, n_u(1, total), seed, 1.0f);
     mg_tap_up(du, u, n_u(1, total));
-    const mg_ref_seqs o = { NULL, cu, nseq, nseq };
-    if (REF_FWD_EX(total, u, rout, rs, &o) != MG_OK) mg_tap_bail(FWD_STR(REF(forward_ex)));
-    char what[200], lens[64];
-    packed_label(lens, sizeof lens, cu, nseq);
-    mg_status s = model_prefill_packed_from(model, nseq, cu, du, dout, DEV_STATES(ds));
-    if (!mg_tap_ok(s == MG_OK, "prefill_packed_from (%s, random initial states) runs", lens)) {
-        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
-    } else {
-        mg_tap_down(out, dout, n_out(1, total));
-        snprintf(what, sizeof what, "prefill_packed_from (%s) vs reference forward_ex from the same states: out", lens);
-        cmp_ref(what, out, rout, n_out(1, total));
-        for (int i = 0; i < NST; ++i) mg_tap_down(hs[i], ds[i], st_floats(i, nseq));
-        snprintf(what, sizeof what, "prefill_packed_from (%s) vs reference forward_ex: final states", lens);
-        CMP_STATES_ANY(what, nseq, hs, rs, NULL);
-    }
+    char lens[64];
+    packed_vs_ref(1, nseq, cu, u, du, dout, ds, hs, rs, out, lens, sizeof lens);   /* from the random states */
     /* NULL states: prefill_packed's zeros in */
-    s = model_prefill_packed_from(model, nseq, cu, du, dout, NO_STATES);
+    mg_status s = model_prefill_packed_from(model, nseq, cu, du, dout, NO_STATES);
     if (s == MG_OK) mg_tap_down(out, dout, n_out(1, total));
     mg_status s0 = model_prefill_packed(model, nseq, cu, du, dout, NO_STATES);
     if (s0 == MG_OK) mg_tap_down(out0, dout, n_out(1, total));
     mg_tap_ok(s == MG_OK && s0 == MG_OK && memcmp(out, out0, n_out(1, total) * sizeof(float)) == 0,
               "prefill_packed_from with NULL states == prefill_packed, bit for bit");
-    /* the refusals of prefill_packed: bad cu_seqlens, states given in part */
+    /* refusals: bad cu_seqlens, a NULL model */
     const int32_t bad_cu[3] = { 1, 2, 3 };
     mg_tap_expect_error(model_prefill_packed_from(model, 2, bad_cu, du, dout, DEV_STATES(ds)), MG_ERR_INVALID_ARG,
                         "_prefill_packed_from: cu_seqlens[0]", "prefill_packed_from with cu_seqlens[0] = 1");
@@ -730,7 +737,7 @@ static void test_packed_from(uint64_t seed)
                          "prefill_packed_from(NULL model)");
     for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); free(rs[i]); }
     mg_dev_free(du); mg_dev_free(dout);
-    free(u); free(out); free(out0); free(rout);
+    free(u); free(out); free(out0);
 }
 
 /* Whether n floats of device buffer d still hold the bits of h. */

@@ -323,44 +323,15 @@ mg_status model_decode_graph_launch(model_graph *g)
  * are scattered into out. */
 #include "mg_packed_host.h"
 
-mg_status model_prefill_packed(model_model *m, int nseq, const int32_t *cu_seqlens, const float *d_u,
-                               float *d_out, STATE_PARAMS)
+/* From given initial states (prefill_packed_from with states): the
+ * sequences of each distinct length run as one unpadded batch (FORWARD_ON)
+ * on MAX_BATCH-row copies of their state rows, gathered from and scattered
+ * back to the caller's states; the order (by length, then index) is sorted
+ * on the host and uploaded once with the offsets. */
+static mg_status packed_groups(model_model *m, const packed_shape *ps, const int32_t *cu_seqlens, const float *d_u,
+                               float *d_out, float *const sp[N_STATES])
 {
-    static const char fn[] = MODEL_NAME "_prefill_packed";
-    MODEL_LIVE(m, fn);
-    packed_shape ps = { 0, 0, 0 };
-    mg_status s = packed_check(fn, nseq, cu_seqlens, MODEL_MAX_BATCH, MODEL_MAX_SEQ_LEN, &ps);
-    if (s == MG_OK) s = CHECK_STATES(fn, ps.nseq, ps.maxlen, d_u, d_out, 0);
-    if (s == MG_OK) s = packed_ws(m);   /* the first packed call of this model allocates it */
-    if (s != MG_OK) return s;
-    float *const sp[N_STATES] = { STATE_ARGS };
-    const size_t sf[N_STATES] = STATE_SIZES(ps.nseq);
-    s = packed_zero_states(sp, sf, N_STATES, m->stream);
-    if (s == MG_OK) s = packed_gather(&ps, cu_seqlens, m->pk_off, d_u, m->pk_u, IN_DIM, m->pk_start, m->stream);
-    if (s == MG_OK) s = FORWARD_STARTS(ps.nseq, ps.maxlen, m->pk_u, m->pk_out, m->pk_start);
-    if (s != MG_OK) return s;
-    MG_CUDA(MG_LAUNCH(unpack_rows)(m->pk_out, d_out, D_MODEL, m->pk_off, ps.nseq, ps.maxlen, m->stream));
-    return MG_OK;
-}
-
-/* From given initial states: the sequences of each distinct length run as
- * one unpadded batch (FORWARD_ON) on MAX_BATCH-row copies of their state
- * rows, gathered from and scattered back to the caller's states; the
- * order (by length, then index) is sorted on the host and uploaded once
- * with the offsets. Every check before any launch, as prefill_packed. */
-mg_status model_prefill_packed_from(model_model *m, int nseq, const int32_t *cu_seqlens, const float *d_u,
-                                    float *d_out, STATE_PARAMS)
-{
-    static const char fn[] = MODEL_NAME "_prefill_packed_from";
-    MODEL_LIVE(m, fn);
-    packed_shape ps = { 0, 0, 0 };
-    mg_status s = packed_check(fn, nseq, cu_seqlens, MODEL_MAX_BATCH, MODEL_MAX_SEQ_LEN, &ps);
-    if (s == MG_OK) s = CHECK_STATES(fn, ps.nseq, ps.maxlen, d_u, d_out, 0);
-    if (s != MG_OK) return s;
-    float *const sp[N_STATES] = { STATE_ARGS };
-    if (!sp[0]) return model_prefill_packed(m, nseq, cu_seqlens, d_u, d_out, STATE_ARGS);   /* zeros in */
-    s = packed_ws(m);   /* the first packed call of this model allocates it */
-    if (s != MG_OK) return s;
+    const int nseq = ps->nseq;
     /* the order: by length, then by index (insertion sort: nseq <= MAX_BATCH) */
     int order[MODEL_MAX_BATCH];
     for (int i = 0; i < nseq; ++i) {
@@ -386,7 +357,7 @@ mg_status model_prefill_packed_from(model_model *m, int nseq, const int32_t *cu_
             MG_CUDA(MG_LAUNCH(group_states)(sp[i], m->pk_st[i], full[i] / ((size_t)N_LAYERS * nseq), idx, k, nseq,
                                             N_LAYERS, 0, st));
         MG_CUDA(MG_LAUNCH(group_rows)(d_u, m->pk_u, IN_DIM, m->pk_off, idx, k, len, 0, st));
-        s = FORWARD_ON(k, len, m->pk_u, m->pk_out, m->pk_st);
+        const mg_status s = FORWARD_ON(k, len, m->pk_u, m->pk_out, m->pk_st);
         if (s != MG_OK) return s;
         MG_CUDA(MG_LAUNCH(group_rows)(m->pk_out, d_out, D_MODEL, m->pk_off, idx, k, len, 1, st));
         for (int i = 0; i < N_STATES; ++i)
@@ -395,6 +366,41 @@ mg_status model_prefill_packed_from(model_model *m, int nseq, const int32_t *cu_
         a = b;
     }
     return MG_OK;
+}
+
+/* prefill_packed (from = 0) and prefill_packed_from (from = 1): the checks,
+ * then the padded batch from zero states, or, with given states and from,
+ * the groups of packed_groups. */
+static mg_status packed_prefill(model_model *m, const char *fn, int from, int nseq, const int32_t *cu_seqlens,
+                                const float *d_u, float *d_out, STATE_PARAMS)
+{
+    MODEL_LIVE(m, fn);
+    packed_shape ps = { 0, 0, 0 };
+    mg_status s = packed_check(fn, nseq, cu_seqlens, MODEL_MAX_BATCH, MODEL_MAX_SEQ_LEN, &ps);
+    if (s == MG_OK) s = CHECK_STATES(fn, ps.nseq, ps.maxlen, d_u, d_out, 0);
+    if (s == MG_OK) s = packed_ws(m);   /* the first packed call of this model allocates it */
+    if (s != MG_OK) return s;
+    float *const sp[N_STATES] = { STATE_ARGS };
+    if (from && sp[0]) return packed_groups(m, &ps, cu_seqlens, d_u, d_out, sp);
+    const size_t sf[N_STATES] = STATE_SIZES(ps.nseq);
+    s = packed_zero_states(sp, sf, N_STATES, m->stream);
+    if (s == MG_OK) s = packed_gather(&ps, cu_seqlens, m->pk_off, d_u, m->pk_u, IN_DIM, m->pk_start, m->stream);
+    if (s == MG_OK) s = FORWARD_STARTS(ps.nseq, ps.maxlen, m->pk_u, m->pk_out, m->pk_start);
+    if (s != MG_OK) return s;
+    MG_CUDA(MG_LAUNCH(unpack_rows)(m->pk_out, d_out, D_MODEL, m->pk_off, ps.nseq, ps.maxlen, m->stream));
+    return MG_OK;
+}
+
+mg_status model_prefill_packed(model_model *m, int nseq, const int32_t *cu_seqlens, const float *d_u,
+                               float *d_out, STATE_PARAMS)
+{
+    return packed_prefill(m, MODEL_NAME "_prefill_packed", 0, nseq, cu_seqlens, d_u, d_out, STATE_ARGS);
+}
+
+mg_status model_prefill_packed_from(model_model *m, int nseq, const int32_t *cu_seqlens, const float *d_u,
+                                    float *d_out, STATE_PARAMS)
+{
+    return packed_prefill(m, MODEL_NAME "_prefill_packed_from", 1, nseq, cu_seqlens, d_u, d_out, STATE_ARGS);
 }
 
 /* ---- Checkpoints: a safetensors file <-> the host f32 weights blob, by

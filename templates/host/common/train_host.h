@@ -288,26 +288,20 @@ mg_status model_train_graph_set_params(model_train_graph *g, const model_adamw_p
  * start mask, on copies of the states in pk_st (fwd_packed = 2). ---- */
 #include "mg_packed_host.h"
 
-/* Before the padded forward (arguments checked): the states zeroed, u and
- * the start mask gathered. */
+/* Before the forward (arguments checked). from = 0: the caller's n states
+ * zeroed, u and the start mask gathered into the right-aligned rows. from
+ * = 1 (given states): the offsets uploaded, u gathered left-aligned (zeros
+ * after each sequence), the caller's states copied into the trainer's own
+ * rows pk_st (the forward overwrites its states; the caller's stay). */
 static mg_status trainer_packed_pre(model_trainer *t, const packed_shape *ps, const int32_t *cu, const float *u,
-                                    float *const *sp, const size_t *sf, int n)
+                                    float *const *sp, const size_t *sf, int n, int from)
 {
     t->have_fwd = 0;
     t->fwd_packed = 0;
-    CHECK(packed_zero_states(sp, sf, n, t->stream));
-    return packed_gather(ps, cu, t->pk_off, u, t->pk_u, IN_DIM, t->pk_start, t->stream);
-}
-
-/* Before the forward from given states (forward_train_packed_from;
- * arguments checked): the offsets uploaded, u gathered left-aligned (zeros
- * after each sequence), the caller's n states copied into the trainer's
- * own rows pk_st (the forward overwrites its states; the caller's stay). */
-static mg_status trainer_packed_from_pre(model_trainer *t, const packed_shape *ps, const int32_t *cu, const float *u,
-                                         float *const *sp, const size_t *sf, int n)
-{
-    t->have_fwd = 0;
-    t->fwd_packed = 0;
+    if (!from) {
+        CHECK(packed_zero_states(sp, sf, n, t->stream));
+        return packed_gather(ps, cu, t->pk_off, u, t->pk_u, IN_DIM, t->pk_start, t->stream);
+    }
     MG_CUDA(cudaMemcpyAsync(t->pk_off, cu, (size_t)(ps->nseq + 1) * sizeof(int32_t), cudaMemcpyHostToDevice,
                             t->stream));
     MG_CUDA(MG_LAUNCH(group_rows)(u, t->pk_u, IN_DIM, t->pk_off, NULL, ps->nseq, ps->maxlen, 0, t->stream));
@@ -316,24 +310,18 @@ static mg_status trainer_packed_from_pre(model_trainer *t, const packed_shape *p
     return MG_OK;
 }
 
-/* After it: the real tokens' outputs scattered into out, the packing kept. */
-static mg_status trainer_packed_post(model_trainer *t, const packed_shape *ps, float *out)
+/* After it: the real tokens' outputs scattered into out (from the rows
+ * trainer_packed_pre laid out), the packing kept: fwd_packed = 1, or 2
+ * from given states, whose backward may give initial-state gradients. */
+static mg_status trainer_packed_post(model_trainer *t, const packed_shape *ps, float *out, int from)
 {
-    MG_CUDA(MG_LAUNCH(unpack_rows)(t->outbuf, out, D_MODEL, t->pk_off, ps->nseq, ps->maxlen, t->stream));
+    if (from)
+        MG_CUDA(MG_LAUNCH(group_rows)(t->outbuf, out, D_MODEL, t->pk_off, NULL, ps->nseq, ps->maxlen, 1, t->stream));
+    else
+        MG_CUDA(MG_LAUNCH(unpack_rows)(t->outbuf, out, D_MODEL, t->pk_off, ps->nseq, ps->maxlen, t->stream));
     t->pk_nseq = ps->nseq;
     t->pk_maxlen = ps->maxlen;
-    t->fwd_packed = 1;
-    return MG_OK;
-}
-
-/* The same after the forward from given states (left-aligned rows):
- * fwd_packed = 2, whose backward may give initial-state gradients. */
-static mg_status trainer_packed_from_post(model_trainer *t, const packed_shape *ps, float *out)
-{
-    MG_CUDA(MG_LAUNCH(group_rows)(t->outbuf, out, D_MODEL, t->pk_off, NULL, ps->nseq, ps->maxlen, 1, t->stream));
-    t->pk_nseq = ps->nseq;
-    t->pk_maxlen = ps->maxlen;
-    t->fwd_packed = 2;
+    t->fwd_packed = from ? 2 : 1;
     return MG_OK;
 }
 

@@ -305,59 +305,50 @@ mg_status model_forward_train(model_trainer *t, const float *d_weights, int batc
     return forward_train(t, d_weights, batch, seqlen, d_u, d_out, d_ssm, d_k_prev, d_v_prev, d_angle);
 }
 
-/* Packed sequences (mg_train_host.h): the padded batch's forward with the
- * packing's start mask in place of the trainer's own (set_starts' mask is
- * kept for the next plain forward). */
+/* Packed sequences (mg_train_host.h). from = 0: the right-aligned padded
+ * batch's forward with the packing's start mask in place of the trainer's
+ * own (set_starts' mask is kept for the next plain forward), on the
+ * caller's states zeroed. from = 1 with states (forward_train_packed_from):
+ * left-aligned rows, no start mask at all, on the trainer's copies of the
+ * states; without states it is from = 0. */
+static mg_status forward_packed(model_trainer *t, const char *fn, int from, const float *d_weights, int nseq,
+                                const int32_t *cu_seqlens, const float *d_u, float *d_out,
+                                float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
+{
+    TRAINER_LIVE(t, fn);
+    packed_shape ps = { 0, 0, 0 };
+    CHECK(packed_check(fn, nseq, cu_seqlens, MAX_BATCH, MAX_SEQ_LEN, &ps));
+    CHECK(need_ptr(fn, d_out, "out", 1));
+    CHECK(check_forward(fn, d_weights, ps.nseq, ps.maxlen, d_u, d_ssm, d_k_prev, d_v_prev, d_angle));
+    from = from && d_ssm;   /* no states: zeros in */
+    float *const sp[4] = { d_ssm, d_k_prev, d_v_prev, d_angle };
+    const size_t nl = (size_t)N_LAYERS * ps.nseq;
+    const size_t sf[4] = { nl * SSM_PER_SEQ, nl * KPREV_PER_SEQ, nl * VPREV_PER_SEQ, nl * ANGLE_PER_SEQ };
+    CHECK(trainer_packed_pre(t, &ps, cu_seqlens, d_u, sp, sf, 4, from));
+    float *const *fs = from ? t->pk_st : sp;   /* the states the forward runs on */
+    const unsigned char *const own = t->start;
+    t->start = from ? NULL : t->pk_start;
+    const mg_status s = forward_train(t, d_weights, ps.nseq, ps.maxlen, t->pk_u, t->outbuf, fs[0], fs[1], fs[2],
+                                      fs[3]);
+    t->start = own;
+    CHECK(s);
+    return trainer_packed_post(t, &ps, d_out, from);
+}
+
 mg_status model_forward_train_packed(model_trainer *t, const float *d_weights, int nseq, const int32_t *cu_seqlens,
                                      const float *d_u, float *d_out,
                                      float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
 {
-    static const char fn[] = MODEL_NAME "_forward_train_packed";
-    TRAINER_LIVE(t, fn);
-    packed_shape ps = { 0, 0, 0 };
-    CHECK(packed_check(fn, nseq, cu_seqlens, MAX_BATCH, MAX_SEQ_LEN, &ps));
-    CHECK(need_ptr(fn, d_out, "out", 1));
-    CHECK(check_forward(fn, d_weights, ps.nseq, ps.maxlen, d_u, d_ssm, d_k_prev, d_v_prev, d_angle));
-    float *const sp[4] = { d_ssm, d_k_prev, d_v_prev, d_angle };
-    const size_t nl = (size_t)N_LAYERS * ps.nseq;
-    const size_t sf[4] = { nl * SSM_PER_SEQ, nl * KPREV_PER_SEQ, nl * VPREV_PER_SEQ, nl * ANGLE_PER_SEQ };
-    CHECK(trainer_packed_pre(t, &ps, cu_seqlens, d_u, sp, sf, 4));
-    const unsigned char *const own = t->start;
-    t->start = t->pk_start;
-    const mg_status s = forward_train(t, d_weights, ps.nseq, ps.maxlen, t->pk_u, t->outbuf, d_ssm, d_k_prev,
-                                      d_v_prev, d_angle);
-    t->start = own;
-    CHECK(s);
-    return trainer_packed_post(t, &ps, d_out);
+    return forward_packed(t, MODEL_NAME "_forward_train_packed", 0, d_weights, nseq, cu_seqlens, d_u, d_out, d_ssm,
+                          d_k_prev, d_v_prev, d_angle);
 }
 
-/* Packed sequences from given states (mg_train_host.h): left-aligned rows,
- * no start mask (neither the packing's nor set_starts'), on the trainer's
- * copies of the states. */
 mg_status model_forward_train_packed_from(model_trainer *t, const float *d_weights, int nseq,
                                           const int32_t *cu_seqlens, const float *d_u, float *d_out,
                                           float *d_ssm, float *d_k_prev, float *d_v_prev, float *d_angle)
 {
-    static const char fn[] = MODEL_NAME "_forward_train_packed_from";
-    TRAINER_LIVE(t, fn);
-    packed_shape ps = { 0, 0, 0 };
-    CHECK(packed_check(fn, nseq, cu_seqlens, MAX_BATCH, MAX_SEQ_LEN, &ps));
-    CHECK(need_ptr(fn, d_out, "out", 1));
-    CHECK(check_forward(fn, d_weights, ps.nseq, ps.maxlen, d_u, d_ssm, d_k_prev, d_v_prev, d_angle));
-    if (!d_ssm)   /* no states: zeros in */
-        return model_forward_train_packed(t, d_weights, nseq, cu_seqlens, d_u, d_out, d_ssm, d_k_prev, d_v_prev,
-                                          d_angle);
-    float *const sp[4] = { d_ssm, d_k_prev, d_v_prev, d_angle };
-    const size_t nl = (size_t)N_LAYERS * ps.nseq;
-    const size_t sf[4] = { nl * SSM_PER_SEQ, nl * KPREV_PER_SEQ, nl * VPREV_PER_SEQ, nl * ANGLE_PER_SEQ };
-    CHECK(trainer_packed_from_pre(t, &ps, cu_seqlens, d_u, sp, sf, 4));
-    const unsigned char *const own = t->start;
-    t->start = NULL;
-    const mg_status s = forward_train(t, d_weights, ps.nseq, ps.maxlen, t->pk_u, t->outbuf, t->pk_st[0], t->pk_st[1],
-                                      t->pk_st[2], t->pk_st[3]);
-    t->start = own;
-    CHECK(s);
-    return trainer_packed_from_post(t, &ps, d_out);
+    return forward_packed(t, MODEL_NAME "_forward_train_packed_from", 1, d_weights, nseq, cu_seqlens, d_u, d_out,
+                          d_ssm, d_k_prev, d_v_prev, d_angle);
 }
 
 /* The checks of a forward over [batch][seqlen] with optional states. */
