@@ -244,13 +244,23 @@ end
 --   d.decode_threads    block size: 256 up to 64 channels per block, 512 up to
 --                       256, else 1024; raised to hold decode_ec * N/16
 --                       threads (at most 16 states per thread), capped at 1024
+--   d.decode_seqs       most streams one cluster walks together (DEC_SEQS): the
+--                       kernel holds each block's GEMV weights in registers,
+--                       so a cluster that serves several streams reads them
+--                       once for all of them, and a large batch runs as one
+--                       wave of clusters instead of several. The launch picks
+--                       1..decode_seqs per call (the fewest that fit the
+--                       GPU's co-resident clusters); decode_seqs is the count
+--                       that fits max_batch into d.sms // decode_cluster
+--                       clusters (one block per SM), at most 8, lowered
+--                       while the shared memory would exceed 48 KiB
 --   d.decode_min_blocks  __launch_bounds__ minimum blocks per SM: 1 when
---                       max_batch * decode_cluster blocks fit one per SM of
---                       d.sms SMs (132, H100/H200 SXM, unless a queried GPU
---                       says otherwise), else 2 (caps the
---                       kernel at 128 registers: two blocks per SM halve the
---                       waves at large batch for a few spilled registers;
---                       1 for blocks above 256 threads)
+--                       ceil(max_batch / decode_seqs) * decode_cluster blocks
+--                       fit one per SM of d.sms SMs (132, H100/H200 SXM,
+--                       unless a queried GPU says otherwise), else 2 (caps
+--                       the kernel at 128 registers, where it spills: two
+--                       blocks per SM halve the waves; 1 for blocks above
+--                       256 threads)
 --   d.decode_lanes      threads sharing one channel in the conv/dt/scan phase:
 --                       the largest power of two <= min(32, N) with
 --                       decode_ec * lanes <= decode_threads, at least N/16
@@ -260,7 +270,8 @@ end
 --                       loads over a block's channel slice: 4, 2 or 1 (decode_ec % vw == 0)
 --   d.decode_in_vw      likewise for input_proj rows (input_dim % vw == 0; 1 when 0)
 --   d.decode_weight_bytes  GEMV weight bytes read per step and stream
---   d.decode_smem_bytes static shared memory of the kernel
+--   d.decode_smem_bytes static shared memory of the kernel (decode_seqs
+--                       copies of the per-stream buffers)
 -- ===========================================================================
 function M.derive_inference(spec, d)
   d.lowp = d.dtype ~= "f32"
@@ -297,7 +308,6 @@ function M.derive_inference(spec, d)
   local min_lanes = math.max(1, d.N // 16)
   d.decode_threads = math.min(1024, math.max((ec <= 64) and 256 or ((ec <= 256) and 512 or 1024),
                                              derive.next_pow2(ec * min_lanes)))
-  d.decode_min_blocks = (d.max_batch * cs <= d.sms or d.decode_threads > 256) and 1 or 2
   local lanes = 1
   while lanes * 2 <= math.min(32, d.N) and ec * lanes * 2 <= d.decode_threads do lanes = lanes * 2 end
   if lanes < min_lanes then lanes = min_lanes end
@@ -312,9 +322,17 @@ function M.derive_inference(spec, d)
   d.decode_in_vw = vw(d.input_dim)
   d.decode_weight_bytes = d.L * (2 * d.E * d.D + d.XP * d.E + d.E * d.R + d.D * d.E) * d.act_size
     + d.input_dim * d.D * 4
-  -- s_h, s_hn, s_pout [D]; s_u [input_dim]; s_xz [2ec], s_xc, s_g [ec];
-  -- s_xpart, s_dbl [XP]; s_red [threads/32]
-  d.decode_smem_bytes = 4 * (3 * d.D + d.input_dim + 4 * ec + 2 * d.XP + d.decode_threads // 32)
+  -- Per stream: s_h, s_hn, s_pout [D]; s_u [input_dim]; s_xz [2ec], s_xc,
+  -- s_g [ec]; s_xpart, s_dbl [XP]; s_red [threads/32].
+  local function smem(seqs)
+    return 4 * seqs * (3 * d.D + d.input_dim + 4 * ec + 2 * d.XP + d.decode_threads // 32)
+  end
+  local clusters = math.max(1, d.sms // cs)
+  local seqs = math.min(8, derive.ceil_div(d.max_batch, clusters))
+  while seqs > 1 and smem(seqs) > 48 * 1024 do seqs = seqs - 1 end
+  d.decode_seqs = seqs
+  d.decode_smem_bytes = smem(seqs)
+  d.decode_min_blocks = (derive.ceil_div(d.max_batch, seqs) * cs <= d.sms or d.decode_threads > 256) and 1 or 2
   local why = ""
   if d.sm < 90 then
     why = "target " .. spec.target .. " has no thread-block clusters (sm_90 and later)"

@@ -107,6 +107,7 @@ _TRAIN_API = {
 # Only some libraries have these (Mamba-1: the decode kernel choice).
 _OPTIONAL_API = {
     "set_decode_fused": (_I, (_P, _I)),
+    "set_decode_tile": (_I, (_P, _I)),
 }
 
 SCAN = {"spec": 0, "sequential": 1, "chunked": 2}   # NAME_SCAN_SPEC, _SEQUENTIAL, _CHUNKED
@@ -888,6 +889,14 @@ class Model(torch.nn.Module):
         if self._lib.set_decode_fused is None:
             raise RuntimeError("%s: the library has no set_decode_fused" % NAME)
         self._lib.call("set_decode_fused", self._model_on_stream(), int(mode))
+
+    def set_decode_tile(self, streams_per_cluster):
+        """Mamba-1: streams per cluster of the one-launch decode
+        (NAME_set_decode_tile: 0 per call, else 1..NAME_DECODE_SINGLE_MAX_TILE;
+        the results are the same bits whatever the tile)."""
+        if self._lib.set_decode_tile is None:
+            raise RuntimeError("%s: the library has no set_decode_tile" % NAME)
+        self._lib.call("set_decode_tile", self._model_on_stream(), int(streams_per_cluster))
 
     def workspace_bytes(self):
         """Device bytes the library's model holds (not the weights)."""

@@ -25,6 +25,8 @@ struct model_model {
     float *dsum;        /* chunked scan: per-chunk sum of delta [MAX_BATCH][MAX_CHUNKS][E] */
     float *dpart;       /* fused decode: x_proj partials [MAX_BATCH][CONV_BLOCKS][XP_DIM] */
     int decode_fused;   /* decode path: MODEL_DECODE_UNFUSED | _FUSED | _SINGLE (MODEL_DECODE_DEFAULT) */
+    int decode_tile;    /* single-launch decode: streams per cluster, 0 = per call (decode_tile_for) */
+    int decode_clusters;   /* single-launch decode clusters the device runs at once (0: unknown) */
     void *wa;           /* low-precision copy of the blob (act elements, blob offsets); NULL for f32 */
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
     unsigned long long serial;   /* unique per model of the process (decode graphs check it) */
@@ -104,6 +106,10 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     m->decode_fused = MODEL_DECODE_DEFAULT;
     m->scan_choice = MODEL_SCAN_SPEC;
     m->sms = mg_device_sms();
+#if HAS_DECODE_SINGLE
+    /* An unknown count (an error here) leaves one stream per cluster. */
+    if (model_launch_decode_persistent_clusters(&m->decode_clusters) != cudaSuccess) m->decode_clusters = 0;
+#endif
     if ((s = model_register(m)) != MG_OK) return s;
     *out = m;
     return MG_OK;
@@ -138,6 +144,30 @@ mg_status model_set_decode_fused(model_model *m, int fused)
     m->decode_fused = fused;
     return MG_OK;
 }
+
+mg_status model_set_decode_tile(model_model *m, int streams_per_cluster)
+{
+    MODEL_LIVE(m, MODEL_NAME "_set_decode_tile");
+    if (streams_per_cluster < 0 || streams_per_cluster > MODEL_DECODE_SINGLE_MAX_TILE)
+        return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_decode_tile: %d streams per cluster is out of range "
+                       "0..%d (0: per call)", streams_per_cluster, MODEL_DECODE_SINGLE_MAX_TILE);
+    m->decode_tile = streams_per_cluster;
+    return MG_OK;
+}
+
+#if HAS_DECODE_SINGLE
+/* Streams per cluster of a single-launch decode of `batch` streams: the
+ * set tile, else the fewest that fit the batch into the co-resident
+ * clusters (more only add work to each cluster's critical path), within
+ * 1..MODEL_DECODE_SINGLE_MAX_TILE. */
+static int decode_tile_for(const model_model *m, int batch)
+{
+    if (m->decode_tile > 0) return m->decode_tile;
+    int t = m->decode_clusters > 0 ? (batch + m->decode_clusters - 1) / m->decode_clusters : 1;
+    if (t < 1) t = 1;
+    return t < MODEL_DECODE_SINGLE_MAX_TILE ? t : MODEL_DECODE_SINGLE_MAX_TILE;
+}
+#endif
 
 #if HAS_CHUNKED
 /* Which scan a call of batch x seqlen tokens uses. auto: the chunked scan
@@ -212,7 +242,8 @@ static mg_status forward_starts(model_model *m, int batch, int seqlen, const flo
 #if HAS_DECODE_SINGLE
     /* decode (seqlen 1), level 2: the whole step in one cluster launch */
     if (decode && seqlen == 1 && m->decode_fused == MODEL_DECODE_SINGLE) {
-        MG_CUDA(model_launch_decode_persistent(batch, u, out, m->w, model__gemm_weights(m), cs, ss, reset, m->stream));
+        MG_CUDA(model_launch_decode_persistent(batch, decode_tile_for(m, batch), u, out, m->w, model__gemm_weights(m),
+                                               cs, ss, reset, m->stream));
         return MG_OK;
     }
 #endif

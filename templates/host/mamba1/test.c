@@ -464,6 +464,78 @@ static void test_decode_single(int batch, int T, uint64_t seed)
 #endif
 }
 
+/* The single-launch decode's streams per cluster (set_decode_tile): T
+ * steps of batch streams from random states, with a reset mask on every
+ * third stream at step 1, once per tile 1..MAX_TILE and with the per-call
+ * default (0); every tile gives the same bits as tile 1 (a stream's sums
+ * keep their order whichever streams share its cluster; batch is chosen so
+ * that the last cluster is partly filled). Then the bad tiles. */
+static void test_decode_tiles(int batch, int T, uint64_t seed)
+{
+#if MODEL_HAS_DECODE_SINGLE
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
+    const size_t no = n_out(batch, 1) * (size_t)T;
+    float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *ut = FALLOC(n_u(batch, 1));
+    float *ot = FALLOC(n_out(batch, 1));
+    float *o[2] = { FALLOC(no), FALLOC(no) }, *csh[2] = { FALLOC(ncs), FALLOC(ncs) };
+    float *ssh[2] = { FALLOC(nss), FALLOC(nss) };
+    unsigned char *col = (unsigned char *)mg_tap_calloc((size_t)batch);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
+    mg_tap_randn(ss0, nss, seed + 2, 0.5f);
+    float *du = mg_tap_dalloc(n_u(batch, 1)), *dout = mg_tap_dalloc(n_out(batch, 1));
+    float *dcs = mg_tap_dalloc(ncs), *dss = mg_tap_dalloc(nss);
+    unsigned char *dm = dalloc_bytes((size_t)batch);
+    mg_status s = model_set_decode_fused(model, MODEL_DECODE_SINGLE);
+    /* the last round, tile MAX_TILE + 1, sets the per-call default (0) */
+    for (int tile = 1; tile <= MODEL_DECODE_SINGLE_MAX_TILE + 1 && s == MG_OK; ++tile) {
+        const int set = tile > MODEL_DECODE_SINGLE_MAX_TILE ? 0 : tile;
+        const int k = tile == 1 ? 0 : 1;
+        s = model_set_decode_tile(model, set);
+        mg_tap_up(dcs, cs0, ncs); mg_tap_up(dss, ss0, nss);
+        for (int t = 0; t < T && s == MG_OK; ++t) {
+            for (int b = 0; b < batch; ++b) col[b] = (unsigned char)(t == 1 && b % 3 == 0);
+            up_mask(dm, col, batch);
+            step_in(ut, u, batch, T, t);
+            mg_tap_up(du, ut, n_u(batch, 1));
+            s = model_decode_step_reset(model, batch, du, dout, dcs, dss, dm);
+            if (s != MG_OK) break;
+            mg_tap_down(ot, dout, n_out(batch, 1));
+            step_out(o[k], ot, batch, T, t);
+        }
+        if (s != MG_OK) break;
+        mg_tap_down(csh[k], dcs, ncs); mg_tap_down(ssh[k], dss, nss);
+        if (k == 0) continue;   /* tile 1: the bits the others must give */
+        char what[64];
+        if (set) snprintf(what, sizeof what, "%d streams per cluster", set);
+        else snprintf(what, sizeof what, "the per-call tile (0)");
+        mg_tap_ok(memcmp(o[0], o[1], no * sizeof(float)) == 0 && memcmp(csh[0], csh[1], ncs * sizeof(float)) == 0 &&
+                  memcmp(ssh[0], ssh[1], nss * sizeof(float)) == 0,
+                  "single-launch decode x%d (batch %d, resets): %s == 1 stream per cluster, bit for bit",
+                  T, batch, what);
+    }
+    if (!mg_tap_ok(s == MG_OK, "single-launch decode with every tile 1..%d and 0 runs (batch %d)",
+                   MODEL_DECODE_SINGLE_MAX_TILE, batch))
+        mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
+    model_set_decode_tile(model, 0);
+    model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
+    mg_tap_expect_error(model_set_decode_tile(model, MODEL_DECODE_SINGLE_MAX_TILE + 1), MG_ERR_INVALID_ARG,
+                        "out of range", "set_decode_tile(MAX_TILE + 1)");
+    mg_tap_expect_error(model_set_decode_tile(model, -1), MG_ERR_INVALID_ARG, "out of range", "set_decode_tile(-1)");
+    mg_tap_expect_status(model_set_decode_tile(NULL, 1), MG_ERR_INVALID_ARG, "set_decode_tile NULL model");
+    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dcs); mg_dev_free(dss); mg_dev_free(dm);
+    free(u); free(cs0); free(ss0); free(ut); free(ot); free(col);
+    for (int k = 0; k < 2; ++k) { free(o[k]); free(csh[k]); free(ssh[k]); }
+#else
+    (void)batch; (void)T; (void)seed;
+    mg_tap_expect_status(model_set_decode_tile(model, 2), MG_ERR_INVALID_ARG,
+                         "set_decode_tile(2) without the single-launch kernel");
+    mg_tap_ok(model_set_decode_tile(model, 0) == MG_OK && model_set_decode_tile(model, 1) == MG_OK,
+              "set_decode_tile 0 and 1 accepted without the single-launch kernel (nothing to tile)");
+    model_set_decode_tile(model, 0);
+#endif
+}
+
 /* Determinism: identical calls give identical bits; NULL states == zero states. */
 static void test_determinism(int batch, int T, uint64_t seed)
 {
@@ -1124,6 +1196,8 @@ int main(void)
     /* Single-launch decode vs the fused path (and the reference): batch 1,
      * a middle batch, MAX_BATCH. */
     test_decode_single(1, imin(MAX_SEQ_LEN, 6), 416);
+    /* a partly filled last cluster at the largest tile: 2 * MAX_TILE + 1 streams (within MAX_BATCH) */
+    test_decode_tiles(imin(MAX_BATCH, 2 * MODEL_DECODE_SINGLE_MAX_TILE + 1), imin(MAX_SEQ_LEN, 3), 419);
     if (MAX_BATCH > 2) test_decode_single((MAX_BATCH + 1) / 2, 4, 417);
     if (MAX_BATCH > 1) test_decode_single(MAX_BATCH, 3, 418);
 

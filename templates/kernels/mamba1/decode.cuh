@@ -126,14 +126,21 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
 // ---------------------------------------------------------------------------
 // decode_persistent_kernel: one decode step of the whole backbone in ONE
 // launch (input_proj, every layer, norm_f). A thread-block cluster of
-// DEC_CLUSTER blocks per stream (grid = batch * DEC_CLUSTER, cluster rank r
-// = blockIdx.x % DEC_CLUSTER, stream b = blockIdx.x / DEC_CLUSTER); streams
-// are independent, so no grid-wide synchronisation. Block r owns the
-// channels [r*DEC_EC, (r+1)*DEC_EC) of every layer: their in_proj rows (x and
-// z), conv step and conv state, dt_proj rows, scan step and ssm state, gate.
-// Every block keeps its own copy of the residual stream h [D] in shared
-// memory; the copies stay bit-identical because every block computes them
-// with the same code from the same values. Per layer:
+// DEC_CLUSTER blocks serves `spc` consecutive streams (1 <= spc <=
+// DEC_SEQS, chosen per launch): grid = ceil(batch / spc) * DEC_CLUSTER,
+// cluster rank r = blockIdx.x % DEC_CLUSTER, streams b0 .. b0 + ns - 1 with
+// b0 = (blockIdx.x / DEC_CLUSTER) * spc and ns = min(spc, batch - b0).
+// Clusters are independent, so no grid-wide synchronisation. Block r owns
+// the channels [r*DEC_EC, (r+1)*DEC_EC) of every layer: their in_proj rows
+// (x and z), conv step and conv state, dt_proj rows, scan step and ssm
+// state, gate. Why several streams per cluster: the block holds its GEMV
+// weights in registers, so the streams of a cluster share one read of them
+// (the step is bound by those loads' latency, not by the arithmetic), and a
+// large batch runs as one wave of co-resident clusters instead of several.
+// Every block keeps its own copy of each stream's residual stream h [D] in
+// shared memory; the copies stay bit-identical because every block
+// computes them with the same code from the same values. Per layer, for
+// each of its streams:
 //   1. RMSNorm of h (each block, redundantly), hn rounded to act_t;
 //   2. in_proj rows of the block's channels (x | z, rounded);
 //   3. conv step (conv state in place), xc rounded;
@@ -144,18 +151,22 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
 //      place), g = (C.s + D x) silu(z) (rounded);
 //   6. out_proj partial over the block's channels -> s_pout [D];
 //      cluster.sync; h += sum of the partials in rank order.
-// 2 cluster barriers per layer plus one before exit (no block may leave
-// while another still reads its shared memory). The buffers a remote block
-// reads (s_xpart, s_pout) are rewritten only after the next barrier that
-// every reader reaches after its reads, so one buffer each suffices.
+// 2 cluster barriers per layer (for all the cluster's streams at once) plus
+// one before exit (no block may leave while another still reads its shared
+// memory). The buffers a remote block reads (s_xpart, s_pout) are rewritten
+// only after the next barrier that every reader reaches after its reads, so
+// one buffer each suffices.
 // Rounding to the storage dtype at the points where the unfused path stores
 // activations (hn, xz, xc, dbl, dt, g); every sum is f32 in a fixed order
-// (lane-strided, then shuffle butterflies, then ranks in order): no atomics,
-// deterministic. The per-channel parameters of a layer and the states are
-// loaded into registers at the start of the layer, and the GEMV weights too
-// when they fit the register budget (DecGemv::ONE_PASS), so their latency
-// overlaps the norm. NULL states: zeros in, nothing written (graph warm-up);
-// reset [batch] (NULL: none) as in the fused kernels above.
+// (lane-strided, then shuffle butterflies, then ranks in order), the same
+// for a stream whichever spc the launch used: no atomics, deterministic, and
+// a stream's results do not depend on the streams it shares a cluster with.
+// Every block first hints its whole step's reads into L2
+// (dec_prefetch_step). The per-channel parameters of a layer and the
+// states are loaded into registers at the start of the layer, and the GEMV
+// weights too when they fit the register budget (DecGemv::ONE_PASS), so
+// their latency overlaps the norm. NULL states: zeros in, nothing written (graph warm-up); reset
+// [batch] (NULL: none) as in the fused kernels above.
 // ---------------------------------------------------------------------------
 namespace cg = cooperative_groups;
 
@@ -175,15 +186,17 @@ constexpr int dec_pow2ceil(int x) { return x <= 1 ? 1 : 2 * dec_pow2ceil((x + 1)
 // VW consecutive storage elements, aligned for one vector load.
 template <int VW, typename T> struct alignas(VW * sizeof(T)) dvec { T v[VW]; };
 
-// DecGemv: y[r] = W[r] . x for rows r in [0, NR) of NC columns, x in shared
-// memory (f32). Row r is at b0 + r*LD for r < SPLIT, else b1 + (r-SPLIT)*LD
-// (in_proj: the x rows, then the z rows of the block's channels). Groups of
-// GL lanes (a power of two <= 32) share a row, each lane taking every GL-th
-// vector of VW elements; rows are dealt to the DEC_THREADS/GL groups; each
-// pass loads U rows per group (U*VPL vectors per thread in registers) before
-// any product, so their latencies overlap. Sum per lane in column order,
-// then a shuffle butterfly over the group: fixed order. Every thread of the
-// block must call compute()/run() (shuffles).
+// DecGemv: y[s][r] = W[r] . x[s] for rows r in [0, NR) of NC columns and the
+// ns streams s, x[s] = x + s*XS in shared memory (f32). Row r is at b0 +
+// r*LD for r < SPLIT, else b1 + (r-SPLIT)*LD (in_proj: the x rows, then the
+// z rows of the block's channels). Groups of GL lanes (a power of two <= 32)
+// share a row, each lane taking every GL-th vector of VW elements; rows are
+// dealt to the DEC_THREADS/GL groups; each pass loads U rows per group
+// (U*VPL vectors per thread in registers) before any product, so their
+// latencies overlap, and uses them for every stream. Sum per lane in column
+// order, then a shuffle butterfly over the group: fixed order, the same for
+// every stream. Every thread of the block must call compute()/run()
+// (shuffles; ns is the same in every thread).
 template <int NR, int NC, int VW, int LD, int SPLIT, typename WT>
 struct DecGemv {
     static constexpr int NV = NC / VW;
@@ -216,25 +229,30 @@ struct DecGemv {
             }
         }
     }
-    template <typename OutF>
-    __device__ __forceinline__ void compute(int p, const float *x, OutF out)
+    // out(s, r, acc) for the pass's rows and every stream.
+    template <int XS, typename OutF>
+    __device__ __forceinline__ void compute(int p, const float *x, int ns, OutF out)
     {
         const int grp = threadIdx.x / GL, gl = threadIdx.x % GL;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int r = grp + (p * U + u) * NG;
-            float acc = 0.0f;
+#pragma unroll 1
+            for (int s = 0; s < ns; ++s) {
+                const float *xs = x + s * XS;
+                float acc = 0.0f;
 #pragma unroll
-            for (int v = 0; v < VPL; ++v) {
-                const int vi = gl + v * GL;
-                if (r < NR && vi < NV) {
+                for (int v = 0; v < VPL; ++v) {
+                    const int vi = gl + v * GL;
+                    if (r < NR && vi < NV) {
 #pragma unroll
-                    for (int q = 0; q < VW; ++q) acc += to_f32(w[u][v].v[q]) * x[vi * VW + q];
+                        for (int q = 0; q < VW; ++q) acc += to_f32(w[u][v].v[q]) * xs[vi * VW + q];
+                    }
                 }
-            }
 #pragma unroll
-            for (int o = GL / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
-            if (gl == 0 && r < NR) out(r, acc);
+                for (int o = GL / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+                if (gl == 0 && r < NR) out(s, r, acc);
+            }
         }
     }
     // Pass 0's weights ahead of time, when it is the only pass.
@@ -243,55 +261,125 @@ struct DecGemv {
         if constexpr (ONE_PASS) load(0);
     }
     // Every pass (pass 0 from registers after prefetch(): prefetched = true).
-    template <typename OutF>
-    __device__ __forceinline__ void run(const float *x, OutF out, bool prefetched)
+    template <int XS, typename OutF>
+    __device__ __forceinline__ void run(const float *x, int ns, OutF out, bool prefetched)
     {
         const int first = (ONE_PASS && prefetched) ? 1 : 0;
-        if (first == 1) compute(0, x, out);
+        if (first == 1) compute<XS>(0, x, ns, out);
 #pragma unroll 1
         for (int p = first; p < PASSES; ++p) {
             load(p);
-            compute(p, x, out);
+            compute<XS>(p, x, ns, out);
         }
     }
 };
 
 __device__ __forceinline__ float round_act(float x) { return to_f32(from_f32<act_t>(x)); }
 
-// Sum of v over the block (every thread gets it): warp butterflies, then the
-// warps in index order. s_red: DEC_WARPS floats; a __syncthreads before the
-// next use of s_red is the caller's (the layers have several in between).
-__device__ __forceinline__ float dec_block_sum(float v, float *s_red)
+// Sums of v[s] over the block for the ns streams (every thread gets them):
+// warp butterflies, then the warps in index order. s_red: [DEC_SEQS]
+// [DEC_WARPS] floats; a __syncthreads before the next use of s_red is the
+// caller's (the layers have several in between).
+__device__ __forceinline__ void dec_block_sums(float (&v)[DEC_SEQS], int ns, float (*s_red)[DEC_WARPS])
 {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float t = 0.0f;
+    for (int s = 0; s < DEC_SEQS; ++s) {
+        if (s < ns) {
 #pragma unroll
-    for (int i = 0; i < DEC_WARPS; ++i) t += s_red[i];
-    return t;
+            for (int o = 16; o > 0; o >>= 1) v[s] += __shfl_xor_sync(FULL_MASK, v[s], o);
+            if ((threadIdx.x & 31) == 0) s_red[s][threadIdx.x >> 5] = v[s];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < DEC_SEQS; ++s) {
+        float t = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DEC_WARPS; ++i) t += s < ns ? s_red[s][i] : 0.0f;
+        v[s] = t;
+    }
+}
+
+// L2 prefetch hints (prefetch.global.L2: no register written, nothing
+// waited for) of the 128-byte lines of [p, p + bytes), the block's threads
+// taking every DEC_THREADS-th line, or (rows) of `rows` ranges of `bytes`
+// at stride `ld` elements, a thread per row.
+__device__ __forceinline__ void dec_pf_line(const void *p)
+{
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+__device__ __forceinline__ void dec_pf_range(const void *p, size_t bytes)
+{
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t first = a & ~(uintptr_t)127, last = (a + bytes - 1) & ~(uintptr_t)127;
+    for (uintptr_t l = first + (uintptr_t)threadIdx.x * 128; l <= last; l += (uintptr_t)DEC_THREADS * 128)
+        dec_pf_line(reinterpret_cast<const void *>(l));
+}
+template <typename T>
+__device__ __forceinline__ void dec_pf_rows(const T *p, int rows, size_t ld, size_t bytes)
+{
+    for (int r = threadIdx.x; r < rows; r += DEC_THREADS) {
+        const uintptr_t a = reinterpret_cast<uintptr_t>(p + (size_t)r * ld);
+        for (uintptr_t l = a & ~(uintptr_t)127; l < a + bytes; l += 128) dec_pf_line(reinterpret_cast<const void *>(l));
+    }
+}
+
+// Everything block `rank` of a cluster will read from global memory in the
+// step's layers, hinted into L2 at the start of the step: its slices of the
+// GEMV weights and of the per-channel parameters, and its streams' states.
+// Why: each layer's loads wait on memory before its first product, and
+// without the hints those waits come one layer after another; with them
+// the whole step's lines are requested at once and the layers find them in
+// L2 (where a step that follows another finds them anyway).
+__device__ __forceinline__ void dec_prefetch_step(const float *w, const act_t *wg, const float *conv_state,
+                                                  const float *ssm_state, int batch, int b0, int ns, int e0)
+{
+    constexpr size_t A = sizeof(act_t);
+    for (int l = 0; l < N_LAYERS; ++l) {
+        const float *lw = w + (size_t)l * DOFF_LAYER_STRIDE;
+        const act_t *lg = wg + (size_t)l * DOFF_LAYER_STRIDE;
+        dec_pf_range(lg + DL0_IN_PROJ_W + (size_t)e0 * D, (size_t)DEC_EC * D * A);
+        dec_pf_range(lg + DL0_IN_PROJ_W + (size_t)(E + e0) * D, (size_t)DEC_EC * D * A);
+        dec_pf_rows(lg + DL0_X_PROJ_W + e0, XP, E, (size_t)DEC_EC * A);
+        dec_pf_rows(lg + DL0_OUT_PROJ_W + e0, D, E, (size_t)DEC_EC * A);
+        dec_pf_range(lg + DL0_DT_PROJ_W + (size_t)e0 * R, (size_t)DEC_EC * R * A);
+        dec_pf_range(lw + DL0_CONV_W + (size_t)e0 * K, (size_t)DEC_EC * K * 4);
+        dec_pf_range(lw + DL0_A_LOG + (size_t)e0 * N, (size_t)DEC_EC * N * 4);
+        dec_pf_range(lw + DL0_CONV_B + e0, (size_t)DEC_EC * 4);
+        dec_pf_range(lw + DL0_DT_PROJ_B + e0, (size_t)DEC_EC * 4);
+        dec_pf_range(lw + DL0_D + e0, (size_t)DEC_EC * 4);
+        dec_pf_range(lw + DL0_NORM_W, (size_t)D * 4);
+        for (int s = 0; s < ns; ++s) {
+            const size_t b = (size_t)l * batch + b0 + s;
+            if (conv_state) dec_pf_range(conv_state + (b * E + e0) * (K - 1), (size_t)DEC_EC * (K - 1) * 4);
+            if (ssm_state) dec_pf_range(ssm_state + (b * E + e0) * N, (size_t)DEC_EC * N * 4);
+        }
+    }
+    dec_pf_range(w + DOFF_NORM_F_W, (size_t)D * 4);
 }
 
 __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
-decode_persistent_kernel(int batch, const float *__restrict__ u, float *__restrict__ out,
+decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float *__restrict__ out,
                          const float *__restrict__ w, const act_t *__restrict__ wg,
                          float *conv_state, float *ssm_state, const unsigned char *__restrict__ reset)
 {
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank();
-    const size_t b = blockIdx.x / DEC_CLUSTER;
-    const bool fresh = reset && reset[b];            // a new episode: zero states in (reset mask)
+    const int b0 = (int)(blockIdx.x / DEC_CLUSTER) * spc;   // first stream of this cluster
+    const int ns = min(spc, batch - b0);                     // its streams (>= 1)
+    bool fresh[DEC_SEQS];                                    // a new episode: zero states in (reset mask)
+#pragma unroll
+    for (int s = 0; s < DEC_SEQS; ++s) fresh[s] = s < ns && reset && reset[b0 + s];
     const int e0 = rank * DEC_EC;                    // first channel of this block
-    __shared__ __align__(16) float s_h[D];           // residual stream (identical in every block)
-    __shared__ __align__(16) float s_hn[D];          // rmsnorm(h) * norm.weight, rounded
-    __shared__ __align__(16) float s_pout[D];        // this block's out_proj partial
-    __shared__ __align__(16) float s_xz[2 * DEC_EC]; // x | z of the block's channels, rounded
-    __shared__ __align__(16) float s_xc[DEC_EC];     // conv + SiLU, rounded
-    __shared__ __align__(16) float s_g[DEC_EC];      // gated scan output, rounded
-    __shared__ __align__(16) float s_xpart[XP];      // this block's x_proj partial
-    __shared__ __align__(16) float s_dbl[XP];        // dt_low | B | C, rounded
-    __shared__ float s_red[DEC_WARPS];
+    __shared__ __align__(16) float s_h[DEC_SEQS][D];           // residual stream (identical in every block)
+    __shared__ __align__(16) float s_hn[DEC_SEQS][D];          // rmsnorm(h) * norm.weight, rounded
+    __shared__ __align__(16) float s_pout[DEC_SEQS][D];        // this block's out_proj partial
+    __shared__ __align__(16) float s_xz[DEC_SEQS][2 * DEC_EC]; // x | z of the block's channels, rounded
+    __shared__ __align__(16) float s_xc[DEC_SEQS][DEC_EC];     // conv + SiLU, rounded
+    __shared__ __align__(16) float s_g[DEC_SEQS][DEC_EC];      // gated scan output, rounded
+    __shared__ __align__(16) float s_xpart[DEC_SEQS][XP];      // this block's x_proj partial
+    __shared__ __align__(16) float s_dbl[DEC_SEQS][XP];        // dt_low | B | C, rounded
+    __shared__ float s_red[DEC_SEQS][DEC_WARPS];
     const int tid = threadIdx.x;
     // conv / dt / scan phase: DEC_LANES threads per channel; threads past the
     // block's channels shadow its last channel (they join the shuffles) and
@@ -300,17 +388,19 @@ decode_persistent_kernel(int batch, const float *__restrict__ u, float *__restri
     const bool cvalid = tid / DEC_LANES < DEC_EC;
     const int cl = cvalid ? tid / DEC_LANES : DEC_EC - 1;
     const int e = e0 + cl;
+    dec_prefetch_step(w, wg, conv_state, ssm_state, batch, b0, ns, e0);
 
     if constexpr (DEC_IN_DIM > 0) {
         // h = u . input_proj.weight^T + input_proj.bias (f32, every block)
-        __shared__ __align__(16) float s_u[DEC_IN_COLS];
-        for (int i = tid; i < DEC_IN_DIM; i += DEC_THREADS) s_u[i] = u[b * DEC_IN_DIM + i];
+        __shared__ __align__(16) float s_u[DEC_SEQS][DEC_IN_COLS];
+        for (int i = tid; i < ns * DEC_IN_DIM; i += DEC_THREADS)
+            s_u[i / DEC_IN_COLS][i % DEC_IN_COLS] = u[(size_t)b0 * DEC_IN_DIM + i];   // DEC_IN_COLS == DEC_IN_DIM here
         __syncthreads();
         DecGemv<D, DEC_IN_COLS, DEC_IN_VW, DEC_IN_COLS, D, float> gi(w + DOFF_INPUT_PROJ_W, nullptr);
         const float *bias = w + DOFF_INPUT_PROJ_B;
-        gi.run(s_u, [&](int r, float acc) { s_h[r] = acc + bias[r]; }, false);
+        gi.run<DEC_IN_COLS>(&s_u[0][0], ns, [&](int s, int r, float acc) { s_h[s][r] = acc + bias[r]; }, false);
     } else {
-        for (int j = tid; j < D; j += DEC_THREADS) s_h[j] = u[b * D + j];
+        for (int i = tid; i < ns * D; i += DEC_THREADS) s_h[i / D][i % D] = u[(size_t)b0 * D + i];
     }
     __syncthreads();
 
@@ -318,8 +408,9 @@ decode_persistent_kernel(int batch, const float *__restrict__ u, float *__restri
     for (int l = 0; l < N_LAYERS; ++l) {
         const float *lw = w + (size_t)l * DOFF_LAYER_STRIDE;
         const act_t *lg = wg + (size_t)l * DOFF_LAYER_STRIDE;
-        float *cs = conv_state ? conv_state + ((size_t)l * batch + b) * ((size_t)E * (K - 1)) : nullptr;
-        float *ss = ssm_state ? ssm_state + ((size_t)l * batch + b) * ((size_t)E * N) : nullptr;
+        // This layer's states of stream b0 (stream b0 + s: + s * the per-stream size)
+        float *cs = conv_state ? conv_state + ((size_t)l * batch + b0) * ((size_t)E * (K - 1)) : nullptr;
+        float *ss = ssm_state ? ssm_state + ((size_t)l * batch + b0) * ((size_t)E * N) : nullptr;
 
         // Loads of this layer that do not depend on h, issued first.
         DecGemv<2 * DEC_EC, D, 4, D, DEC_EC, act_t> gin(lg + DL0_IN_PROJ_W + (size_t)e0 * D,
@@ -329,18 +420,26 @@ decode_persistent_kernel(int batch, const float *__restrict__ u, float *__restri
         gin.prefetch();
         gx.prefetch();
         go.prefetch();
-        float cw[K], win[K], sv[DEC_NPT], alog[DEC_NPT];
+        float cw[K], win[DEC_SEQS][K], sv[DEC_SEQS][DEC_NPT], alog[DEC_NPT];
         act_t dtw[DEC_RPL];
 #pragma unroll
         for (int k = 0; k < K; ++k) cw[k] = lw[DL0_CONV_W + (size_t)e * K + k];
 #pragma unroll
-        for (int k = 0; k < K - 1; ++k) win[k] = cs && !fresh ? cs[(size_t)e * (K - 1) + k] : 0.0f;
+        for (int s = 0; s < DEC_SEQS; ++s) {
+            const bool load = cs && s < ns && !fresh[s];
+#pragma unroll
+            for (int k = 0; k < K - 1; ++k)
+                win[s][k] = load ? cs[(size_t)s * E * (K - 1) + (size_t)e * (K - 1) + k] : 0.0f;
+        }
         const float cb = lw[DL0_CONV_B + e], dtb = lw[DL0_DT_PROJ_B + e], dsk = lw[DL0_D + e];
 #pragma unroll
-        for (int j = 0; j < DEC_NPT; ++j) {
-            const int n = lane * DEC_NPT + j;
-            alog[j] = lw[DL0_A_LOG + (size_t)e * N + n];
-            sv[j] = ss && !fresh ? ss[(size_t)e * N + n] : 0.0f;
+        for (int j = 0; j < DEC_NPT; ++j) alog[j] = lw[DL0_A_LOG + (size_t)e * N + lane * DEC_NPT + j];
+#pragma unroll
+        for (int s = 0; s < DEC_SEQS; ++s) {
+            const bool load = ss && s < ns && !fresh[s];
+#pragma unroll
+            for (int j = 0; j < DEC_NPT; ++j)
+                sv[s][j] = load ? ss[(size_t)s * E * N + (size_t)e * N + lane * DEC_NPT + j] : 0.0f;
         }
 #pragma unroll
         for (int q = 0; q < DEC_RPL; ++q) {
@@ -356,96 +455,122 @@ decode_persistent_kernel(int batch, const float *__restrict__ u, float *__restri
 
         // 1. hn = rmsnorm(h) * norm.weight
         {
-            float sq = 0.0f;
-            for (int j = tid; j < D; j += DEC_THREADS) sq += s_h[j] * s_h[j];
-            const float rs = 1.0f / sqrtf(dec_block_sum(sq, s_red) / (float)D + EPS);
+            float sq[DEC_SEQS];
 #pragma unroll
-            for (int i = 0; i < DEC_DPT; ++i) {
-                const int j = tid + i * DEC_THREADS;
-                if (j < D) s_hn[j] = round_act(s_h[j] * rs * nwv[i]);
+            for (int s = 0; s < DEC_SEQS; ++s) {
+                sq[s] = 0.0f;
+                if (s < ns)
+                    for (int j = tid; j < D; j += DEC_THREADS) sq[s] += s_h[s][j] * s_h[s][j];
+            }
+            dec_block_sums(sq, ns, s_red);
+#pragma unroll
+            for (int s = 0; s < DEC_SEQS; ++s) {
+                if (s >= ns) continue;
+                const float rs = 1.0f / sqrtf(sq[s] / (float)D + EPS);
+#pragma unroll
+                for (int i = 0; i < DEC_DPT; ++i) {
+                    const int j = tid + i * DEC_THREADS;
+                    if (j < D) s_hn[s][j] = round_act(s_h[s][j] * rs * nwv[i]);
+                }
             }
         }
         __syncthreads();
         // 2. x | z of the block's channels
-        {
-            auto st = [&](int r, float acc) { s_xz[r] = round_act(acc); };
-            gin.run(s_hn, st, true);
-        }
+        gin.run<D>(&s_hn[0][0], ns, [&](int s, int r, float acc) { s_xz[s][r] = round_act(acc); }, true);
         __syncthreads();
         // 3. conv step, conv state in place
-        win[K - 1] = s_xz[cl];
-        float cacc = cb;
+        float xv[DEC_SEQS];
 #pragma unroll
-        for (int k = 0; k < K; ++k) cacc += cw[k] * win[k];
-        const float xv = round_act(silu(cacc));
-        if (cvalid && lane == 0) {
-            s_xc[cl] = xv;
-            if (cs) {
+        for (int s = 0; s < DEC_SEQS; ++s) {
+            xv[s] = 0.0f;
+            if (s >= ns) continue;
+            win[s][K - 1] = s_xz[s][cl];
+            float cacc = cb;
 #pragma unroll
-                for (int k = 0; k < K - 1; ++k) cs[(size_t)e * (K - 1) + k] = win[k + 1];
+            for (int k = 0; k < K; ++k) cacc += cw[k] * win[s][k];
+            xv[s] = round_act(silu(cacc));
+            if (cvalid && lane == 0) {
+                s_xc[s][cl] = xv[s];
+                if (cs) {
+#pragma unroll
+                    for (int k = 0; k < K - 1; ++k) cs[(size_t)s * E * (K - 1) + (size_t)e * (K - 1) + k] = win[s][k + 1];
+                }
             }
         }
         __syncthreads();
-        // 4. x_proj: this block's partial, then the cluster's sum in rank order
-        gx.run(s_xc, [&](int r, float acc) { s_xpart[r] = acc; }, true);
+        // 4. x_proj: this block's partials, then the cluster's sums in rank order
+        gx.run<DEC_EC>(&s_xc[0][0], ns, [&](int s, int r, float acc) { s_xpart[s][r] = acc; }, true);
         cluster.sync();
-        for (int j = tid; j < XP; j += DEC_THREADS) {
+        for (int i = tid; i < ns * XP; i += DEC_THREADS) {
             float acc = 0.0f;
 #pragma unroll
-            for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(s_xpart, q)[j];
-            s_dbl[j] = round_act(acc);
+            for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(&s_xpart[0][0], q)[i];
+            s_dbl[i / XP][i % XP] = round_act(acc);
         }
         __syncthreads();
         // 5. dt_proj + softplus, scan step (ssm state in place), gate
-        {
+#pragma unroll
+        for (int s = 0; s < DEC_SEQS; ++s) {
+            if (s >= ns) continue;
             float dtv = 0.0f;
 #pragma unroll
             for (int q = 0; q < DEC_RPL; ++q) {
                 const int r = lane + q * DEC_LANES;
-                if (r < R) dtv += s_dbl[r] * to_f32(dtw[q]);
+                if (r < R) dtv += s_dbl[s][r] * to_f32(dtw[q]);
             }
 #pragma unroll
             for (int o = DEC_LANES / 2; o > 0; o >>= 1) dtv += __shfl_xor_sync(FULL_MASK, dtv, o);
             const float delta = softplus(round_act(dtv) + dtb);
-            const float dx = delta * xv;
-            const float z = s_xz[DEC_EC + cl];
+            const float dx = delta * xv[s];
+            const float z = s_xz[s][DEC_EC + cl];
             float y = 0.0f;
 #pragma unroll
             for (int j = 0; j < DEC_NPT; ++j) {
                 const int n = lane * DEC_NPT + j;
                 const float A = -expf(alog[j]);
-                sv[j] = expf(delta * A) * sv[j] + dx * s_dbl[R + n];
-                y += sv[j] * s_dbl[R + N + n];
+                sv[s][j] = expf(delta * A) * sv[s][j] + dx * s_dbl[s][R + n];
+                y += sv[s][j] * s_dbl[s][R + N + n];
             }
             if (ss && cvalid) {
 #pragma unroll
-                for (int j = 0; j < DEC_NPT; ++j) ss[(size_t)e * N + lane * DEC_NPT + j] = sv[j];
+                for (int j = 0; j < DEC_NPT; ++j)
+                    ss[(size_t)s * E * N + (size_t)e * N + lane * DEC_NPT + j] = sv[s][j];
             }
 #pragma unroll
             for (int o = DEC_LANES / 2; o > 0; o >>= 1) y += __shfl_xor_sync(FULL_MASK, y, o);
-            y += dsk * xv;
-            if (cvalid && lane == 0) s_g[cl] = round_act(y * silu(z));
+            y += dsk * xv[s];
+            if (cvalid && lane == 0) s_g[s][cl] = round_act(y * silu(z));
         }
         __syncthreads();
-        // 6. out_proj: this block's partial, then h += the cluster's sum in rank order
-        go.run(s_g, [&](int r, float acc) { s_pout[r] = acc; }, true);
+        // 6. out_proj: this block's partials, then h += the cluster's sums in rank order
+        go.run<DEC_EC>(&s_g[0][0], ns, [&](int s, int r, float acc) { s_pout[s][r] = acc; }, true);
         cluster.sync();
-        for (int j = tid; j < D; j += DEC_THREADS) {
+        for (int i = tid; i < ns * D; i += DEC_THREADS) {
             float acc = 0.0f;
 #pragma unroll
-            for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(s_pout, q)[j];
-            s_h[j] += acc;
+            for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(&s_pout[0][0], q)[i];
+            s_h[i / D][i % D] += acc;
         }
         __syncthreads();
     }
 
     // out = rmsnorm(h) * norm_f.weight (f32), written by rank 0
     if (rank == 0) {
-        float sq = 0.0f;
-        for (int j = tid; j < D; j += DEC_THREADS) sq += s_h[j] * s_h[j];
-        const float rs = 1.0f / sqrtf(dec_block_sum(sq, s_red) / (float)D + EPS);
+        float sq[DEC_SEQS];
+#pragma unroll
+        for (int s = 0; s < DEC_SEQS; ++s) {
+            sq[s] = 0.0f;
+            if (s < ns)
+                for (int j = tid; j < D; j += DEC_THREADS) sq[s] += s_h[s][j] * s_h[s][j];
+        }
+        dec_block_sums(sq, ns, s_red);
         const float *nf = w + DOFF_NORM_F_W;
-        for (int j = tid; j < D; j += DEC_THREADS) out[b * D + j] = s_h[j] * rs * nf[j];
+#pragma unroll
+        for (int s = 0; s < DEC_SEQS; ++s) {
+            if (s >= ns) continue;
+            const float rs = 1.0f / sqrtf(sq[s] / (float)D + EPS);
+            for (int j = tid; j < D; j += DEC_THREADS) out[(size_t)(b0 + s) * D + j] = s_h[s][j] * rs * nf[j];
+        }
     }
     cluster.sync();   // the other blocks may still be reading s_pout
 }

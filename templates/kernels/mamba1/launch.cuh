@@ -77,24 +77,43 @@ extern "C" cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *xz, const 
 }
 #if MG_M1_DECODE_PERSISTENT
 
-extern "C" cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, float *out, const float *w,
-                                             const void *wg, float *conv_state, float *ssm_state,
-                                             const unsigned char *reset, cudaStream_t stream)
+// The cluster launch of decode_persistent_kernel for `batch` streams, spc
+// per cluster (grid = ceil(batch / spc) clusters).
+static cudaLaunchConfig_t decode_persistent_config(int batch, int spc, cudaStream_t stream,
+                                                   cudaLaunchAttribute *attr)
 {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)batch * DEC_CLUSTER, 1, 1);
+    cfg.gridDim = dim3((unsigned)((batch + spc - 1) / spc) * DEC_CLUSTER, 1, 1);
     cfg.blockDim = dim3(DEC_THREADS, 1, 1);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = DEC_CLUSTER;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, decode_persistent_kernel, batch, u, out, w,
+    return cfg;
+}
+
+extern "C" cudaError_t MG_LAUNCH(decode_persistent)(int batch, int spc, const float *u, float *out, const float *w,
+                                             const void *wg, float *conv_state, float *ssm_state,
+                                             const unsigned char *reset, cudaStream_t stream)
+{
+    if (batch < 1 || spc < 1 || spc > DEC_SEQS) return cudaErrorInvalidValue;
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = decode_persistent_config(batch, spc, stream, attr);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, decode_persistent_kernel, batch, spc, u, out, w,
                                              static_cast<const act_t *>(wg), conv_state, ssm_state, reset);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+extern "C" cudaError_t MG_LAUNCH(decode_persistent_clusters)(int *n)
+{
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = decode_persistent_config(1, 1, 0, attr);
+    *n = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(n, decode_persistent_kernel, &cfg);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 #endif

@@ -49,10 +49,15 @@ cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *xz, const float *conv
 /* The single-launch decode step of the whole backbone: u [batch][IN_DIM] ->
  * out [batch][D]; w the f32 blob, wg the GEMM weights (storage dtype, blob
  * offsets); states [N_LAYERS][batch][...] in place (NULL: zeros in, nothing
- * out). One cluster launch (cudaLaunchKernelEx), capturable in a graph. */
-cudaError_t MG_LAUNCH(decode_persistent)(int batch, const float *u, float *out, const float *w,
+ * out). spc streams per cluster, 1..DEC_SEQS (cudaErrorInvalidValue
+ * otherwise); each stream's results are the same for every spc. One
+ * cluster launch (cudaLaunchKernelEx), capturable in a graph. */
+cudaError_t MG_LAUNCH(decode_persistent)(int batch, int spc, const float *u, float *out, const float *w,
                                   const void *wg, float *conv_state, float *ssm_state,
                                   const unsigned char *reset, cudaStream_t stream);
+/* *n = how many clusters of the single-launch decode the current device
+ * runs at once (cudaOccupancyMaxActiveClusters; 0 on error). */
+cudaError_t MG_LAUNCH(decode_persistent_clusters)(int *n);
 /* y[r][D] = rmsnorm(h[r*in_stride + in_off]) * w, f32 out (burn-in: last rows). */
 cudaError_t MG_LAUNCH(rmsnorm_rows)(const float *h, const float *w, float *y, int rows,
                              int in_stride, int in_off, cudaStream_t stream);
