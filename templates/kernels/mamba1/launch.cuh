@@ -114,7 +114,11 @@ extern "C" cudaError_t MG_LAUNCH(decode_persistent_clusters)(int *n)
     const cudaLaunchConfig_t cfg = decode_persistent_config(1, 1, 0, attr);
     *n = 0;
     const cudaError_t e = cudaOccupancyMaxActiveClusters(n, decode_persistent_kernel, &cfg);
-    return e != cudaSuccess ? e : cudaGetLastError();
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();   // a query error is not the next launch's
+        *n = 0;
+    }
+    return e;
 }
 #endif
 #if MG_M1_SCAN_CHUNKED
