@@ -28,9 +28,8 @@ extern "C" cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const fl
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(reduce_parts)(const float *part, int nparts, size_t pstride, int n,
+extern "C" cudaError_t MG_LAUNCH(reduce_parts)(float *part, int nparts, size_t pstride, int n,
                                                float *out, cudaStream_t st)
 {
-    reduce_parts_kernel<<<(n + RED_THREADS - 1) / RED_THREADS, RED_THREADS, 0, st>>>(part, nparts, pstride, n, out);
-    return cudaGetLastError();
+    return sum_parts<RED_PART_GROUP>(part, nparts, pstride, n, out, st);
 }

@@ -153,24 +153,12 @@ extern "C" cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, vo
     return cudaGetLastError();
 }
 
-// out[i] = the sum of the nparts partial rows part[p * pstride + i], i < n,
-// in row order: groups of CONV_PART_GROUP rows first (in place), then the
-// groups; one stage when there is one group (the same bits). Two stages keep
-// many threads busy where a one-stage sum would leave each of the n threads
-// a serial walk over all rows.
+// The conv backward's partials summed in row order: groups of
+// CONV_PART_GROUP rows first (in place), then the groups (sum_parts of
+// mg_train_norm.cuh); one stage when there is one group.
 static cudaError_t conv_sum_parts(float *part, int nparts, size_t pstride, int n, float *out, cudaStream_t st)
 {
-    const unsigned cols = (unsigned)((n + RED_THREADS - 1) / RED_THREADS);
-    if (nparts > CONV_PART_GROUP) {
-        const int ngroups = (nparts + CONV_PART_GROUP - 1) / CONV_PART_GROUP;
-        conv_part_groups_kernel<<<dim3(ngroups, cols), RED_THREADS, 0, st>>>(part, nparts, pstride, n);
-        const cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) return e;
-        nparts = ngroups;
-        pstride *= CONV_PART_GROUP;
-    }
-    reduce_parts_kernel<<<cols, RED_THREADS, 0, st>>>(part, nparts, pstride, n, out);
-    return cudaGetLastError();
+    return sum_parts<CONV_PART_GROUP>(part, nparts, pstride, n, out, st);
 }
 
 extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,

@@ -31,7 +31,9 @@ cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w, con
                                const float *dy, const float *dscale, int accumulate, float *dh,
                                void *dh_act, float *part, cudaStream_t st);
 cudaError_t MG_LAUNCH(colsum_part)(int rows, const float *x, float *part, cudaStream_t st);
-cudaError_t MG_LAUNCH(reduce_parts)(const float *part, int nparts, size_t pstride, int n,
+/* out[i] = sum over the nparts rows of part (stride pstride), fixed order;
+ * part is scratch (overwritten when nparts > RED_PART_GROUP). */
+cudaError_t MG_LAUNCH(reduce_parts)(float *part, int nparts, size_t pstride, int n,
                                 float *out, cudaStream_t st);
 cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const void *y, const void *xz, const float *dg,
                             void *g, float *dy, void *dxz, cudaStream_t st);

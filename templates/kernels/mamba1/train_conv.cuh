@@ -148,26 +148,3 @@ conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
     for (int k = 0; k < K; ++k) part_w[(p * E + e) * K + k] = gw[k];
     part_b[p * E + e] = gb;
 }
-
-// First stage of the sum of the conv backward's partials part [nparts] rows
-// of pstride floats (n summed per row), in place: the row starting each group
-// of CONV_PART_GROUP consecutive rows becomes the group's sum, in row order
-// (column i of group g is read and written by one thread only). Loads are
-// issued together (unrolled), then added in order. reduce_parts_kernel sums
-// the group rows in order. Grid (ngroups, ceil(n / RED_THREADS)).
-__global__ void __launch_bounds__(RED_THREADS)
-conv_part_groups_kernel(float *part, int nparts, size_t pstride, int n)
-{
-    const int i = blockIdx.y * RED_THREADS + threadIdx.x;
-    if (i >= n) return;
-    const int p0 = blockIdx.x * CONV_PART_GROUP;
-    float *pp = part + (size_t)p0 * pstride + i;
-    float v[CONV_PART_GROUP];
-#pragma unroll
-    for (int q = 0; q < CONV_PART_GROUP; ++q) v[q] = p0 + q < nparts ? pp[q * pstride] : 0.0f;
-    float acc = 0.0f;
-#pragma unroll
-    for (int q = 0; q < CONV_PART_GROUP; ++q)
-        if (p0 + q < nparts) acc += v[q];
-    *pp = acc;
-}
