@@ -464,6 +464,32 @@ static void test_decode_single(int batch, int T, uint64_t seed)
 #endif
 }
 
+/* T decode_step_reset steps of batch streams: inputs from u [batch][T],
+ * the reset mask of step t the column m[b][t] (host [batch][T]), states
+ * dcs / dss (device) in place, outputs to out_h [batch][T] (host). */
+static mg_status decode_reset_walk(int batch, int T, const float *u, const unsigned char *m, float *dcs, float *dss,
+                                   float *out_h)
+{
+    float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
+    unsigned char *col = (unsigned char *)mg_tap_calloc((size_t)batch);
+    float *du = mg_tap_dalloc(n_u(batch, 1)), *dout = mg_tap_dalloc(n_out(batch, 1));
+    unsigned char *dm = dalloc_bytes((size_t)batch);
+    mg_status s = MG_OK;
+    for (int t = 0; t < T && s == MG_OK; ++t) {
+        for (int b = 0; b < batch; ++b) col[b] = m[(size_t)b * T + t];
+        up_mask(dm, col, batch);
+        step_in(ut, u, batch, T, t);
+        mg_tap_up(du, ut, n_u(batch, 1));
+        s = model_decode_step_reset(model, batch, du, dout, dcs, dss, dm);
+        if (s != MG_OK) break;
+        mg_tap_down(ot, dout, n_out(batch, 1));
+        step_out(out_h, ot, batch, T, t);
+    }
+    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dm);
+    free(ut); free(ot); free(col);
+    return s;
+}
+
 /* The single-launch decode's streams per cluster (set_decode_tile): T
  * steps of batch streams from random states, with a reset mask on every
  * third stream at step 1, once per tile 1..MAX_TILE and with the per-call
@@ -475,37 +501,26 @@ static void test_decode_tiles(int batch, int T, uint64_t seed)
 #if MODEL_HAS_DECODE_SINGLE
     const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     const size_t no = n_out(batch, 1) * (size_t)T;
-    float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *ut = FALLOC(n_u(batch, 1));
-    float *ot = FALLOC(n_out(batch, 1));
+    float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
     float *o[2] = { FALLOC(no), FALLOC(no) }, *csh[2] = { FALLOC(ncs), FALLOC(ncs) };
     float *ssh[2] = { FALLOC(nss), FALLOC(nss) };
-    unsigned char *col = (unsigned char *)mg_tap_calloc((size_t)batch);
+    unsigned char *m = (unsigned char *)mg_tap_calloc((size_t)batch * T);
+    for (int b = 0; b < batch; b += 3) if (T > 1) m[(size_t)b * T + 1] = 1;   /* every third stream resets at step 1 */
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
     mg_tap_randn(ss0, nss, seed + 2, 0.5f);
-    float *du = mg_tap_dalloc(n_u(batch, 1)), *dout = mg_tap_dalloc(n_out(batch, 1));
     float *dcs = mg_tap_dalloc(ncs), *dss = mg_tap_dalloc(nss);
-    unsigned char *dm = dalloc_bytes((size_t)batch);
     mg_status s = model_set_decode_fused(model, MODEL_DECODE_SINGLE);
     /* the last round, tile MAX_TILE + 1, sets the per-call default (0) */
     for (int tile = 1; tile <= MODEL_DECODE_SINGLE_MAX_TILE + 1 && s == MG_OK; ++tile) {
         const int set = tile > MODEL_DECODE_SINGLE_MAX_TILE ? 0 : tile;
-        const int k = tile == 1 ? 0 : 1;
+        const int k = tile == 1 ? 0 : 1;   /* tile 1: the bits the others must give */
         s = model_set_decode_tile(model, set);
         mg_tap_up(dcs, cs0, ncs); mg_tap_up(dss, ss0, nss);
-        for (int t = 0; t < T && s == MG_OK; ++t) {
-            for (int b = 0; b < batch; ++b) col[b] = (unsigned char)(t == 1 && b % 3 == 0);
-            up_mask(dm, col, batch);
-            step_in(ut, u, batch, T, t);
-            mg_tap_up(du, ut, n_u(batch, 1));
-            s = model_decode_step_reset(model, batch, du, dout, dcs, dss, dm);
-            if (s != MG_OK) break;
-            mg_tap_down(ot, dout, n_out(batch, 1));
-            step_out(o[k], ot, batch, T, t);
-        }
+        if (s == MG_OK) s = decode_reset_walk(batch, T, u, m, dcs, dss, o[k]);
         if (s != MG_OK) break;
         mg_tap_down(csh[k], dcs, ncs); mg_tap_down(ssh[k], dss, nss);
-        if (k == 0) continue;   /* tile 1: the bits the others must give */
+        if (k == 0) continue;
         char what[64];
         if (set) snprintf(what, sizeof what, "%d streams per cluster", set);
         else snprintf(what, sizeof what, "the per-call tile (0)");
@@ -523,8 +538,8 @@ static void test_decode_tiles(int batch, int T, uint64_t seed)
                         "out of range", "set_decode_tile(MAX_TILE + 1)");
     mg_tap_expect_error(model_set_decode_tile(model, -1), MG_ERR_INVALID_ARG, "out of range", "set_decode_tile(-1)");
     mg_tap_expect_status(model_set_decode_tile(NULL, 1), MG_ERR_INVALID_ARG, "set_decode_tile NULL model");
-    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dcs); mg_dev_free(dss); mg_dev_free(dm);
-    free(u); free(cs0); free(ss0); free(ut); free(ot); free(col);
+    mg_dev_free(dcs); mg_dev_free(dss);
+    free(u); free(cs0); free(ss0); free(m);
     for (int k = 0; k < 2; ++k) { free(o[k]); free(csh[k]); free(ssh[k]); }
 #else
     (void)batch; (void)T; (void)seed;
@@ -883,29 +898,17 @@ static void test_starts_decode(int batch, int T, uint64_t seed)
 {
     const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *pout = FALLOC(n_out(batch, T)), *dout_h = FALLOC(n_out(batch, T));
-    float *ut = FALLOC(n_u(batch, 1)), *ot = FALLOC(n_out(batch, 1));
     float *pcs = FALLOC(ncs), *pss = FALLOC(nss), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
     float *dcs_h = FALLOC(ncs), *dss_h = FALLOC(nss);
-    unsigned char *m = start_mask(batch, T, MG_TAP_STARTS_MIXED), *col = (unsigned char *)mg_tap_calloc((size_t)batch);
+    unsigned char *m = start_mask(batch, T, MG_TAP_STARTS_MIXED);
     mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
     mg_tap_randn(cs0, ncs, seed + 1, 0.5f);
     mg_tap_randn(ss0, nss, seed + 2, 0.5f);
     memcpy(pcs, cs0, ncs * sizeof(float)); memcpy(pss, ss0, nss * sizeof(float));
     mg_status s = gpu_starts(batch, T, u, pout, pcs, pss, m, 0);
-    float *du = mg_tap_dalloc(n_u(batch, 1)), *dout = mg_tap_dalloc(n_out(batch, 1));
     float *dcs = mg_tap_dalloc(ncs), *dss = mg_tap_dalloc(nss);
-    unsigned char *dm = dalloc_bytes((size_t)batch);
     mg_tap_up(dcs, cs0, ncs); mg_tap_up(dss, ss0, nss);
-    for (int t = 0; t < T && s == MG_OK; ++t) {
-        for (int b = 0; b < batch; ++b) col[b] = m[(size_t)b * T + t];
-        up_mask(dm, col, batch);
-        step_in(ut, u, batch, T, t);
-        mg_tap_up(du, ut, n_u(batch, 1));
-        s = model_decode_step_reset(model, batch, du, dout, dcs, dss, dm);
-        if (s != MG_OK) break;
-        mg_tap_down(ot, dout, n_out(batch, 1));
-        step_out(dout_h, ot, batch, T, t);
-    }
+    if (s == MG_OK) s = decode_reset_walk(batch, T, u, m, dcs, dss, dout_h);
     if (!mg_tap_ok(s == MG_OK, "prefill_starts and %d decode_step_reset steps of batch %d run", T, batch)) {
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
@@ -915,9 +918,9 @@ static void test_starts_decode(int batch, int T, uint64_t seed)
         cmp_decode(what, n_out(batch, T), batch, (const float *const[3]){ dout_h, dcs_h, dss_h },
                    (const float *const[3]){ pout, pcs, pss }, NULL);
     }
-    mg_dev_free(du); mg_dev_free(dout); mg_dev_free(dcs); mg_dev_free(dss); mg_dev_free(dm);
-    free(u); free(pout); free(dout_h); free(ut); free(ot); free(pcs); free(pss); free(cs0); free(ss0);
-    free(dcs_h); free(dss_h); free(m); free(col);
+    mg_dev_free(dcs); mg_dev_free(dss);
+    free(u); free(pout); free(dout_h); free(pcs); free(pss); free(cs0); free(ss0);
+    free(dcs_h); free(dss_h); free(m);
 }
 
 /* The states of stream b ([n_layers][batch][per]) to / from a batch-1

@@ -358,6 +358,23 @@ __device__ __forceinline__ void dec_prefetch_step(const float *w, const act_t *w
     dec_pf_range(w + DOFF_NORM_F_W, (size_t)D * 4);
 }
 
+// RMSNorm scales rs[s] = 1 / sqrt(mean(h[s]^2) + eps) of the ns streams'
+// residual rows h [DEC_SEQS][D] (shared memory), every thread getting them
+// (dec_block_sums: its s_red rule applies).
+__device__ __forceinline__ void dec_rms_scales(const float (*h)[D], int ns, float (*s_red)[DEC_WARPS],
+                                               float (&rs)[DEC_SEQS])
+{
+#pragma unroll
+    for (int s = 0; s < DEC_SEQS; ++s) {
+        rs[s] = 0.0f;
+        if (s < ns)
+            for (int j = threadIdx.x; j < D; j += DEC_THREADS) rs[s] += h[s][j] * h[s][j];
+    }
+    dec_block_sums(rs, ns, s_red);
+#pragma unroll
+    for (int s = 0; s < DEC_SEQS; ++s) rs[s] = 1.0f / sqrtf(rs[s] / (float)D + EPS);
+}
+
 __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
 decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float *__restrict__ out,
                          const float *__restrict__ w, const act_t *__restrict__ wg,
@@ -455,22 +472,15 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
 
         // 1. hn = rmsnorm(h) * norm.weight
         {
-            float sq[DEC_SEQS];
-#pragma unroll
-            for (int s = 0; s < DEC_SEQS; ++s) {
-                sq[s] = 0.0f;
-                if (s < ns)
-                    for (int j = tid; j < D; j += DEC_THREADS) sq[s] += s_h[s][j] * s_h[s][j];
-            }
-            dec_block_sums(sq, ns, s_red);
+            float rs[DEC_SEQS];
+            dec_rms_scales(s_h, ns, s_red, rs);
 #pragma unroll
             for (int s = 0; s < DEC_SEQS; ++s) {
                 if (s >= ns) continue;
-                const float rs = 1.0f / sqrtf(sq[s] / (float)D + EPS);
 #pragma unroll
                 for (int i = 0; i < DEC_DPT; ++i) {
                     const int j = tid + i * DEC_THREADS;
-                    if (j < D) s_hn[s][j] = round_act(s_h[s][j] * rs * nwv[i]);
+                    if (j < D) s_hn[s][j] = round_act(s_h[s][j] * rs[s] * nwv[i]);
                 }
             }
         }
@@ -556,20 +566,13 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
 
     // out = rmsnorm(h) * norm_f.weight (f32), written by rank 0
     if (rank == 0) {
-        float sq[DEC_SEQS];
-#pragma unroll
-        for (int s = 0; s < DEC_SEQS; ++s) {
-            sq[s] = 0.0f;
-            if (s < ns)
-                for (int j = tid; j < D; j += DEC_THREADS) sq[s] += s_h[s][j] * s_h[s][j];
-        }
-        dec_block_sums(sq, ns, s_red);
+        float rs[DEC_SEQS];
+        dec_rms_scales(s_h, ns, s_red, rs);
         const float *nf = w + DOFF_NORM_F_W;
 #pragma unroll
         for (int s = 0; s < DEC_SEQS; ++s) {
             if (s >= ns) continue;
-            const float rs = 1.0f / sqrtf(sq[s] / (float)D + EPS);
-            for (int j = tid; j < D; j += DEC_THREADS) out[(size_t)(b0 + s) * D + j] = s_h[s][j] * rs * nf[j];
+            for (int j = tid; j < D; j += DEC_THREADS) out[(size_t)(b0 + s) * D + j] = s_h[s][j] * rs[s] * nf[j];
         }
     }
     cluster.sync();   // the other blocks may still be reading s_pout
