@@ -484,8 +484,19 @@ end
 --                     x ckb_cw columns): min(32, P, N)
 --   d.ckb_ldn, d.ckb_ldp, d.ckb_ldq  staged row strides: N, P, Q + 16 bytes
 --   d.ckb_yvp         partials of dy_t . v_t per token: max(1, P/32)
+--   d.ckb_ye_in_m     E dY (phase F's operand, [Q][ldp]) is staged where M
+--                     and W were ([2][Q][ldq]: dead by then) when it fits
+--                     there (ldp <= 2 ldq), else in a buffer of its own
 --   d.ckb_floats      f32 scratch of a block (per-token scalars and the
 --                     fixed-order partial sums), d.ckb_smem_bytes in all
+--   d.ckb_min_blocks  blocks per SM the kernel is compiled for
+--                     (__launch_bounds__ minimum): 2 when two blocks' shared
+--                     memory fits the SM's (M.SM_SMEM, 1 KiB each reserved)
+--                     and the block is <= 256 threads (128 registers per
+--                     thread), else 1. Why: one block walks all chunks of a
+--                     (sequence, head) and waits on its staging and its
+--                     one-warp phases; a second block on the SM fills those
+--                     waits (mamba3_perf: 256 blocks, 1.94 waves of one per SM)
 --   d.ckb_fwd         the chunked forward kernel's fields (M.ck_variant) for
 --                     chunk ckb_chunk: the forward for training of the
 --                     chunked path, which saves the state entering every chunk
@@ -541,11 +552,12 @@ function M.derive_ckb(d)
   local pad = 16 // d.ck_es
   d.ckb_ldn, d.ckb_ldp = d.N + pad, d.P + pad
   local function floats(q)
-    return q * (15 + d.ckb_yvp + 3 * (q // 16) + 2 * (d.N // d.ckb_cw)) + warps + d.P + 16
+    return q * (13 + d.ckb_yvp + 3 * (q // 16) + 2 * (d.N // d.ckb_cw)) + warps + 16
   end
+  local function ye_in_m(q) return d.ckb_ldp <= 2 * (q + pad) end
   local function smem(q)
     local ldq = q + pad
-    local elems = 2 * q * d.ckb_ldn + 3 * q * d.ckb_ldp + 2 * d.P * d.ckb_ldn + 2 * q * ldq
+    local elems = 2 * q * d.ckb_ldn + (ye_in_m(q) and 2 or 3) * q * d.ckb_ldp + 2 * d.P * d.ckb_ldn + 2 * q * ldq
     return elems * d.ck_es + 4 * floats(q)
   end
   local q = d.chunk_size
@@ -562,8 +574,11 @@ function M.derive_ckb(d)
   assert(q % d.bscan_tchunk == 0, "derive_mamba3: backward chunk is not a whole number of checkpoints")
   d.ckb_chunk = q
   d.ckb_ldq = q + pad
+  d.ckb_ye_in_m = ye_in_m(q)
   d.ckb_floats = floats(q)
   d.ckb_smem_bytes = smem(q)
+  d.ckb_min_blocks = (d.ckb_threads <= 256 and
+    2 * (d.ckb_smem_bytes + 1024) <= (M.SM_SMEM[d.sm] or M.SM_SMEM[80])) and 2 or 1
   -- the forward for training of the chunked path: the chunked forward
   -- kernel with chunk ckb_chunk (its state at every chunk start is the
   -- backward's checkpoint) and the forward's block size

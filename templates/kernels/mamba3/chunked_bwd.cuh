@@ -11,6 +11,11 @@
 // One block per (head h, sequence b) walks the chunks from last to first
 // with the adjoint G = dL/d(state entering the next chunk) (P x N, f32) in
 // the warps' accumulator registers, as the chunked forward holds the state.
+// Its phases wait on staging and on one-warp scans, so two blocks share an
+// SM where their shared memory fits (CKB_MIN_BLOCKS: mamba3_perf's 256
+// blocks then run as one wave instead of 1.94): E dY is staged where M and
+// W were (they are dead after phase D), and no per-token array is kept
+// that another holds already.
 // Inside a chunk (local t, s; k, q the rotated k', q'; cs_t the prefix sum
 // of A*dt; E_t = exp(cs_t); scale_s = gamma_s + (1-lam_{s+1}) dt_{s+1};
 // w_s = exp(cs_end - cs_s) scale_s; Lm[t][s] = exp(cs_t - cs_s) scale_s for
@@ -141,7 +146,7 @@ __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *
 }
 
 template <bool STARTS>
-__global__ void __launch_bounds__(CKB_THREADS, 1)
+__global__ void __launch_bounds__(CKB_THREADS, CKB_MIN_BLOCKS)
 scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
                         const float *__restrict__ q, const float *__restrict__ dt,
                         const float *__restrict__ adt, const float *__restrict__ lam,
@@ -157,26 +162,29 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
     op_t *Qs = reinterpret_cast<op_t *>(bq_smem);   // [CKB_Q][LDN] q'_t
     op_t *Ks = Qs + CKB_Q * CKB_LDN;                      // [CKB_Q][LDN] k'_s
     op_t *Ys = Ks + CKB_Q * CKB_LDN;                      // [CKB_Q][LDP] dy_t
-    op_t *Ye = Ys + CKB_Q * CKB_LDP;                      // [CKB_Q][LDP] E_t dy_t
-    op_t *Vs = Ye + CKB_Q * CKB_LDP;                      // [CKB_Q][LDP] v_s
+    op_t *Vs = Ys + CKB_Q * CKB_LDP;                      // [CKB_Q][LDP] v_s
     op_t *Hc = Vs + CKB_Q * CKB_LDP;                      // [P][LDN]  state entering the chunk
     op_t *Gs = Hc + P * CKB_LDN;                       // [P][LDN]  adjoint G of the state leaving it
     op_t *Mm = Gs + P * CKB_LDN;                       // [CKB_Q][LDQ] M[t][s] (causal)
     op_t *Wm = Mm + CKB_Q * CKB_LDQ;                      // [CKB_Q][LDQ] W[t][s] (causal)
-    float *fs = reinterpret_cast<float *>(Wm + CKB_Q * CKB_LDQ);
+    // [CKB_Q][LDP] E_t dy_t, phase F's operand: staged where M and W were
+    // (dead after phase D) when it fits there, so that two blocks share an
+    // SM (CKB_MIN_BLOCKS), else in a buffer of its own.
+    op_t *Ye = CKB_YE_IN_M ? Mm : Wm + CKB_Q * CKB_LDQ;
+    float *fs = reinterpret_cast<float *>(Wm + CKB_Q * CKB_LDQ + (CKB_YE_IN_M ? 0 : CKB_Q * CKB_LDP));
     float *s_adt = fs, *s_cs = fs + CKB_Q, *s_ecs = fs + 2 * CKB_Q, *s_gam = fs + 3 * CKB_Q;
-    float *s_nx = fs + 4 * CKB_Q, *s_scl = fs + 5 * CKB_Q, *s_dt = fs + 6 * CKB_Q, *s_lam = fs + 7 * CKB_Q;
-    float *s_ew = fs + 8 * CKB_Q, *s_w = fs + 9 * CKB_Q, *s_dg = fs + 10 * CKB_Q, *s_yv = fs + 11 * CKB_Q;
-    float *s_dcs = fs + 12 * CKB_Q, *s_dsc = fs + 13 * CKB_Q, *s_dw = fs + 14 * CKB_Q;
-    float *s_yvp = fs + 15 * CKB_Q;             // [CKB_Q][CKB_YVP] partial dy_t . v_t per row slice
+    float *s_scl = fs + 4 * CKB_Q, *s_dt = fs + 5 * CKB_Q, *s_lam = fs + 6 * CKB_Q;
+    float *s_ew = fs + 7 * CKB_Q, *s_w = fs + 8 * CKB_Q, *s_dg = fs + 9 * CKB_Q;
+    float *s_dcs = fs + 10 * CKB_Q, *s_dsc = fs + 11 * CKB_Q, *s_dw = fs + 12 * CKB_Q;
+    float *s_yvp = fs + 13 * CKB_Q;             // [CKB_Q][CKB_YVP] partial dy_t . v_t per row slice
+                                                // (phase E: s_yvp[t][0] = their sum)
     float *rowR = s_yvp + CKB_Q * CKB_YVP;       // [CKB_T][CKB_Q] row sums of R per s-tile
     float *colR = rowR + CKB_T * CKB_Q;          // [CKB_T][CKB_Q] column sums of R per t-tile
     float *colS = colR + CKB_T * CKB_Q;          // [CKB_T][CKB_Q] column sums for dscale per t-tile
     float *pint = colS + CKB_T * CKB_Q;          // [N/CW][CKB_Q] partial dy_t.(Hc q_t) per column group
     float *pdw = pint + (N / CKB_CW) * CKB_Q;    // [N/CW][CKB_Q] partial dw_s per column group
     float *s_wp = pdw + (N / CKB_CW) * CKB_Q;    // [WARPS] per-warp <G, Hc>
-    float *s_row = s_wp + CKB_WARPS;          // [P] G k_prev (initial-state gradients)
-    float *s_misc = s_row + P;               // [16]
+    float *s_misc = s_wp + CKB_WARPS;          // [16]
 
     if (seqlen <= 0) return;
     const int h = blockIdx.x;
@@ -231,7 +239,10 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
                 }
                 s_cs[i] = f;   // the start flags, for phase B
             }
-            s_adt[i] = a; s_dt[i] = d; s_lam[i] = l; s_gam[i] = l * d; s_nx[i] = nx;
+            // scale_i = gamma_i + (1 - lam_{i+1}) dt_{i+1}: the rounded product,
+            // then a rounded add (no contraction), as when it was summed in phase B
+            const float gm = l * d;
+            s_adt[i] = a; s_dt[i] = d; s_lam[i] = l; s_gam[i] = gm; s_scl[i] = __fadd_rn(gm, nx);
             s_dg[i] = 0.0f;
         }
 #pragma unroll 4
@@ -320,17 +331,15 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
                 }
             }
             for (int i = lane; i < CKB_Q; i += 32) {
-                const float cs = s_cs[i], sc = s_gam[i] + s_nx[i];
+                const float cs = s_cs[i], sc = s_scl[i];
                 if constexpr (STARTS) {
                     const float ew = i >= lcarry ? expf(carry - cs) : 0.0f;
                     s_ecs[i] = s_adt[i] < 0.0f ? expf(cs) : 0.0f;
-                    s_scl[i] = sc;
                     s_ew[i] = ew;
                     s_w[i] = ew * sc;
                 } else {
                     const float ew = expf(carry - cs);
                     s_ecs[i] = expf(cs);
-                    s_scl[i] = sc;
                     s_ew[i] = ew;
                     s_w[i] = ew * sc;
                 }
@@ -364,12 +373,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
             }
         }
-        // ---- C: E dY, and the causal blocks of M and W with their partial sums ----
-        for (int idx = tid; idx < CKB_Q * P; idx += CKB_THREADS) {
-            const int i = idx / P, p = idx % P;
-            const float gy = i < len ? dy[(row0 + c0 + i) * E + h * P + p] : 0.0f;
-            Ye[i * CKB_LDP + p] = from_f32<op_t>(s_ecs[i] * gy);
-        }
+        // ---- C: the causal blocks of M and W with their partial sums ----
         {
             int cnt = 0;
             for (int tb = 0; tb < CKB_T; ++tb)
@@ -489,7 +493,13 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
             }
         }
         __syncthreads();
-        // ---- E: per-token scalars (thread per token), then warp 0 in order ----
+        // ---- E: E dY for phase F (M and W are dead: see Ye); per-token
+        // scalars (thread per token), then warp 0 in order ----
+        for (int idx = tid; idx < CKB_Q * P; idx += CKB_THREADS) {
+            const int i = idx / P, p = idx % P;
+            const float gy = i < len ? dy[(row0 + c0 + i) * E + h * P + p] : 0.0f;
+            Ye[i * CKB_LDP + p] = from_f32<op_t>(s_ecs[i] * gy);
+        }
         for (int t = tid; t < CKB_Q; t += CKB_THREADS) {
             const int tb = t / 16;
             float rs = 0.0f, cr = 0.0f, cs = 0.0f, pi = 0.0f, dw = 0.0f, yv = 0.0f;
@@ -509,7 +519,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
             s_dcs[t] = s_ecs[t] * pi + rs - cr - s_w[t] * dw;
             s_dsc[t] = cs + s_ew[t] * dw;
             s_dw[t] = s_w[t] * dw;
-            s_yv[t] = yv;
+            s_yvp[t * CKB_YVP] = yv;   // row t's partials are read above, by this thread only
         }
         __syncthreads();
         if (warp == 0) {
@@ -574,7 +584,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
                 pend_ddt = s_misc[1];
                 pend_dlam = s_misc[2];
                 if constexpr (STARTS) pend_start = s_adt[0] == 0.0f;   // lst_0 = 0: this chunk starts with one
-                for (int t = 0; t < len; ++t) gD += s_yv[t];
+                for (int t = 0; t < len; ++t) gD += s_yvp[t * CKB_YVP];
             }
         }
         // ---- F: G <- exp(cs_end) G + (E dY)^T Q, staged for the next chunk ----
@@ -599,6 +609,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
     // ---- The initial state: Hc_0 = Hs_init + w0 v_prev k_prev^T ----
     __syncthreads();   // every read of the stage is done: reuse it as f32 G
     float *Gf = reinterpret_cast<float *>(bq_smem);   // [P][N]
+    float *s_row = Gf + P * N;                        // [P] G k_prev
 #pragma unroll
     for (int j = 0; j < CKB_NW / 8; ++j)
 #pragma unroll

@@ -121,6 +121,17 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
         : cudaSuccess;
     if (attr != cudaSuccess) return attr;
     if (attr_st != cudaSuccess) return attr_st;
+    // Two blocks per SM (CKB_MIN_BLOCKS) need the SM's whole shared memory
+    // carveout; ask for it rather than leave the choice to the driver.
+    const cudaFuncAttribute ca = cudaFuncAttributePreferredSharedMemoryCarveout;
+    static const cudaError_t carve = CKB_MIN_BLOCKS > 1
+        ? cudaFuncSetAttribute(scan_bwd_chunked_kernel<false>, ca, (int)cudaSharedmemCarveoutMaxShared)
+        : cudaSuccess;
+    static const cudaError_t carve_st = CKB_MIN_BLOCKS > 1
+        ? cudaFuncSetAttribute(scan_bwd_chunked_kernel<true>, ca, (int)cudaSharedmemCarveoutMaxShared)
+        : cudaSuccess;
+    if (carve != cudaSuccess) return carve;
+    if (carve_st != cudaSuccess) return carve_st;
     if (start)
         scan_bwd_chunked_kernel<true><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
             seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
