@@ -15,20 +15,26 @@ bench_build() {
 }
 
 # bench_variant SPEC PRECISION DIR: the spec to bench for PRECISION (f32,
-# bf16, f16; "own" or the spec's own precision: SPEC itself, else
-# DIR/NAME_PRECISION.yaml: SPEC with `name: NAME_PRECISION` and
-# `precision: PRECISION`, so one command benches the same model in each
-# storage dtype). Prints the path.
+# bf16, f16, or tf32: f32 storage with `allow_tf32: true`; "own" or the
+# spec's own precision: SPEC itself, else DIR/NAME_PRECISION.yaml: SPEC with
+# `name: NAME_PRECISION`, `precision: PRECISION` (f32 for tf32) and
+# `allow_tf32` set accordingly, so one command benches the same model in
+# each storage dtype). Prints the path.
 bench_variant() {
   _name=$(basename "$1" .yaml)
   _own=$(sed -n 's/^precision: *\([a-z0-9]*\).*/\1/p' "$1")
+  _tf=$(sed -n 's/^allow_tf32: *\([a-z]*\).*/\1/p' "$1")
+  [ "${_tf:-false}" = true ] && _own=tf32
   if [ "$2" = own ] || [ "$2" = "${_own:-f32}" ]; then printf '%s\n' "$1"; return 0; fi
   mkdir -p "$3" || return 1
   _v=$3/${_name}_$2.yaml
+  _p=$2
+  [ "$2" = tf32 ] && _p=f32
   if [ -n "$_own" ]; then
-    sed -e "s/^name:.*/name: ${_name}_$2/" -e "s/^precision:.*/precision: $2/" "$1" > "$_v" || return 1
+    sed -e "s/^name:.*/name: ${_name}_$2/" -e "s/^precision:.*/precision: $_p/" -e '/^allow_tf32:/d' "$1" > "$_v" || return 1
   else
-    { sed -e "s/^name:.*/name: ${_name}_$2/" "$1"; printf 'precision: %s\n' "$2"; } > "$_v" || return 1
+    { sed -e "s/^name:.*/name: ${_name}_$2/" -e '/^allow_tf32:/d' "$1"; printf 'precision: %s\n' "$_p"; } > "$_v" || return 1
   fi
+  if [ "$2" = tf32 ]; then printf 'allow_tf32: true\n' >> "$_v" || return 1; fi
   printf '%s\n' "$_v"
 }

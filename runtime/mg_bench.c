@@ -254,6 +254,10 @@ mg_status mg_bench_ceilings(mg_ceilings *c)
         s = bench_gemm_rate(blas, 8192, MG_BF16, &c->bf16_tflops);
     if (s == MG_OK)
         s = bench_gemm_rate(blas, 4096, MG_F32, &c->f32_tflops);
+    if (s == MG_OK)
+        s = mg_blas_set_tf32(blas, 1);
+    if (s == MG_OK)
+        s = bench_gemm_rate(blas, 8192, MG_F32, &c->tf32_tflops);
     mg_blas_destroy(blas);
     return s;
 }
@@ -262,6 +266,7 @@ void mg_bench_print_ceilings(FILE *f, const mg_ceilings *c)
 {
     fprintf(f, "device: %s, driver CUDA %d.%d, runtime %d.%d\n", c->device, c->driver_version / 1000,
             c->driver_version % 1000 / 10, c->runtime_version / 1000, c->runtime_version % 1000 / 10);
-    fprintf(f, "ceilings: copy %.0f GB/s (read+write), bf16 GEMM %.0f TFLOP/s, f32 GEMM %.1f TFLOP/s\n",
-            c->copy_gbps, c->bf16_tflops, c->f32_tflops);
+    fprintf(f, "ceilings: copy %.0f GB/s (read+write), bf16 GEMM %.0f TFLOP/s, f32 GEMM %.1f TFLOP/s, "
+               "f32 GEMM on TF32 %.0f TFLOP/s\n",
+            c->copy_gbps, c->bf16_tflops, c->f32_tflops, c->tf32_tflops);
 }

@@ -44,6 +44,7 @@ typedef struct mg_ceilings {
     double copy_gbps;     /* device-to-device copy, bytes read + written per second / 1e9 */
     double bf16_tflops;   /* cuBLAS bf16 GEMM (f32 accumulate), 8192^3, random data */
     double f32_tflops;    /* cuBLAS f32 GEMM (no TF32), 4096^3 */
+    double tf32_tflops;   /* cuBLAS f32 GEMM on TF32 tensor cores (mg_blas_set_tf32), 8192^3 */
     char device[320];     /* "NAME (sm_XY, N SMs)" */
     char gpu[256];        /* the device's name alone */
     int driver_version;   /* cudaDriverGetVersion: 1000*major + 10*minor */

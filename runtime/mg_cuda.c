@@ -9,6 +9,7 @@
 struct mg_blas {
     cublasHandle_t h;
     cudaStream_t stream;
+    int tf32;   /* f32 GEMMs on TF32 tensor cores (mg_blas_set_tf32) */
 };
 
 int mg_device_count(void)
@@ -146,7 +147,8 @@ mg_status mg_blas_create(mg_blas **out, cudaStream_t stream)
         return s;
     }
     /* Default math: no TF32 and no BF16x9 emulation unless asked for; f32
-     * GEMMs also use the pedantic compute type (see gemm()): f32 stays f32. */
+     * GEMMs also use the pedantic compute type (see gemm()): f32 stays f32
+     * unless mg_blas_set_tf32 asks for TF32 (calloc: off). */
     s = blas_check(cublasSetMathMode(b->h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
     if (s == MG_OK)
         s = blas_check(cublasSetStream(b->h, stream), "cublasSetStream");
@@ -166,6 +168,16 @@ void mg_blas_destroy(mg_blas *b)
         return;
     cublasDestroy(b->h);
     free(b);
+}
+
+mg_status mg_blas_set_tf32(mg_blas *b, int on)
+{
+    if (b == NULL)
+        return mg_fail(MG_ERR_INVALID_ARG, "mg_blas_set_tf32: b is NULL");
+    if (on != 0 && on != 1)
+        return mg_fail(MG_ERR_INVALID_ARG, "mg_blas_set_tf32: on = %d (0 or 1)", on);
+    b->tf32 = on;
+    return MG_OK;
 }
 
 mg_status mg_blas_set_stream(mg_blas *b, cudaStream_t stream)
@@ -259,7 +271,9 @@ static mg_status gemm(mg_blas *b, const char *fn, cublasOperation_t ta,
      * CUBLAS_COMPUTE_32F, even under CUBLAS_PEDANTIC_MATH: measured on an
      * H200 with cuBLAS 13.1, rel error 3e-4 instead of 1e-7). 16-bit
      * operands: CUBLAS_COMPUTE_32F (tensor cores, f32 accumulation). */
-    cublasComputeType_t ct = in == MG_F32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+    cublasComputeType_t ct = in != MG_F32 ? CUBLAS_COMPUTE_32F
+                             : b->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32   /* asked for: mg_blas_set_tf32 */
+                             : CUBLAS_COMPUTE_32F_PEDANTIC;
     cublasStatus_t st = cublasGemmEx(b->h, ta, tb, m, n, k, &alpha,
                                      A, cuda_type(in), lda, B, cuda_type(in), ldb,
                                      &beta, C, cuda_type(out), ldc,

@@ -36,11 +36,17 @@ typedef enum mg_dtype { MG_F32 = 0, MG_BF16 = 1, MG_F16 = 2 } mg_dtype;
 size_t mg_dtype_size(mg_dtype t);
 const char *mg_dtype_name(mg_dtype t);
 
-/* A cuBLAS handle bound to a stream; f32 GEMMs never use TF32. */
+/* A cuBLAS handle bound to a stream; f32 GEMMs never use TF32 unless
+ * mg_blas_set_tf32 turned it on for this handle. */
 typedef struct mg_blas mg_blas;
 mg_status mg_blas_create(mg_blas **out, cudaStream_t stream);
 void mg_blas_destroy(mg_blas *b);
 mg_status mg_blas_set_stream(mg_blas *b, cudaStream_t stream);
+/* on = 1: the handle's GEMMs with f32 operands run on TF32 tensor cores
+ * (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to 10 mantissa bits, f32
+ * accumulation); 0 (the default): f32 compute (pedantic). 16-bit operands
+ * are unaffected. MG_ERR_INVALID_ARG for a NULL handle or another value. */
+mg_status mg_blas_set_tf32(mg_blas *b, int on);
 
 /* Row-major linear layer, PyTorch convention:
  *   Y[M][N] = alpha * X[M][K] . W[N][K]^T + beta * Y[M][N]

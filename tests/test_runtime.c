@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define N_GPU_TESTS 17
+#define N_GPU_TESTS 21
 
 /* ------------------------------------------------------------ status */
 
@@ -536,6 +536,7 @@ static void test_cuda_host(int ndev)
     tap_is_int(s, MG_ERR_INVALID_ARG, "mg_linear_dw: M = 0 refused");
     s = mg_blas_set_stream(NULL, 0);
     tap_is_int(s, MG_ERR_INVALID_ARG, "mg_blas_set_stream: NULL handle");
+    tap_is_int(mg_blas_set_tf32(NULL, 1), MG_ERR_INVALID_ARG, "mg_blas_set_tf32: NULL handle");
     tap_is_int(mg_blas_create(NULL, 0), MG_ERR_INVALID_ARG, "mg_blas_create: NULL out");
     /* NULL is a no-op: no crash (cublasDestroy of a NULL handle), the
      * message kept, and with a device no CUDA error left behind (without
@@ -710,6 +711,18 @@ static void test_gemm(void)
     mg_err e = run_linear(b, 37, 29, 512, MG_F32, MG_F32, 0, 1.5f, 0.5f, &r);
     mg_err_print(stdout, "# f32 linear", &e);
     tap_ok(mg_err_ok(&e, 2e-6), "gpu: f32 linear, padded strides, alpha/beta; no TF32 (rel %.2e)", e.rel_l2);
+    /* The same with TF32 asked for (mg_blas_set_tf32): inputs rounded to
+     * 10 mantissa bits, so the error is that of the rounding, well above
+     * f32's and within f16's check tolerance; then back off, f32 again. */
+    tap_is_int(mg_blas_set_tf32(b, 2), MG_ERR_INVALID_ARG, "gpu: mg_blas_set_tf32(2) refused");
+    tap_is_int(mg_blas_set_tf32(b, 1), MG_OK, "gpu: mg_blas_set_tf32(1)");
+    e = run_linear(b, 37, 29, 512, MG_F32, MG_F32, 0, 1.5f, 0.5f, &r);
+    mg_err_print(stdout, "# f32 linear on TF32", &e);
+    tap_ok(e.n_nonfinite == 0 && e.rel_l2 > 1e-5 && e.rel_l2 < 5e-3,
+           "gpu: f32 linear with TF32: 1e-5 < rel %.2e < 5e-3 (the inputs' rounding)", e.rel_l2);
+    mg_blas_set_tf32(b, 0);
+    e = run_linear(b, 37, 29, 512, MG_F32, MG_F32, 0, 1.5f, 0.5f, &r);
+    tap_ok(mg_err_ok(&e, 2e-6), "gpu: f32 linear after mg_blas_set_tf32(0): f32 again (rel %.2e)", e.rel_l2);
     mg_dtype ts[2] = { MG_BF16, MG_F16 };
     for (int i = 0; i < 2; i++) {
         /* Inputs k/64, |k| <= 255: exact in bf16 and f16, products and sums

@@ -11,7 +11,10 @@
 --   d.act_size               bytes per stored activation (4 | 2 | 2)
 --   d.check_tol              relative-L2 tolerance of the selfcheck against the
 --                            f64 reference for this storage dtype (f32 1e-5,
---                            bf16 2e-2, f16 5e-3; the README's tolerance table)
+--                            bf16 2e-2, f16 5e-3; the README's tolerance table;
+--                            f32 with allow_tf32: f16's)
+--   d.tf32                   spec.allow_tf32: the projection GEMMs on TF32
+--                            tensor cores (mg_blas_set_tf32 at create)
 --   d.target, d.sm           "sm_90" and 90
 --   d.D, d.E, d.N, d.L       d_model, expand*d_model, d_state, n_layers
 --   d.input_dim, d.in_dim    input_dim, and the model input width (input_dim or D)
@@ -85,6 +88,10 @@ local function common(spec, opts)
   local dt = DTYPES[spec.precision]
   d.act_t, d.mg_dtype, d.act_size = dt.act_t, dt.mg_dtype, dt.act_size
   d.check_tol = dt.check_tol
+  -- allow_tf32 (f32 only): the projection GEMMs round their inputs to TF32's
+  -- 10 mantissa bits, as f16 storage rounds activations: f16's tolerances
+  d.tf32 = spec.allow_tf32 == true
+  if d.tf32 then d.check_tol = DTYPES.f16.check_tol end
   d.target = spec.target
   d.sm = math.tointeger(tonumber(spec.target:match("^sm_(%d+)$")))
   d.D = m.d_model
@@ -207,7 +214,7 @@ function M.training_common(d, matrix_keys)
     end
   end
   local tol = { f32 = 1e-4, bf16 = 5e-2, f16 = 1e-2 }
-  d.grad_tol = tol[d.dtype]
+  d.grad_tol = d.tf32 and tol.f16 or tol[d.dtype]
 end
 
 -- opts (optional): { tuned = mg/tune.lua resolve's result }.

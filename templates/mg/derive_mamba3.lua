@@ -192,7 +192,8 @@ end
 --                       spec's mode; decode steps always run the sequential one)
 --   d.chunk_vs_seq_tol  rel-L2 bound of chunked vs sequential (f32 1e-5;
 --                       bf16/f16 d.check_tol: the chunked kernel's tensor-core
---                       operands are rounded to the storage dtype)
+--                       operands are rounded to the storage dtype; f32 with
+--                       allow_tf32 d.check_tol: a flip of a TF32 GEMM input)
 --   chunked kernel (one block per (batch, head), chunks in order, state in
 --   registers; kernels.cu.tmpl "chunked scan" has the design):
 --   d.ck_engine         "fma" (f32: plain f32 FMA on 16x8x16 tiles, no TF32)
@@ -263,7 +264,7 @@ function M.derive_inference(spec, d)
   d.scan_auto_min_len = math.max(derive.AUTO_SEQUENTIAL_MAX_LEN + 1, 4 * d.chunk_size)
   d.scan_emit_chunked, d.scan_mode_id = derive.scan_choice(spec.scan.mode, d.max_seq_len, d.scan_auto_min_len)
   d.scan_kernel = d.scan_mode_id == 1 and "chunked" or (d.scan_mode_id == 2 and "auto" or "sequential")
-  d.chunk_vs_seq_tol = d.lowp and d.check_tol or 1e-5
+  d.chunk_vs_seq_tol = (d.lowp or d.tf32) and d.check_tol or 1e-5
 
   if d.dtype == "f32" then
     d.ck_engine, d.ck_op_t, d.ck_es = "fma", "float", 4

@@ -131,6 +131,8 @@ M.keys = {
     } },
   { key = "precision", type = "enum", default = "f32", values = { "f32", "bf16", "f16" },
     doc = "storage dtype of GEMM operands and activations; states, residual stream and reductions are always f32" },
+  { key = "allow_tf32", type = "bool", default = false,
+    doc = "precision f32 only: the cuBLAS projection GEMMs (input_proj, in_proj, x_proj, dt_proj, out_proj; forward and backward) run on TF32 tensor cores (inputs rounded to 10 mantissa bits, f32 accumulation); every other kernel stays f32; the library is then checked at f16's tolerances. false (default): f32 means f32" },
   { key = "scan", type = "map",
     doc = "selective scan options",
     keys = {
@@ -212,6 +214,14 @@ M.rules = {
       local S = math.floor(s.model.d_state * s.model.rope_fraction) // 2
       if 2 * S > s.model.d_state then
         return "model.rope_fraction", string.format("gives 2*n_angles = %d > d_state = %d", 2 * S, s.model.d_state)
+      end
+    end },
+  { reads = { "allow_tf32", "precision" },
+    doc = "allow_tf32: true needs precision f32 (bf16 and f16 GEMMs already run on tensor cores)",
+    check = function(s)
+      if s.allow_tf32 and s.precision ~= "f32" then
+        return "allow_tf32", string.format("true needs precision: f32 (precision is %s, whose GEMMs already run on tensor cores)",
+                                           s.precision)
       end
     end },
   { reads = { "shapes.max_batch", "shapes.max_seq_len", "model.d_model", "model.expand", "model.d_state",

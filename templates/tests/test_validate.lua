@@ -133,6 +133,7 @@ check(spec ~= nil, "minimal mamba1 spec is valid", spec == nil and table.concat(
 if spec then
   is(spec.name, "m", "name")
   is(spec.precision, "f32", "precision default f32")
+  is(spec.allow_tf32, false, "allow_tf32 default false")
   is(spec.target, "sm_90", "target default sm_90")
   is(spec.scan.mode, "auto", "scan.mode default auto")
   is(spec.scan.chunk_size, 64, "scan.chunk_size default 64")
@@ -245,7 +246,7 @@ edit_errors(BASE_M1, {
   { "unknown key with suggestion", "  n_layers: 4", "  n_layers: 4\n  d_sate: 16",
     "6:3: unknown key 'd_sate' in model; did you mean 'd_state'?" },
   { "unknown key without suggestion lists the valid keys", "name: m", "name: m\nfrobnicate: 1",
-    "2:1: unknown key 'frobnicate' at the top level; valid keys: name, arch, model, precision, scan, shapes, emit, target" },
+    "2:1: unknown key 'frobnicate' at the top level; valid keys: name, arch, model, precision, allow_tf32, scan, shapes, emit, target" },
   { "missing required key at the parent mapping", "  d_model: 128\n", "",
     "4:3: missing required key 'model.d_model'" },
   { "missing name", "name: m\n", "",
@@ -294,6 +295,10 @@ edit_errors(BASE_M1, {
     "2:7: arch: 'mamba2' is not one of the architectures mamba-gen supports: mamba1, mamba3_siso" },
   { "bad precision", "name: m", "name: m\nprecision: fp32",
     "2:12: precision: 'fp32' is not valid; expected one of f32, bf16, f16; did you mean 'f32'?" },
+  { "allow_tf32 with bf16", "name: m", "name: m\nprecision: bf16\nallow_tf32: true",
+    "3:13: allow_tf32: true needs precision: f32 (precision is bf16, whose GEMMs already run on tensor cores)" },
+  { "allow_tf32 not a bool", "name: m", "name: m\nallow_tf32: yes please",
+    "2:13: allow_tf32: expected true or false, got 'yes please'" },
   { "bad target", "name: m", "name: m\ntarget: sm_75",
     "2:9: target: 'sm_75' is not one of the targets mamba-gen supports: sm_80, sm_86, sm_89, sm_90, sm_100, sm_120" },
   { "target sm_99: the list, no near miss", "name: m", "name: m\ntarget: sm_99",

@@ -17,7 +17,7 @@ static int bench_profile;            /* --profile: each row one run inside the p
 static const char *bench_only[16];   /* --only PATTERN (repeatable): the rows to run (none: all) */
 static int bench_n_only;
 static mg_ceilings ceil_;
-static double gemm_ceiling_tflops;   /* the GEMM rate of this spec's storage dtype */
+static double gemm_ceiling_tflops;   /* the GEMM rate of this spec's storage dtype (allow_tf32: TF32's) */
 static char csv_tail[800];           /* the columns every CSV row ends with (csv_tail_init) */
 
 /* A CSV field from free text: commas and line breaks become ';' and ' ',
@@ -97,7 +97,7 @@ static void report(const char *what, int batch, int seqlen, const mg_bench_stats
     char field[128];
     csv_field(field, sizeof field, what);   /* "ssm core (chunked, split)": no comma may split the row */
     if (csv)
-        fprintf(csv, MODEL_NAME "," MODEL_PRECISION ",%s,%d,%d,%.6f,%.6f,%.1f,%.2f,%.4f,%.4f,%.4f,%.6f,%s\n", field,
+        fprintf(csv, MODEL_NAME "," MODEL_PRECISION_LABEL ",%s,%d,%d,%.6f,%.6f,%.1f,%.2f,%.4f,%.4f,%.4f,%.6f,%s\n", field,
                 batch, seqlen, st->median_ms, st->min_ms, tokens / s, gbps, gbps / ceil_.copy_gbps,
                 tflops, tflops / gemm_ceiling_tflops, st->p99_ms, csv_tail);
 }
@@ -205,7 +205,7 @@ static int bench_start(int argc, char **argv, int *iters)
     }
     mg_status s = mg_bench_ceilings(&ceil_);
     if (s != MG_OK) die("ceilings", s);
-    gemm_ceiling_tflops = MODEL_F32_STORAGE ? ceil_.f32_tflops : ceil_.bf16_tflops;
+    gemm_ceiling_tflops = MODEL_TF32 ? ceil_.tf32_tflops : MODEL_F32_STORAGE ? ceil_.f32_tflops : ceil_.bf16_tflops;
     csv_tail_init();
     return -1;
 }

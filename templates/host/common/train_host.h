@@ -59,6 +59,7 @@ mg_status model_trainer_create(model_trainer **out, cudaStream_t stream)
     t->scan_choice = MODEL_SCAN_SPEC;
     mg_status s = mg_blas_create(&t->blas, stream);
     if (s != MG_OK) { free(t); return s; }
+    if (GEMM_TF32 && (s = mg_blas_set_tf32(t->blas, 1)) != MG_OK) { mg_blas_destroy(t->blas); free(t); return s; }
     const size_t total = carve(t, NULL);
     s = mg_dev_alloc(&t->ws, total, MODEL_NAME " training workspace");
     if (s != MG_OK) { mg_blas_destroy(t->blas); free(t); return s; }

@@ -71,10 +71,10 @@ int main(int argc, char **argv)
     int rc = bench_start(argc, argv, &iters);
     if (rc >= 0) return rc;
     mg_status s;
-    printf(MODEL_NAME ": mamba1 D=%d E=%d N=%d layers=%d precision=" MODEL_PRECISION "\n",
+    printf(MODEL_NAME ": mamba1 D=%d E=%d N=%d layers=%d precision=" MODEL_PRECISION_LABEL "\n",
            MODEL_D_MODEL, MODEL_D_INNER, MODEL_D_STATE, MODEL_N_LAYERS);
     mg_bench_print_ceilings(stdout, &ceil_);
-    printf("GEMM ceiling used: %.1f TFLOP/s (" MODEL_PRECISION " storage)\n\n", gemm_ceiling_tflops);
+    printf("GEMM ceiling used: %.1f TFLOP/s (" MODEL_PRECISION_LABEL " storage)\n\n", gemm_ceiling_tflops);
 
     /* Weights: the reference path's initialisation, uploaded once. */
     cudaStream_t stream;

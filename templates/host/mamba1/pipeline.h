@@ -75,6 +75,7 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     m->stream = stream;
     mg_status s = mg_blas_create(&m->blas, stream);
     if (s != MG_OK) { free(m); return s; }
+    if (GEMM_TF32 && (s = mg_blas_set_tf32(m->blas, 1)) != MG_OK) { mg_blas_destroy(m->blas); free(m); return s; }
 
     const size_t b_h = ws_bytes(MAX_TOKENS * D_MODEL, sizeof(float));
     const size_t b_hn = ws_bytes(MAX_TOKENS * D_MODEL, ACT_SIZE);

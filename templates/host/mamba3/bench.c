@@ -209,11 +209,11 @@ int main(int argc, char **argv)
     if (rc >= 0) return rc;
     mg_status s;
     printf(MODEL_NAME ": mamba3_siso D=%d E=%d N=%d P=%d H=%d G=%d S=%d layers=%d "
-           "precision=" MODEL_PRECISION " scan=" MODEL_SCAN_MODE " chunk=%d (engine " MODEL_CK_ENGINE ")\n",
+           "precision=" MODEL_PRECISION_LABEL " scan=" MODEL_SCAN_MODE " chunk=%d (engine " MODEL_CK_ENGINE ")\n",
            MODEL_D_MODEL, MODEL_D_INNER, MODEL_D_STATE, MODEL_HEADDIM, MODEL_N_HEADS, MODEL_N_GROUPS,
            MODEL_N_ANGLES, MODEL_N_LAYERS, MODEL_CK_CHUNK);
     mg_bench_print_ceilings(stdout, &ceil_);
-    printf("GEMM ceiling used: %.1f TFLOP/s (" MODEL_PRECISION " storage)\n", gemm_ceiling_tflops);
+    printf("GEMM ceiling used: %.1f TFLOP/s (" MODEL_PRECISION_LABEL " storage)\n", gemm_ceiling_tflops);
     printf("reference: official Mamba-3 SISO Triton SSM, bf16 b=8 T=4096 H=32 P=64 N=128 chunk 64, H200: "
            "forward 0.96 ms, forward+backward 4.30 ms\n\n");
 

@@ -220,7 +220,7 @@ static void cmp_host_states(const char *prefix, int batch, float *const got[], d
         snprintf(what, sizeof what, "%s: %s", prefix, st_name[i]);
         if (i == NST - 1 && weights_tag[0])
             mg_ref_mamba3_tap_angle_pushed(&dims, batch, what, got[i], ref ? ref[i] : NULL, gpu && !ref ? gpu[i] : NULL,
-                                           tol, MODEL_F32_STORAGE);
+                                           tol, MODEL_F32_EXACT);
         else if (i == 0 && weights_tag[0])
             mg_ref_mamba3_tap_ssm_pushed(&dims, batch, what, got[0], got[NST - 1], ref ? ref[0] : NULL,
                                          ref ? ref[NST - 1] : NULL, gpu && !ref ? gpu[0] : NULL,
