@@ -32,7 +32,7 @@ struct model_trainer {
     char *hn, *proj;   /* act, [L][MAX_TOKENS][...] */
     /* scratch */
     float *dt, *adt, *lam;   /* [MAX_TOKENS][H] per-head SSM inputs */
-    float *k, *q;            /* [MAX_TOKENS][H][N] rotated k', q' */
+    char *k, *q;             /* act [MAX_TOKENS][H][N] rotated k', q' (the storage dtype) */
     float *cs;               /* [MAX_TOKENS][H][S][2] rotary cos, sin */
     char *g;       /* act [MAX_TOKENS][E]: out_proj input (forward and backward) */
     char *dh_act;  /* act [MAX_TOKENS][D] (LOWP only) */
@@ -98,8 +98,8 @@ static size_t carve(model_trainer *t, char *p)
     TAKE(dt, float *, MT * H, 4);
     TAKE(adt, float *, MT * H, 4);
     TAKE(lam, float *, MT * H, 4);
-    TAKE(k, float *, MT * HN_DIM, 4);
-    TAKE(q, float *, MT * HN_DIM, 4);
+    TAKE(k, char *, MT * HN_DIM, ACT_SIZE);
+    TAKE(q, char *, MT * HN_DIM, ACT_SIZE);
     TAKE(cs, float *, MT * HS_DIM * 2, 4);
     TAKE(g, char *, MT * E, ACT_SIZE);
     TAKE(dh_act, char *, LOWP ? MT * D_MODEL : 1, ACT_SIZE);

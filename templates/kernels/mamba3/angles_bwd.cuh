@@ -28,7 +28,7 @@
 // ---------------------------------------------------------------------------
 template <bool STARTS>
 __global__ void __launch_bounds__(ANGLE_THREADS)
-angles_bwd_kernel(int seqlen, const float *__restrict__ k, const float *__restrict__ q,
+angles_bwd_kernel(int seqlen, const kq_t *__restrict__ k, const kq_t *__restrict__ q,
                   const float *__restrict__ cs, float *__restrict__ dk, float *__restrict__ dq,
                   float *__restrict__ gth, float *__restrict__ dangle0, const unsigned char *__restrict__ start)
 {
@@ -47,8 +47,8 @@ angles_bwd_kernel(int seqlen, const float *__restrict__ k, const float *__restri
     for (int t = t0; t < t1; ++t) {
         const size_t tok = row0 + t;
         const size_t base = (tok * H + h) * N + 2 * a;
-        const float2 kk = *reinterpret_cast<const float2 *>(k + base);
-        const float2 qq = *reinterpret_cast<const float2 *>(q + base);
+        const float2 kk = ld2_f32(k + base);
+        const float2 qq = ld2_f32(q + base);
         const float2 g = *reinterpret_cast<const float2 *>(dk + base);
         const float2 f = *reinterpret_cast<const float2 *>(dq + base);
         const float2 r = reinterpret_cast<const float2 *>(cs)[(tok * H + h) * S + a];

@@ -318,11 +318,13 @@ __device__ __forceinline__ void ck_state_store(const Dm dm, const float (&hs)[Dm
 // ---- The chunked scan (design above), one block per (head, sequence):
 // grid (H, batch), CK_THREADS threads, the policy's shared memory. ckpt
 // (training only, else NULL) receives the state entering every chunk, f32
-// [b][h][ckpt_slots][P][N] at slot c0/ckpt_step.
-template <bool STARTS = false, class Dm>
+// [b][h][ckpt_slots][P][N] at slot c0/ckpt_step. KQ: the element type of
+// the per-head k', q' rows (f32 in inference, the storage type in training:
+// kq_t), converted to f32 on load (ld4_f32) and staged as op_t.
+template <bool STARTS = false, class Dm, typename KQ>
 __device__ __forceinline__ void
-ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
-            const float *__restrict__ q, const float *__restrict__ dt,
+ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k,
+            const KQ *__restrict__ q, const float *__restrict__ dt,
             const float *__restrict__ adt, const float *__restrict__ lam,
             const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
             const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
@@ -396,8 +398,8 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
             float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
             if (i < len) {
                 const size_t o = ((row0 + c0 + i) * H + h) * N + n;
-                qv = *reinterpret_cast<const float4 *>(q + o);
-                kv = *reinterpret_cast<const float4 *>(k + o);
+                qv = ld4_f32(q + o);
+                kv = ld4_f32(k + o);
             }
             op_st4(Qs + i * CK_LDN + n, qv);
             op_st4(Ks + i * CK_LDN + n, kv);
@@ -416,7 +418,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
         // computes (one 128-byte line per prefetch): its staging then waits
         // on L2 rather than on HBM.
         if (c0 + CK_Q < seqlen) {
-            const int LQ = N * 4 / 128 > 0 ? N * 4 / 128 : 1;
+            const int LQ = N * (int)sizeof(KQ) / 128 > 0 ? N * (int)sizeof(KQ) / 128 : 1;
             const int LV = P * (int)sizeof(act_t) / 128 > 0 ? P * (int)sizeof(act_t) / 128 : 1;
             const int nxt = min(CK_Q, seqlen - c0 - CK_Q);
             for (int i = tid; i < nxt * (2 * LQ + LV); i += CK_THREADS) {
@@ -448,7 +450,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const float *__restrict_
     if (ssm_out) ck_state_store(dm, hs, ssm_out + bh * (size_t)(P * N), p0s, n0s, lane);
     const size_t last = row0 + seqlen - 1;
     if (kp_out)
-        for (int n = tid; n < N; n += CK_THREADS) kp_out[bh * N + n] = k[(last * H + h) * N + n];
+        for (int n = tid; n < N; n += CK_THREADS) kp_out[bh * N + n] = to_f32(k[(last * H + h) * N + n]);
     if (vp_out)
         for (int p = tid; p < P; p += CK_THREADS) vp_out[bh * P + p] = to_f32(proj[last * NP + OFF_X + h * P + p]);
 }

@@ -147,8 +147,8 @@ __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *
 
 template <bool STARTS>
 __global__ void __launch_bounds__(CKB_THREADS, CKB_MIN_BLOCKS)
-scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
-                        const float *__restrict__ q, const float *__restrict__ dt,
+scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *__restrict__ k,
+                        const kq_t *__restrict__ q, const float *__restrict__ dt,
                         const float *__restrict__ adt, const float *__restrict__ lam,
                         const float *__restrict__ Dskip, const float *__restrict__ ckpt,
                         const float *__restrict__ kp0, const float *__restrict__ vp0,
@@ -251,8 +251,8 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
             float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
             if (i < len) {
                 const size_t o = ((row0 + c0 + i) * H + h) * N + n;
-                qv = *reinterpret_cast<const float4 *>(q + o);
-                kv = *reinterpret_cast<const float4 *>(k + o);
+                qv = ld4_f32(q + o);
+                kv = ld4_f32(k + o);
             }
             op_st4(Qs + i * CKB_LDN + n, qv);
             op_st4(Ks + i * CKB_LDN + n, kv);
@@ -354,7 +354,8 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
         // checkpoint into L2 while this one computes (one 128-byte line per
         // prefetch), so its staging waits on L2 rather than on HBM.
         if (c > 0) {
-            constexpr int LQ = N * 4 / 128 > 0 ? N * 4 / 128 : 1, LY = P * 4 / 128 > 0 ? P * 4 / 128 : 1;
+            constexpr int LQ = N * (int)sizeof(kq_t) / 128 > 0 ? N * (int)sizeof(kq_t) / 128 : 1;
+            constexpr int LY = P * 4 / 128 > 0 ? P * 4 / 128 : 1;
             constexpr int LV = P * (int)sizeof(act_t) / 128 > 0 ? P * (int)sizeof(act_t) / 128 : 1;
             constexpr int LC = P * N * 4 / 128;
             const size_t r0 = row0 + c0 - CKB_Q;
@@ -434,17 +435,17 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float 
                             tile_mma_x<false, true, CKB_LDP, CKB_LDN>(acc[j], A1 + m0 * CKB_LDP + kp,
                                                                     B1 + kp * CKB_LDN + n0 + 8 * j, lane);
                     // its row dot with q'_t (dq': dy_t.(Hc q_t)) or k'_s (dk': dw_s), f32
-                    const float *rv = isq ? q : k;
+                    const kq_t *rv = isq ? q : k;
                     float rd[2] = {0.0f, 0.0f};
 #pragma unroll
                     for (int rr = 0; rr < 2; ++rr) {
                         const int tr = m0 + g + 8 * rr;
                         if (tr < len) {
-                            const float *vr = rv + ((row0 + c0 + tr) * H + h) * N;
+                            const kq_t *vr = rv + ((row0 + c0 + tr) * H + h) * N;
 #pragma unroll
                             for (int j = 0; j < CKB_CW / 8; ++j) {
                                 const int n = n0 + 8 * j + cc;
-                                rd[rr] += acc[j][2 * rr] * vr[n] + acc[j][2 * rr + 1] * vr[n + 1];
+                                rd[rr] += acc[j][2 * rr] * to_f32(vr[n]) + acc[j][2 * rr + 1] * to_f32(vr[n + 1]);
                             }
                         }
                     }

@@ -13,10 +13,12 @@ struct ck_dims_fixed {
 };
 
 // STARTS: start [batch][seqlen] (mg_m3_chunked_body.cuh, "Episode starts").
+// k, q: ck_kq_t, the includer's type of the per-head k', q' rows (f32 in
+// NAME_kernels.cu, the storage type kq_t in NAME_backward.cu's ckpt_fwd).
 template <bool STARTS>
 __global__ void __launch_bounds__(CK_THREADS, CK_MIN_BLOCKS)
-scan_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
-                    const float *__restrict__ q, const float *__restrict__ dt,
+scan_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const ck_kq_t *__restrict__ k,
+                    const ck_kq_t *__restrict__ q, const float *__restrict__ dt,
                     const float *__restrict__ adt, const float *__restrict__ lam,
                     const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
                     const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,

@@ -4,6 +4,10 @@
 // twin has the same job end in _train). Arguments are checked by
 // NAME_train.c before any launch. Included by NAME_backward.cu after its
 // anonymous namespace (the kernels): it includes nothing itself.
+// The per-head k', q' buffers (void * in the C prototypes: their element
+// type is kq_t, the storage type) as the kernels take them.
+static inline const kq_t *kq_ptr(const void *p) { return static_cast<const kq_t *>(p); }
+
 extern "C" cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cudaStream_t st)
 {
     const size_t n = (size_t)rows * D;
@@ -14,10 +18,11 @@ extern "C" cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, i
 extern "C" cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias,
                                              const float *B_norm_w, const float *C_norm_w, const float *B_bias,
                                              const float *C_bias, const float *cs, float *dt, float *adt,
-                                             float *lam, float *k, float *q, cudaStream_t st)
+                                             float *lam, void *k, void *q, cudaStream_t st)
 {
     prep_rot_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt_bias, B_norm_w,
-                                                     C_norm_w, B_bias, C_bias, cs, dt, adt, lam, k, q);
+                                                     C_norm_w, B_bias, C_bias, cs, dt, adt, lam,
+                                                     static_cast<kq_t *>(k), static_cast<kq_t *>(q));
     return cudaGetLastError();
 }
 
@@ -36,8 +41,8 @@ extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const float *k,
-                                           const float *q, const float *dt, const float *adt,
+extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const void *k,
+                                           const void *q, const float *dt, const float *adt,
                                            const float *lam, const float *Dskip, const float *ssm_in,
                                            const float *kp_in, const float *vp_in, float *ssm_out,
                                            float *kp_out, float *vp_out, float *ckpt, float *y,
@@ -45,11 +50,11 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *pr
 {
     if (start)
         scan_fwd_kernel<true><<<dim3(H, batch), BTHREADS, 0, st>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
             ssm_out, kp_out, vp_out, ckpt, y, start);
     else
         scan_fwd_kernel<false><<<dim3(H, batch), BTHREADS, 0, st>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
             ssm_out, kp_out, vp_out, ckpt, y, nullptr);
     return cudaGetLastError();
 }
@@ -83,8 +88,8 @@ extern "C" cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const float *y, const voi
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const float *k,
-                                           const float *q, const float *dt, const float *adt,
+extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const void *k,
+                                           const void *q, const float *dt, const float *adt,
                                            const float *lam, const float *Dskip, const float *ckpt,
                                            const float *kp0, const float *vp0, const float *dy, float *dk,
                                            float *dq, float *dv, float *dadt, float *ddt, float *dlam,
@@ -93,18 +98,18 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *pr
 {
     if (start)
         scan_bwd_kernel<true><<<dim3(H, batch), BTHREADS, 0, st>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
             dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, start);
     else
         scan_bwd_kernel<false><<<dim3(H, batch), BTHREADS, 0, st>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
             dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, nullptr);
     return cudaGetLastError();
 }
 
 #if MG_M3_CKB
-extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const float *k,
-                                                   const float *q, const float *dt, const float *adt,
+extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const void *k,
+                                                   const void *q, const float *dt, const float *adt,
                                                    const float *lam, const float *Dskip, const float *ckpt,
                                                    const float *kp0, const float *vp0, const float *dy,
                                                    float *dk, float *dq, float *dv, float *dadt, float *ddt,
@@ -134,17 +139,17 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
     if (carve_st != cudaSuccess) return carve_st;
     if (start)
         scan_bwd_chunked_kernel<true><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
             dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, start);
     else
         scan_bwd_chunked_kernel<false><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
             dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, nullptr);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const float *k,
-                                                   const float *q, const float *dt, const float *adt,
+extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const void *k,
+                                                   const void *q, const float *dt, const float *adt,
                                                    const float *lam, const float *Dskip, const float *ssm_in,
                                                    const float *kp_in, const float *vp_in, float *ssm_out,
                                                    float *kp_out, float *vp_out, float *ckpt, float *y,
@@ -163,25 +168,25 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const 
     const dim3 grid(H, batch);
     if (start)
         ckpt_fwd::scan_chunked_kernel<true><<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
             ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE, slots, start);
     else
         ckpt_fwd::scan_chunked_kernel<false><<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
             ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE, slots, nullptr);
     return cudaGetLastError();
 }
 #endif
 
-extern "C" cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const float *k, const float *q,
+extern "C" cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const void *k, const void *q,
                                              const float *cs, float *dk, float *dq, float *gth,
                                              float *dangle0, const unsigned char *start, cudaStream_t st)
 {
     if (start)
-        angles_bwd_kernel<true><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, k, q, cs, dk, dq,
+        angles_bwd_kernel<true><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, kq_ptr(k), kq_ptr(q), cs, dk, dq,
                                                                                     gth, dangle0, start);
     else
-        angles_bwd_kernel<false><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, k, q, cs, dk, dq,
+        angles_bwd_kernel<false><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, kq_ptr(k), kq_ptr(q), cs, dk, dq,
                                                                                      gth, dangle0, nullptr);
     return cudaGetLastError();
 }

@@ -5,9 +5,11 @@
  * block (MG_LAUNCH(fn) is NAME_launch_fn, NAME.h). The launchers whose
  * arguments name the model's types (AdamW) and those every arch shares
  * (NAME_launch_*) are declared in NAME_train.h. Activations in the storage
- * dtype are void pointers; the residual stream, y, the per-head SSM inputs,
- * states, checkpoints, gradients of the SSM inputs and every partial sum
- * are f32. Plain C, includes nothing itself. */
+ * dtype are void pointers, and so are the per-head rotated k, q [tokens][H][N]
+ * (stored in the storage dtype: kq_t of mg_m3_train_util.cuh); the residual
+ * stream, y, the other per-head SSM inputs, states, checkpoints, gradients
+ * of the SSM inputs and every partial sum are f32. Plain C, includes
+ * nothing itself. */
 
 cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cudaStream_t st);
 cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
@@ -24,10 +26,10 @@ cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, con
                                     const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias, const float *B_norm_w,
                                   const float *C_norm_w, const float *B_bias, const float *C_bias,
-                                  const float *cs, float *dt, float *adt, float *lam, float *k, float *q,
+                                  const float *cs, float *dt, float *adt, float *lam, void *k, void *q,
                                   cudaStream_t st);
-cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const float *k,
-                                const float *q, const float *dt, const float *adt, const float *lam,
+cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const void *k,
+                                const void *q, const float *dt, const float *adt, const float *lam,
                                 const float *Dskip, const float *ssm_in, const float *kp_in,
                                 const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
                                 float *ckpt, float *y, const unsigned char *start, cudaStream_t st);
@@ -45,8 +47,8 @@ cudaError_t MG_LAUNCH(reduce_parts)(float *part, int nparts, size_t pstride, int
 cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const float *y, const void *proj,
                                 const float *norm_gate_w, const float *dg, void *g, float *dy,
                                 void *dproj, float *part_gw, cudaStream_t st);
-cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const float *k,
-                                const float *q, const float *dt, const float *adt, const float *lam,
+cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const void *k,
+                                const void *q, const float *dt, const float *adt, const float *lam,
                                 const float *Dskip, const float *ckpt, const float *kp0,
                                 const float *vp0, const float *dy, float *dk, float *dq, float *dv,
                                 float *dadt, float *ddt, float *dlam, float *part_D,
@@ -55,8 +57,8 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const f
 /* The chunked SSM backward (chunks of CKB_Q steps; defined when the model has
  * it, MG_M3_CKB): the arguments, outputs and layouts of scan_bwd, with the
  * checkpoints of scan_fwd_chunked. */
-cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const float *k,
-                                        const float *q, const float *dt, const float *adt, const float *lam,
+cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const void *k,
+                                        const void *q, const float *dt, const float *adt, const float *lam,
                                         const float *Dskip, const float *ckpt, const float *kp0,
                                         const float *vp0, const float *dy, float *dk, float *dq, float *dv,
                                         float *dadt, float *ddt, float *dlam, float *part_D,
@@ -65,12 +67,12 @@ cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj,
 /* The chunked forward for training: scan_fwd's arguments; ckpt receives
  * the state entering every chunk (the shifted form of the chunked scan) at
  * slot chunk_start / CKPT_STRIDE, for scan_bwd_chunked. */
-cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const float *k,
-                                        const float *q, const float *dt, const float *adt, const float *lam,
+cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const void *k,
+                                        const void *q, const float *dt, const float *adt, const float *lam,
                                         const float *Dskip, const float *ssm_in, const float *kp_in,
                                         const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
                                         float *ckpt, float *y, const unsigned char *start, cudaStream_t st);
-cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const float *k, const float *q,
+cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const void *k, const void *q,
                                   const float *cs, float *dk, float *dq, float *gth,
                                   float *dangle0, const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_bwd)(int tokens, const void *proj, const float *dt, const float *lam,

@@ -69,23 +69,24 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
 // per-head scalars and BCNorm'd k, q) with the rotation of angles_kernel
 // applied before the store: thread pairs (2a, 2a+1) of a head, pair a < S
 // rotated by cs[tok][h][a] (rotate_pair: angles_kernel's expression), the
-// rest stored as they are. Stores are float2, consecutive threads on
-// consecutive pairs (coalesced).
+// rest stored as they are, in kq_t (mg_m3_train_util.cuh: the storage type).
+// Each thread stores a pair, consecutive threads on consecutive pairs
+// (coalesced).
 // ---------------------------------------------------------------------------
 __global__ void __launch_bounds__(PREP_THREADS)
 prep_rot_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
                 const float *__restrict__ Bnw, const float *__restrict__ Cnw,
                 const float *__restrict__ Bbias, const float *__restrict__ Cbias,
                 const float *__restrict__ cs, float *__restrict__ dt, float *__restrict__ adt,
-                float *__restrict__ lam, float *__restrict__ k, float *__restrict__ q)
+                float *__restrict__ lam, kq_t *__restrict__ k, kq_t *__restrict__ q)
 {
     __shared__ float rB[G], rC[G];
     const size_t tok = blockIdx.x;
     const act_t *pr = proj + tok * NP;
     token_maps(pr, tok, dt_bias, rB, rC, dt, adt, lam);
     __syncthreads();
-    float2 *kt = reinterpret_cast<float2 *>(k + tok * (size_t)(H * N));
-    float2 *qt = reinterpret_cast<float2 *>(q + tok * (size_t)(H * N));
+    kq_t *kt = k + tok * (size_t)(H * N);
+    kq_t *qt = q + tok * (size_t)(H * N);
     const float2 *ct = reinterpret_cast<const float2 *>(cs) + tok * (size_t)(H * S);
     for (int i = threadIdx.x; i < H * N / 2; i += PREP_THREADS) {
         const int h = i / (N / 2), a = i % (N / 2), n = 2 * a, g = h / HPG;
@@ -100,7 +101,7 @@ prep_rot_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bia
             kv = rotate_pair(r.x, r.y, kv);
             qv = rotate_pair(r.x, r.y, qv);
         }
-        kt[i] = kv;
-        qt[i] = qv;
+        st2_from_f32(kt + 2 * i, kv);
+        st2_from_f32(qt + 2 * i, qv);
     }
 }

@@ -24,8 +24,8 @@
 // start gets zero initial-state gradients the same way.
 template <bool STARTS>
 __global__ void __launch_bounds__(BTHREADS)
-scan_bwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
-                const float *__restrict__ q, const float *__restrict__ dt,
+scan_bwd_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *__restrict__ k,
+                const kq_t *__restrict__ q, const float *__restrict__ dt,
                 const float *__restrict__ adt, const float *__restrict__ lam,
                 const float *__restrict__ Dskip, const float *__restrict__ ckpt,
                 const float *__restrict__ kp0, const float *__restrict__ vp0,
@@ -69,13 +69,13 @@ scan_bwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restr
         for (int i = threadIdx.x; i < (nt + 1) * N; i += BTHREADS) {
             const int tt = i / N, n = i % N;
             float kv;
-            if (tt > 0 || t0 > 0) kv = k[((row0 + t0 + tt - 1) * H + h) * N + n];
+            if (tt > 0 || t0 > 0) kv = to_f32(k[((row0 + t0 + tt - 1) * H + h) * N + n]);
             else kv = kp0 ? kp0[bh * N + n] : 0.0f;
             sk[tt][n] = kv;
         }
         for (int i = threadIdx.x; i < nt * N; i += BTHREADS) {
             const int tt = i / N, n = i % N;
-            sq[tt][n] = q[((row0 + t0 + tt) * H + h) * N + n];
+            sq[tt][n] = to_f32(q[((row0 + t0 + tt) * H + h) * N + n]);
         }
         for (int i = threadIdx.x; i < (nt + 1) * P; i += BTHREADS) {
             const int tt = i / P, p = i % P;

@@ -22,6 +22,25 @@ __device__ __forceinline__ void op_st4(__half *p, float4 v)
 }
 static_assert(sizeof(op_t) == sizeof(act_t), "staged operands have the storage type");
 
+// Four consecutive values of the storage type as f32, one 16- or 8-byte
+// load: the per-head k', q' rows of the training path (kq_t, the storage
+// type) and of inference (f32) staged by the chunked kernels.
+struct alignas(8) mg_bf16x4 { __nv_bfloat162 a, b; };
+struct alignas(8) mg_f16x4 { __half2 a, b; };
+__device__ __forceinline__ float4 ld4_f32(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ float4 ld4_f32(const __nv_bfloat16 *p)
+{
+    const mg_bf16x4 v = *reinterpret_cast<const mg_bf16x4 *>(p);
+    const float2 x = __bfloat1622float2(v.a), y = __bfloat1622float2(v.b);
+    return make_float4(x.x, x.y, y.x, y.y);
+}
+__device__ __forceinline__ float4 ld4_f32(const __half *p)
+{
+    const mg_f16x4 v = *reinterpret_cast<const mg_f16x4 *>(p);
+    const float2 x = __half22float2(v.a), y = __half22float2(v.b);
+    return make_float4(x.x, x.y, y.x, y.y);
+}
+
 // c += A . B for one 16 x 8 tile, k = 16, in the fragment layout of
 // mma.m16n8k16 (lane l: g = l/4, cc = 2*(l%4); c[0], c[1] at row g, columns
 // cc, cc+1; c[2], c[3] at row g+8). Operands in shared memory:

@@ -16,8 +16,8 @@
 // start token; no state in for a stream starting at t = 0).
 template <bool STARTS>
 __global__ void __launch_bounds__(BTHREADS)
-scan_fwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ k,
-                const float *__restrict__ q, const float *__restrict__ dt,
+scan_fwd_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *__restrict__ k,
+                const kq_t *__restrict__ q, const float *__restrict__ dt,
                 const float *__restrict__ adt, const float *__restrict__ lam,
                 const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
                 const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
@@ -65,8 +65,8 @@ scan_fwd_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restr
         for (int i = threadIdx.x; i < nt * N; i += BTHREADS) {
             const int tt = i / N, n = i % N;
             const size_t kq = ((row0 + t0 + tt) * H + h) * N + n;
-            sk[tt][n] = k[kq];
-            sq[tt][n] = q[kq];
+            sk[tt][n] = to_f32(k[kq]);
+            sq[tt][n] = to_f32(q[kq]);
         }
         for (int i = threadIdx.x; i < nt * P; i += BTHREADS) {
             const int tt = i / P, p = i % P;
