@@ -27,46 +27,89 @@ prep_bwd_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt,
 {
     __shared__ float stn[S];
     __shared__ float rB[G], rC[G], dotB[G], dotC[G];
+    __shared__ float sgb[N], sgc[N];   // the current group's head sums of dk, dq per n
+    constexpr int NJ = (N + PREP_THREADS - 1) / PREP_THREADS;   // entries n per thread
     const size_t tok = blockIdx.x;
     const act_t *pr = proj + tok * NP;
     act_t *dp = dproj + tok * NP;
     const float *dkt = dk + tok * (size_t)(H * N), *dqt = dq + tok * (size_t)(H * N);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int a = threadIdx.x; a < S; a += PREP_THREADS) stn[a] = tanhf(to_f32(pr[OFF_ANG + a]));
-    for (int g = warp; g < G; g += PREP_WARPS) {
-        float sb = 0.0f, sc = 0.0f, db = 0.0f, dc = 0.0f;
+    // BCNorm per group, groups in order. Why this shape: each group's head
+    // sums dB^, dC^ are read from dk, dq once, by every thread (one n each,
+    // heads in order), into shared memory, where the group's statistics
+    // (warp 0) and its gradient rows read them; summing them in the warp
+    // of the group left the block's other warps idle on the largest read
+    // of the kernel (G = 1: one warp of four), and read it twice.
+    float ab[NJ], ac[NJ];   // gBn, gCn of this thread's n (groups in order)
 #pragma unroll
-        for (int i = 0; i < PREP_NPL; ++i) {
-            const int n = lane + 32 * i;
-            if (n < N) {
-                const float bv = to_f32(pr[OFF_B + g * N + n]);
-                const float cv = to_f32(pr[OFF_C + g * N + n]);
-                sb += bv * bv;
-                sc += cv * cv;
-                float gb = 0.0f, gc = 0.0f;
-                for (int hh = g * HPG; hh < (g + 1) * HPG; ++hh) {
-                    gb += dkt[hh * N + n];
-                    gc += dqt[hh * N + n];
+    for (int j = 0; j < NJ; ++j) ab[j] = ac[j] = 0.0f;
+    for (int g = 0; g < G; ++g) {
+        for (int n = threadIdx.x; n < N; n += PREP_THREADS) {
+            float gb = 0.0f, gc = 0.0f;
+            for (int hh = g * HPG; hh < (g + 1) * HPG; ++hh) {
+                gb += dkt[hh * N + n];
+                gc += dqt[hh * N + n];
+            }
+            sgb[n] = gb;
+            sgc[n] = gc;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            float sb = 0.0f, sc = 0.0f, db = 0.0f, dc = 0.0f;
+#pragma unroll
+            for (int i = 0; i < PREP_NPL; ++i) {
+                const int n = lane + 32 * i;
+                if (n < N) {
+                    const float bv = to_f32(pr[OFF_B + g * N + n]);
+                    const float cv = to_f32(pr[OFF_C + g * N + n]);
+                    sb += bv * bv;
+                    sc += cv * cv;
+                    const float gb = sgb[n], gc = sgc[n];
+                    db += gb * Bnw[n] * bv;
+                    dc += gc * Cnw[n] * cv;
                 }
-                db += gb * Bnw[n] * bv;
-                dc += gc * Cnw[n] * cv;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                sb += __shfl_xor_sync(FULL_MASK, sb, o);
+                sc += __shfl_xor_sync(FULL_MASK, sc, o);
+                db += __shfl_xor_sync(FULL_MASK, db, o);
+                dc += __shfl_xor_sync(FULL_MASK, dc, o);
+            }
+            if (lane == 0) {
+                rB[g] = 1.0f / sqrtf(sb / (float)N + EPS);
+                rC[g] = 1.0f / sqrtf(sc / (float)N + EPS);
+                dotB[g] = db;
+                dotC[g] = dc;
             }
         }
+        __syncthreads();
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            sb += __shfl_xor_sync(FULL_MASK, sb, o);
-            sc += __shfl_xor_sync(FULL_MASK, sc, o);
-            db += __shfl_xor_sync(FULL_MASK, db, o);
-            dc += __shfl_xor_sync(FULL_MASK, dc, o);
+        for (int j = 0; j < NJ; ++j) {
+            const int n = threadIdx.x + j * PREP_THREADS;
+            if (n < N) {
+                const float wb = Bnw[n], wc = Cnw[n];
+                const float bv = to_f32(pr[OFF_B + g * N + n]);
+                const float cv = to_f32(pr[OFF_C + g * N + n]);
+                const float gb = sgb[n], gc = sgc[n];
+                const float rb = rB[g], rc = rC[g];
+                dp[OFF_B + g * N + n] = from_f32<act_t>(rb * wb * gb - rb * rb * rb * dotB[g] / (float)N * bv);
+                dp[OFF_C + g * N + n] = from_f32<act_t>(rc * wc * gc - rc * rc * rc * dotC[g] / (float)N * cv);
+                ab[j] += gb * bv * rb;
+                ac[j] += gc * cv * rc;
+            }
         }
-        if (lane == 0) {
-            rB[g] = 1.0f / sqrtf(sb / (float)N + EPS);
-            rC[g] = 1.0f / sqrtf(sc / (float)N + EPS);
-            dotB[g] = db;
-            dotC[g] = dc;
+        __syncthreads();   // sgb, sgc are rewritten for the next group
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+        const int n = threadIdx.x + j * PREP_THREADS;
+        if (n < N) {
+            gBn[tok * N + n] = ab[j];
+            gCn[tok * N + n] = ac[j];
         }
     }
-    __syncthreads();
     for (int h = threadIdx.x; h < H; h += PREP_THREADS) {
         const size_t th = tok * H + h;
         const float d = dt[th], l = lam[th];
@@ -89,26 +132,7 @@ prep_bwd_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt,
         for (int h = 0; h < H; ++h) acc += gth[(tok * H + h) * S + a] * dt[tok * H + h];
         dp[OFF_ANG + a] = from_f32<act_t>(PI_F * (1.0f - stn[a] * stn[a]) * acc);
     }
-    for (int n = threadIdx.x; n < N; n += PREP_THREADS) {
-        const float wb = Bnw[n], wc = Cnw[n];
-        float ab = 0.0f, ac = 0.0f;
-        for (int g = 0; g < G; ++g) {
-            const float bv = to_f32(pr[OFF_B + g * N + n]);
-            const float cv = to_f32(pr[OFF_C + g * N + n]);
-            float gb = 0.0f, gc = 0.0f;
-            for (int hh = g * HPG; hh < (g + 1) * HPG; ++hh) {
-                gb += dkt[hh * N + n];
-                gc += dqt[hh * N + n];
-            }
-            const float rb = rB[g], rc = rC[g];
-            dp[OFF_B + g * N + n] = from_f32<act_t>(rb * wb * gb - rb * rb * rb * dotB[g] / (float)N * bv);
-            dp[OFF_C + g * N + n] = from_f32<act_t>(rc * wc * gc - rc * rc * rc * dotC[g] / (float)N * cv);
-            ab += gb * bv * rb;
-            ac += gc * cv * rc;
-        }
-        gBn[tok * N + n] = ab;
-        gCn[tok * N + n] = ac;
-    }
     for (int e = threadIdx.x; e < E; e += PREP_THREADS)
         dp[OFF_X + e] = from_f32<act_t>(dv[tok * E + e]);
 }
+
