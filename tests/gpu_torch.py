@@ -262,6 +262,26 @@ def _():
     return ok and states_equal(s1, s2)
 
 
+if model._lib.set_decode_tile is None:
+    skip("set_decode_tile: every tile gives the same bits", "Mamba-3 has no single-launch decode tile")
+else:
+    @test("set_decode_tile: tile 1 == the per-call tile (bit-identical); a bad tile raises")
+    def _():
+        TB = M.MAX_BATCH
+        x = torch.randn(TB, M.IN_DIM, device=dev)
+        s1 = random_state(TB)
+        s2 = s1.clone()
+        model.set_decode_tile(1)
+        try:
+            a = model.decode_step(x, s1)
+        finally:
+            model.set_decode_tile(0)
+        b = model.decode_step(x, s2)
+        torch.cuda.synchronize()
+        bad = raises(lambda: model.set_decode_tile(-1), RuntimeError, "out of range")
+        return torch.equal(a, b) and states_equal(s1, s2) and bad[0], bad[1]
+
+
 @test("decode graph with a reset mask == eager decode_step with it (bit-identical); mask checks")
 def _():
     s1 = random_state(RB)
