@@ -153,6 +153,8 @@ static char *tm_entry_json(const tm_manifest *m, const tm_opts *o, const tg_devi
                       c->verified ? "true" : "false", tm_num(n1, sizeof n1, c->err_g),
                       tm_num(n2, sizeof n2, c->err_s));
         tc_buf_json_str(&b, c->status ? c->status : "ok");
+        if (!m->m3 && c->channels > 0)   /* mamba1: lanes per channel (mg/tune.lua crossover) */
+            tc_buf_printf(&b, ", \"lanes\": %d", c->threads / c->channels);
         tc_buf_printf(&b, ", \"median_ms\": [");
         for (int s = 0; s < o->nseqlens * o->nbatches; s++)
             tc_buf_printf(&b, "%s%s", s ? ", " : "", c->timed[s] ? tm_num(n1, sizeof n1, c->ms[s]) : "null");

@@ -213,6 +213,21 @@ end
 --                       Measured on the H200 (bench, mamba1_rl): batch 1 x
 --                       256 steps is latency-bound sequentially
 --   d.scan_auto_blocks_per_sm  see scan_auto_min_len (2)
+--   d.scan_auto_tuned_len, d.scan_auto_chunk_batch, d.scan_auto_seq_batch
+--                       the measured crossover (mg/tune.lua crossover) of a
+--                       spec tuned with `chunk_size: auto`: a call of at
+--                       least scan_auto_tuned_len steps (the sweep's longest
+--                       seqlen) takes the chunked scan up to
+--                       scan_auto_chunk_batch streams (measured faster at
+--                       every batch up to there) and the sequential one from
+--                       scan_auto_seq_batch (measured faster there; 0: at no
+--                       measured batch); between the two, and for shorter
+--                       calls, the SM rule above. 0, 0, 0 without a tuned
+--                       crossover (the SM rule alone). Why: the rule's
+--                       threshold is a guess; the sweep measured, e.g.,
+--                       mamba1_rl at batch 64 x 256 steps on the H200 with
+--                       the chunked scan 17% faster than the sequential one
+--                       the rule picks there
 --   d.scan_mode_resolved "auto" when both scans exist and the call decides
 --   d.scan_chunk        chunk length Q (= d.chunk_size)
 --   d.scan_max_chunks   ceil(max_seq_len / Q)
@@ -283,6 +298,14 @@ function M.derive_inference(spec, d)
   d.scan_chunk = d.chunk_size
   d.scan_auto_min_len = 2 * d.scan_chunk
   d.scan_auto_blocks_per_sm = 2
+  local xo = d.tuned and d.tuned.source == "tuned" and d.tuned.crossover
+  if type(xo) == "table" and math.tointeger(xo.seqlen) and xo.seqlen >= 1 then
+    d.scan_auto_tuned_len = xo.seqlen
+    d.scan_auto_chunk_batch = math.tointeger(xo.chunk_max_batch) or 0
+    d.scan_auto_seq_batch = math.tointeger(xo.seq_min_batch) or 0
+  else
+    d.scan_auto_tuned_len, d.scan_auto_chunk_batch, d.scan_auto_seq_batch = 0, 0, 0
+  end
   d.scan_emit_sequential = true
   d.scan_emit_chunked, d.scan_mode_id = derive.scan_choice(spec.scan.mode, d.max_seq_len, d.scan_auto_min_len)
   if d.scan_mode_id == 2 then d.scan_mode_resolved = "auto" end

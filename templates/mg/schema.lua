@@ -137,7 +137,7 @@ M.keys = {
     doc = "selective scan options",
     keys = {
       { key = "mode", type = "enum", default = "auto", values = { "sequential", "chunked", "auto" },
-        doc = "sequential (one pass over time), chunked (parallel over chunks), or auto: mamba1 picks per call (chunked from 2 chunks when batch x scan blocks is under 2 per SM, else sequential); mamba3_siso is sequential when max_seq_len <= 256, else chunked from max(257, 4 chunks) steps" },
+        doc = "sequential (one pass over time), chunked (parallel over chunks), or auto: mamba1 picks per call (chunked from 2 chunks when batch x scan blocks is under 2 per SM, else sequential; with chunk_size: auto and a tuned cache entry, the crossover mamba-gen tune measured decides at the batches it measured); mamba3_siso is sequential when max_seq_len <= 256, else chunked from max(257, 4 chunks) steps" },
       { key = "chunk_size", type = "int", auto = true, default = 64, values = { 16, 32, 64, 128, 256 },
         doc = "timesteps per chunk of the chunked scan: 16, 32, 64, 128, 256, or auto (autotune cache; 64 until tuned)" },
     } },

@@ -517,6 +517,54 @@ local function plain(node)
 end
 M.plain = plain
 
+-- The measured crossover of the Mamba-1 scans, from a cache entry `v` (plain
+-- tables, as mamba-tune writes it): at the longest measured seqlen L, the
+-- best chunked candidate (v.best: chunk size, block, lanes) against the
+-- sequential scan of the same block (the library runs both with that block
+-- and those lanes), per measured batch in ascending order.
+-- -> { seqlen = L, chunk_max_batch = CW, seq_min_batch = SW }: CW the
+-- largest batch up to which the chunked scan was faster at every measured
+-- batch (0: not even at the smallest), SW the smallest batch at which the
+-- sequential one was (nil: at none). nil when the entry has no such pair
+-- (no sequential baseline, not both timed at L, a Mamba-3 entry).
+function M.crossover(v)
+  if type(v) ~= "table" or type(v.best) ~= "table" or type(v.shapes) ~= "table" or type(v.results) ~= "table" then
+    return nil
+  end
+  local function num(x) return math.tointeger(tonumber(x)) end
+  local chunk, threads, lanes = num(v.best.chunk_size), num(v.best.scan_threads), num(v.best.scan_lanes)
+  if not chunk or not threads or not lanes then return nil end   -- Mamba-3 entries name no lanes
+  local cr, sr
+  for _, r in ipairs(v.results) do
+    if type(r) == "table" and (r.verified == true or r.verified == "true") and num(r.scan_threads) == threads
+       and (r.lanes == nil or num(r.lanes) == lanes) and type(r.median_ms) == "table" then
+      if r.mode == "chunked" and num(r.chunk_size) == chunk and not cr then cr = r end
+      if r.mode == "sequential" and not sr then sr = r end
+    end
+  end
+  if not cr or not sr then return nil end
+  local L = 0
+  for _, sh in ipairs(v.shapes) do
+    local s = type(sh) == "table" and num(sh.seqlen)
+    if s and s > L then L = s end
+  end
+  local rows = {}
+  for i, sh in ipairs(v.shapes) do
+    local b, s = type(sh) == "table" and num(sh.batch), type(sh) == "table" and num(sh.seqlen)
+    local tc, ts = tonumber(cr.median_ms[i]), tonumber(sr.median_ms[i])
+    if b and s == L and tc and ts then rows[#rows + 1] = { b = b, chunk_wins = tc < ts } end
+  end
+  if #rows == 0 then return nil end
+  table.sort(rows, function(x, y) return x.b < y.b end)
+  local cw, sw = 0, nil
+  for _, r in ipairs(rows) do
+    if sw == nil then
+      if r.chunk_wins then cw = r.b else sw = r.b end
+    end
+  end
+  return { seqlen = L, chunk_max_batch = cw, seq_min_batch = sw }
+end
+
 local function valid_chunk(v)
   v = math.tointeger(tonumber(v))
   for _, c in ipairs(M.CHUNKS) do if c == v then return v end end
@@ -524,7 +572,7 @@ local function valid_chunk(v)
 end
 
 -- -> tuned = { chunk_size =, scan_threads = (or nil), scan_lanes = (mamba1,
--- or nil), source = "tuned" |
+-- or nil), crossover = (M.crossover of the entry, or nil), source = "tuned" |
 -- "default", note = "message for stderr" }, or nil when nothing is auto.
 function M.resolve(spec, args)
   if spec.scan.chunk_size ~= "auto" then return nil end
@@ -573,7 +621,7 @@ function M.resolve(spec, args)
   local lanes = math.tointeger(tonumber(v.best.scan_lanes))   -- mamba1 entries since lanes are swept
   return {
     chunk_size = chunk, scan_threads = threads, scan_lanes = lanes, source = "tuned", file = best_path,
-    sms = sms,
+    sms = sms, crossover = M.crossover(v),
     note = string.format("scan.chunk_size: auto -> %d (tuned on %s, %s, %s)%s", chunk, t.gpu,
       tostring(v.created or "?"), best_path, sms_note),
   }

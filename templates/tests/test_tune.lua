@@ -184,4 +184,42 @@ mg.tune_cache = host_cache
 local d142 = derive.derive(sa, { tuned = r142 })
 is(d142.sms .. "/" .. d142.sms_source, "142/gpu", "resolve's SM count is derive's d.sms")
 
+-- crossover: the best chunked candidate against the sequential scan of the
+-- same block and lanes, at the longest measured seqlen, batches ascending
+local function entry(rows, shapes, best)
+  return { best = best or { chunk_size = 32, scan_threads = 128, scan_lanes = 4 },
+           shapes = shapes or { { batch = 1, seqlen = 256 }, { batch = 16, seqlen = 256 }, { batch = 64, seqlen = 256 },
+                                { batch = 64, seqlen = 64 } },
+           results = rows }
+end
+local function row(mode, ms, o)
+  o = o or {}
+  return { mode = mode, chunk_size = o.chunk or (mode == "chunked" and 32 or 0), scan_threads = o.threads or 128,
+           lanes = o.lanes or 4, verified = o.verified == nil and true or o.verified, median_ms = ms }
+end
+local xo = tune.crossover(entry({ row("chunked", { 1, 1, 1, 9 }), row("sequential", { 2, 2, 0.5, 1 }) }))
+is(xo.seqlen .. "/" .. xo.chunk_max_batch .. "/" .. tostring(xo.seq_min_batch), "256/16/64",
+  "crossover: chunked wins at 1 and 16, sequential at 64 (at 256 steps; the 64-step shape is not read)")
+xo = tune.crossover(entry({ row("chunked", { 1, 3, 1, 9 }), row("sequential", { 2, 2, 2, 1 }) }))
+is(xo.chunk_max_batch .. "/" .. tostring(xo.seq_min_batch), "1/16",
+  "crossover: the chunked bound stops at the first batch the sequential scan wins")
+xo = tune.crossover(entry({ row("chunked", { 1, 1, 1, 9 }),
+                            row("sequential", { 0.1, 0.1, 0.1, 0.1 }, { lanes = 8 }),
+                            row("sequential", { 0.1, 0.1, 0.1, 0.1 }, { verified = false }),
+                            row("sequential", { 2, 2, 2, 2 }) }))
+is(xo.chunk_max_batch .. "/" .. tostring(xo.seq_min_batch), "64/nil",
+  "crossover: sequential rows of other lanes and unverified ones are not the baseline")
+is(tune.crossover(entry({ row("chunked", { 1, 1, 1, 1 }) })), nil, "crossover: no sequential baseline -> nil")
+is(tune.crossover(entry({ row("chunked", { 1, 1, 1, 1 }), row("sequential", { 2, 2, 2, 2 }) },
+  nil, { chunk_size = 32, scan_threads = 128 })), nil, "crossover: an entry without scan_lanes (Mamba-3) -> nil")
+is(tune.crossover({ best = {} }), nil, "crossover: a malformed entry -> nil")
+local dxo = derive.derive(sa, { tuned = { chunk_size = 64, source = "tuned", scan_threads = 128,
+  crossover = { seqlen = 4096, chunk_max_batch = 2, seq_min_batch = 8 } } })
+is(dxo.scan_auto_tuned_len .. "/" .. dxo.scan_auto_chunk_batch .. "/" .. dxo.scan_auto_seq_batch, "4096/2/8",
+  "derive: a tuned crossover's bounds")
+local dno = derive.derive(sa, { tuned = { chunk_size = 64, source = "default",
+  crossover = { seqlen = 4096, chunk_max_batch = 2, seq_min_batch = 8 } } })
+is(dno.scan_auto_tuned_len .. "/" .. dno.scan_auto_chunk_batch .. "/" .. dno.scan_auto_seq_batch, "0/0/0",
+  "derive: no crossover unless the entry was tuned")
+
 return T.done()

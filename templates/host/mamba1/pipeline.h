@@ -175,7 +175,10 @@ static int decode_tile_for(const model_model *m, int batch)
  * from SCAN_AUTO_MIN_LEN steps when the sequential one would run fewer
  * than SCAN_AUTO_BLOCKS_PER_SM blocks per SM (it walks the sequence one
  * step after another per block: fast only with enough blocks side by
- * side). */
+ * side); for a spec tuned with chunk_size: auto, what the sweep measured
+ * overrides that at the batches it measured (SCAN_AUTO_TUNED_LEN steps and
+ * more: chunked up to SCAN_AUTO_CHUNK_BATCH streams, sequential from
+ * SCAN_AUTO_SEQ_BATCH). */
 static int use_chunked(const model_model *m, int batch, int seqlen)
 {
     if (m->scan_choice == MODEL_SCAN_SEQUENTIAL) return 0;
@@ -184,7 +187,14 @@ static int use_chunked(const model_model *m, int batch, int seqlen)
     (void)batch;
     return seqlen > SCAN_CHUNK;    /* one chunk: the sequential kernel computes the same */
 #else
-    return seqlen >= SCAN_AUTO_MIN_LEN && (long)batch * SCAN_BLOCKS < (long)SCAN_AUTO_BLOCKS_PER_SM * m->sms;
+    if (seqlen < SCAN_AUTO_MIN_LEN) return 0;
+#if SCAN_AUTO_TUNED_LEN > 0
+    if (seqlen >= SCAN_AUTO_TUNED_LEN) {
+        if (batch <= SCAN_AUTO_CHUNK_BATCH) return 1;
+        if (SCAN_AUTO_SEQ_BATCH > 0 && batch >= SCAN_AUTO_SEQ_BATCH) return 0;
+    }
+#endif
+    return (long)batch * SCAN_BLOCKS < (long)SCAN_AUTO_BLOCKS_PER_SM * m->sms;
 #endif
 }
 #endif
