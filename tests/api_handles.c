@@ -42,6 +42,9 @@ int main(void)
     expect_dead(model_prefill_packed(fm, 1, cu, dummy, dummy, NULL, NULL), "prefill_packed(forged model)");
     expect_dead(model_prefill_packed(NULL, 1, cu, dummy, dummy, NULL, NULL), "prefill_packed(NULL)");
     expect_dead(model_prefill_packed_from(fm, 1, cu, dummy, dummy, dummy, dummy), "prefill_packed_from(forged model)");
+    expect_dead(model_set_decode_fused(fm, 1), "set_decode_fused(forged model)");
+    expect_dead(model_set_decode_tile(fm, 0), "set_decode_tile(forged model)");
+    expect_dead(model_set_decode_tile(NULL, 0), "set_decode_tile(NULL)");
 #else                 /* Mamba-3: ssm, k_prev, v_prev, angle */
     expect_dead(model_prefill(fm, 1, 1, dummy, dummy, NULL, NULL, NULL, NULL), "prefill(forged model)");
     expect_dead(model_decode_step(fm, 1, dummy, dummy, dummy, dummy, dummy, dummy), "decode_step(forged model)");
