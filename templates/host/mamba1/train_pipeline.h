@@ -375,9 +375,8 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
                                        ckpt, t->dy, t->dxc, t->ddt, t->part_bc, t->part_A, t->part_D, t->part_dtb,
                                        t->span_p, t->span_ds, dss_l, start, st));
         /* partials [sequence][span]: summed in that order */
-        MG_CUDA(model_launch_reduce_parts(t->part_A, nparts, E * D_STATE, (int)(E * D_STATE), gl + L0_A_LOG, st));
-        MG_CUDA(model_launch_reduce_parts(t->part_D, nparts, E, (int)E, gl + L0_D, st));
-        MG_CUDA(model_launch_reduce_parts(t->part_dtb, nparts, E, (int)E, gl + L0_DT_PROJ_B, st));
+        MG_CUDA(model_launch_scan_param_sums(nparts, t->part_A, t->part_D, t->part_dtb, gl + L0_A_LOG, gl + L0_D,
+                                             gl + L0_DT_PROJ_B, st));
         MG_CUDA(model_launch_bc_reduce(tokens, t->part_bc, t->ddbl, st));
         /* dt_proj (input: dbl[:, :R]), then x_proj */
         CHECK(mg_linear_dw(t->blas, tokens, D_INNER, DT_RANK, ACT, t->ddt, D_INNER, dbl, XP_DIM,

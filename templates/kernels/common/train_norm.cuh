@@ -105,32 +105,58 @@ rmsnorm_bwd_kernel(int rows, const float *__restrict__ h, const float *__restric
     }
 }
 
-// out[i] = sum_{p < nparts} part[p * pstride + i], p in order (the last
-// stage of every per-parameter reduction: sum_parts below).
-__global__ void __launch_bounds__(RED_THREADS)
-reduce_parts_kernel(const float *__restrict__ part, int nparts, size_t pstride, int n,
-                    float *__restrict__ out)
+// Up to RED_MAX_SEGS sums of partial rows in one launch per stage
+// (sum_parts below): segment k sums column i < n[k] of part[k] (pstride[k]
+// floats a row) into out[k][i]; the flattened column c of the grid is
+// segment k's column c - start[k]. One segment is a plain sum. Why several:
+// the Mamba-1 backward sums A_log, D and dt_bias (and the conv weight and
+// bias) over the same rows, and at short windows each launch costs more
+// than its work.
+constexpr int RED_MAX_SEGS = 4;
+struct red_segs {
+    float *part[RED_MAX_SEGS];
+    float *out[RED_MAX_SEGS];
+    size_t pstride[RED_MAX_SEGS];
+    int start[RED_MAX_SEGS + 1];   // start[nseg]: columns in all
+    int nseg;
+};
+__device__ __forceinline__ int red_seg_of(const red_segs &s, int c)
 {
-    const int i = blockIdx.x * RED_THREADS + threadIdx.x;
-    if (i >= n) return;
-    float acc = 0.0f;
-    for (int p = 0; p < nparts; ++p) acc += part[(size_t)p * pstride + i];
-    out[i] = acc;
+    int k = 0;
+    while (k + 1 < s.nseg && c >= s.start[k + 1]) ++k;
+    return k;
 }
 
-// First stage of a long sum of partials, part [nparts] rows of pstride
-// floats (n summed per row), in place: the row starting each group of G
-// consecutive rows becomes the group's sum, in row order (column i of group
-// g is read and written by one thread only). Loads are issued together
-// (unrolled), then added in order. Grid (ngroups, ceil(n / RED_THREADS)).
+// out[i] = sum_{p < nparts} part[p * pstride + i], p in order (the last
+// stage of every per-parameter reduction: sum_parts below), pstride scaled
+// by gmul (the first stage's group size, or 1).
+__global__ void __launch_bounds__(RED_THREADS)
+reduce_parts_kernel(const red_segs s, int nparts, int gmul)
+{
+    const int c = blockIdx.x * RED_THREADS + threadIdx.x;
+    if (c >= s.start[s.nseg]) return;
+    const int k = red_seg_of(s, c), i = c - s.start[k];
+    const float *__restrict__ part = s.part[k];
+    const size_t pstride = s.pstride[k] * gmul;
+    float acc = 0.0f;
+    for (int p = 0; p < nparts; ++p) acc += part[(size_t)p * pstride + i];
+    s.out[k][i] = acc;
+}
+
+// First stage of a long sum of partials, in place: the row starting each
+// group of G consecutive rows becomes the group's sum, in row order (column
+// i of group g is read and written by one thread only). Loads are issued
+// together (unrolled), then added in order. Grid (ngroups, columns).
 template <int G>
 __global__ void __launch_bounds__(RED_THREADS)
-reduce_groups_kernel(float *part, int nparts, size_t pstride, int n)
+reduce_groups_kernel(const red_segs s, int nparts)
 {
-    const int i = blockIdx.y * RED_THREADS + threadIdx.x;
-    if (i >= n) return;
+    const int c = blockIdx.y * RED_THREADS + threadIdx.x;
+    if (c >= s.start[s.nseg]) return;
+    const int k = red_seg_of(s, c), i = c - s.start[k];
+    const size_t pstride = s.pstride[k];
     const int p0 = blockIdx.x * G;
-    float *pp = part + (size_t)p0 * pstride + i;
+    float *pp = s.part[k] + (size_t)p0 * pstride + i;
     float v[G];
 #pragma unroll
     for (int q = 0; q < G; ++q) v[q] = p0 + q < nparts ? pp[q * pstride] : 0.0f;
@@ -145,26 +171,49 @@ reduce_groups_kernel(float *part, int nparts, size_t pstride, int n)
 // reductions (the Mamba-1 conv gradients use CONV_PART_GROUP).
 constexpr int RED_PART_GROUP = 32;
 
-// out[i] = sum of column i over the nparts rows of part (scratch: with more
-// than G rows it is overwritten), in a fixed order: groups of G rows in row
-// order (reduce_groups_kernel), then the groups in order (reduce_parts_kernel).
-// Why two stages: one thread walking hundreds of rows waits on its loads
-// batch after batch (a single block took 14 us per call, 18 calls a step, in
-// the Mamba-1 RL training step on the H200: the norm weights' 1024 row
-// partials, the scan's per-sequence sums); the groups put ngroups times the
-// threads on the loads. Deterministic: no atomics, the same order every run.
+// The segments' sums over nparts rows (the parts are scratch: with more
+// than G rows they are overwritten), in a fixed order: groups of G rows in
+// row order (reduce_groups_kernel), then the groups in order
+// (reduce_parts_kernel). Why two stages: one thread walking hundreds of rows
+// waits on its loads batch after batch (a single block took 14 us per call,
+// 18 calls a step, in the Mamba-1 RL training step on the H200: the norm
+// weights' 1024 row partials, the scan's per-sequence sums); the groups put
+// ngroups times the threads on the loads. Deterministic: no atomics, the
+// same order every run, and a column's bits do not depend on the segments
+// launched with it.
 template <int G>
-static cudaError_t sum_parts(float *part, int nparts, size_t pstride, int n, float *out, cudaStream_t st)
+static cudaError_t sum_parts_segs(const red_segs &s, int nparts, cudaStream_t st)
 {
-    const unsigned cols = (unsigned)((n + RED_THREADS - 1) / RED_THREADS);
+    const unsigned cols = (unsigned)((s.start[s.nseg] + RED_THREADS - 1) / RED_THREADS);
+    int gmul = 1;
     if (nparts > G) {
         const int ngroups = (nparts + G - 1) / G;
-        reduce_groups_kernel<G><<<dim3(ngroups, cols), RED_THREADS, 0, st>>>(part, nparts, pstride, n);
+        reduce_groups_kernel<G><<<dim3(ngroups, cols), RED_THREADS, 0, st>>>(s, nparts);
         const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
         nparts = ngroups;
-        pstride *= G;
+        gmul = G;
     }
-    reduce_parts_kernel<<<cols, RED_THREADS, 0, st>>>(part, nparts, pstride, n, out);
+    reduce_parts_kernel<<<cols, RED_THREADS, 0, st>>>(s, nparts, gmul);
     return cudaGetLastError();
+}
+
+// Segment nseg of s: part (pstride floats a row, n columns) summed into out.
+static void red_segs_add(red_segs &s, float *part, size_t pstride, int n, float *out)
+{
+    if (s.nseg == 0) s.start[0] = 0;
+    s.part[s.nseg] = part;
+    s.out[s.nseg] = out;
+    s.pstride[s.nseg] = pstride;
+    s.start[s.nseg + 1] = s.start[s.nseg] + n;
+    ++s.nseg;
+}
+
+// One sum (the single-segment form of sum_parts_segs).
+template <int G>
+static cudaError_t sum_parts(float *part, int nparts, size_t pstride, int n, float *out, cudaStream_t st)
+{
+    red_segs s = {};
+    red_segs_add(s, part, pstride, n, out);
+    return sum_parts_segs<G>(s, nparts, st);
 }

@@ -153,13 +153,6 @@ extern "C" cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, vo
     return cudaGetLastError();
 }
 
-// The conv backward's partials summed in row order: groups of
-// CONV_PART_GROUP rows first (in place), then the groups (sum_parts of
-// mg_train_norm.cuh); one stage when there is one group.
-static cudaError_t conv_sum_parts(float *part, int nparts, size_t pstride, int n, float *out, cudaStream_t st)
-{
-    return sum_parts<CONV_PART_GROUP>(part, nparts, pstride, n, out, st);
-}
 
 extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,
                                       const float *cb, const float *cs0, const float *dxc, void *dxz,
@@ -178,9 +171,26 @@ extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz
             part_w, part_b, nullptr);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    e = conv_sum_parts(part_w, batch * ntiles, (size_t)E * K, E * K, gw, st);
-    if (e != cudaSuccess) return e;
-    return conv_sum_parts(part_b, batch * ntiles, E, E, gb, st);
+    // the weight's and the bias's partials [sequence x tile] summed in that
+    // order, in groups of CONV_PART_GROUP rows, both in one launch per stage
+    red_segs s = {};
+    red_segs_add(s, part_w, (size_t)E * K, E * K, gw);
+    red_segs_add(s, part_b, E, E, gb);
+    return sum_parts_segs<CONV_PART_GROUP>(s, batch * ntiles, st);
+}
+
+// The scan backward's parameter sums: d A_log [E][N], d D [E] and
+// d dt_proj.bias [E] from their nparts partial rows [sequence][span] (in
+// that order), one launch per stage for the three (sum_parts_segs: each
+// column's sum as a sum of its own would be).
+extern "C" cudaError_t MG_LAUNCH(scan_param_sums)(int nparts, float *part_A, float *part_D, float *part_dtb,
+                                              float *gA, float *gD, float *gdtb, cudaStream_t st)
+{
+    red_segs s = {};
+    red_segs_add(s, part_A, (size_t)E * N, E * N, gA);
+    red_segs_add(s, part_D, E, E, gD);
+    red_segs_add(s, part_dtb, E, E, gdtb);
+    return sum_parts_segs<RED_PART_GROUP>(s, nparts, st);
 }
 
 extern "C" cudaError_t MG_LAUNCH(adamw)(float *w, const float *g, float *m, float *v, const float *stat,

@@ -31,6 +31,10 @@ cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w, con
                                const float *dy, const float *dscale, int accumulate, float *dh,
                                void *dh_act, float *part, cudaStream_t st);
 cudaError_t MG_LAUNCH(colsum_part)(int rows, const float *x, float *part, cudaStream_t st);
+/* d A_log, d D, d dt_proj.bias = the sums of the scan backward's nparts
+ * partial rows part_A [.][E][N], part_D, part_dtb [.][E] (scratch). */
+cudaError_t MG_LAUNCH(scan_param_sums)(int nparts, float *part_A, float *part_D, float *part_dtb,
+                                       float *gA, float *gD, float *gdtb, cudaStream_t st);
 /* out[i] = sum over the nparts rows of part (stride pstride), fixed order;
  * part is scratch (overwritten when nparts > RED_PART_GROUP). */
 cudaError_t MG_LAUNCH(reduce_parts)(float *part, int nparts, size_t pstride, int n,
