@@ -212,7 +212,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
         for (int r = 0; r < 4; ++r)
             Gs[(p0s + g + 8 * (r >> 1)) * CKB_LDN + n0s + 8 * j + cc + (r & 1)] = from_f32<op_t>(0.0f);
     }
-    float gD = 0.0f;   // sum_t dy_t . v_t (thread 0)
+    float gD = 0.0f;   // sum_t dy_t . v_t (thread 0; the chunks' sums, last chunk first)
     // Pending d dt / d lam of the first token of the chunk walked last
     // (thread 0): its shifted-term gradient comes from this chunk's last token.
     float pend_ddt = 0.0f, pend_dlam = 0.0f;
@@ -567,6 +567,13 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                     s_misc[2] = dl;
                 }
             }
+            // sum_t dy_t . v_t of the chunk (D's gradient): the lanes over
+            // the tokens in order, then a butterfly; one serial walk over the
+            // chunk's tokens on warp 0 held up the next chunk
+            float cy = 0.0f;
+            for (int t = lane; t < len; t += 32) cy += s_yvp[t * CKB_YVP];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) cy += __shfl_xor_sync(FULL_MASK, cy, o);
             if (lane == 0) {
                 // the chunk walked before this one: its first token's shifted
                 // term belongs to this chunk's last token (a full chunk)
@@ -585,7 +592,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                 pend_ddt = s_misc[1];
                 pend_dlam = s_misc[2];
                 if constexpr (STARTS) pend_start = s_adt[0] == 0.0f;   // lst_0 = 0: this chunk starts with one
-                for (int t = 0; t < len; ++t) gD += s_yvp[t * CKB_YVP];
+                gD += cy;
             }
         }
         // ---- F: G <- exp(cs_end) G + (E dY)^T Q, staged for the next chunk ----
