@@ -343,8 +343,14 @@ function M.default_shapes(d)
     if t >= 16 and not seen[t] then seen[t] = true; seqlens[#seqlens + 1] = t end
   end
   if #seqlens == 0 then seqlens[1] = T end
+  -- batch 1, max_batch, and the power of two nearest their geometric mean
+  -- between them: the scan crossover (M.crossover) needs a batch between
+  -- the latency-bound and the full case to be worth more than the SM rule
   local batches = { 1 }
-  if d.max_batch > 1 then batches[2] = d.max_batch end
+  local mid = 1
+  while mid * mid * 2 < d.max_batch do mid = mid * 2 end
+  if mid > 1 and mid < d.max_batch then batches[#batches + 1] = mid end
+  if d.max_batch > 1 then batches[#batches + 1] = d.max_batch end
   return seqlens, batches
 end
 

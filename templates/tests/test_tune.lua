@@ -222,4 +222,15 @@ local dno = derive.derive(sa, { tuned = { chunk_size = 64, source = "default",
 is(dno.scan_auto_tuned_len .. "/" .. dno.scan_auto_chunk_batch .. "/" .. dno.scan_auto_seq_batch, "0/0/0",
   "derive: no crossover unless the entry was tuned")
 
+-- default shapes: batch 1, a power of two near sqrt(max_batch), max_batch
+local function batches_of(mb)
+  local _, b = tune.default_shapes({ max_seq_len = 256, max_batch = mb })
+  return table.concat(b, ",")
+end
+is(batches_of(1), "1", "default batches: max_batch 1 -> 1")
+is(batches_of(2), "1,2", "default batches: max_batch 2 -> 1, 2")
+is(batches_of(8), "1,2,8", "default batches: max_batch 8 -> 1, 2, 8")
+is(batches_of(64), "1,8,64", "default batches: max_batch 64 -> 1, 8, 64")
+is(batches_of(1024), "1,32,1024", "default batches: max_batch 1024 -> 1, 32, 1024")
+
 return T.done()
