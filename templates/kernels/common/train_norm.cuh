@@ -56,18 +56,34 @@ rmsnorm_bwd_kernel(int rows, const float *__restrict__ h, const float *__restric
     }
     const int r0 = blockIdx.x * NORMB_ROWS;
     const int nr = min(NORMB_ROWS, rows - r0);
-    for (int rr = 0; rr < nr; ++rr) {
+    // The next row's h, dy and r are loaded before this row's arithmetic
+    // and barrier, so a block walking its rows waits on memory once rather
+    // than once per row (the values and the arithmetic are unchanged).
+    float4 hn[NORM_ITERS], gn[NORM_ITERS];
+    float rn = 0.0f;
+    const auto load_row = [&](int rr) {
         const size_t row = (size_t)(r0 + rr);
         const float4 *hr = reinterpret_cast<const float4 *>(h + row * D);
         const float4 *dr = reinterpret_cast<const float4 *>(dy + row * D);
-        const float r = rstd[row];
-        float4 hv[NORM_ITERS], gv[NORM_ITERS];
-        float dot = 0.0f;
+        rn = rstd[row];
 #pragma unroll
         for (int i = 0; i < NORM_ITERS; ++i) {
             const int c = threadIdx.x + i * NORM_THREADS;
-            hv[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            gv[i] = (c < NORM_VECS) ? dr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            hn[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            gn[i] = (c < NORM_VECS) ? dr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    if (nr > 0) load_row(0);
+    for (int rr = 0; rr < nr; ++rr) {
+        const size_t row = (size_t)(r0 + rr);
+        const float r = rn;
+        float4 hv[NORM_ITERS], gv[NORM_ITERS];
+#pragma unroll
+        for (int i = 0; i < NORM_ITERS; ++i) { hv[i] = hn[i]; gv[i] = gn[i]; }
+        if (rr + 1 < nr) load_row(rr + 1);
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NORM_ITERS; ++i) {
             gv[i].x *= ds; gv[i].y *= ds; gv[i].z *= ds; gv[i].w *= ds;
             dot += gv[i].x * wv[i].x * hv[i].x + gv[i].y * wv[i].y * hv[i].y +
                    gv[i].z * wv[i].z * hv[i].z + gv[i].w * wv[i].w * hv[i].w;
