@@ -133,14 +133,27 @@ struct red_segs {
     float *part[RED_MAX_SEGS];
     float *out[RED_MAX_SEGS];
     size_t pstride[RED_MAX_SEGS];
-    int start[RED_MAX_SEGS + 1];   // start[nseg]: columns in all
+    int start[RED_MAX_SEGS];   // first flattened column of each segment
+    int ncols;                 // columns in all
     int nseg;
 };
-__device__ __forceinline__ int red_seg_of(const red_segs &s, int c)
+// The segment of flattened column c: its part, row stride and output, and
+// c's column i within it. Selected with constant indices (an unrolled walk)
+// so that the parameter struct is read in place, not copied to local
+// memory for a runtime index.
+struct red_seg {
+    float *part;
+    float *out;
+    size_t pstride;
+    int i;
+};
+__device__ __forceinline__ red_seg red_seg_of(const red_segs s, int c)
 {
-    int k = 0;
-    while (k + 1 < s.nseg && c >= s.start[k + 1]) ++k;
-    return k;
+    red_seg r = { s.part[0], s.out[0], s.pstride[0], c - s.start[0] };
+#pragma unroll
+    for (int k = 1; k < RED_MAX_SEGS; ++k)
+        if (k < s.nseg && c >= s.start[k]) r = { s.part[k], s.out[k], s.pstride[k], c - s.start[k] };
+    return r;
 }
 
 // out[i] = sum_{p < nparts} part[p * pstride + i], p in order (the last
@@ -150,13 +163,13 @@ __global__ void __launch_bounds__(RED_THREADS)
 reduce_parts_kernel(const red_segs s, int nparts, int gmul)
 {
     const int c = blockIdx.x * RED_THREADS + threadIdx.x;
-    if (c >= s.start[s.nseg]) return;
-    const int k = red_seg_of(s, c), i = c - s.start[k];
-    const float *__restrict__ part = s.part[k];
-    const size_t pstride = s.pstride[k] * gmul;
+    if (c >= s.ncols) return;
+    const red_seg g = red_seg_of(s, c);
+    const float *__restrict__ part = g.part;
+    const size_t pstride = g.pstride * gmul;
     float acc = 0.0f;
-    for (int p = 0; p < nparts; ++p) acc += part[(size_t)p * pstride + i];
-    s.out[k][i] = acc;
+    for (int p = 0; p < nparts; ++p) acc += part[(size_t)p * pstride + g.i];
+    g.out[g.i] = acc;
 }
 
 // First stage of a long sum of partials, in place: the row starting each
@@ -168,11 +181,11 @@ __global__ void __launch_bounds__(RED_THREADS)
 reduce_groups_kernel(const red_segs s, int nparts)
 {
     const int c = blockIdx.y * RED_THREADS + threadIdx.x;
-    if (c >= s.start[s.nseg]) return;
-    const int k = red_seg_of(s, c), i = c - s.start[k];
-    const size_t pstride = s.pstride[k];
+    if (c >= s.ncols) return;
+    const red_seg g = red_seg_of(s, c);
+    const size_t pstride = g.pstride;
     const int p0 = blockIdx.x * G;
-    float *pp = s.part[k] + (size_t)p0 * pstride + i;
+    float *pp = g.part + (size_t)p0 * pstride + g.i;
     float v[G];
 #pragma unroll
     for (int q = 0; q < G; ++q) v[q] = p0 + q < nparts ? pp[q * pstride] : 0.0f;
@@ -200,7 +213,7 @@ constexpr int RED_PART_GROUP = 32;
 template <int G>
 static cudaError_t sum_parts_segs(const red_segs &s, int nparts, cudaStream_t st)
 {
-    const unsigned cols = (unsigned)((s.start[s.nseg] + RED_THREADS - 1) / RED_THREADS);
+    const unsigned cols = (unsigned)((s.ncols + RED_THREADS - 1) / RED_THREADS);
     int gmul = 1;
     if (nparts > G) {
         const int ngroups = (nparts + G - 1) / G;
@@ -217,11 +230,12 @@ static cudaError_t sum_parts_segs(const red_segs &s, int nparts, cudaStream_t st
 // Segment nseg of s: part (pstride floats a row, n columns) summed into out.
 static void red_segs_add(red_segs &s, float *part, size_t pstride, int n, float *out)
 {
-    if (s.nseg == 0) s.start[0] = 0;
+    if (s.nseg == 0) s.ncols = 0;
     s.part[s.nseg] = part;
     s.out[s.nseg] = out;
     s.pstride[s.nseg] = pstride;
-    s.start[s.nseg + 1] = s.start[s.nseg] + n;
+    s.start[s.nseg] = s.ncols;
+    s.ncols += n;
     ++s.nseg;
 }
 
