@@ -227,10 +227,8 @@ local function batches_of(mb)
   local _, b = tune.default_shapes({ max_seq_len = 256, max_batch = mb })
   return table.concat(b, ",")
 end
-is(batches_of(1), "1", "default batches: max_batch 1 -> 1")
-is(batches_of(2), "1,2", "default batches: max_batch 2 -> 1, 2")
-is(batches_of(8), "1,2,8", "default batches: max_batch 8 -> 1, 2, 8")
-is(batches_of(64), "1,8,64", "default batches: max_batch 64 -> 1, 8, 64")
-is(batches_of(1024), "1,32,1024", "default batches: max_batch 1024 -> 1, 32, 1024")
+for _, c in ipairs({ { 1, "1" }, { 2, "1,2" }, { 8, "1,2,8" }, { 64, "1,8,64" }, { 1024, "1,32,1024" } }) do
+  is(batches_of(c[1]), c[2], string.format("default batches: max_batch %d -> %s", c[1], c[2]))
+end
 
 return T.done()
