@@ -158,6 +158,29 @@ void mg_tap_randn(float *x, size_t n, uint64_t seed, float std)
     mg_rng_fill_normal(&r, x, n, 0.0f, std);
 }
 
+void mg_tap_states(int nst, const size_t *n, uint64_t seed, float std, int ref_copy, float **ds, float **hs,
+                   double **rs)
+{
+    for (int i = 0; i < nst; ++i) {
+        ds[i] = mg_tap_dalloc(n[i]);
+        hs[i] = (float *)mg_tap_malloc(n[i] * sizeof(float));
+        rs[i] = (double *)mg_tap_calloc(n[i] * sizeof(double));
+        mg_tap_randn(hs[i], n[i], seed + (uint64_t)i, std);
+        if (ref_copy)
+            for (size_t j = 0; j < n[i]; ++j) rs[i][j] = hs[i][j];
+        mg_tap_up(ds[i], hs[i], n[i]);
+    }
+}
+
+void mg_tap_states_free(int nst, float **ds, float **hs, double **rs)
+{
+    for (int i = 0; i < nst; ++i) {
+        mg_dev_free(ds[i]);
+        free(hs[i]);
+        free(rs[i]);
+    }
+}
+
 void mg_tap_start_mask(unsigned char *m, int batch, int T, int pattern, int edge_a, int edge_b)
 {
     if (batch < 1 || T < 1) return;

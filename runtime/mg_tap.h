@@ -70,6 +70,14 @@ void *mg_tap_malloc(size_t bytes);
 void *mg_tap_calloc(size_t bytes);
 /* x[0..n) ~ N(0, std^2) from mg_rng seeded with seed. */
 void mg_tap_randn(float *x, size_t n, uint64_t seed, float std);
+/* Initial states of the tests that pass states in: for each of the nst
+ * states (n[i] floats) hs[i] on the host ~ N(0, std^2) (seed + i), ds[i]
+ * its device copy, and rs[i] the f64 reference's initial state: hs[i]
+ * (ref_copy 1) or zeros (0: a call that must ignore the states given).
+ * Bail out on error; mg_tap_states_free frees the three arrays. */
+void mg_tap_states(int nst, const size_t *n, uint64_t seed, float std, int ref_copy, float **ds, float **hs,
+                   double **rs);
+void mg_tap_states_free(int nst, float **ds, float **hs, double **rs);
 /* An episode-start mask m [batch][T] (doc/math.md §9) of a test pattern;
  * set bytes are 1 in even streams and 255 in odd ones (any nonzero byte is
  * a start):

@@ -639,16 +639,11 @@ static void test_packed(uint64_t seed)
     const int nseq = packed_lengths(cu), total = cu[nseq];
     float *u = FALLOC(n_u(1, total)), *out = FALLOC(n_out(1, total));
     float *du = mg_tap_dalloc(n_u(1, total)), *dout = mg_tap_dalloc(n_out(1, total));
-    float *ds[NST] = { NULL }, *hs[NST] = { NULL };
-    double *rs[NST] = { NULL };
-    for (int i = 0; i < NST; ++i) {
-        const size_t n = st_floats(i, nseq);
-        ds[i] = mg_tap_dalloc(n);
-        hs[i] = FALLOC(n);
-        rs[i] = (double *)mg_tap_calloc(n * sizeof(double));   /* zero initial states */
-        mg_tap_randn(hs[i], n, seed + 10 + (uint64_t)i, 1.0f);
-        mg_tap_up(ds[i], hs[i], n);
-    }
+    float *ds[NST], *hs[NST];
+    double *rs[NST];
+    size_t sn[NST];
+    for (int i = 0; i < NST; ++i) sn[i] = st_floats(i, nseq);
+    mg_tap_states(NST, sn, seed + 10, 1.0f, 0, ds, hs, rs);   /* random in, zero initial states for the reference */
     mg_tap_randn(u, n_u(1, total), seed, 1.0f);
     mg_tap_up(du, u, n_u(1, total));
     char what[200], lens[64];
@@ -689,7 +684,7 @@ static void test_packed(uint64_t seed)
         free(sout);
         for (int i = 0; i < NST; ++i) { free(sst[i]); mg_dev_free(d1[i]); }
     }
-    for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); free(rs[i]); }
+    mg_tap_states_free(NST, ds, hs, rs);
     mg_dev_free(du); mg_dev_free(dout);
     free(u); free(out);
 }
@@ -707,17 +702,11 @@ static void test_packed_from(uint64_t seed)
     const int nseq = packed_cu(want, cu), total = cu[nseq];
     float *u = FALLOC(n_u(1, total)), *out = FALLOC(n_out(1, total)), *out0 = FALLOC(n_out(1, total));
     float *du = mg_tap_dalloc(n_u(1, total)), *dout = mg_tap_dalloc(n_out(1, total));
-    float *ds[NST] = { NULL }, *hs[NST] = { NULL };
-    double *rs[NST] = { NULL };
-    for (int i = 0; i < NST; ++i) {
-        const size_t n = st_floats(i, nseq);
-        ds[i] = mg_tap_dalloc(n);
-        hs[i] = FALLOC(n);
-        rs[i] = DALLOC_H(n);
-        mg_tap_randn(hs[i], n, seed + 10 + (uint64_t)i, 0.5f);
-        for (size_t j = 0; j < n; ++j) rs[i][j] = hs[i][j];
-        mg_tap_up(ds[i], hs[i], n);
-    }
+    float *ds[NST], *hs[NST];
+    double *rs[NST];
+    size_t sn[NST];
+    for (int i = 0; i < NST; ++i) sn[i] = st_floats(i, nseq);
+    mg_tap_states(NST, sn, seed + 10, 0.5f, 1, ds, hs, rs);   /* random, the reference from the same */
     mg_tap_randn(u, n_u(1, total), seed, 1.0f);
     mg_tap_up(du, u, n_u(1, total));
     char lens[64];
@@ -735,7 +724,7 @@ static void test_packed_from(uint64_t seed)
                         "_prefill_packed_from: cu_seqlens[0]", "prefill_packed_from with cu_seqlens[0] = 1");
     mg_tap_expect_status(model_prefill_packed_from(NULL, nseq, cu, du, dout, DEV_STATES(ds)), MG_ERR_INVALID_ARG,
                          "prefill_packed_from(NULL model)");
-    for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); free(rs[i]); }
+    mg_tap_states_free(NST, ds, hs, rs);
     mg_dev_free(du); mg_dev_free(dout);
     free(u); free(out); free(out0);
 }

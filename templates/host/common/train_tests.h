@@ -721,15 +721,11 @@ static void test_train_packed(uint64_t seed)
     const int32_t *cu = io.cu;
     const float *u = io.u, *dy = io.dy;
     float *d_u = io.d_u, *d_out = io.d_out, *d_dy = io.d_dy, *d_g = io.d_g, *d_du = io.d_du;
-    float *ds[NST] = { NULL }, *hs[NST] = { NULL };
-    double *rs[NST] = { NULL };
-    for (int i = 0; i < NST; ++i) {
-        ds[i] = mg_tap_dalloc(st_floats(i, nseq));
-        hs[i] = FALLOC(st_floats(i, nseq));
-        rs[i] = DALLOC_H(st_floats(i, nseq));   /* zero initial states */
-        mg_tap_randn(hs[i], st_floats(i, nseq), seed + 5 + (uint64_t)i, 1.0f);   /* ignored by the call */
-        mg_tap_up(ds[i], hs[i], st_floats(i, nseq));
-    }
+    float *ds[NST], *hs[NST];
+    double *rs[NST];
+    size_t sn[NST];
+    for (int i = 0; i < NST; ++i) sn[i] = st_floats(i, nseq);
+    mg_tap_states(NST, sn, seed + 5, 1.0f, 0, ds, hs, rs);   /* ignored by the call; zero for the reference */
     double *rout = DALLOC_H(n_out(1, total)), *rg = DALLOC_H(WFLOATS), *rdu = DALLOC_H(n_u(1, total));
     const mg_ref_seqs o = { NULL, cu, nseq, nseq };
     REF_TRAIN_PACKED(total, u, dy, rout, rs, rg, rdu, &o);
@@ -824,7 +820,7 @@ static void test_train_packed(uint64_t seed)
         free(x);
     }
     mg_tap_ok(same, "forward_train_packed's refused calls wrote nothing (out and states unchanged)");
-    for (int i = 0; i < NST; ++i) { mg_dev_free(ds[i]); free(hs[i]); free(rs[i]); }
+    mg_tap_states_free(NST, ds, hs, rs);
     packed_io_free(&io);
     free(out); free(g); free(gu); free(rout); free(rg); free(rdu);
 }
@@ -844,20 +840,17 @@ static void test_train_packed_from(uint64_t seed)
     const int32_t *cu = io.cu;
     const float *u = io.u, *dy = io.dy;
     float *d_u = io.d_u, *d_out = io.d_out, *d_dy = io.d_dy, *d_g = io.d_g, *d_du = io.d_du;
-    float *ds[NST] = { NULL }, *dds[NST] = { NULL }, *hs[NST] = { NULL }, *hds[NST] = { NULL };
-    double *rs[NST] = { NULL }, *rs0[NST] = { NULL }, *rds[NST] = { NULL };
+    float *ds[NST], *dds[NST] = { NULL }, *hs[NST], *hds[NST] = { NULL };
+    double *rs[NST], *rs0[NST] = { NULL }, *rds[NST] = { NULL };
+    size_t sn[NST];
+    for (int i = 0; i < NST; ++i) sn[i] = st_floats(i, nseq);
+    mg_tap_states(NST, sn, seed + 5, 0.5f, 1, ds, hs, rs);   /* random, the reference from the same */
     for (int i = 0; i < NST; ++i) {
-        const size_t n = st_floats(i, nseq);
-        ds[i] = mg_tap_dalloc(n);
-        dds[i] = mg_tap_dalloc(n);
-        hs[i] = FALLOC(n);
-        hds[i] = FALLOC(n);
-        rs[i] = DALLOC_H(n);
-        rs0[i] = DALLOC_H(n);
-        rds[i] = DALLOC_H(n);
-        mg_tap_randn(hs[i], n, seed + 5 + (uint64_t)i, 0.5f);
-        for (size_t j = 0; j < n; ++j) rs[i][j] = rs0[i][j] = hs[i][j];
-        mg_tap_up(ds[i], hs[i], n);
+        dds[i] = mg_tap_dalloc(sn[i]);
+        hds[i] = FALLOC(sn[i]);
+        rs0[i] = DALLOC_H(sn[i]);
+        rds[i] = DALLOC_H(sn[i]);
+        memcpy(rs0[i], rs[i], sn[i] * sizeof(double));
     }
     double *rout = DALLOC_H(n_out(1, total)), *rg = DALLOC_H(WFLOATS), *rdu = DALLOC_H(n_u(1, total));
     const mg_ref_seqs o = { NULL, cu, nseq, nseq };
@@ -898,9 +891,8 @@ static void test_train_packed_from(uint64_t seed)
     }
     mg_tap_expect_status(model_forward_train_packed_from(NULL, d_blob, nseq, cu, d_u, d_out, STATE_ARGS(ds)),
                          MG_ERR_INVALID_ARG, "forward_train_packed_from refuses a NULL trainer");
-    for (int i = 0; i < NST; ++i) {
-        mg_dev_free(ds[i]); mg_dev_free(dds[i]); free(hs[i]); free(hds[i]); free(rs[i]); free(rs0[i]); free(rds[i]);
-    }
+    mg_tap_states_free(NST, ds, hs, rs);
+    for (int i = 0; i < NST; ++i) { mg_dev_free(dds[i]); free(hds[i]); free(rs0[i]); free(rds[i]); }
     packed_io_free(&io);
     free(out); free(g); free(gu); free(rout); free(rg); free(rdu);
 }
