@@ -99,14 +99,19 @@ __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *
             const int tr = t0 + g + 8 * (r >> 1), sc = s0 + 8 * jj + cc + (r & 1);
             float m = 0.0f, w = 0.0f;
             if (sc < tr && (!STARTS || sc >= (int)s_lst[tr])) {
+                // rounded products, then rounded adds: whether the compiler
+                // contracts a product into a sum must not depend on the
+                // STARTS branch around it (an all-zero mask gives the
+                // maskless bits)
                 const float lm = expf(s_cs[tr] - s_cs[sc]);
-                const float L = lm * s_scl[sc];
-                const float rr = dv[jj][r] * qk[jj][r];
+                const float L = __fmul_rn(lm, s_scl[sc]);
+                const float rr = __fmul_rn(dv[jj][r], qk[jj][r]);
+                const float rl = __fmul_rn(rr, L);
                 m = L * dv[jj][r];
                 w = L * qk[jj][r];
-                rsum[r >> 1] += rr * L;
-                csum[jj][r & 1] += rr * L;
-                ssum[jj][r & 1] += rr * lm;
+                rsum[r >> 1] = __fadd_rn(rsum[r >> 1], rl);
+                csum[jj][r & 1] = __fadd_rn(csum[jj][r & 1], rl);
+                ssum[jj][r & 1] = __fadd_rn(ssum[jj][r & 1], __fmul_rn(rr, lm));
             } else if (sc == tr) {
                 m = s_gam[tr] * dv[jj][r];
                 w = s_gam[tr] * qk[jj][r];
@@ -548,14 +553,16 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
             }
             // d lam, d dt: gamma_t = lam_t dt_t (dgamma = dscale_t + diagonal),
             // shifted term (1 - lam_t) dt_t with gradient dscale_{t-1}.
+            // (explicit roundings: the STARTS branch must not change which
+            // product the compiler contracts into the sum)
             for (int t = lane; t < len; t += 32) {
                 const float dgam = s_dsc[t] + s_dg[t];
-                float ddt = dgam * s_lam[t], dl = dgam * s_dt[t];
+                float ddt = __fmul_rn(dgam, s_lam[t]), dl = __fmul_rn(dgam, s_dt[t]);
                 if (t > 0) {
                     const float dn = s_dsc[t - 1];
                     if (!STARTS || (int)s_adt[t] != t) {   // a start token has no shifted term
-                        ddt += dn * (1.0f - s_lam[t]);
-                        dl -= dn * s_dt[t];
+                        ddt = __fmaf_rn(dn, 1.0f - s_lam[t], ddt);
+                        dl = __fmaf_rn(-dn, s_dt[t], dl);
                     }
                     const size_t th = (row0 + c0 + t) * H + h;
                     ddt_o[th] = ddt;
@@ -585,8 +592,8 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                         ddt_o[th] = pend_ddt;
                         dlam_o[th] = pend_dlam;
                     } else {
-                        ddt_o[th] = pend_ddt + dn * (1.0f - l);
-                        dlam_o[th] = pend_dlam - dn * d;
+                        ddt_o[th] = __fmaf_rn(dn, 1.0f - l, pend_ddt);
+                        dlam_o[th] = __fmaf_rn(-dn, d, pend_dlam);
                     }
                 }
                 pend_ddt = s_misc[1];
