@@ -178,16 +178,25 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
 #if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)
             MG_CUDA(model_launch_scan_bwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
-                                            c->Dsk, x->ckpt, c->kp, c->vp, x->dy, x->dk, x->dq, x->dv, x->dadt,
-                                            x->ddt, x->dlam, x->partD, NULL, NULL, NULL, NULL, st));
+                                            c->Dsk, x->ckpt, c->kp, c->vp, x->dy, x->cs, x->dk, x->dq, x->dv,
+                                            x->dadt, x->ddt, x->dlam, x->gth, x->partD, NULL, NULL, NULL, NULL,
+                                            st));
         else
 #endif
         MG_CUDA(model_launch_scan_bwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
                                 x->ckpt, c->kp, c->vp, x->dy, x->dk, x->dq, x->dv, x->dadt, x->ddt, x->dlam,
                                 x->partD, NULL, NULL, NULL, NULL, st));
     }
-    if (x->parts & BK_ANGLES_BWD)
+    if (x->parts & BK_ANGLES_BWD) {
+        /* after the chunked backward, which did the rotary part itself,
+         * the suffix sums only */
+#if MODEL_HAS_CHUNKED_BWD
+        if (x->chunked)
+            MG_CUDA(model_launch_angles_bwd_sums(c->batch, c->seqlen, x->gth, NULL, NULL, st));
+        else
+#endif
         MG_CUDA(model_launch_angles_bwd(c->batch, c->seqlen, c->k, c->q, x->cs, x->dk, x->dq, x->gth, NULL, NULL, st));
+    }
     if (x->parts & BK_PREP_BWD)
         MG_CUDA(model_launch_prep_bwd(tokens, c->proj, c->dt, c->lam, c->dt_bias, c->Bnw, c->Cnw, x->dk, x->dq,
                                 x->dv, x->dadt, x->ddt, x->dlam, x->gth, x->dproj, x->gdtb, x->gBn, x->gCn, st));

@@ -445,20 +445,28 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
                             lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
         /* the SSM, in reverse from the checkpoints */
 #if HAS_CHUNKED_BWD
-        if (chunked)
+        /* then the rotary and the angle recurrence, in reverse: the chunked
+         * backward un-rotates dk, dq and writes the local angle terms
+         * itself (only the suffix sums are left), the sequential one leaves
+         * all of it to angles_bwd */
+        if (chunked) {
             MG_CUDA(model_launch_scan_bwd_chunked(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam,
-                                            lw + L0_D, ckpt, kp0, vp0, t->dy, t->dk, t->dq, t->dv, t->dadt,
-                                            t->ddt, t->dlam, t->part_D, dssm_l, dkp_l, dvp_l, start, st));
-        else
+                                            lw + L0_D, ckpt, kp0, vp0, t->dy, t->cs, t->dk, t->dq, t->dv,
+                                            t->dadt, t->ddt, t->dlam, t->gth, t->part_D, dssm_l, dkp_l, dvp_l,
+                                            start, st));
+            MG_CUDA(model_launch_angles_bwd_sums(batch, seqlen, t->gth, dang_l, start, st));
+        } else
 #else
         (void)chunked;
 #endif
-        MG_CUDA(model_launch_scan_bwd(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam, lw + L0_D, ckpt,
-                                kp0, vp0, t->dy, t->dk, t->dq, t->dv, t->dadt, t->ddt, t->dlam, t->part_D,
-                                dssm_l, dkp_l, dvp_l, start, st));
+        {
+            MG_CUDA(model_launch_scan_bwd(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam, lw + L0_D, ckpt,
+                                    kp0, vp0, t->dy, t->dk, t->dq, t->dv, t->dadt, t->ddt, t->dlam, t->part_D,
+                                    dssm_l, dkp_l, dvp_l, start, st));
+            MG_CUDA(model_launch_angles_bwd(batch, seqlen, t->k, t->q, t->cs, t->dk, t->dq, t->gth, dang_l, start,
+                                      st));
+        }
         MG_CUDA(model_launch_reduce_parts(t->part_D, batch, N_HEADS, N_HEADS, gl + L0_D, st));
-        /* rotary and angle recurrence, in reverse */
-        MG_CUDA(model_launch_angles_bwd(batch, seqlen, t->k, t->q, t->cs, t->dk, t->dq, t->gth, dang_l, start, st));
         /* per-token maps: dproj (x, B, C, dd_dt, dd_A, trap, angles) and parameter rows */
         MG_CUDA(model_launch_prep_bwd(tokens, proj, t->dt, t->lam, lw + L0_DT_BIAS, lw + L0_B_NORM_W,
                                 lw + L0_C_NORM_W, t->dk, t->dq, t->dv, t->dadt, t->ddt, t->dlam, t->gth,

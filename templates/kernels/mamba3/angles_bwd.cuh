@@ -25,8 +25,11 @@
 // slices before it) and flags the slice; the suffix over the slices
 // restarts at a flagged slice; pass 2 resets its running sum after a start
 // token. dangle0 is then 0 for a stream whose first token is a start.
+// GIVEN: the chunked SSM backward (mg_m3_chunked_bwd.cuh, phase D) has
+// already un-rotated dk, dq and written g_t into gth; pass 1 only reads it
+// (k, q, cs, dk, dq are not touched and may be null).
 // ---------------------------------------------------------------------------
-template <bool STARTS>
+template <bool STARTS, bool GIVEN = false>
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_bwd_kernel(int seqlen, const kq_t *__restrict__ k, const kq_t *__restrict__ q,
                   const float *__restrict__ cs, float *__restrict__ dk, float *__restrict__ dq,
@@ -46,21 +49,26 @@ angles_bwd_kernel(int seqlen, const kq_t *__restrict__ k, const kq_t *__restrict
     bool fl = false;   // STARTS: a start seen in this slice (sum stops growing there)
     for (int t = t0; t < t1; ++t) {
         const size_t tok = row0 + t;
-        const size_t base = (tok * H + h) * N + 2 * a;
-        const float2 kk = ld2_f32(k + base);
-        const float2 qq = ld2_f32(q + base);
-        const float2 g = *reinterpret_cast<const float2 *>(dk + base);
-        const float2 f = *reinterpret_cast<const float2 *>(dq + base);
-        const float2 r = reinterpret_cast<const float2 *>(cs)[(tok * H + h) * S + a];
-        const float gl = -g.x * kk.y + g.y * kk.x - f.x * qq.y + f.y * qq.x;
-        float2 ug, uf;
-        ug.x = r.x * g.x + r.y * g.y;
-        ug.y = -r.y * g.x + r.x * g.y;
-        uf.x = r.x * f.x + r.y * f.y;
-        uf.y = -r.y * f.x + r.x * f.y;
-        *reinterpret_cast<float2 *>(dk + base) = ug;
-        *reinterpret_cast<float2 *>(dq + base) = uf;
-        gth[(tok * H + h) * S + a] = gl;
+        float gl;
+        if constexpr (GIVEN) {
+            gl = gth[(tok * H + h) * S + a];
+        } else {
+            const size_t base = (tok * H + h) * N + 2 * a;
+            const float2 kk = ld2_f32(k + base);
+            const float2 qq = ld2_f32(q + base);
+            const float2 g = *reinterpret_cast<const float2 *>(dk + base);
+            const float2 f = *reinterpret_cast<const float2 *>(dq + base);
+            const float2 r = reinterpret_cast<const float2 *>(cs)[(tok * H + h) * S + a];
+            gl = -g.x * kk.y + g.y * kk.x - f.x * qq.y + f.y * qq.x;
+            float2 ug, uf;
+            ug.x = r.x * g.x + r.y * g.y;
+            ug.y = -r.y * g.x + r.x * g.y;
+            uf.x = r.x * f.x + r.y * f.y;
+            uf.y = -r.y * f.x + r.x * f.y;
+            *reinterpret_cast<float2 *>(dk + base) = ug;
+            *reinterpret_cast<float2 *>(dq + base) = uf;
+            gth[(tok * H + h) * S + a] = gl;
+        }
         if constexpr (STARTS) {
             if (start[tok]) fl = true;
             if (!fl) sum += gl;

@@ -157,10 +157,11 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                         const float *__restrict__ adt, const float *__restrict__ lam,
                         const float *__restrict__ Dskip, const float *__restrict__ ckpt,
                         const float *__restrict__ kp0, const float *__restrict__ vp0,
-                        const float *__restrict__ dy, float *__restrict__ dk, float *__restrict__ dq,
+                        const float *__restrict__ dy, const float *__restrict__ cs,
+                        float *__restrict__ dk, float *__restrict__ dq,
                         float *__restrict__ dv, float *__restrict__ dadt_o, float *__restrict__ ddt_o,
-                        float *__restrict__ dlam_o, float *__restrict__ part_D, float *__restrict__ dssm0,
-                        float *__restrict__ dkp0, float *__restrict__ dvp0,
+                        float *__restrict__ dlam_o, float *__restrict__ gth, float *__restrict__ part_D,
+                        float *__restrict__ dssm0, float *__restrict__ dkp0, float *__restrict__ dvp0,
                         const unsigned char *__restrict__ start)
 {
     extern __shared__ __align__(16) unsigned char bq_smem[];
@@ -389,10 +390,19 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                                           colR, colS, s_adt);
         }
         __syncthreads();
-        // ---- D: dV, dQ, dK items (16 rows x CKB_CW columns each) ----
+        // ---- D: dV items, and dK + dQ items (16 rows x CKB_CW columns each) ----
+        // A dK + dQ item computes dk' then dq' for the same rows and columns,
+        // so that the rotary backward (mg_m3_angles_bwd.cuh) happens here, in
+        // registers: each lane holds both columns (2a, 2a+1) of a rotated
+        // pair, un-rotates them (R(theta)^T, cs [tok][H][S]) before the
+        // store, and sums the local angle gradient
+        //   g_t = -dk'0 k'1 + dk'1 k'0 - dq'0 q'1 + dq'1 q'0
+        // (k', q' as staged) into gth [tok][H][S]; angles_bwd_kernel<.., true>
+        // then only turns g into suffix sums. No pass over the per-head f32
+        // dk, dq is left for the rotation.
         {
             constexpr int NV = CKB_T * (P / CKB_CW), NQ = CKB_T * (N / CKB_CW);
-            for (int it = warp; it < NV + 2 * NQ; it += CKB_WARPS) {
+            for (int it = warp; it < NV + NQ; it += CKB_WARPS) {
                 float acc[CKB_CW / 8][4];
 #pragma unroll
                 for (int j = 0; j < CKB_CW / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -428,73 +438,96 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                             }
                         }
                 } else {
-                    const bool isq = it < NV + NQ;
-                    const int i2 = isq ? it - NV : it - NV - NQ;
+                    const int i2 = it - NV;
                     const int m0 = (i2 % CKB_T) * 16, cg = i2 / CKB_T, n0 = cg * CKB_CW;
-                    // first product: dY Hc (dq') or V G (dk'), k over p
-                    const op_t *A1 = isq ? Ys : Vs;
-                    const op_t *B1 = isq ? Hc : Gs;
-                    for (int kp = 0; kp < P; kp += 16)
+                    float ga_loc[CKB_CW / 8][2];   // local angle gradient per (pair j, row rr)
 #pragma unroll
-                        for (int j = 0; j < CKB_CW / 8; ++j)
-                            tile_mma_x<false, true, CKB_LDP, CKB_LDN>(acc[j], A1 + m0 * CKB_LDP + kp,
-                                                                    B1 + kp * CKB_LDN + n0 + 8 * j, lane);
-                    // its row dot with q'_t (dq': dy_t.(Hc q_t)) or k'_s (dk': dw_s), f32
-                    const kq_t *rv = isq ? q : k;
-                    float rd[2] = {0.0f, 0.0f};
+                    for (int j = 0; j < CKB_CW / 8; ++j) ga_loc[j][0] = ga_loc[j][1] = 0.0f;
+#pragma unroll 1
+                    for (int pass = 0; pass < 2; ++pass) {   // dk' first, then dq'
+                        const bool isq = pass == 1;
 #pragma unroll
-                    for (int rr = 0; rr < 2; ++rr) {
-                        const int tr = m0 + g + 8 * rr;
-                        if (tr < len) {
-                            const kq_t *vr = rv + ((row0 + c0 + tr) * H + h) * N;
-#pragma unroll
-                            for (int j = 0; j < CKB_CW / 8; ++j) {
-                                const int n = n0 + 8 * j + cc;
-                                rd[rr] += acc[j][2 * rr] * to_f32(vr[n]) + acc[j][2 * rr + 1] * to_f32(vr[n + 1]);
-                            }
-                        }
-                    }
-#pragma unroll
-                    for (int o = 1; o < 4; o <<= 1) {
-                        rd[0] += __shfl_xor_sync(FULL_MASK, rd[0], o);
-                        rd[1] += __shfl_xor_sync(FULL_MASK, rd[1], o);
-                    }
-                    float *pd = (isq ? pint : pdw) + cg * CKB_Q;
-                    if ((lane & 3) == 0) {
-                        pd[m0 + g] = rd[0];
-                        pd[m0 + g + 8] = rd[1];
-                    }
-                    const float *sc = isq ? s_ecs : s_w;
-                    const float e0 = sc[m0 + g], e1 = sc[m0 + g + 8];
-#pragma unroll
-                    for (int j = 0; j < CKB_CW / 8; ++j) {
-                        acc[j][0] *= e0; acc[j][1] *= e0; acc[j][2] *= e1; acc[j][3] *= e1;
-                    }
-                    if (isq) {
-                        // + M K: sum over s <= t
-                        for (int sb = 0; sb <= m0 / 16; ++sb)
+                        for (int j = 0; j < CKB_CW / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+                        // first product: dY Hc (dq') or V G (dk'), k over p
+                        const op_t *A1 = isq ? Ys : Vs;
+                        const op_t *B1 = isq ? Hc : Gs;
+                        for (int kp = 0; kp < P; kp += 16)
 #pragma unroll
                             for (int j = 0; j < CKB_CW / 8; ++j)
-                                tile_mma_x<false, true, CKB_LDQ, CKB_LDN>(acc[j], Mm + m0 * CKB_LDQ + sb * 16,
-                                                                        Ks + sb * 16 * CKB_LDN + n0 + 8 * j, lane);
-                    } else {
-                        // + M^T Q: sum over t >= s
-                        for (int tb = m0 / 16; tb < CKB_T; ++tb)
-#pragma unroll
-                            for (int j = 0; j < CKB_CW / 8; ++j)
-                                tile_mma_x<true, true, CKB_LDQ, CKB_LDN>(acc[j], Mm + tb * 16 * CKB_LDQ + m0,
-                                                                       Qs + tb * 16 * CKB_LDN + n0 + 8 * j, lane);
-                    }
-                    float *out = isq ? dq : dk;
-#pragma unroll
-                    for (int j = 0; j < CKB_CW / 8; ++j)
+                                tile_mma_x<false, true, CKB_LDP, CKB_LDN>(acc[j], A1 + m0 * CKB_LDP + kp,
+                                                                        B1 + kp * CKB_LDN + n0 + 8 * j, lane);
+                        // its row dot with q'_t (dq': dy_t.(Hc q_t)) or k'_s (dk': dw_s), f32
+                        const kq_t *rv = isq ? q : k;
+                        float rd[2] = {0.0f, 0.0f};
 #pragma unroll
                         for (int rr = 0; rr < 2; ++rr) {
                             const int tr = m0 + g + 8 * rr;
-                            if (tr < len)
-                                *reinterpret_cast<float2 *>(out + ((row0 + c0 + tr) * H + h) * N + n0 + 8 * j + cc) =
-                                    make_float2(acc[j][2 * rr], acc[j][2 * rr + 1]);
+                            if (tr < len) {
+                                const kq_t *vr = rv + ((row0 + c0 + tr) * H + h) * N;
+#pragma unroll
+                                for (int j = 0; j < CKB_CW / 8; ++j) {
+                                    const int n = n0 + 8 * j + cc;
+                                    rd[rr] += acc[j][2 * rr] * to_f32(vr[n]) + acc[j][2 * rr + 1] * to_f32(vr[n + 1]);
+                                }
+                            }
                         }
+#pragma unroll
+                        for (int o = 1; o < 4; o <<= 1) {
+                            rd[0] += __shfl_xor_sync(FULL_MASK, rd[0], o);
+                            rd[1] += __shfl_xor_sync(FULL_MASK, rd[1], o);
+                        }
+                        float *pd = (isq ? pint : pdw) + cg * CKB_Q;
+                        if ((lane & 3) == 0) {
+                            pd[m0 + g] = rd[0];
+                            pd[m0 + g + 8] = rd[1];
+                        }
+                        const float *sc = isq ? s_ecs : s_w;
+                        const float e0 = sc[m0 + g], e1 = sc[m0 + g + 8];
+#pragma unroll
+                        for (int j = 0; j < CKB_CW / 8; ++j) {
+                            acc[j][0] *= e0; acc[j][1] *= e0; acc[j][2] *= e1; acc[j][3] *= e1;
+                        }
+                        if (isq) {
+                            // + M K: sum over s <= t
+                            for (int sb = 0; sb <= m0 / 16; ++sb)
+#pragma unroll
+                                for (int j = 0; j < CKB_CW / 8; ++j)
+                                    tile_mma_x<false, true, CKB_LDQ, CKB_LDN>(acc[j], Mm + m0 * CKB_LDQ + sb * 16,
+                                                                            Ks + sb * 16 * CKB_LDN + n0 + 8 * j, lane);
+                        } else {
+                            // + M^T Q: sum over t >= s
+                            for (int tb = m0 / 16; tb < CKB_T; ++tb)
+#pragma unroll
+                                for (int j = 0; j < CKB_CW / 8; ++j)
+                                    tile_mma_x<true, true, CKB_LDQ, CKB_LDN>(acc[j], Mm + tb * 16 * CKB_LDQ + m0,
+                                                                           Qs + tb * 16 * CKB_LDN + n0 + 8 * j, lane);
+                        }
+                        float *out = isq ? dq : dk;
+                        const op_t *stg = isq ? Qs : Ks;   // k', q' as staged (the kq_t values, exactly)
+#pragma unroll
+                        for (int j = 0; j < CKB_CW / 8; ++j)
+#pragma unroll
+                            for (int rr = 0; rr < 2; ++rr) {
+                                const int tr = m0 + g + 8 * rr, n = n0 + 8 * j + cc;
+                                if (tr < len) {
+                                    const size_t th = (row0 + c0 + tr) * H + h;
+                                    float2 o = make_float2(acc[j][2 * rr], acc[j][2 * rr + 1]);
+                                    if (n < 2 * S) {   // a rotated pair a = n / 2 (n is even)
+                                        const float v0 = to_f32(stg[tr * CKB_LDN + n]);
+                                        const float v1 = to_f32(stg[tr * CKB_LDN + n + 1]);
+                                        // the order of angles_bwd_kernel's sum: dk' terms, then dq'
+                                        float gl = ga_loc[j][rr];
+                                        gl = isq ? __fmaf_rn(-o.x, v1, gl) : __fmul_rn(-o.x, v1);
+                                        gl = __fmaf_rn(o.y, v0, gl);
+                                        ga_loc[j][rr] = gl;
+                                        const float2 r = reinterpret_cast<const float2 *>(cs)[th * S + n / 2];
+                                        o = make_float2(r.x * o.x + r.y * o.y, -r.y * o.x + r.x * o.y);
+                                        if (isq) gth[th * S + n / 2] = gl;
+                                    }
+                                    *reinterpret_cast<float2 *>(out + th * N + n) = o;
+                                }
+                            }
+                    }   // pass
                 }
             }
         }

@@ -112,9 +112,10 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
                                                    const void *q, const float *dt, const float *adt,
                                                    const float *lam, const float *Dskip, const float *ckpt,
                                                    const float *kp0, const float *vp0, const float *dy,
-                                                   float *dk, float *dq, float *dv, float *dadt, float *ddt,
-                                                   float *dlam, float *part_D, float *dssm0, float *dkp0,
-                                                   float *dvp0, const unsigned char *start, cudaStream_t st)
+                                                   const float *cs, float *dk, float *dq, float *dv, float *dadt,
+                                                   float *ddt, float *dlam, float *gth, float *part_D,
+                                                   float *dssm0, float *dkp0, float *dvp0,
+                                                   const unsigned char *start, cudaStream_t st)
 {
     // Dynamic shared memory above 48 KiB needs the opt-in, once per process.
     const cudaFuncAttribute fa = cudaFuncAttributeMaxDynamicSharedMemorySize;
@@ -139,12 +140,12 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
     if (carve_st != cudaSuccess) return carve_st;
     if (start)
         scan_bwd_chunked_kernel<true><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
-            dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, start);
+            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
+            dk, dq, dv, dadt, ddt, dlam, gth, part_D, dssm0, dkp0, dvp0, start);
     else
         scan_bwd_chunked_kernel<false><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
-            dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, nullptr);
+            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
+            dk, dq, dv, dadt, ddt, dlam, gth, part_D, dssm0, dkp0, dvp0, nullptr);
     return cudaGetLastError();
 }
 
@@ -188,6 +189,21 @@ extern "C" cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const void *
     else
         angles_bwd_kernel<false><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, kq_ptr(k), kq_ptr(q), cs, dk, dq,
                                                                                      gth, dangle0, nullptr);
+    return cudaGetLastError();
+}
+
+// The angle recurrence's backward after scan_bwd_chunked, which already
+// un-rotated dk, dq and wrote the local terms g into gth: the suffix sums
+// only (angles_bwd_kernel's GIVEN instance; gth in place, dangle0 optional).
+extern "C" cudaError_t MG_LAUNCH(angles_bwd_sums)(int batch, int seqlen, float *gth, float *dangle0,
+                                                  const unsigned char *start, cudaStream_t st)
+{
+    if (start)
+        angles_bwd_kernel<true, true><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
+            seqlen, nullptr, nullptr, nullptr, nullptr, nullptr, gth, dangle0, start);
+    else
+        angles_bwd_kernel<false, true><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
+            seqlen, nullptr, nullptr, nullptr, nullptr, nullptr, gth, dangle0, nullptr);
     return cudaGetLastError();
 }
 

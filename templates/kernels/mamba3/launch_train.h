@@ -56,14 +56,21 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const v
                                 cudaStream_t st);
 /* The chunked SSM backward (chunks of CKB_Q steps; defined when the model has
  * it, MG_M3_CKB): the arguments, outputs and layouts of scan_bwd, with the
- * checkpoints of scan_fwd_chunked. */
+ * checkpoints of scan_fwd_chunked, and the rotary backward done in the same
+ * pass: with the (cos, sin) table cs of angles_train, dk and dq come out
+ * un-rotated and gth [tokens][H][S] holds the local angle gradients, so
+ * angles_bwd_sums (not angles_bwd) follows it. */
 cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const void *k,
                                         const void *q, const float *dt, const float *adt, const float *lam,
                                         const float *Dskip, const float *ckpt, const float *kp0,
-                                        const float *vp0, const float *dy, float *dk, float *dq, float *dv,
-                                        float *dadt, float *ddt, float *dlam, float *part_D,
-                                        float *dssm0, float *dkp0, float *dvp0, const unsigned char *start,
-                                        cudaStream_t st);
+                                        const float *vp0, const float *dy, const float *cs, float *dk,
+                                        float *dq, float *dv, float *dadt, float *ddt, float *dlam,
+                                        float *gth, float *part_D, float *dssm0, float *dkp0, float *dvp0,
+                                        const unsigned char *start, cudaStream_t st);
+/* The suffix sums of the angle recurrence over the local terms gth written
+ * by scan_bwd_chunked (in place; dangle0 [batch][H][S] optional). */
+cudaError_t MG_LAUNCH(angles_bwd_sums)(int batch, int seqlen, float *gth, float *dangle0,
+                                       const unsigned char *start, cudaStream_t st);
 /* The chunked forward for training: scan_fwd's arguments; ckpt receives
  * the state entering every chunk (the shifted form of the chunked scan) at
  * slot chunk_start / CKPT_STRIDE, for scan_bwd_chunked. */
