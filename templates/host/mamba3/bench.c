@@ -180,7 +180,7 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
             MG_CUDA(model_launch_scan_bwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
                                             c->Dsk, x->ckpt, c->kp, c->vp, x->dy, x->cs, x->dk, x->dq, x->dv,
                                             x->dadt, x->ddt, x->dlam, x->gth, x->partD, NULL, NULL, NULL, NULL,
-                                            st));
+                                            NULL, NULL, st));
         else
 #endif
         MG_CUDA(model_launch_scan_bwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,

@@ -44,6 +44,7 @@ struct model_trainer {
     float *gth;              /* [MAX_TOKENS][H][S] */
     float *gBn, *gCn;        /* [MAX_TOKENS][N] */
     float *part_D, *part_rows;
+    float *part_kq;   /* [2][batch * ceil(seqlen / 16)][HN_DIM]: dk, dq per 16-token tile (chunked backward) */
     float *outbuf, *dout, *stat, *loss;
     double *gpart;
     model_adamw_params *hp;   /* the hyperparameters of the last eager AdamW step (device) */
@@ -121,6 +122,8 @@ static size_t carve(model_trainer *t, char *p)
     TAKE(gCn, float *, MT * D_STATE, 4);
     TAKE(part_D, float *, MB * H, 4);
     TAKE(part_rows, float *, NORMB_MAX_BLOCKS * PART_WIDTH, 4);
+    /* the chunked backward's dk, dq sums per 16-token tile (B/C bias gradients) */
+    TAKE(part_kq, float *, HAS_CHUNKED_BWD ? 2 * MB * ((MAX_SEQ_LEN + 15) / 16) * HN_DIM : 1, 4);
     TAKE(outbuf, float *, MT * D_MODEL, 4);
     TAKE(dout, float *, MT * D_MODEL, 4);
     TAKE(stat, float *, 2, 4);
@@ -391,6 +394,9 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
 #endif
     void *dhA_out = LOWP ? dhA : NULL;
     const int chunked = t->fwd_chunked;   /* the SSM of the forward's checkpoints, for every layer */
+#if HAS_CHUNKED_BWD
+    const size_t kq_rows = (size_t)batch * ((seqlen + 15) / 16);   /* rows of each half of part_kq */
+#endif
     const unsigned char *start = t->fwd_start;   /* and its episode starts */
 
     /* Gradient accumulation: the tensors below go to the trainer's scratch
@@ -452,8 +458,8 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         if (chunked) {
             MG_CUDA(model_launch_scan_bwd_chunked(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam,
                                             lw + L0_D, ckpt, kp0, vp0, t->dy, t->cs, t->dk, t->dq, t->dv,
-                                            t->dadt, t->ddt, t->dlam, t->gth, t->part_D, dssm_l, dkp_l, dvp_l,
-                                            start, st));
+                                            t->dadt, t->ddt, t->dlam, t->gth, t->part_D, t->part_kq,
+                                            t->part_kq + kq_rows * HN_DIM, dssm_l, dkp_l, dvp_l, start, st));
             MG_CUDA(model_launch_angles_bwd_sums(batch, seqlen, t->gth, dang_l, start, st));
         } else
 #else
@@ -474,8 +480,17 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         CHECK(colsum(t, tokens, N_HEADS, t->gdtb, gl + L0_DT_BIAS));
         CHECK(colsum(t, tokens, D_STATE, t->gBn, gl + L0_B_NORM_W));
         CHECK(colsum(t, tokens, D_STATE, t->gCn, gl + L0_C_NORM_W));
-        CHECK(colsum(t, tokens, HN_DIM, t->dk, gl + L0_B_BIAS));
-        CHECK(colsum(t, tokens, HN_DIM, t->dq, gl + L0_C_BIAS));
+#if HAS_CHUNKED_BWD
+        if (chunked) {   /* from the chunked backward's tile sums: no pass over dk, dq */
+            MG_CUDA(model_launch_reduce_parts(t->part_kq, (int)kq_rows, HN_DIM, HN_DIM, gl + L0_B_BIAS, st));
+            MG_CUDA(model_launch_reduce_parts(t->part_kq + kq_rows * HN_DIM, (int)kq_rows, HN_DIM, HN_DIM,
+                                        gl + L0_C_BIAS, st));
+        } else
+#endif
+        {
+            CHECK(colsum(t, tokens, HN_DIM, t->dk, gl + L0_B_BIAS));
+            CHECK(colsum(t, tokens, HN_DIM, t->dq, gl + L0_C_BIAS));
+        }
         /* in_proj, then the block's RMSNorm (adds into the residual gradient) */
         CHECK(mg_linear_dw(t->blas, tokens, NP_DIM, D_MODEL, ACT, t->dproj, NP_DIM, hn, D_MODEL,
                            MG_F32, gl + L0_IN_PROJ_W, D_MODEL, 0.0f));

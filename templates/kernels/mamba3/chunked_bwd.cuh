@@ -161,6 +161,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                         float *__restrict__ dk, float *__restrict__ dq,
                         float *__restrict__ dv, float *__restrict__ dadt_o, float *__restrict__ ddt_o,
                         float *__restrict__ dlam_o, float *__restrict__ gth, float *__restrict__ part_D,
+                        float *__restrict__ part_k, float *__restrict__ part_q,
                         float *__restrict__ dssm0, float *__restrict__ dkp0, float *__restrict__ dvp0,
                         const unsigned char *__restrict__ start)
 {
@@ -201,6 +202,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
     const size_t row0 = b * (size_t)seqlen;
     const int nck = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;   // checkpoints of the sequence
     const int nch = (seqlen + CKB_Q - 1) / CKB_Q;     // backward chunks
+    const size_t tps = (size_t)(seqlen + 15) / 16;     // 16-token tiles per sequence (part_k, part_q rows)
     const float dsk = Dskip[h];
     if constexpr (STARTS) {
         if (start[row0]) kp0 = vp0 = nullptr;   // a start at t = 0: the initial state is not read
@@ -503,12 +505,15 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                                                                            Qs + tb * 16 * CKB_LDN + n0 + 8 * j, lane);
                         }
                         float *out = isq ? dq : dk;
+                        float *pcol = isq ? part_q : part_k;
                         const op_t *stg = isq ? Qs : Ks;   // k', q' as staged (the kq_t values, exactly)
 #pragma unroll
-                        for (int j = 0; j < CKB_CW / 8; ++j)
+                        for (int j = 0; j < CKB_CW / 8; ++j) {
+                            const int n = n0 + 8 * j + cc;
+                            float2 col = make_float2(0.0f, 0.0f);   // the item's column sums, rows in order
 #pragma unroll
                             for (int rr = 0; rr < 2; ++rr) {
-                                const int tr = m0 + g + 8 * rr, n = n0 + 8 * j + cc;
+                                const int tr = m0 + g + 8 * rr;
                                 if (tr < len) {
                                     const size_t th = (row0 + c0 + tr) * H + h;
                                     float2 o = make_float2(acc[j][2 * rr], acc[j][2 * rr + 1]);
@@ -525,8 +530,24 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                                         if (isq) gth[th * S + n / 2] = gl;
                                     }
                                     *reinterpret_cast<float2 *>(out + th * N + n) = o;
+                                    col.x += o.x;
+                                    col.y += o.y;
                                 }
                             }
+                            // B_bias / C_bias: the 16 rows' sum of dk / dq per column
+                            // (rows g and g + 8, then the row groups: xor 4, 8,
+                            // 16), one partial row per 16-token tile, summed over
+                            // the tiles by reduce_parts
+                            if (pcol) {
+#pragma unroll
+                                for (int o = 4; o < 32; o <<= 1) {
+                                    col.x += __shfl_xor_sync(FULL_MASK, col.x, o);
+                                    col.y += __shfl_xor_sync(FULL_MASK, col.y, o);
+                                }
+                                if (g == 0)
+                                    *reinterpret_cast<float2 *>(pcol + ((b * tps + (c0 + m0) / 16) * H + h) * N + n) = col;
+                            }
+                        }
                     }   // pass
                 }
             }
