@@ -21,6 +21,7 @@ struct model_trainer {
     void *ws;
     /* state of the last forward_train */
     int have_fwd, batch, seqlen;
+    int ssm_in_last;   /* cs, dt, adt, lam, k, q still hold the last layer's SSM inputs (forward_train's) */
     const float *w;
     /* saved activations */
     float *h;      /* [L+1][MAX_TOKENS][D] residual stream at each layer input; [L] = norm_f input */
@@ -215,6 +216,7 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
     const cudaStream_t st = t->stream;
     const size_t E = D_INNER, MB = MAX_BATCH;
     t->have_fwd = 0;
+    t->ssm_in_last = 0;
     t->fwd_packed = 0;
     t->w = w;
     t->batch = batch;
@@ -290,6 +292,7 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
     MG_CUDA(model_launch_rmsnorm_fwd(t->h + (size_t)N_LAYERS * MAX_TOKENS * D_MODEL, w + OFF_NORM_F_W, out, 1,
                                t->rstd + (size_t)N_LAYERS * MAX_TOKENS, tokens, st));
     t->have_fwd = 1;
+    t->ssm_in_last = 1;   /* nothing after the last layer's prep wrote them */
     return MG_OK;
 }
 
@@ -398,6 +401,12 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
     const size_t kq_rows = (size_t)batch * ((seqlen + 15) / 16);   /* rows of each half of part_kq */
 #endif
     const unsigned char *start = t->fwd_start;   /* and its episode starts */
+    /* The last layer's SSM inputs are still in the trainer's buffers when
+     * the forward was the last thing to write them: the backward walks
+     * the layers from the last, so that layer skips their recompute. Used
+     * once (a second backward, or the next layers, recompute). */
+    const int reuse_last = t->ssm_in_last;
+    t->ssm_in_last = 0;
 
     /* Gradient accumulation: the tensors below go to the trainer's scratch
      * blob, added to the caller's at the end (after the unscale). */
@@ -445,10 +454,13 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
 #endif
         CHECK(mg_linear_dw(t->blas, tokens, D_MODEL, D_INNER, ACT, dhA, D_MODEL, t->g, D_INNER,
                            MG_F32, gl + L0_OUT_PROJ_W, D_INNER, 0.0f));
-        /* recompute the SSM inputs (forward arithmetic), with the rotary cos/sin */
-        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, NULL, t->cs, start, st));
-        MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
-                            lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
+        /* recompute the SSM inputs (forward arithmetic), with the rotary
+         * cos/sin (the same kernels as the forward: the same bits) */
+        if (!(reuse_last && l == N_LAYERS - 1)) {
+            MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, NULL, t->cs, start, st));
+            MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
+                                lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
+        }
         /* the SSM, in reverse from the checkpoints */
 #if HAS_CHUNKED_BWD
         /* then the rotary and the angle recurrence, in reverse: the chunked
