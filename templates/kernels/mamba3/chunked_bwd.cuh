@@ -537,8 +537,9 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                             // B_bias / C_bias: the 16 rows' sum of dk / dq per column
                             // (rows g and g + 8, then the row groups: xor 4, 8,
                             // 16), one partial row per 16-token tile, summed over
-                            // the tiles by reduce_parts
-                            if (pcol) {
+                            // the tiles by reduce_parts; a tile past the sequence
+                            // end (m0 >= len) has no row
+                            if (pcol && m0 < len) {
 #pragma unroll
                                 for (int o = 4; o < 32; o <<= 1) {
                                     col.x += __shfl_xor_sync(FULL_MASK, col.x, o);
