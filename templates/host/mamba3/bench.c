@@ -178,7 +178,7 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
 #if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)
             MG_CUDA(model_launch_scan_bwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
-                                            c->Dsk, x->ckpt, c->kp, c->vp, x->dy, x->cs, x->dk, x->dq, x->dv,
+                                            c->Dsk, x->ckpt, c->kp, c->vp, x->dy, x->cs, x->dk, x->dq, x->dproj,
                                             x->dadt, x->ddt, x->dlam, x->gth, x->partD, NULL, NULL, NULL, NULL,
                                             NULL, NULL, st));
         else
@@ -199,7 +199,8 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
     }
     if (x->parts & BK_PREP_BWD)
         MG_CUDA(model_launch_prep_bwd(tokens, c->proj, c->dt, c->lam, c->dt_bias, c->Bnw, c->Cnw, x->dk, x->dq,
-                                x->dv, x->dadt, x->ddt, x->dlam, x->gth, x->dproj, x->gdtb, x->gBn, x->gCn, st));
+                                x->chunked ? NULL : x->dv, x->dadt, x->ddt, x->dlam, x->gth, x->dproj, x->gdtb,
+                                x->gBn, x->gCn, st));
     return MG_OK;
 }
 #endif

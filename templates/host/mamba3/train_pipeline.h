@@ -469,7 +469,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
          * all of it to angles_bwd */
         if (chunked) {
             MG_CUDA(model_launch_scan_bwd_chunked(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam,
-                                            lw + L0_D, ckpt, kp0, vp0, t->dy, t->cs, t->dk, t->dq, t->dv,
+                                            lw + L0_D, ckpt, kp0, vp0, t->dy, t->cs, t->dk, t->dq, t->dproj,
                                             t->dadt, t->ddt, t->dlam, t->gth, t->part_D, t->part_kq,
                                             t->part_kq + kq_rows * HN_DIM, dssm_l, dkp_l, dvp_l, start, st));
             MG_CUDA(model_launch_angles_bwd_sums(batch, seqlen, t->gth, dang_l, start, st));
@@ -485,10 +485,11 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
                                       st));
         }
         MG_CUDA(model_launch_reduce_parts(t->part_D, batch, N_HEADS, N_HEADS, gl + L0_D, st));
-        /* per-token maps: dproj (x, B, C, dd_dt, dd_A, trap, angles) and parameter rows */
+        /* per-token maps: dproj (B, C, dd_dt, dd_A, trap, angles, and x unless the chunked
+         * backward stored it) and parameter rows */
         MG_CUDA(model_launch_prep_bwd(tokens, proj, t->dt, t->lam, lw + L0_DT_BIAS, lw + L0_B_NORM_W,
-                                lw + L0_C_NORM_W, t->dk, t->dq, t->dv, t->dadt, t->ddt, t->dlam, t->gth,
-                                t->dproj, t->gdtb, t->gBn, t->gCn, st));
+                                lw + L0_C_NORM_W, t->dk, t->dq, chunked ? NULL : t->dv, t->dadt, t->ddt, t->dlam,
+                                t->gth, t->dproj, t->gdtb, t->gBn, t->gCn, st));
         CHECK(colsum(t, tokens, N_HEADS, t->gdtb, gl + L0_DT_BIAS));
         CHECK(colsum(t, tokens, D_STATE, t->gBn, gl + L0_B_NORM_W));
         CHECK(colsum(t, tokens, D_STATE, t->gCn, gl + L0_C_NORM_W));

@@ -159,7 +159,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                         const float *__restrict__ kp0, const float *__restrict__ vp0,
                         const float *__restrict__ dy, const float *__restrict__ cs,
                         float *__restrict__ dk, float *__restrict__ dq,
-                        float *__restrict__ dv, float *__restrict__ dadt_o, float *__restrict__ ddt_o,
+                        act_t *__restrict__ dproj, float *__restrict__ dadt_o, float *__restrict__ ddt_o,
                         float *__restrict__ dlam_o, float *__restrict__ gth, float *__restrict__ part_D,
                         float *__restrict__ part_k, float *__restrict__ part_q,
                         float *__restrict__ dssm0, float *__restrict__ dkp0, float *__restrict__ dvp0,
@@ -432,11 +432,14 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                         for (int rr = 0; rr < 2; ++rr) {
                             const int sr = s0 + g + 8 * rr, p = p0 + 8 * j + cc;
                             if (sr < len) {
-                                const size_t o = (row0 + c0 + sr) * E + h * P + p;
+                                // dv is the x columns of the in_proj gradient
+                                // row (v = x): stored there in the storage
+                                // dtype, as prep_bwd stored it from an f32 dv
+                                const size_t tok = row0 + c0 + sr, o = tok * E + h * P + p;
                                 float2 out;
                                 out.x = acc[j][2 * rr] + dsk * dy[o];
                                 out.y = acc[j][2 * rr + 1] + dsk * dy[o + 1];
-                                *reinterpret_cast<float2 *>(dv + o) = out;
+                                st2_from_f32(dproj + tok * NP + OFF_X + h * P + p, out);
                             }
                         }
                 } else {

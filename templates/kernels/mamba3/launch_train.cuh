@@ -112,7 +112,7 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
                                                    const void *q, const float *dt, const float *adt,
                                                    const float *lam, const float *Dskip, const float *ckpt,
                                                    const float *kp0, const float *vp0, const float *dy,
-                                                   const float *cs, float *dk, float *dq, float *dv, float *dadt,
+                                                   const float *cs, float *dk, float *dq, void *dproj, float *dadt,
                                                    float *ddt, float *dlam, float *gth, float *part_D,
                                                    float *part_k, float *part_q,
                                                    float *dssm0, float *dkp0, float *dvp0,
@@ -142,11 +142,11 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
     if (start)
         scan_bwd_chunked_kernel<true><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
             seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
-            dk, dq, dv, dadt, ddt, dlam, gth, part_D, part_k, part_q, dssm0, dkp0, dvp0, start);
+            dk, dq, static_cast<act_t *>(dproj), dadt, ddt, dlam, gth, part_D, part_k, part_q, dssm0, dkp0, dvp0, start);
     else
         scan_bwd_chunked_kernel<false><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
             seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
-            dk, dq, dv, dadt, ddt, dlam, gth, part_D, part_k, part_q, dssm0, dkp0, dvp0, nullptr);
+            dk, dq, static_cast<act_t *>(dproj), dadt, ddt, dlam, gth, part_D, part_k, part_q, dssm0, dkp0, dvp0, nullptr);
     return cudaGetLastError();
 }
 

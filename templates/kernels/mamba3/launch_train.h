@@ -59,7 +59,9 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const v
  * checkpoints of scan_fwd_chunked, and the rotary backward done in the same
  * pass: with the (cos, sin) table cs of angles_train, dk and dq come out
  * un-rotated and gth [tokens][H][S] holds the local angle gradients, so
- * angles_bwd_sums (not angles_bwd) follows it. part_k, part_q (optional,
+ * angles_bwd_sums (not angles_bwd) follows it. dv goes straight into the
+ * x columns of dproj [tokens][NP] (storage dtype; v = x), so prep_bwd
+ * follows it with dv = NULL. part_k, part_q (optional,
  * [batch * ceil(seqlen / 16)][H][N]): the sums of dk, dq over each 16-token
  * tile of a sequence, for the B/C bias gradients (reduce_parts over the
  * rows). */
@@ -67,7 +69,7 @@ cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj,
                                         const void *q, const float *dt, const float *adt, const float *lam,
                                         const float *Dskip, const float *ckpt, const float *kp0,
                                         const float *vp0, const float *dy, const float *cs, float *dk,
-                                        float *dq, float *dv, float *dadt, float *ddt, float *dlam,
+                                        float *dq, void *dproj, float *dadt, float *ddt, float *dlam,
                                         float *gth, float *part_D, float *part_k, float *part_q,
                                         float *dssm0, float *dkp0, float *dvp0,
                                         const unsigned char *start, cudaStream_t st);

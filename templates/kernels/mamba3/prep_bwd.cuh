@@ -4,7 +4,8 @@
 
 // Per-token backward of doc/math.md steps 1-6 (one block per token). Inputs: the
 // gradients of the SSM inputs (dadt, ddt, dlam [tok][H]; dk, dq [tok][H][N]
-// of the unrotated k, q; dv [tok][E]) and gth [tok][H][S]. Writes the
+// of the unrotated k, q; dv [tok][E], or NULL when the x columns of dproj
+// are written already) and gth [tok][H][S]. Writes the
 // in_proj gradient row dproj[tok] (storage dtype) for x, B, C, dd_dt, dd_A,
 // trap and angles (z comes from the gate backward), and per-token partial
 // rows of the parameter gradients (summed over tokens by colsum + reduce):
@@ -132,7 +133,8 @@ prep_bwd_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt,
         for (int h = 0; h < H; ++h) acc += gth[(tok * H + h) * S + a] * dt[tok * H + h];
         dp[OFF_ANG + a] = from_f32<act_t>(PI_F * (1.0f - stn[a] * stn[a]) * acc);
     }
-    for (int e = threadIdx.x; e < E; e += PREP_THREADS)
-        dp[OFF_X + e] = from_f32<act_t>(dv[tok * E + e]);
+    if (dv)   // (NULL: the chunked backward stored the x columns itself)
+        for (int e = threadIdx.x; e < E; e += PREP_THREADS)
+            dp[OFF_X + e] = from_f32<act_t>(dv[tok * E + e]);
 }
 
