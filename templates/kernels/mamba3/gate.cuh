@@ -38,8 +38,9 @@ __device__ __forceinline__ float gate_head_load(const float *yt, int h, int lane
 // 32*i) from its values yv and scale r (gate_head_load), z (zt, the token's
 // z row) and norm_gate_w: the expression of doc/math.md step 11. The gate
 // kernel and the decode mixer share it.
-__device__ __forceinline__ void gate_head_store(const float (&yv)[GATE_VPL], float r, int h, int lane,
-                                                const act_t *zt, const float *ngw, act_t *gt)
+// gate_head_store_z: the same with the lane's z values already loaded (zv).
+__device__ __forceinline__ void gate_head_store_z(const float (&yv)[GATE_VPL], const float (&zv)[GATE_VPL],
+                                                  float r, int h, int lane, const float *ngw, act_t *gt)
 {
 #pragma unroll
     for (int i = 0; i < GATE_VPL; ++i) {
@@ -47,9 +48,21 @@ __device__ __forceinline__ void gate_head_store(const float (&yv)[GATE_VPL], flo
         if (p < P) {
             const int e = h * P + p;
             const float gw = OUTPROJ_NORM ? r * ngw[e] : 1.0f;
-            gt[e] = from_f32<act_t>(yv[i] * gw * silu(to_f32(zt[e])));
+            gt[e] = from_f32<act_t>(yv[i] * gw * silu(zv[i]));
         }
     }
+}
+
+__device__ __forceinline__ void gate_head_store(const float (&yv)[GATE_VPL], float r, int h, int lane,
+                                                const act_t *zt, const float *ngw, act_t *gt)
+{
+    float zv[GATE_VPL];
+#pragma unroll
+    for (int i = 0; i < GATE_VPL; ++i) {
+        const int p = lane + 32 * i;
+        zv[i] = p < P ? to_f32(zt[h * P + p]) : 0.0f;
+    }
+    gate_head_store_z(yv, zv, r, h, lane, ngw, gt);
 }
 
 // ---------------------------------------------------------------------------
@@ -59,19 +72,46 @@ __device__ __forceinline__ void gate_head_store(const float (&yv)[GATE_VPL], flo
 //   OUTPROJ_NORM: g = y * rms(y over the head's P values) * norm_gate_w * silu(z)
 //   else:         g = y * silu(z)
 // The head's sum of squares is reduced by a fixed shuffle butterfly.
+// A warp loads all of its heads' y, then all of their z, before the
+// outputs: one head at a time left a warp two loads in flight and the
+// kernel at about half the copy rate; the per-head arithmetic (and so
+// every bit) is unchanged.
 // ---------------------------------------------------------------------------
 __global__ void __launch_bounds__(GATE_THREADS)
 gate_kernel(const float *__restrict__ y, const act_t *__restrict__ proj,
             const float *__restrict__ ngw, act_t *__restrict__ g)
 {
+    constexpr int HPW = (H + GATE_WARPS - 1) / GATE_WARPS;   // heads per warp
     const size_t tok = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float *yt = y + tok * E;
     const act_t *zt = proj + tok * NP + OFF_Z;
     act_t *gt = g + tok * E;
-    for (int h = warp; h < H; h += GATE_WARPS) {
-        float yv[GATE_VPL];
-        const float r = gate_head_load(yt, h, lane, yv);
-        gate_head_store(yv, r, h, lane, zt, ngw, gt);
+    float yv[HPW][GATE_VPL], zv[HPW][GATE_VPL], r[HPW];
+#pragma unroll
+    for (int j = 0; j < HPW; ++j) {
+        const int h = warp + j * GATE_WARPS;
+#pragma unroll
+        for (int i = 0; i < GATE_VPL; ++i) {
+            const int p = lane + 32 * i;
+            yv[j][i] = h < H && p < P ? yt[h * P + p] : 0.0f;
+        }
+    }
+    // the scales before z is loaded: fewer values live across the division
+#pragma unroll
+    for (int j = 0; j < HPW; ++j) r[j] = gate_head_rms(yv[j]);
+#pragma unroll
+    for (int j = 0; j < HPW; ++j) {
+        const int h = warp + j * GATE_WARPS;
+#pragma unroll
+        for (int i = 0; i < GATE_VPL; ++i) {
+            const int p = lane + 32 * i;
+            zv[j][i] = h < H && p < P ? to_f32(zt[h * P + p]) : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < HPW; ++j) {
+        const int h = warp + j * GATE_WARPS;
+        if (h < H) gate_head_store_z(yv[j], zv[j], r[j], h, lane, ngw, gt);   // warp-uniform
     }
 }
