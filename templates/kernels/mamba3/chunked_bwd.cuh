@@ -439,7 +439,11 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                                 float2 out;
                                 out.x = acc[j][2 * rr] + dsk * dy[o];
                                 out.y = acc[j][2 * rr + 1] + dsk * dy[o + 1];
-                                st2_from_f32(dproj + tok * NP + OFF_X + h * P + p, out);
+                                // (two scalar stores: a row of NP values need not
+                                // keep pairs aligned)
+                                act_t *dx = dproj + tok * NP + OFF_X + h * P + p;
+                                dx[0] = from_f32<act_t>(out.x);
+                                dx[1] = from_f32<act_t>(out.y);
                             }
                         }
                 } else {
