@@ -47,6 +47,9 @@ angles_bwd_kernel(int seqlen, const kq_t *__restrict__ k, const kq_t *__restrict
     // Pass 1: the local terms and the un-rotated gradients.
     float sum = 0.0f;
     bool fl = false;   // STARTS: a start seen in this slice (sum stops growing there)
+    // (GIVEN: unrolled so that the loads of several tokens are in flight;
+    // the sum's order is unchanged)
+#pragma unroll(GIVEN ? 4 : 1)
     for (int t = t0; t < t1; ++t) {
         const size_t tok = row0 + t;
         float gl;
@@ -96,6 +99,7 @@ angles_bwd_kernel(int seqlen, const kq_t *__restrict__ k, const kq_t *__restrict
 
     // Pass 2: the running sum from the end of the sequence.
     float run = part[sl][a];
+#pragma unroll(GIVEN ? 4 : 1)
     for (int t = t1 - 1; t >= t0; --t) {
         float *gp = gth + ((row0 + t) * H + h) * S + a;
         run += *gp;
