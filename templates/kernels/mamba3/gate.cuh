@@ -77,6 +77,22 @@ __device__ __forceinline__ void gate_head_store(const float (&yv)[GATE_VPL], flo
 // kernel at about half the copy rate; the per-head arithmetic (and so
 // every bit) is unchanged.
 // ---------------------------------------------------------------------------
+// A warp's heads h = warp + j*GATE_WARPS of one token's row (y or z) as f32,
+// lane entries p = lane + 32*i (0 past P or H), all loads issued together.
+template <int HPW, typename T>
+__device__ __forceinline__ void gate_load_heads(const T *row, int warp, int lane, float (&v)[HPW][GATE_VPL])
+{
+#pragma unroll
+    for (int j = 0; j < HPW; ++j) {
+        const int h = warp + j * GATE_WARPS;
+#pragma unroll
+        for (int i = 0; i < GATE_VPL; ++i) {
+            const int p = lane + 32 * i;
+            v[j][i] = h < H && p < P ? to_f32(row[h * P + p]) : 0.0f;
+        }
+    }
+}
+
 __global__ void __launch_bounds__(GATE_THREADS)
 gate_kernel(const float *__restrict__ y, const act_t *__restrict__ proj,
             const float *__restrict__ ngw, act_t *__restrict__ g)
@@ -88,27 +104,11 @@ gate_kernel(const float *__restrict__ y, const act_t *__restrict__ proj,
     const act_t *zt = proj + tok * NP + OFF_Z;
     act_t *gt = g + tok * E;
     float yv[HPW][GATE_VPL], zv[HPW][GATE_VPL], r[HPW];
-#pragma unroll
-    for (int j = 0; j < HPW; ++j) {
-        const int h = warp + j * GATE_WARPS;
-#pragma unroll
-        for (int i = 0; i < GATE_VPL; ++i) {
-            const int p = lane + 32 * i;
-            yv[j][i] = h < H && p < P ? yt[h * P + p] : 0.0f;
-        }
-    }
+    gate_load_heads(yt, warp, lane, yv);
     // the scales before z is loaded: fewer values live across the division
 #pragma unroll
     for (int j = 0; j < HPW; ++j) r[j] = gate_head_rms(yv[j]);
-#pragma unroll
-    for (int j = 0; j < HPW; ++j) {
-        const int h = warp + j * GATE_WARPS;
-#pragma unroll
-        for (int i = 0; i < GATE_VPL; ++i) {
-            const int p = lane + 32 * i;
-            zv[j][i] = h < H && p < P ? to_f32(zt[h * P + p]) : 0.0f;
-        }
-    }
+    gate_load_heads(zt, warp, lane, zv);
 #pragma unroll
     for (int j = 0; j < HPW; ++j) {
         const int h = warp + j * GATE_WARPS;
