@@ -267,9 +267,15 @@ end
 --                       wave of clusters instead of several. The launch picks
 --                       1..decode_seqs per call (the fewest that fit the
 --                       GPU's co-resident clusters); decode_seqs is the count
---                       that fits max_batch into d.sms // decode_cluster
---                       clusters (one block per SM), at most 8, lowered
---                       while the shared memory would exceed 48 KiB
+--                       that fits max_batch into d.sms // (2 * decode_cluster)
+--                       clusters, at most 8, lowered while the shared memory
+--                       would exceed 48 KiB. Why half the SMs: a cluster's
+--                       blocks share one GPC, so an H100/H200 SXM (132 SMs,
+--                       GPCs of at most 18) holds fewer clusters of 8 than
+--                       132 // 8 = 16; on the 2026-12-05 H100 bench the step
+--                       time doubled from batch 32 to 64 at 4 streams per
+--                       cluster (a second wave). More streams per cluster
+--                       only raise the most a call may pick
 --   d.decode_min_blocks  __launch_bounds__ minimum blocks per SM: 1 when
 --                       ceil(max_batch / decode_seqs) * decode_cluster blocks
 --                       fit one per SM of d.sms SMs (132, H100/H200 SXM,
@@ -351,7 +357,7 @@ function M.derive_inference(spec, d)
   local function smem(seqs)
     return 4 * seqs * (3 * d.D + d.input_dim + 4 * ec + 2 * d.XP + d.decode_threads // 32)
   end
-  local clusters = math.max(1, d.sms // cs)
+  local clusters = math.max(1, d.sms // (2 * cs))
   local seqs = math.min(8, derive.ceil_div(d.max_batch, clusters))
   while seqs > 1 and smem(seqs) > 48 * 1024 do seqs = seqs - 1 end
   d.decode_seqs = seqs
