@@ -165,15 +165,14 @@ int main(int argc, char **argv)
      * GPU (its co-resident clusters decide it). */
     {
         const int bmax = decode[sizeof decode / sizeof decode[0] - 1];
-        bench_ctx c = {m, bmax, 1, u, out, cs, ss};
         if ((s = model_set_decode_fused(m, MODEL_DECODE_SINGLE)) != MG_OK) die("set_decode_fused", s);
         for (int tile = 1; tile <= MODEL_DECODE_SINGLE_MAX_TILE; ++tile) {
             char what[48];
             snprintf(what, sizeof what, "decode single (graph; tile %d)", tile);
             if ((s = model_set_decode_tile(m, tile)) != MG_OK) die("set_decode_tile", s);
             model_graph *g = NULL;
-            if ((s = model_decode_graph_create(m, c.batch, u, out, cs, ss, &g)) != MG_OK) die("graph single", s);
-            if (time_row(what, c.batch, 1, stream, run_graph, g, &o, &st)) report_decode(what, c.batch, &st);
+            if ((s = model_decode_graph_create(m, bmax, u, out, cs, ss, &g)) != MG_OK) die("graph single", s);
+            if (time_row(what, bmax, 1, stream, run_graph, g, &o, &st)) report_decode(what, bmax, &st);
             model_decode_graph_destroy(g);
         }
         if ((s = model_set_decode_tile(m, 0)) != MG_OK) die("set_decode_tile", s);

@@ -58,6 +58,17 @@ __device__ __forceinline__ float2 rotate_pair(float c, float s, float2 v)
     return o;
 }
 
+// The transpose R(theta)^T v: a rotated pair's gradient taken back to the
+// pair before the rotation (the angle backward, and the chunked SSM
+// backward that does the rotary part itself), one expression for both.
+__device__ __forceinline__ float2 unrotate_pair(float c, float s, float2 v)
+{
+    float2 o;
+    o.x = c * v.x + s * v.y;
+    o.y = -s * v.x + c * v.y;
+    return o;
+}
+
 // The starting angle of thread (a, sl)'s time slice [t0, t1): pass 1 sums
 // the slice's increments inc(t) in f64, one thread per angle turns the
 // slice sums into exclusive prefixes in slice order (deterministic), and

@@ -63,13 +63,8 @@ angles_bwd_kernel(int seqlen, const kq_t *__restrict__ k, const kq_t *__restrict
             const float2 f = *reinterpret_cast<const float2 *>(dq + base);
             const float2 r = reinterpret_cast<const float2 *>(cs)[(tok * H + h) * S + a];
             gl = -g.x * kk.y + g.y * kk.x - f.x * qq.y + f.y * qq.x;
-            float2 ug, uf;
-            ug.x = r.x * g.x + r.y * g.y;
-            ug.y = -r.y * g.x + r.x * g.y;
-            uf.x = r.x * f.x + r.y * f.y;
-            uf.y = -r.y * f.x + r.x * f.y;
-            *reinterpret_cast<float2 *>(dk + base) = ug;
-            *reinterpret_cast<float2 *>(dq + base) = uf;
+            *reinterpret_cast<float2 *>(dk + base) = unrotate_pair(r.x, r.y, g);
+            *reinterpret_cast<float2 *>(dq + base) = unrotate_pair(r.x, r.y, f);
             gth[(tok * H + h) * S + a] = gl;
         }
         if constexpr (STARTS) {

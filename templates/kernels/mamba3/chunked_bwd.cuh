@@ -533,7 +533,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                                         gl = __fmaf_rn(o.y, v0, gl);
                                         ga_loc[j][rr] = gl;
                                         const float2 r = reinterpret_cast<const float2 *>(cs)[th * S + n / 2];
-                                        o = make_float2(r.x * o.x + r.y * o.y, -r.y * o.x + r.x * o.y);
+                                        o = unrotate_pair(r.x, r.y, o);
                                         if (isq) gth[th * S + n / 2] = gl;
                                     }
                                     *reinterpret_cast<float2 *>(out + th * N + n) = o;
