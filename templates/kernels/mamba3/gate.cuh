@@ -24,21 +24,29 @@ __device__ __forceinline__ float gate_head_rms(const float (&yv)[GATE_VPL])
     return r;
 }
 
-__device__ __forceinline__ float gate_head_load(const float *yt, int h, int lane, float (&yv)[GATE_VPL])
+// Head h of a token's row (y or z) as f32: the lane's entries p = lane +
+// 32*i, 0 past P.
+template <typename T>
+__device__ __forceinline__ void gate_head_vals(const T *row, int h, int lane, float (&v)[GATE_VPL])
 {
 #pragma unroll
     for (int i = 0; i < GATE_VPL; ++i) {
         const int p = lane + 32 * i;
-        yv[i] = p < P ? yt[h * P + p] : 0.0f;
+        v[i] = p < P ? to_f32(row[h * P + p]) : 0.0f;
     }
+}
+
+__device__ __forceinline__ float gate_head_load(const float *yt, int h, int lane, float (&yv)[GATE_VPL])
+{
+    gate_head_vals(yt, h, lane, yv);
     return gate_head_rms(yv);
 }
 
-// Writes head h's gated outputs gt[h*P + p] (lane's entries p = lane +
-// 32*i) from its values yv and scale r (gate_head_load), z (zt, the token's
-// z row) and norm_gate_w: the expression of doc/math.md step 11. The gate
-// kernel and the decode mixer share it.
-// gate_head_store_z: the same with the lane's z values already loaded (zv).
+// gate_head_store_z writes head h's gated outputs gt[h*P + p] (lane's
+// entries p = lane + 32*i) from its values yv and scale r (gate_head_load),
+// the lane's z values zv and norm_gate_w: the expression of doc/math.md
+// step 11. gate_head_store loads z from zt (the token's z row) first. The
+// gate kernel and the decode mixer share them.
 __device__ __forceinline__ void gate_head_store_z(const float (&yv)[GATE_VPL], const float (&zv)[GATE_VPL],
                                                   float r, int h, int lane, const float *ngw, act_t *gt)
 {
@@ -57,11 +65,7 @@ __device__ __forceinline__ void gate_head_store(const float (&yv)[GATE_VPL], flo
                                                 const act_t *zt, const float *ngw, act_t *gt)
 {
     float zv[GATE_VPL];
-#pragma unroll
-    for (int i = 0; i < GATE_VPL; ++i) {
-        const int p = lane + 32 * i;
-        zv[i] = p < P ? to_f32(zt[h * P + p]) : 0.0f;
-    }
+    gate_head_vals(zt, h, lane, zv);
     gate_head_store_z(yv, zv, r, h, lane, ngw, gt);
 }
 
@@ -85,10 +89,11 @@ __device__ __forceinline__ void gate_load_heads(const T *row, int warp, int lane
 #pragma unroll
     for (int j = 0; j < HPW; ++j) {
         const int h = warp + j * GATE_WARPS;
+        if (h < H) {   // warp-uniform
+            gate_head_vals(row, h, lane, v[j]);
+        } else {
 #pragma unroll
-        for (int i = 0; i < GATE_VPL; ++i) {
-            const int p = lane + 32 * i;
-            v[j][i] = h < H && p < P ? to_f32(row[h * P + p]) : 0.0f;
+            for (int i = 0; i < GATE_VPL; ++i) v[j][i] = 0.0f;
         }
     }
 }
