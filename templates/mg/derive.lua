@@ -16,6 +16,9 @@
 --   d.tf32                   spec.allow_tf32: the projection GEMMs on TF32
 --                            tensor cores (mg_blas_set_tf32 at create)
 --   d.target, d.sm           "sm_90" and 90
+--   d.pdl                    programmatic dependent launch (sm_90 and later):
+--                            chained decode kernels start while the one
+--                            before them drains (kernels/common/pdl.cuh)
 --   d.D, d.E, d.N, d.L       d_model, expand*d_model, d_state, n_layers
 --   d.input_dim, d.in_dim    input_dim, and the model input width (input_dim or D)
 --   d.eps                    norm_eps (a Lua float)
@@ -94,6 +97,7 @@ local function common(spec, opts)
   if d.tf32 then d.check_tol = DTYPES.f16.check_tol end
   d.target = spec.target
   d.sm = math.tointeger(tonumber(spec.target:match("^sm_(%d+)$")))
+  d.pdl = d.sm >= 90
   d.D = m.d_model
   d.E = m.expand * m.d_model
   d.N = m.d_state

@@ -47,6 +47,7 @@ E.FILES = {
   { arch = "mamba3_siso",   -- the kernel bodies (templates/kernels/mamba3/), then the kernels that include them
     bodies("prep.cuh angles.cuh scan.cuh tiles.cuh chunked_body.cuh chunked_fwd.cuh gate.cuh chunked_fused.cuh"
         .. " decode.cuh launch_fwd.cuh launch_decode.cuh launch.h"),
+    { path = "mg_pdl.cuh", copy = "kernels/common/pdl.cuh" },   -- the decode kernels' chained launches
     { path = "%s_kernels.cu",          template = "mamba3/kernels.cu.tmpl" },
   },
   -- the inference kernels every arch shares (templates/kernels/common/)

@@ -11,6 +11,10 @@
 // DEC_*, act_t) and after mg_m3_angles.cuh (wrap_2pi); #included by
 // NAME_kernels.cu inside its anonymous namespace: it includes nothing itself.
 //
+// Each kernel issues its L2 prefetch hints first, then waits for the kernel
+// before it (pdl_wait, mg_pdl.cuh: with programmatic dependent launch the
+// hints overlap that kernel's tail).
+//
 // Every sum has a fixed order (lanes, then a shuffle butterfly, then warps
 // or K-parts in index order; no atomics): bit-identical from run to run, so
 // a decode graph replays eager decode steps bit for bit. The mixer repeats
@@ -197,6 +201,8 @@ dec_in_proj_kernel(int batch, const float *__restrict__ h, const float *__restri
     const int slot = warp % SLOTS, kp = warp / SLOTS;
     const int row0 = blockIdx.x * DEC_IN_RPB + slot * DEC_IN_RW;
     dec_gemv_prefetch<D, DEC_IN_KT, DEC_IN_RW, DEC_IN_KS, DEC_IN_VPL>(W, NP, row0, kp, lane);
+    pdl_wait();      // h is the previous kernel's output
+    pdl_release();
     for (int b = warp; b < batch; b += DEC_WARPS) {
         const float r = dec_rms(reinterpret_cast<const float4 *>(h + (size_t)b * D), lane);
         if (lane == 0) rs[b] = r;
@@ -249,6 +255,8 @@ dec_out_proj_kernel(int batch, const act_t *__restrict__ g, const act_t *__restr
     const int slot = warp % SLOTS, kp = warp / SLOTS;
     const int row0 = blockIdx.x * DEC_OUT_RPB + slot * DEC_OUT_RW;
     dec_gemv_prefetch<E, DEC_OUT_KT, DEC_OUT_RW, DEC_OUT_KS, DEC_OUT_VPL>(W, D, row0, kp, lane);
+    pdl_wait();      // g is the mixer's output
+    pdl_release();
     float acc[DEC_OUT_RW][NB];
 #pragma unroll
     for (int r = 0; r < DEC_OUT_RW; ++r) {
@@ -312,12 +320,13 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     const int sl = tid % SCAN_LANES, rg = tid / SCAN_LANES;
     const bool scanner = tid < SCAN_THREADS;
     const act_t *pr = proj + b * NP;
-    const bool fresh = reset && reset[b];   // zero states in
 
     // The states are loaded after the angle step (the f64 sincos may call its
     // slow path: registers live across that call would spill), so their lines
-    // are requested from L2 now, overlapping the per-head maps.
-    if (scanner && ssm && !fresh) {
+    // are requested from L2 now, overlapping the per-head maps (and, launched
+    // with pdl_launch, the in_proj GEMV still running: a hint reads nothing,
+    // so it may come before pdl_wait).
+    if (scanner && ssm) {
 #pragma unroll
         for (int j = 0; j < SCAN_RPT; ++j) {
             const int p = rg + j * SCAN_ROWGROUPS;
@@ -326,6 +335,9 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(ssm + (bh * P + p) * N + sl + i * SCAN_LANES));
         }
     }
+    pdl_wait();      // proj is the in_proj GEMV's output
+    pdl_release();
+    const bool fresh = reset && reset[b];   // zero states in
 
     // prep: the group's BCNorm scales and the head's scalars (warp 0)
     const int grp = h / HPG;

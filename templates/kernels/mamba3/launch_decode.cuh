@@ -3,7 +3,9 @@
 // MG_LAUNCH(fn) of NAME.h names them NAME_launch_fn). The host pipeline
 // takes this path for decode steps of batch <= DEC_MAX_BATCH (its
 // DEC_MAX_BATCH, from the same derived value); a batch outside 1..
-// DEC_MAX_BATCH is refused here with cudaErrorInvalidValue. Included by
+// DEC_MAX_BATCH is refused here with cudaErrorInvalidValue. The three
+// kernels of a layer are launched with pdl_launch (mg_pdl.cuh): each may
+// start while the one before it drains. Included by
 // NAME_kernels.cu after its anonymous namespace (the kernels): it includes
 // nothing itself.
 
@@ -17,8 +19,7 @@ cudaError_t dec_in_proj_launch(int batch, const float *h, const float *norm_w, c
     if constexpr (NB < DEC_NB_MAX) {
         if (batch > NB) return dec_in_proj_launch<2 * NB>(batch, h, norm_w, w, proj, stream);
     }
-    dec_in_proj_kernel<NB><<<DEC_IN_BLOCKS, DEC_THREADS, 0, stream>>>(batch, h, norm_w, w, proj);
-    return cudaGetLastError();
+    return pdl_launch(dec_in_proj_kernel<NB>, DEC_IN_BLOCKS, DEC_THREADS, 0, stream, batch, h, norm_w, w, proj);
 }
 
 template <int NB>
@@ -28,8 +29,7 @@ cudaError_t dec_out_proj_launch(int batch, const act_t *g, const act_t *w, const
     if constexpr (NB < DEC_NB_MAX) {
         if (batch > NB) return dec_out_proj_launch<2 * NB>(batch, g, w, res, h, stream);
     }
-    dec_out_proj_kernel<NB><<<DEC_OUT_BLOCKS, DEC_THREADS, 0, stream>>>(batch, g, w, res, h);
-    return cudaGetLastError();
+    return pdl_launch(dec_out_proj_kernel<NB>, DEC_OUT_BLOCKS, DEC_THREADS, 0, stream, batch, g, w, res, h);
 }
 } // namespace
 
@@ -49,10 +49,9 @@ extern "C" cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *proj, cons
 {
     if (batch < 1 || batch > DEC_MAX_BATCH) return cudaErrorInvalidValue;
     const dim3 grid(H, batch);
-    dec_mixer_kernel<<<grid, DEC_MIX_THREADS, 0, stream>>>(
-        static_cast<const act_t *>(proj), dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, ssm,
-        k_prev, v_prev, angle, static_cast<act_t *>(g), reset);
-    return cudaGetLastError();
+    return pdl_launch(dec_mixer_kernel, grid, DEC_MIX_THREADS, 0, stream, static_cast<const act_t *>(proj), dt_bias,
+                      B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, ssm, k_prev, v_prev, angle,
+                      static_cast<act_t *>(g), reset);
 }
 
 extern "C" cudaError_t MG_LAUNCH(decode_out_proj)(int batch, const void *g, const void *w, const float *res,
