@@ -415,19 +415,24 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
         ck_decay<STARTS>(fs, warp, lane);
         __syncthreads();
         // The next chunk's rows of q', k' and v into L2 while this one
-        // computes (one 128-byte line per prefetch): its staging then waits
-        // on L2 rather than on HBM.
+        // computes (one 128-byte line per prefetch), and the lines holding
+        // its A*dt, lambda and dt (the stage's first loads): its staging
+        // then waits on L2 rather than on HBM.
         if (c0 + CK_Q < seqlen) {
             const int LQ = N * (int)sizeof(KQ) / 128 > 0 ? N * (int)sizeof(KQ) / 128 : 1;
             const int LV = P * (int)sizeof(act_t) / 128 > 0 ? P * (int)sizeof(act_t) / 128 : 1;
             const int nxt = min(CK_Q, seqlen - c0 - CK_Q);
-            for (int i = tid; i < nxt * (2 * LQ + LV); i += CK_THREADS) {
+            for (int i = tid; i < nxt * (2 * LQ + LV + 3); i += CK_THREADS) {
                 const int t = i % nxt, w = i / nxt;
                 const size_t tok = row0 + c0 + CK_Q + t;
                 const char *pf;
                 if (w < LQ) pf = reinterpret_cast<const char *>(q + (tok * H + h) * N) + 128 * w;
                 else if (w < 2 * LQ) pf = reinterpret_cast<const char *>(k + (tok * H + h) * N) + 128 * (w - LQ);
-                else pf = reinterpret_cast<const char *>(proj + tok * NP + OFF_X + h * P) + 128 * (w - 2 * LQ);
+                else if (w < 2 * LQ + LV)
+                    pf = reinterpret_cast<const char *>(proj + tok * NP + OFF_X + h * P) + 128 * (w - 2 * LQ);
+                else if (w == 2 * LQ + LV) pf = reinterpret_cast<const char *>(adt + tok * H + h);
+                else if (w == 2 * LQ + LV + 1) pf = reinterpret_cast<const char *>(lam + tok * H + h);
+                else pf = reinterpret_cast<const char *>(dt + tok * H + h);
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
             }
         }

@@ -358,16 +358,17 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
             }
         }
         __syncthreads();
-        // The chunk walked next (c - 1): its rows of q', k', dy, v and its
-        // checkpoint into L2 while this one computes (one 128-byte line per
-        // prefetch), so its staging waits on L2 rather than on HBM.
+        // The chunk walked next (c - 1): its rows of q', k', dy, v, the lines
+        // of its A*dt, dt and lambda, and its checkpoint into L2 while this
+        // one computes (one 128-byte line per prefetch), so its staging
+        // waits on L2 rather than on HBM.
         if (c > 0) {
             constexpr int LQ = N * (int)sizeof(kq_t) / 128 > 0 ? N * (int)sizeof(kq_t) / 128 : 1;
             constexpr int LY = P * 4 / 128 > 0 ? P * 4 / 128 : 1;
             constexpr int LV = P * (int)sizeof(act_t) / 128 > 0 ? P * (int)sizeof(act_t) / 128 : 1;
             constexpr int LC = P * N * 4 / 128;
             const size_t r0 = row0 + c0 - CKB_Q;
-            for (int i = tid; i < CKB_Q * (2 * LQ + LY + LV) + LC; i += CKB_THREADS) {
+            for (int i = tid; i < CKB_Q * (2 * LQ + LY + LV + 3) + LC; i += CKB_THREADS) {
                 const char *pf;
                 if (i < LC) {
                     pf = reinterpret_cast<const char *>(ckpt + (bh * nck + (size_t)(c0 - CKB_Q) / CKPT_STRIDE) * (size_t)(P * N)) + 128 * i;
@@ -377,7 +378,11 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                     if (w < LQ) pf = reinterpret_cast<const char *>(q + (tok * H + h) * N) + 128 * w;
                     else if (w < 2 * LQ) pf = reinterpret_cast<const char *>(k + (tok * H + h) * N) + 128 * (w - LQ);
                     else if (w < 2 * LQ + LY) pf = reinterpret_cast<const char *>(dy + tok * E + h * P) + 128 * (w - 2 * LQ);
-                    else pf = reinterpret_cast<const char *>(proj + tok * NP + OFF_X + h * P) + 128 * (w - 2 * LQ - LY);
+                    else if (w < 2 * LQ + LY + LV)
+                        pf = reinterpret_cast<const char *>(proj + tok * NP + OFF_X + h * P) + 128 * (w - 2 * LQ - LY);
+                    else if (w == 2 * LQ + LY + LV) pf = reinterpret_cast<const char *>(adt + tok * H + h);
+                    else if (w == 2 * LQ + LY + LV + 1) pf = reinterpret_cast<const char *>(dt + tok * H + h);
+                    else pf = reinterpret_cast<const char *>(lam + tok * H + h);
                 }
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
             }

@@ -379,18 +379,22 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         // ---- B: cumulative decay and weights ----
         ck_decay<STARTS>(fs, warp, lane);
         __syncthreads();
-        // The next chunk's B, C, x and z rows into L2 while this one computes.
+        // The next chunk's B, C, x and z rows into L2 while this one computes,
+        // and the columns from OFF_DT to the row's end (dt, A, lambda and the
+        // angle inputs of every head: the first loads of the next stage).
         if (c0 + CK_Q < c_end) {
             constexpr int LN = (N * (int)sizeof(act_t) + 127) / 128, LP = (P * (int)sizeof(act_t) + 127) / 128;
+            constexpr int LD = ((NP - OFF_DT) * (int)sizeof(act_t) + 127) / 128;
             const int nxt = min(CK_Q, c_end - c0 - CK_Q);
-            for (int i = tid; i < nxt * (2 * LN + 2 * LP); i += CK_THREADS) {
+            for (int i = tid; i < nxt * (2 * LN + 2 * LP + LD); i += CK_THREADS) {
                 const int t = i % nxt, w = i / nxt;
                 const char *row = reinterpret_cast<const char *>(pc + (size_t)(CK_Q + t) * NP);
                 const char *pf;
                 if (w < LN) pf = row + sizeof(act_t) * (OFF_B + grp * N) + 128 * w;
                 else if (w < 2 * LN) pf = row + sizeof(act_t) * (OFF_C + grp * N) + 128 * (w - LN);
                 else if (w < 2 * LN + LP) pf = row + sizeof(act_t) * (OFF_X + h * P) + 128 * (w - 2 * LN);
-                else pf = row + sizeof(act_t) * (OFF_Z + h * P) + 128 * (w - 2 * LN - LP);
+                else if (w < 2 * LN + 2 * LP) pf = row + sizeof(act_t) * (OFF_Z + h * P) + 128 * (w - 2 * LN - LP);
+                else pf = row + sizeof(act_t) * OFF_DT + 128 * (w - 2 * LN - 2 * LP);
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
             }
         }
