@@ -2,8 +2,8 @@
 // of short kernels on one stream, such as a decode step's GEMV -> mixer ->
 // GEMV. A kernel launched with pdl_launch may start while the kernel before
 // it on the stream is still running; it first does only what does not
-// depend on that kernel (L2 prefetch hints of its weights and states),
-// then pdl_wait() blocks until the previous kernel has finished and its
+// depend on that kernel (L2 prefetch hints of its weights, loads of its
+// states), then pdl_wait() blocks until the previous kernel has finished and its
 // writes are visible, then pdl_release() lets the next kernel of the chain
 // start its own prologue. Why: at a few microseconds per kernel, the launch
 // gap and each kernel's first memory latency are a large part of a decode
@@ -11,8 +11,10 @@
 // Safety: a kernel starts only after every block of the one before has
 // passed pdl_wait (it calls pdl_release after it), so when kernel K+1
 // starts, kernel K-1 and everything before it have finished. Code before
-// pdl_wait must still not read what kernel K writes; here it only issues
-// prefetch hints, which read nothing. Launched without the attribute (or
+// pdl_wait may therefore read what kernel K-1 and earlier wrote (the Mamba-3
+// decode mixer loads the states the previous step's mixer wrote), but not
+// what kernel K writes. That holds only while every kernel of a chain calls
+// pdl_release after its pdl_wait. Launched without the attribute (or
 // built for a target before sm_90: MG_PDL 0), pdl_wait and pdl_release do
 // nothing and the launch is an ordinary one: the same results, bit for bit.
 // Needs MG_PDL (NAME_common.cuh). #included inside the anonymous namespace

@@ -302,6 +302,10 @@ dec_out_proj_kernel(int batch, const act_t *__restrict__ g, const act_t *__restr
 // [batch] (NULL: none): a sequence whose entry is nonzero reads zeros
 // instead of its states (a new episode) and writes them as usual; the flag
 // is read where the states are loaded, so a reset costs no launch.
+// Loads come first, in two rounds: before pdl_wait the states, the reset
+// flag and the weights; after it the whole in_proj row the block reads
+// (B, C, x, z, the head's scalars, the angle input). The arithmetic after
+// them is unchanged.
 // ---------------------------------------------------------------------------
 __global__ void __launch_bounds__(DEC_MIX_THREADS)
 dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
@@ -313,6 +317,8 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     __shared__ float sk[N], sq[N], sv[P], sy[P];
     __shared__ float sc[4];   // dt, A*dt, lambda, BCNorm scale of B
     __shared__ float rC;      // BCNorm scale of C
+    static_assert(S <= DEC_MIX_THREADS && P <= DEC_MIX_THREADS, "a thread per angle and per row");
+    constexpr int NPM = (N + DEC_MIX_THREADS - 1) / DEC_MIX_THREADS;   // entries n per thread
     const int h = blockIdx.x;
     const size_t b = blockIdx.y;
     const size_t bh = b * H + h;
@@ -320,27 +326,46 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     const int sl = tid % SCAN_LANES, rg = tid / SCAN_LANES;
     const bool scanner = tid < SCAN_THREADS;
     const act_t *pr = proj + b * NP;
+    const int grp = h / HPG;
 
-    // The states are loaded after the angle step (the f64 sincos may call its
-    // slow path: registers live across that call would spill), so their lines
-    // are requested from L2 now, overlapping the per-head maps (and, launched
-    // with pdl_launch, the in_proj GEMV still running: a hint reads nothing,
-    // so it may come before pdl_wait).
-    if (scanner && ssm) {
+    // Before pdl_wait, the loads that do not read this step's in_proj output:
+    // the reset flag, the states (written by the previous decode step's
+    // mixer, which has finished by the time this kernel starts: mg_pdl.cuh)
+    // and the weights. With programmatic dependent launch their latency
+    // overlaps the in_proj GEMV; every load is issued before any is used.
+    const bool fresh = reset && reset[b];   // zero states in
+    float hs[SCAN_RPT][SCAN_NPT], kp[SCAN_NPT], vp[SCAN_RPT];
+    if (scanner) {
+#pragma unroll
+        for (int i = 0; i < SCAN_NPT; ++i) kp[i] = kps && !fresh ? kps[bh * N + sl + i * SCAN_LANES] : 0.0f;
 #pragma unroll
         for (int j = 0; j < SCAN_RPT; ++j) {
             const int p = rg + j * SCAN_ROWGROUPS;
+            vp[j] = vps && !fresh ? vps[bh * P + p] : 0.0f;
 #pragma unroll
-            for (int i = 0; i < SCAN_NPT; ++i)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(ssm + (bh * P + p) * N + sl + i * SCAN_LANES));
+            for (int i = 0; i < SCAN_NPT; ++i) hs[j][i] = ssm && !fresh ? ssm[(bh * P + p) * N + sl + i * SCAN_LANES] : 0.0f;
         }
     }
+    const double th0 = tid < S && ang && !fresh ? (double)ang[bh * S + tid] : 0.0;
+    float bw[NPM], bbi[NPM], cw[NPM], cbi[NPM];
+#pragma unroll
+    for (int j = 0; j < NPM; ++j) {
+        const int n = tid + j * DEC_MIX_THREADS;
+        if (n < N) {
+            bw[j] = Bnw[n];
+            bbi[j] = Bbias[h * N + n];
+            cw[j] = Cnw[n];
+            cbi[j] = Cbias[h * N + n];
+        }
+    }
+    const float dsk = Dskip[h];
     pdl_wait();      // proj is the in_proj GEMV's output
     pdl_release();
-    const bool fresh = reset && reset[b];   // zero states in
 
-    // prep: the group's BCNorm scales and the head's scalars (warp 0)
-    const int grp = h / HPG;
+    // This step's in_proj row, every read issued together: the group's
+    // BCNorm scales and the head's scalars (warp 0, prep_kernel's order),
+    // x, this thread's B and C entries, the angle input, z (warp 0, for the
+    // gate).
     if (warp == 0) {
         float rb, rc;
         bc_rms(pr + OFF_B + grp * N, pr + OFF_C + grp * N, lane, rb, rc);
@@ -354,21 +379,36 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
             rC = rc;
         }
     }
-    for (int p = tid; p < P; p += DEC_MIX_THREADS) sv[p] = to_f32(pr[OFF_X + h * P + p]);
+    if (tid < P) sv[tid] = to_f32(pr[OFF_X + h * P + tid]);
+    float braw[NPM], craw[NPM];
+#pragma unroll
+    for (int j = 0; j < NPM; ++j) {
+        const int n = tid + j * DEC_MIX_THREADS;
+        if (n < N) {
+            braw[j] = to_f32(pr[OFF_B + grp * N + n]);
+            craw[j] = to_f32(pr[OFF_C + grp * N + n]);
+        }
+    }
+    const float tin = tid < S ? tanhf(to_f32(pr[OFF_ANG + tid])) : 0.0f;
+    float zv[GATE_VPL];
+    if (warp == 0) gate_head_vals(pr + OFF_Z, h, lane, zv);
     __syncthreads();
-    for (int n = tid; n < N; n += DEC_MIX_THREADS) {
-        const int i = h * N + n;
-        sk[n] = to_f32(pr[OFF_B + grp * N + n]) * sc[3] * Bnw[n] + Bbias[i];
-        sq[n] = to_f32(pr[OFF_C + grp * N + n]) * rC * Cnw[n] + Cbias[i];
+    // prep: k, q = BCNorm + bias
+#pragma unroll
+    for (int j = 0; j < NPM; ++j) {
+        const int n = tid + j * DEC_MIX_THREADS;
+        if (n < N) {
+            sk[n] = braw[j] * sc[3] * bw[j] + bbi[j];
+            sq[n] = craw[j] * rC * cw[j] + cbi[j];
+        }
     }
     __syncthreads();
 
     // angles: one step of the recurrence per angle a, rotary of k and q
-    for (int a = tid; a < S; a += DEC_MIX_THREADS) {
-        const size_t st = bh * S + a;
-        const double th0 = ang && !fresh ? (double)ang[st] : 0.0;
+    if (tid < S) {
+        const int a = tid;
         double th = wrap_2pi(th0 + 0.0);   // angles_kernel's slice start (prefix 0)
-        th = wrap_2pi(th + PI_D * (double)tanhf(to_f32(pr[OFF_ANG + a])) * (double)sc[0]);
+        th = wrap_2pi(th + PI_D * (double)tin * (double)sc[0]);
         double sd, cd;
         sincos(th, &sd, &cd);
         const float c = (float)cd, s = (float)sd;
@@ -377,26 +417,15 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
         sk[2 * a + 1] = s * k0 + c * k1;
         sq[2 * a] = c * q0 - s * q1;
         sq[2 * a + 1] = s * q0 + c * q1;
-        if (ang) ang[st] = (float)th;
+        if (ang) ang[bh * S + a] = (float)th;
     }
     __syncthreads();
 
     // one scan step
     if (scanner) {
-        float hs[SCAN_RPT][SCAN_NPT], kp[SCAN_NPT], vp[SCAN_RPT];
-#pragma unroll
-        for (int i = 0; i < SCAN_NPT; ++i) kp[i] = kps && !fresh ? kps[bh * N + sl + i * SCAN_LANES] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < SCAN_RPT; ++j) {
-            const int p = rg + j * SCAN_ROWGROUPS;
-            vp[j] = vps && !fresh ? vps[bh * P + p] : 0.0f;
-#pragma unroll
-            for (int i = 0; i < SCAN_NPT; ++i) hs[j][i] = ssm && !fresh ? ssm[(bh * P + p) * N + sl + i * SCAN_LANES] : 0.0f;
-        }
         const float d = sc[0], l = sc[2];
         const float al = expf(sc[1]);
         const float be = (1.0f - l) * d * al, ga = l * d;
-        const float dsk = Dskip[h];
         // k' and q' are read from shared memory where used (not copied to
         // registers as scan_kernel does): the same values, and room for
         // the state at P*N/threads = 64 entries per thread.
@@ -431,6 +460,6 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     if (warp == 0) {
         float yv[GATE_VPL];
         const float r = gate_head_load(sy, 0, lane, yv);   // sy is the head's row: h = 0
-        gate_head_store(yv, r, h, lane, pr + OFF_Z, ngw, g + b * E);
+        gate_head_store_z(yv, zv, r, h, lane, ngw, g + b * E);
     }
 }
