@@ -160,14 +160,17 @@ gate_bwd_kernel(size_t n, const act_t *__restrict__ y, const act_t *__restrict__
 // thread (its states' dB and dC), 2^BC_LEVELS channel groups per warp,
 // BC_HALVE halving levels, BC_VF values left per thread; the remaining
 // butterfly levels use the offsets in BC_BUTTERFLY_MASK, and only threads
-// with those bits clear store.
+// with those bits clear store. With 32 lanes per channel (one channel a
+// warp: BC_LEVELS 0) there is nothing to reduce: every thread stores its
+// own dB and dC values.
 constexpr int mg_ilog2(int x) { return x <= 1 ? 0 : 1 + mg_ilog2(x / 2); }
 constexpr int BC_V = 2 * SCAN_NPT;
 constexpr int BC_LEVELS = mg_ilog2(32 / SCAN_LANES);
 constexpr int BC_HALVE = BC_LEVELS < mg_ilog2(BC_V) ? BC_LEVELS : mg_ilog2(BC_V);
 constexpr int BC_VF = BC_V >> BC_HALVE;
 constexpr int BC_BUTTERFLY_MASK = BC_HALVE < BC_LEVELS ? 2 * (16 >> BC_HALVE) - SCAN_LANES : 0;
-static_assert(BC_HALVE >= 1 && BC_VF <= SCAN_NPT, "a window holds dB or dC values, not both");
+static_assert((BC_HALVE >= 1 && BC_VF <= SCAN_NPT) || (BC_LEVELS == 0 && BC_VF == BC_V),
+              "a window holds dB or dC values, not both (or, one channel a warp, all of the thread's)");
 
 // Selective-scan backward (see the header). Grid (batch, SCAN_BLOCKS, spans),
 // the forward scan's block shape. Block z walks the checkpoint chunks
