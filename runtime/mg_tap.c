@@ -127,6 +127,10 @@ float *mg_tap_dalloc(size_t n)
 {
     void *p = NULL;
     if (mg_dev_alloc(&p, (n ? n : 1) * sizeof(float), "test buffer") != MG_OK) mg_tap_bail("cudaMalloc");
+    /* zeros, so that a test never hands a kernel memory nobody wrote (the
+     * bad-call tests run on inputs they do not fill; compute-sanitizer's
+     * initcheck reports such reads) */
+    if (cudaMemset(p, 0, (n ? n : 1) * sizeof(float)) != cudaSuccess) mg_tap_bail("cudaMemset");
     return (float *)p;
 }
 

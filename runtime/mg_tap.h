@@ -59,7 +59,7 @@ void mg_tap_expect_error(mg_status got, mg_status want, const char *needle, cons
  * returns the exit status of the program (1 when a test failed). */
 int mg_tap_done(void);
 
-/* Device buffer of n floats (at least one), or bail out. */
+/* Device buffer of n floats (at least one), zero-filled, or bail out. */
 float *mg_tap_dalloc(size_t n);
 /* Upload / download n floats (download synchronizes the device first); bail
  * out on error. */
