@@ -160,15 +160,21 @@ __device__ __forceinline__ void ck_decay(float *fs, int warp, int lane)
 }
 
 // Kw[n][s] = w_s k'_s[n] (transposed): the chunk's term of the state
-// update (ck_state_step), and part of ck_outputs.
+// update (ck_state_step), and part of ck_outputs. A thread transposes a
+// 2 x 2 block (rows i, i+1 of Ks, columns n, n+1) with paired loads and
+// stores: a quarter of the instructions of one element at a time, each
+// element the same product, rounded the same way.
 template <class Dm>
 __device__ __forceinline__ void ck_weighted_k(const Dm dm, const op_t *Ks, op_t *Kw, const float *fs, int tid)
 {
     const int N = dm.N, CK_LDN = dm.ldn;
     const float *s_w = fs + 6 * CK_Q;
-    for (int idx = tid; idx < CK_Q * N; idx += CK_THREADS) {
-        const int i = idx % CK_Q, n = idx / CK_Q;
-        Kw[n * CK_LDQ + i] = from_f32<op_t>(to_f32(Ks[i * CK_LDN + n]) * s_w[i]);
+    for (int idx = tid; idx < (CK_Q / 2) * (N / 2); idx += CK_THREADS) {
+        const int i = 2 * (idx % (CK_Q / 2)), n = 2 * (idx / (CK_Q / 2));
+        const float w0 = s_w[i], w1 = s_w[i + 1];
+        const float2 k0 = ld2_f32(Ks + i * CK_LDN + n), k1 = ld2_f32(Ks + (i + 1) * CK_LDN + n);
+        st2_from_f32(Kw + n * CK_LDQ + i, make_float2(k0.x * w0, k1.x * w1));
+        st2_from_f32(Kw + (n + 1) * CK_LDQ + i, make_float2(k0.y * w0, k1.y * w1));
     }
 }
 

@@ -41,6 +41,23 @@ __device__ __forceinline__ float4 ld4_f32(const __half *p)
     return make_float4(x.x, x.y, y.x, y.y);
 }
 
+// Two consecutive values as f32 (one 4-byte load for the 16-bit types,
+// 8-byte for f32), and two f32 values stored, each rounded to nearest as
+// from_f32 rounds it: the (even, odd) rotation pairs of the training path,
+// and 2 x 2 blocks of the staged tiles (even columns of padded rows).
+__device__ __forceinline__ float2 ld2_f32(const float *p) { return *reinterpret_cast<const float2 *>(p); }
+__device__ __forceinline__ float2 ld2_f32(const __nv_bfloat16 *p)
+{
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+}
+__device__ __forceinline__ float2 ld2_f32(const __half *p) { return __half22float2(*reinterpret_cast<const __half2 *>(p)); }
+__device__ __forceinline__ void st2_from_f32(float *p, float2 v) { *reinterpret_cast<float2 *>(p) = v; }
+__device__ __forceinline__ void st2_from_f32(__nv_bfloat16 *p, float2 v)
+{
+    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(v.x, v.y);
+}
+__device__ __forceinline__ void st2_from_f32(__half *p, float2 v) { *reinterpret_cast<__half2 *>(p) = __floats2half2_rn(v.x, v.y); }
+
 // c += A . B for one 16 x 8 tile, k = 16, in the fragment layout of
 // mma.m16n8k16 (lane l: g = l/4, cc = 2*(l%4); c[0], c[1] at row g, columns
 // cc, cc+1; c[2], c[3] at row g+8). Operands in shared memory:

@@ -32,17 +32,5 @@ __device__ __forceinline__ float da_act(float v)
 // reader converts to f32 on load. f32 storage: f32, as before.
 typedef act_t kq_t;
 
-// Two consecutive values of p as f32 (one 4- or 8-byte load), and two f32
-// values stored (rounded to the storage type): the (even, odd) rotation pairs.
-__device__ __forceinline__ float2 ld2_f32(const float *p) { return *reinterpret_cast<const float2 *>(p); }
-__device__ __forceinline__ float2 ld2_f32(const __nv_bfloat16 *p)
-{
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
-}
-__device__ __forceinline__ float2 ld2_f32(const __half *p) { return __half22float2(*reinterpret_cast<const __half2 *>(p)); }
-__device__ __forceinline__ void st2_from_f32(float *p, float2 v) { *reinterpret_cast<float2 *>(p) = v; }
-__device__ __forceinline__ void st2_from_f32(__nv_bfloat16 *p, float2 v)
-{
-    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(v.x, v.y);
-}
-__device__ __forceinline__ void st2_from_f32(__half *p, float2 v) { *reinterpret_cast<__half2 *>(p) = __floats2half2_rn(v.x, v.y); }
+// ld2_f32 / st2_from_f32 (two consecutive values, the rotation pairs) are
+// mg_m3_tiles.cuh's, included before this file.
