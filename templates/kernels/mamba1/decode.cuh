@@ -128,6 +128,9 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
 // launch (input_proj, every layer, norm_f). A thread-block cluster of
 // DEC_CLUSTER blocks serves `spc` consecutive streams (1 <= spc <=
 // DEC_SEQS, chosen per launch): grid = ceil(batch / spc) * DEC_CLUSTER,
+// compiled for SEQS streams at most (its register arrays and shared memory;
+// instances SEQS = 1 for spc = 1 and SEQS = DEC_SEQS, whose per-stream
+// arithmetic is the same),
 // cluster rank r = blockIdx.x % DEC_CLUSTER, streams b0 .. b0 + ns - 1 with
 // b0 = (blockIdx.x / DEC_CLUSTER) * spc and ns = min(spc, batch - b0).
 // Clusters are independent, so no grid-wide synchronisation. Block r owns
@@ -277,13 +280,14 @@ struct DecGemv {
 __device__ __forceinline__ float round_act(float x) { return to_f32(from_f32<act_t>(x)); }
 
 // Sums of v[s] over the block for the ns streams (every thread gets them):
-// warp butterflies, then the warps in index order. s_red: [DEC_SEQS]
+// warp butterflies, then the warps in index order. s_red: [SEQS]
 // [DEC_WARPS] floats; a __syncthreads before the next use of s_red is the
 // caller's (the layers have several in between).
-__device__ __forceinline__ void dec_block_sums(float (&v)[DEC_SEQS], int ns, float (*s_red)[DEC_WARPS])
+template <int SEQS>
+__device__ __forceinline__ void dec_block_sums(float (&v)[SEQS], int ns, float (*s_red)[DEC_WARPS])
 {
 #pragma unroll
-    for (int s = 0; s < DEC_SEQS; ++s) {
+    for (int s = 0; s < SEQS; ++s) {
         if (s < ns) {
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) v[s] += __shfl_xor_sync(FULL_MASK, v[s], o);
@@ -292,7 +296,7 @@ __device__ __forceinline__ void dec_block_sums(float (&v)[DEC_SEQS], int ns, flo
     }
     __syncthreads();
 #pragma unroll
-    for (int s = 0; s < DEC_SEQS; ++s) {
+    for (int s = 0; s < SEQS; ++s) {
         float t = 0.0f;
 #pragma unroll
         for (int i = 0; i < DEC_WARPS; ++i) t += s < ns ? s_red[s][i] : 0.0f;
@@ -359,22 +363,24 @@ __device__ __forceinline__ void dec_prefetch_step(const float *w, const act_t *w
 }
 
 // RMSNorm scales rs[s] = 1 / sqrt(mean(h[s]^2) + eps) of the ns streams'
-// residual rows h [DEC_SEQS][D] (shared memory), every thread getting them
+// residual rows h [SEQS][D] (shared memory), every thread getting them
 // (dec_block_sums: its s_red rule applies).
+template <int SEQS>
 __device__ __forceinline__ void dec_rms_scales(const float (*h)[D], int ns, float (*s_red)[DEC_WARPS],
-                                               float (&rs)[DEC_SEQS])
+                                               float (&rs)[SEQS])
 {
 #pragma unroll
-    for (int s = 0; s < DEC_SEQS; ++s) {
+    for (int s = 0; s < SEQS; ++s) {
         rs[s] = 0.0f;
         if (s < ns)
             for (int j = threadIdx.x; j < D; j += DEC_THREADS) rs[s] += h[s][j] * h[s][j];
     }
     dec_block_sums(rs, ns, s_red);
 #pragma unroll
-    for (int s = 0; s < DEC_SEQS; ++s) rs[s] = 1.0f / sqrtf(rs[s] / (float)D + EPS);
+    for (int s = 0; s < SEQS; ++s) rs[s] = 1.0f / sqrtf(rs[s] / (float)D + EPS);
 }
 
+template <int SEQS>
 __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
 decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float *__restrict__ out,
                          const float *__restrict__ w, const act_t *__restrict__ wg,
@@ -384,19 +390,19 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     const int rank = (int)cluster.block_rank();
     const int b0 = (int)(blockIdx.x / DEC_CLUSTER) * spc;   // first stream of this cluster
     const int ns = min(spc, batch - b0);                     // its streams (>= 1)
-    bool fresh[DEC_SEQS];                                    // a new episode: zero states in (reset mask)
+    bool fresh[SEQS];                                    // a new episode: zero states in (reset mask)
 #pragma unroll
-    for (int s = 0; s < DEC_SEQS; ++s) fresh[s] = s < ns && reset && reset[b0 + s];
+    for (int s = 0; s < SEQS; ++s) fresh[s] = s < ns && reset && reset[b0 + s];
     const int e0 = rank * DEC_EC;                    // first channel of this block
-    __shared__ __align__(16) float s_h[DEC_SEQS][D];           // residual stream (identical in every block)
-    __shared__ __align__(16) float s_hn[DEC_SEQS][D];          // rmsnorm(h) * norm.weight, rounded
-    __shared__ __align__(16) float s_pout[DEC_SEQS][D];        // this block's out_proj partial
-    __shared__ __align__(16) float s_xz[DEC_SEQS][2 * DEC_EC]; // x | z of the block's channels, rounded
-    __shared__ __align__(16) float s_xc[DEC_SEQS][DEC_EC];     // conv + SiLU, rounded
-    __shared__ __align__(16) float s_g[DEC_SEQS][DEC_EC];      // gated scan output, rounded
-    __shared__ __align__(16) float s_xpart[DEC_SEQS][XP];      // this block's x_proj partial
-    __shared__ __align__(16) float s_dbl[DEC_SEQS][XP];        // dt_low | B | C, rounded
-    __shared__ float s_red[DEC_SEQS][DEC_WARPS];
+    __shared__ __align__(16) float s_h[SEQS][D];           // residual stream (identical in every block)
+    __shared__ __align__(16) float s_hn[SEQS][D];          // rmsnorm(h) * norm.weight, rounded
+    __shared__ __align__(16) float s_pout[SEQS][D];        // this block's out_proj partial
+    __shared__ __align__(16) float s_xz[SEQS][2 * DEC_EC]; // x | z of the block's channels, rounded
+    __shared__ __align__(16) float s_xc[SEQS][DEC_EC];     // conv + SiLU, rounded
+    __shared__ __align__(16) float s_g[SEQS][DEC_EC];      // gated scan output, rounded
+    __shared__ __align__(16) float s_xpart[SEQS][XP];      // this block's x_proj partial
+    __shared__ __align__(16) float s_dbl[SEQS][XP];        // dt_low | B | C, rounded
+    __shared__ float s_red[SEQS][DEC_WARPS];
     const int tid = threadIdx.x;
     // conv / dt / scan phase: DEC_LANES threads per channel; threads past the
     // block's channels shadow its last channel (they join the shuffles) and
@@ -409,7 +415,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
 
     if constexpr (DEC_IN_DIM > 0) {
         // h = u . input_proj.weight^T + input_proj.bias (f32, every block)
-        __shared__ __align__(16) float s_u[DEC_SEQS][DEC_IN_COLS];
+        __shared__ __align__(16) float s_u[SEQS][DEC_IN_COLS];
         for (int i = tid; i < ns * DEC_IN_DIM; i += DEC_THREADS)
             s_u[i / DEC_IN_COLS][i % DEC_IN_COLS] = u[(size_t)b0 * DEC_IN_DIM + i];   // DEC_IN_COLS == DEC_IN_DIM here
         __syncthreads();
@@ -437,12 +443,12 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         gin.prefetch();
         gx.prefetch();
         go.prefetch();
-        float cw[K], win[DEC_SEQS][K], sv[DEC_SEQS][DEC_NPT], alog[DEC_NPT];
+        float cw[K], win[SEQS][K], sv[SEQS][DEC_NPT], alog[DEC_NPT];
         act_t dtw[DEC_RPL];
 #pragma unroll
         for (int k = 0; k < K; ++k) cw[k] = lw[DL0_CONV_W + (size_t)e * K + k];
 #pragma unroll
-        for (int s = 0; s < DEC_SEQS; ++s) {
+        for (int s = 0; s < SEQS; ++s) {
             const bool load = cs && s < ns && !fresh[s];
 #pragma unroll
             for (int k = 0; k < K - 1; ++k)
@@ -452,7 +458,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
 #pragma unroll
         for (int j = 0; j < DEC_NPT; ++j) alog[j] = lw[DL0_A_LOG + (size_t)e * N + lane * DEC_NPT + j];
 #pragma unroll
-        for (int s = 0; s < DEC_SEQS; ++s) {
+        for (int s = 0; s < SEQS; ++s) {
             const bool load = ss && s < ns && !fresh[s];
 #pragma unroll
             for (int j = 0; j < DEC_NPT; ++j)
@@ -472,10 +478,10 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
 
         // 1. hn = rmsnorm(h) * norm.weight
         {
-            float rs[DEC_SEQS];
+            float rs[SEQS];
             dec_rms_scales(s_h, ns, s_red, rs);
 #pragma unroll
-            for (int s = 0; s < DEC_SEQS; ++s) {
+            for (int s = 0; s < SEQS; ++s) {
                 if (s >= ns) continue;
 #pragma unroll
                 for (int i = 0; i < DEC_DPT; ++i) {
@@ -489,9 +495,9 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         gin.run<D>(&s_hn[0][0], ns, [&](int s, int r, float acc) { s_xz[s][r] = round_act(acc); }, true);
         __syncthreads();
         // 3. conv step, conv state in place
-        float xv[DEC_SEQS];
+        float xv[SEQS];
 #pragma unroll
-        for (int s = 0; s < DEC_SEQS; ++s) {
+        for (int s = 0; s < SEQS; ++s) {
             xv[s] = 0.0f;
             if (s >= ns) continue;
             win[s][K - 1] = s_xz[s][cl];
@@ -520,7 +526,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         __syncthreads();
         // 5. dt_proj + softplus, scan step (ssm state in place), gate
 #pragma unroll
-        for (int s = 0; s < DEC_SEQS; ++s) {
+        for (int s = 0; s < SEQS; ++s) {
             if (s >= ns) continue;
             float dtv = 0.0f;
 #pragma unroll
@@ -566,11 +572,11 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
 
     // out = rmsnorm(h) * norm_f.weight (f32), written by rank 0
     if (rank == 0) {
-        float rs[DEC_SEQS];
+        float rs[SEQS];
         dec_rms_scales(s_h, ns, s_red, rs);
         const float *nf = w + DOFF_NORM_F_W;
 #pragma unroll
-        for (int s = 0; s < DEC_SEQS; ++s) {
+        for (int s = 0; s < SEQS; ++s) {
             if (s >= ns) continue;
             for (int j = tid; j < D; j += DEC_THREADS) out[(size_t)(b0 + s) * D + j] = s_h[s][j] * rs[s] * nf[j];
         }

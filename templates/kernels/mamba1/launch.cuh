@@ -103,8 +103,14 @@ extern "C" cudaError_t MG_LAUNCH(decode_persistent)(int batch, int spc, const fl
     if (batch < 1 || spc < 1 || spc > DEC_SEQS) return cudaErrorInvalidValue;
     cudaLaunchAttribute attr[1];
     const cudaLaunchConfig_t cfg = decode_persistent_config(batch, spc, stream, attr);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, decode_persistent_kernel, batch, spc, u, out, w,
-                                             static_cast<const act_t *>(wg), conv_state, ssm_state, reset);
+    // One stream per cluster (a batch within the co-resident clusters, the
+    // latency case) takes the instance compiled for one: its registers and
+    // shared memory are sized for one stream, not DEC_SEQS.
+    const cudaError_t e =
+        spc == 1 ? cudaLaunchKernelEx(&cfg, decode_persistent_kernel<1>, batch, spc, u, out, w,
+                                      static_cast<const act_t *>(wg), conv_state, ssm_state, reset)
+                 : cudaLaunchKernelEx(&cfg, decode_persistent_kernel<DEC_SEQS>, batch, spc, u, out, w,
+                                      static_cast<const act_t *>(wg), conv_state, ssm_state, reset);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -113,7 +119,9 @@ extern "C" cudaError_t MG_LAUNCH(decode_persistent_clusters)(int *n)
     cudaLaunchAttribute attr[1];
     const cudaLaunchConfig_t cfg = decode_persistent_config(1, 1, 0, attr);
     *n = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveClusters(n, decode_persistent_kernel, &cfg);
+    // the instance of several streams a cluster: the one a batch beyond this
+    // count runs (the one-stream instance fits at least as many)
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(n, decode_persistent_kernel<DEC_SEQS>, &cfg);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();   // a query error is not the next launch's
         *n = 0;
