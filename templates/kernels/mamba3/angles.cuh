@@ -83,10 +83,11 @@ __device__ __forceinline__ float2 unrotate_pair(float c, float s, float2 v)
 // (angle_incs) before they are summed in token order: a thread walks its
 // slice one token after another, and one token's loads at a time leave the
 // walk waiting on memory at every step. The sums and their order (so every
-// bit) are those of AHEAD = 1. Why not always: the registers it takes
-// (mamba3_perf: 32 -> 60) cost angles_kernel its second block per SM,
-// while angles_cs_kernel has one either way (ANGLE_AHEAD_CS).
-constexpr int ANGLE_AHEAD_CS = 4;
+// bit) are those of AHEAD = 1. Not used at present: the registers it takes
+// (mamba3_perf: 32 -> 60) cost angles_kernel its second block per SM, and
+// angles_cs_kernel measured slower with 4 (H100, mamba3_perf b8 T4096:
+// 0.331 -> 0.366 ms), so ANGLE_AHEAD_CS is 1 until a shape shows a gain.
+constexpr int ANGLE_AHEAD_CS = 1;
 template <int AHEAD, class Inc>
 __device__ __forceinline__ void angle_incs(double (&iv)[AHEAD], int t, int t1, Inc inc)
 {
