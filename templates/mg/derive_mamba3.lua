@@ -331,7 +331,12 @@ end
 --                       segments run side by side when batch x H blocks
 --                       cannot fill the GPU): workspace slots (sequence,
 --                       head, segment) and bytes (a P x N f32 state, two f64
---                       angles per rotary pair and an f32 decay per slot)
+--                       angles per rotary pair and an f32 decay per slot),
+--                       then the per-token rows of every call (the fused
+--                       form's token prologue)
+--   d.seg_aux_w          floats per token row of that prologue: 1/rms of
+--                       each group's B and C, tanh of the angle inputs
+--                       (2G + S)
 function M.ck_fused(d)
   local q = d.ck_chunk
   d.ck_ldy = d.P + 4
@@ -347,7 +352,11 @@ function M.ck_fused(d)
   -- enough for 2 blocks on each of 256 SMs; a call with batch x H slots
   -- or more runs whole sequences
   d.seg_slots = d.ck_fused and 512 or 0
+  -- and the token prologue's rows (what every head's block would otherwise
+  -- compute again from the same in_proj row), for max_tokens tokens
+  d.seg_aux_w = 2 * d.G + d.S
   d.seg_ws_bytes = d.seg_slots * (d.P * d.N * 4 + 16 * d.S + 4)
+      + (d.ck_fused and d.max_tokens * d.seg_aux_w * 4 or 0)
   return d
 end
 

@@ -23,13 +23,16 @@
 // reductions and the angle walk then read shared memory only.
 //   A1 (flat loads) the group's raw B and C rows into the k' and q' stage
 //      (op_t is the storage type: exact), v transposed, tanh of the
-//      angle inputs (f32, the value angles_kernel takes) and head h's
-//      scalars dt, A*dt, lambda of the chunk's tokens and of the next
-//      chunk's first (head_scalars, as prep_kernel); rows past the
-//      sequence's end are zeros.
-//   A2 one warp per token the 1/rms of the raw B and C rows (bc_rms, the
-//      same order as prep_kernel); the per-step weights gamma and
-//      (1-lam') dt'; the angle threads sum their slice's increments.
+//      angle inputs (f32, the value angles_kernel takes) and the 1/rms of
+//      the raw B and C rows (bc_rms, prep_kernel's order), both from the
+//      token prologue's rows (token_prologue_kernel, one launch before,
+//      for every head), and head h's scalars dt, A*dt, lambda of the
+//      chunk's tokens and of the next chunk's first (head_scalars, as
+//      prep_kernel); rows past the sequence's end are zeros.
+//   A2 the per-step weights gamma and (1-lam') dt'; the angle threads sum
+//      their slice's increments. (Without the prologue's rows, as when the
+//      call has more tokens than the workspace holds, A1 computes the
+//      tanh and A2 the 1/rms itself, one warp per token: the same bits.)
 //   A3 in place: the entries n >= 2S become BCNorm + per-head bias; the
 //      rotated pairs are built by thread (a, sl), which owns angle a over
 //      time slice sl of CK_ASTEPS steps: it starts from the angle entering
@@ -51,7 +54,7 @@
 //
 // Segments (few blocks: batch x H well under the SMs, e.g. one sequence).
 // The chunks of a sequence are split into nseg segments of whole chunks,
-// grid (H, batch, nseg), in four launches:
+// grid (H, batch, nseg), in four launches (after the token prologue):
 //   1. seg_angle_kernel: each segment's sum of angle increments (f64);
 //   2. scan_fused_kernel<FUSED_LOCAL>: each segment's final state from a
 //      zero state (the chunk loop without outputs) and its decay (the
@@ -122,7 +125,36 @@ struct fused_seg {
     float *dec;             // [slot]: the segment's decay (2)
     double *asum;           // [slot][S]: the segment's angle increments (1)
     double *th;             // [slot][S]: the angle entering the segment (3)
+    const float *aux;       // [token][AUX_W]: the token prologue's rows, or nullptr (computed per block)
 };
+
+// ---- The token prologue (one launch before the fused kernel, for every
+// head at once): per token of the call, the 1/rms of each group's raw B
+// and C rows (bc_rms, prep_kernel's order) and tanh of the angle inputs,
+// into aux [token][AUX_W] = 1/rms(B_g) [G] | 1/rms(C_g) [G] | tanh [S].
+// Why: every head's block of the fused kernel reads them, and computed
+// them itself from the same in_proj row, H times over (ncu: the fused
+// kernel is bound by its instruction count). The same expressions on the
+// same values: the same bits. One warp per token.
+constexpr int PRO_WARPS = 8;   // tokens per block
+__global__ void __launch_bounds__(PRO_WARPS * 32)
+token_prologue_kernel(size_t tokens, const act_t *__restrict__ proj, float *__restrict__ aux)
+{
+    const int lane = threadIdx.x & 31;
+    const size_t tok = (size_t)blockIdx.x * PRO_WARPS + (threadIdx.x >> 5);
+    if (tok >= tokens) return;   // the whole warp: bc_rms shuffles over all its lanes
+    const act_t *pr = proj + tok * NP;
+    float *row = aux + tok * AUX_W;
+    for (int g = 0; g < G; ++g) {
+        float rb, rc;
+        bc_rms(pr + OFF_B + g * N, pr + OFF_C + g * N, lane, rb, rc);
+        if (lane == 0) {
+            row[g] = rb;
+            row[G + g] = rc;
+        }
+    }
+    for (int a = lane; a < S; a += 32) row[2 * G + a] = tanhf(to_f32(pr[OFF_ANG + a]));
+}
 
 // The kernel's modes: the whole sequence per block; a segment's local
 // state only; a segment's outputs from its entering state.
@@ -270,19 +302,33 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
 #pragma unroll
             for (int j = 0; j < FV; ++j) Vt[(p + j) * CK_LDQ + i] = xv.e[j];
         }
+        if (sg.aux) {   // the token prologue's rows: the group's 1/rms of B and C, tanh of the angle inputs
+            const float *ar = sg.aux + (row0 + c0) * AUX_W;
+            for (int i = tid; i < len; i += CK_THREADS) {
+                s_rb[i] = ar[(size_t)i * AUX_W + grp];
+                s_rc[i] = ar[(size_t)i * AUX_W + G + grp];
+            }
 #pragma unroll 4
-        for (int idx = tid; idx < len * S; idx += CK_THREADS) {
-            const int i = idx / S, a = idx % S;
-            s_tanh[idx] = tanhf(to_f32(pc[(size_t)i * NP + OFF_ANG + a]));
+            for (int idx = tid; idx < len * S; idx += CK_THREADS)
+                s_tanh[idx] = ar[(size_t)(idx / S) * AUX_W + 2 * G + idx % S];
+        } else {
+#pragma unroll 4
+            for (int idx = tid; idx < len * S; idx += CK_THREADS) {
+                const int i = idx / S, a = idx % S;
+                s_tanh[idx] = tanhf(to_f32(pc[(size_t)i * NP + OFF_ANG + a]));
+            }
         }
         __syncthreads();
-        // ---- A2: B/C rms, step weights, the angle slices' sums ----
-        for (int i = warp; i < len; i += CK_WARPS) {
-            float rb, rc;
-            bc_rms(Ks + i * CK_LDN, Qs + i * CK_LDN, lane, rb, rc);
-            if (lane == 0) {
-                s_rb[i] = rb;
-                s_rc[i] = rc;
+        // ---- A2: B/C rms (without the prologue), step weights, the angle
+        // slices' sums ----
+        if (!sg.aux) {
+            for (int i = warp; i < len; i += CK_WARPS) {
+                float rb, rc;
+                bc_rms(Ks + i * CK_LDN, Qs + i * CK_LDN, lane, rb, rc);
+                if (lane == 0) {
+                    s_rb[i] = rb;
+                    s_rc[i] = rc;
+                }
             }
         }
         for (int i = tid; i < CK_Q; i += CK_THREADS) {
@@ -396,6 +442,11 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 else if (w < 2 * LN + 2 * LP) pf = row + sizeof(act_t) * (OFF_Z + h * P) + 128 * (w - 2 * LN - LP);
                 else pf = row + sizeof(act_t) * OFF_DT + 128 * (w - 2 * LN - 2 * LP);
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
+            }
+            if (sg.aux) {   // and its prologue rows (contiguous)
+                const char *ar = reinterpret_cast<const char *>(sg.aux + (row0 + c0 + CK_Q) * AUX_W);
+                const int la = (nxt * AUX_W * 4 + 127) / 128;
+                for (int i = tid; i < la; i += CK_THREADS) asm volatile("prefetch.global.L2 [%0];" ::"l"(ar + 128 * i));
             }
         }
         // ---- C: Kw and the outputs, into Y (FUSED_LOCAL: Kw only) ----
