@@ -79,44 +79,21 @@ __device__ __forceinline__ float2 unrotate_pair(float c, float s, float2 v)
 // block's [ANGLE_SLICES][S] shared flags (unused without STARTS). A slice
 // sums from its last start on; the prefix restarts at a slice that holds a
 // start, and th0 is added only while no start came before the slice.
-// AHEAD > 1: the increments are evaluated AHEAD tokens at a time
-// (angle_incs) before they are summed in token order: a thread walks its
-// slice one token after another, and one token's loads at a time leave the
-// walk waiting on memory at every step. The sums and their order (so every
-// bit) are those of AHEAD = 1. Not used at present: the registers it takes
-// (mamba3_perf: 32 -> 60) cost angles_kernel its second block per SM, and
-// angles_cs_kernel measured slower with 4 (H100, mamba3_perf b8 T4096:
-// 0.331 -> 0.366 ms), so ANGLE_AHEAD_CS is 1 until a shape shows a gain.
-constexpr int ANGLE_AHEAD_CS = 1;
-template <int AHEAD, class Inc>
-__device__ __forceinline__ void angle_incs(double (&iv)[AHEAD], int t, int t1, Inc inc)
-{
-#pragma unroll
-    for (int u = 0; u < AHEAD; ++u) iv[u] = t + u < t1 ? inc(t + u) : 0.0;
-}
-
-template <bool STARTS, int AHEAD = 1, class Inc, class IsStart>
+template <bool STARTS, class Inc, class IsStart>
 __device__ __forceinline__ double angle_slice_start(double th0, int t0, int t1, int a, int sl,
                                                     double (*part)[S], unsigned char (*pflag)[S], Inc inc,
                                                     IsStart is_start)
 {
     double sum = 0.0;
     bool fl = false;
-    for (int tb = t0; tb < t1; tb += AHEAD) {
-        double iv[AHEAD];
-        angle_incs<AHEAD>(iv, tb, t1, inc);
-#pragma unroll
-        for (int u = 0; u < AHEAD; ++u) {
-            const int t = tb + u;
-            if (t >= t1) break;
-            if constexpr (STARTS) {
-                if (is_start(t)) {
-                    sum = 0.0;
-                    fl = true;
-                }
+    for (int t = t0; t < t1; ++t) {
+        if constexpr (STARTS) {
+            if (is_start(t)) {
+                sum = 0.0;
+                fl = true;
             }
-            sum += iv[u];
         }
+        sum += inc(t);
     }
     part[sl][a] = sum;
     if constexpr (STARTS) pflag[sl][a] = fl;

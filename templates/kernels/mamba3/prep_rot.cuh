@@ -47,27 +47,19 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
     };
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle; one (cos, sin) per token.
-    constexpr int AH = ANGLE_AHEAD_CS;
-    double th = angle_slice_start<STARTS, AH>(th0, t0, t1, a, sl, part, pflag, inc, is_start);
-    for (int tb = t0; tb < t1; tb += AH) {
-        double iv[AH];   // (angle_incs: the loads of several tokens in flight)
-        angle_incs<AH>(iv, tb, t1, inc);
-#pragma unroll
-        for (int u = 0; u < AH; ++u) {
-            const int t = tb + u;
-            if (t >= t1) break;
-            const size_t tok = row0 + t;
-            if constexpr (STARTS) {
-                if (is_start(t)) th = 0.0;   // a new episode: the sum restarts
-            }
-            th = wrap_2pi(th + iv[u]);
-            double sd, cd;
-            sincos(th, &sd, &cd);
-            float2 v;
-            v.x = (float)cd;
-            v.y = (float)sd;
-            reinterpret_cast<float2 *>(cs)[(tok * H + h) * S + a] = v;
+    double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, inc, is_start);
+    for (int t = t0; t < t1; ++t) {
+        const size_t tok = row0 + t;
+        if constexpr (STARTS) {
+            if (is_start(t)) th = 0.0;   // a new episode: the sum restarts
         }
+        th = wrap_2pi(th + inc(t));
+        double sd, cd;
+        sincos(th, &sd, &cd);
+        float2 v;
+        v.x = (float)cd;
+        v.y = (float)sd;
+        reinterpret_cast<float2 *>(cs)[(tok * H + h) * S + a] = v;
     }
     if (angle_out && t1 == seqlen && t1 > t0) angle_out[st] = (float)th;
 }
