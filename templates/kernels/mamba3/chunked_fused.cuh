@@ -30,9 +30,7 @@
 //      chunk's tokens and of the next chunk's first (head_scalars, as
 //      prep_kernel); rows past the sequence's end are zeros.
 //   A2 the per-step weights gamma and (1-lam') dt'; the angle threads sum
-//      their slice's increments. (Without the prologue's rows, as when the
-//      call has more tokens than the workspace holds, A1 computes the
-//      tanh and A2 the 1/rms itself, one warp per token: the same bits.)
+//      their slice's increments.
 //   A3 in place: the entries n >= 2S become BCNorm + per-head bias; the
 //      rotated pairs are built by thread (a, sl), which owns angle a over
 //      time slice sl of CK_ASTEPS steps: it starts from the angle entering
@@ -125,7 +123,7 @@ struct fused_seg {
     float *dec;             // [slot]: the segment's decay (2)
     double *asum;           // [slot][S]: the segment's angle increments (1)
     double *th;             // [slot][S]: the angle entering the segment (3)
-    const float *aux;       // [token][AUX_W]: the token prologue's rows, or nullptr (computed per block)
+    const float *aux;       // [token][AUX_W]: the token prologue's rows (token_prologue_kernel)
 };
 
 // ---- The token prologue (one launch before the fused kernel, for every
@@ -302,7 +300,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
 #pragma unroll
             for (int j = 0; j < FV; ++j) Vt[(p + j) * CK_LDQ + i] = xv.e[j];
         }
-        if (sg.aux) {   // the token prologue's rows: the group's 1/rms of B and C, tanh of the angle inputs
+        {   // the token prologue's rows: the group's 1/rms of B and C, tanh of the angle inputs
             const float *ar = sg.aux + (row0 + c0) * AUX_W;
             for (int i = tid; i < len; i += CK_THREADS) {
                 s_rb[i] = ar[(size_t)i * AUX_W + grp];
@@ -311,26 +309,9 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
 #pragma unroll 4
             for (int idx = tid; idx < len * S; idx += CK_THREADS)
                 s_tanh[idx] = ar[(size_t)(idx / S) * AUX_W + 2 * G + idx % S];
-        } else {
-#pragma unroll 4
-            for (int idx = tid; idx < len * S; idx += CK_THREADS) {
-                const int i = idx / S, a = idx % S;
-                s_tanh[idx] = tanhf(to_f32(pc[(size_t)i * NP + OFF_ANG + a]));
-            }
         }
         __syncthreads();
-        // ---- A2: B/C rms (without the prologue), step weights, the angle
-        // slices' sums ----
-        if (!sg.aux) {
-            for (int i = warp; i < len; i += CK_WARPS) {
-                float rb, rc;
-                bc_rms(Ks + i * CK_LDN, Qs + i * CK_LDN, lane, rb, rc);
-                if (lane == 0) {
-                    s_rb[i] = rb;
-                    s_rc[i] = rc;
-                }
-            }
-        }
+        // ---- A2: step weights, the angle slices' sums ----
         for (int i = tid; i < CK_Q; i += CK_THREADS) {
             float ga = 0.0f, nx = 0.0f;
             if (i < len) {
@@ -443,11 +424,10 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 else pf = row + sizeof(act_t) * OFF_DT + 128 * (w - 2 * LN - 2 * LP);
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
             }
-            if (sg.aux) {   // and its prologue rows (contiguous)
-                const char *ar = reinterpret_cast<const char *>(sg.aux + (row0 + c0 + CK_Q) * AUX_W);
-                const int la = (nxt * AUX_W * 4 + 127) / 128;
-                for (int i = tid; i < la; i += CK_THREADS) asm volatile("prefetch.global.L2 [%0];" ::"l"(ar + 128 * i));
-            }
+            // and its prologue rows (contiguous)
+            const char *ar = reinterpret_cast<const char *>(sg.aux + (row0 + c0 + CK_Q) * AUX_W);
+            const int la = (nxt * AUX_W * 4 + 127) / 128;
+            for (int i = tid; i < la; i += CK_THREADS) asm volatile("prefetch.global.L2 [%0];" ::"l"(ar + 128 * i));
         }
         // ---- C: Kw and the outputs, into Y (FUSED_LOCAL: Kw only) ----
         if (MODE == FUSED_LOCAL) {

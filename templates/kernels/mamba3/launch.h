@@ -58,9 +58,11 @@ cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *proj, con
  * scan and the gate; defined when MG_M3_FUSED): from the in_proj output
  * proj to g [tokens][E] (act). The four states as in scan (NULL in = zeros,
  * NULL out = not written, out may alias in); norm_gate_w NULL without
- * outproj_norm. nseg > 1 (with seg_ws, SEG_WS_BYTES): each sequence split
- * in up to nseg segments run side by side (four launches), for batches too
- * small to fill the GPU. */
+ * outproj_norm. seg_ws (SEG_WS_BYTES) holds the token prologue's rows
+ * (batch x seqlen <= MAX_TOKENS) and the segment form's slots: nseg > 1
+ * splits each sequence in up to nseg segments run side by side (four
+ * launches), for batches too small to fill the GPU. No workspace, or more
+ * tokens than it holds: cudaErrorInvalidValue, nothing launched. */
 cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, void *seg_ws, const void *proj,
                                   const float *dt_bias,
                                   const float *B_norm_w, const float *C_norm_w, const float *B_bias,

@@ -149,13 +149,15 @@ extern "C" cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, vo
 {
     const act_t *pj = static_cast<const act_t *>(proj);
     act_t *ga = static_cast<act_t *>(g);
+    const size_t tokens = (size_t)batch * (size_t)seqlen;
+    if (!seg_ws || batch < 1 || seqlen < 1 || tokens > AUX_TOKENS) return cudaErrorInvalidValue;
     const int nchunks = (seqlen + CK_Q - 1) / CK_Q;
     if (nseg > nchunks / 2) nseg = nchunks / 2;
     if (nseg > SEG_SLOTS / (batch * H)) nseg = SEG_SLOTS / (batch * H);
     fused_seg sg;
     sg.nseg = 1;
     sg.seg_chunks = nchunks;
-    if (nseg > 1 && seg_ws) {
+    if (nseg > 1) {
         sg.seg_chunks = (nchunks + nseg - 1) / nseg;
         sg.nseg = (nchunks + sg.seg_chunks - 1) / sg.seg_chunks;
     }
@@ -164,18 +166,13 @@ extern "C" cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, vo
     sg.asum = reinterpret_cast<double *>(ws + SEG_OFF_ASUM);
     sg.th = reinterpret_cast<double *>(ws + SEG_OFF_TH);
     sg.dec = reinterpret_cast<float *>(ws + SEG_OFF_DEC);
-    // the token prologue into the workspace's rows (without a workspace, or
-    // for more tokens than it holds, each block computes them itself)
-    sg.aux = nullptr;
-    const size_t tokens = (size_t)batch * (size_t)seqlen;
-    if (seg_ws && tokens > 0 && tokens <= AUX_TOKENS) {
-        float *aux = reinterpret_cast<float *>(ws + SEG_OFF_AUX);
-        token_prologue_kernel<<<(unsigned)((tokens + PRO_WARPS - 1) / PRO_WARPS), PRO_WARPS * 32, 0, stream>>>(
-            tokens, pj, aux);
-        const cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) return e;
-        sg.aux = aux;
-    }
+    // the token prologue, into the workspace's rows
+    float *aux = reinterpret_cast<float *>(ws + SEG_OFF_AUX);
+    token_prologue_kernel<<<(unsigned)((tokens + PRO_WARPS - 1) / PRO_WARPS), PRO_WARPS * 32, 0, stream>>>(
+        tokens, pj, aux);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    sg.aux = aux;
     if (start)
         return fused_launch<true>(batch, seqlen, sg, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip,
                                   norm_gate_w, ssm_in, kp_in, vp_in, angle_in, ssm_out, kp_out, vp_out, angle_out,
