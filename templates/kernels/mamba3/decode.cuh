@@ -460,6 +460,6 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     if (warp == 0) {
         float yv[GATE_VPL];
         const float r = gate_head_load(sy, 0, lane, yv);   // sy is the head's row: h = 0
-        gate_head_store_z(yv, zv, r, h, lane, ngw, g + b * E);
+        gate_head_store(yv, zv, r, h, lane, ngw, g + b * E);
     }
 }

@@ -42,13 +42,13 @@ __device__ __forceinline__ float gate_head_load(const float *yt, int h, int lane
     return gate_head_rms(yv);
 }
 
-// gate_head_store_z writes head h's gated outputs gt[h*P + p] (lane's
+// gate_head_store writes head h's gated outputs gt[h*P + p] (lane's
 // entries p = lane + 32*i) from its values yv and scale r (gate_head_load),
-// the lane's z values zv and norm_gate_w: the expression of doc/math.md
-// step 11. gate_head_store loads z from zt (the token's z row) first. The
-// gate kernel and the decode mixer share them.
-__device__ __forceinline__ void gate_head_store_z(const float (&yv)[GATE_VPL], const float (&zv)[GATE_VPL],
-                                                  float r, int h, int lane, const float *ngw, act_t *gt)
+// the lane's z values zv (gate_head_vals of the token's z row) and
+// norm_gate_w: the expression of doc/math.md step 11. The gate kernel and
+// the decode mixer share it.
+__device__ __forceinline__ void gate_head_store(const float (&yv)[GATE_VPL], const float (&zv)[GATE_VPL],
+                                                float r, int h, int lane, const float *ngw, act_t *gt)
 {
 #pragma unroll
     for (int i = 0; i < GATE_VPL; ++i) {
@@ -59,14 +59,6 @@ __device__ __forceinline__ void gate_head_store_z(const float (&yv)[GATE_VPL], c
             gt[e] = from_f32<act_t>(yv[i] * gw * silu(zv[i]));
         }
     }
-}
-
-__device__ __forceinline__ void gate_head_store(const float (&yv)[GATE_VPL], float r, int h, int lane,
-                                                const act_t *zt, const float *ngw, act_t *gt)
-{
-    float zv[GATE_VPL];
-    gate_head_vals(zt, h, lane, zv);
-    gate_head_store_z(yv, zv, r, h, lane, ngw, gt);
 }
 
 // ---------------------------------------------------------------------------
@@ -117,6 +109,6 @@ gate_kernel(const float *__restrict__ y, const act_t *__restrict__ proj,
 #pragma unroll
     for (int j = 0; j < HPW; ++j) {
         const int h = warp + j * GATE_WARPS;
-        if (h < H) gate_head_store_z(yv[j], zv[j], r[j], h, lane, ngw, gt);   // warp-uniform
+        if (h < H) gate_head_store(yv[j], zv[j], r[j], h, lane, ngw, gt);   // warp-uniform
     }
 }
