@@ -106,11 +106,9 @@ extern "C" cudaError_t MG_LAUNCH(decode_persistent)(int batch, int spc, const fl
     // One stream per cluster (a batch within the co-resident clusters, the
     // latency case) takes the instance compiled for one: its registers and
     // shared memory are sized for one stream, not DEC_SEQS.
-    const cudaError_t e =
-        spc == 1 ? cudaLaunchKernelEx(&cfg, decode_persistent_kernel<1>, batch, spc, u, out, w,
-                                      static_cast<const act_t *>(wg), conv_state, ssm_state, reset)
-                 : cudaLaunchKernelEx(&cfg, decode_persistent_kernel<DEC_SEQS>, batch, spc, u, out, w,
-                                      static_cast<const act_t *>(wg), conv_state, ssm_state, reset);
+    auto *const kernel = spc == 1 ? decode_persistent_kernel<1> : decode_persistent_kernel<DEC_SEQS>;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, batch, spc, u, out, w, static_cast<const act_t *>(wg),
+                                             conv_state, ssm_state, reset);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
