@@ -277,8 +277,10 @@ static mg_status check_call(const model_model *m, const char *fn, int batch, int
  * (mg_m3_decode.cuh), instead of the prefill kernels at one token and cuBLAS
  * at M = batch. Only launches on the model's stream, into its fixed
  * workspace: capturable, so the decode graph replays exactly this path. The
- * input projection (f32, any input_dim) and norm_f are the prefill's;
- * without one, layer 0 reads u where prefill copies it to h first. */
+ * input projection (f32, any input_dim) is the prefill's; without one,
+ * layer 0 reads u where prefill copies it to h first. norm_f is the
+ * prefill's row kernel behind the decode chain's wait
+ * (MG_LAUNCH(decode_norm_f)). */
 static mg_status decode_forward(model_model *m, int batch, const float *u, float *out, float *ssm, float *kp,
                                 float *vp, float *ang, const unsigned char *reset)
 {
@@ -312,7 +314,7 @@ static mg_status decode_forward(model_model *m, int batch, const float *u, float
                                         m->g, reset, st));
         MG_CUDA(MG_LAUNCH(decode_out_proj)(batch, m->g, wg + (lo + L0_OUT_PROJ_W) * ACT_SIZE, hin, m->h, st));
     }
-    MG_CUDA(MG_LAUNCH(rmsnorm)(m->h, w + OFF_NORM_F_W, out, 1, batch, st));
+    MG_CUDA(MG_LAUNCH(decode_norm_f)(batch, m->h, w + OFF_NORM_F_W, out, st));
     return MG_OK;
 }
 

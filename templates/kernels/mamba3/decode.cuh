@@ -7,6 +7,7 @@
 //   1. dec_in_proj_kernel<NB>: proj = rmsnorm(h) * norm_w . in_proj.weight^T
 //   2. dec_mixer_kernel: prep + angles + one scan step + gate per (head, seq)
 //   3. dec_out_proj_kernel<NB>: h = res + g . out_proj.weight^T (res = h)
+// and after the last layer dec_norm_f_kernel (norm_f, the prefill's row).
 // Written against NAME_common.cuh (dims, SCAN_*, GATE_VPL, PREP_NPL, NORM_*,
 // DEC_*, act_t) and after mg_m3_angles.cuh (wrap_2pi); #included by
 // NAME_kernels.cu inside its anonymous namespace: it includes nothing itself.
@@ -159,34 +160,44 @@ __device__ __forceinline__ void dec_gemv_sum(float (&acc)[RW][NB], float (*part)
     }
 }
 
-// 1/sqrt(mean(h_row^2) + eps) computed by one warp in the order of the
-// RMSNorm kernel (mg_rms_row.cuh rms_load): lane l plays thread 32*vw + l of
-// each of its NORM_WARPS warps in turn (the same float4 vectors, the same
-// butterfly), and the warps' sums are added in index order; so hn matches
-// the unfused path's.
-__device__ __forceinline__ float dec_rms(const float4 *hr, int lane)
+// The RMSNorm kernel's scale 1/sqrt(mean(h_row^2) + eps) (mg_rms_row.cuh
+// rms_load) in two steps, so that the GEMV block's warps share the rows'
+// loads: dec_rms_part is the sum of squares of one of its NORM_WARPS warps
+// (lane l plays thread 32*vw + l: the same float4 vectors, the same
+// butterfly), dec_rms_scale adds the NORM_WARPS parts in index order. The
+// same values in the same order, so hn matches the unfused path's. Why not
+// one warp per row: its NORM_WARPS rounds of loads and butterflies ran one
+// after another while the block's other warps waited at the barrier (ncu,
+// H100: barrier stalls were the in_proj GEMV's largest share at batch 1).
+__device__ __forceinline__ float dec_rms_part(const float4 *hr, int vw, int lane)
+{
+    float4 v[NORM_ITERS];
+#pragma unroll
+    for (int i = 0; i < NORM_ITERS; ++i) {
+        const int c = vw * 32 + lane + i * NORM_THREADS;
+        v[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_ITERS; ++i) ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+    return ss;
+}
+__device__ __forceinline__ float dec_rms_scale(const float *part)
 {
     float tot = 0.0f;
-    for (int vw = 0; vw < NORM_WARPS; ++vw) {
-        float ss = 0.0f;
 #pragma unroll
-        for (int i = 0; i < NORM_ITERS; ++i) {
-            const int c = vw * 32 + lane + i * NORM_THREADS;
-            const float4 v = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
-        tot += ss;
-    }
+    for (int vw = 0; vw < NORM_WARPS; ++vw) tot += part[vw];
     return 1.0f / sqrtf(tot / (float)D + EPS);
 }
 
 // ---------------------------------------------------------------------------
 // dec_in_proj_kernel<NB>: proj[b][j] = sum_k hn[b][k] * W[j][k], j < NP,
 // hn = (storage dtype) (h[b][k] * r_b * norm_w[k]) as the RMSNorm kernel
-// writes it (the input norm fused: every block computes the NB scales r_b,
-// one warp per row, from h in L2). grid DEC_IN_BLOCKS, block DEC_THREADS.
+// writes it (the input norm fused: every block computes the NB scales r_b
+// from h in L2, its warps sharing the rows' NORM_WARPS partial sums).
+// grid DEC_IN_BLOCKS, block DEC_THREADS.
 // ---------------------------------------------------------------------------
 template <int NB>
 __global__ void __launch_bounds__(DEC_THREADS)
@@ -195,6 +206,7 @@ dec_in_proj_kernel(int batch, const float *__restrict__ h, const float *__restri
 {
     __shared__ __align__(16) act_t xs[NB][DEC_IN_KT];
     __shared__ float part[DEC_IN_KS][DEC_IN_RPB][NB];
+    __shared__ float rpart[NB][NORM_WARPS];   // the rows' sums of squares per RMSNorm warp
     __shared__ float rs[NB];
     constexpr int SLOTS = DEC_WARPS / DEC_IN_KS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -203,10 +215,13 @@ dec_in_proj_kernel(int batch, const float *__restrict__ h, const float *__restri
     dec_gemv_prefetch<D, DEC_IN_KT, DEC_IN_RW, DEC_IN_KS, DEC_IN_VPL>(W, NP, row0, kp, lane);
     pdl_wait();      // h is the previous kernel's output
     pdl_release();
-    for (int b = warp; b < batch; b += DEC_WARPS) {
-        const float r = dec_rms(reinterpret_cast<const float4 *>(h + (size_t)b * D), lane);
-        if (lane == 0) rs[b] = r;
+    for (int i = warp; i < batch * NORM_WARPS; i += DEC_WARPS) {
+        const int b = i / NORM_WARPS, vw = i % NORM_WARPS;
+        const float ss = dec_rms_part(reinterpret_cast<const float4 *>(h + (size_t)b * D), vw, lane);
+        if (lane == 0) rpart[b][vw] = ss;
     }
+    __syncthreads();
+    if (threadIdx.x < batch) rs[threadIdx.x] = dec_rms_scale(rpart[threadIdx.x]);
     float acc[DEC_IN_RW][NB];
 #pragma unroll
     for (int r = 0; r < DEC_IN_RW; ++r) {
@@ -282,6 +297,26 @@ dec_out_proj_kernel(int batch, const act_t *__restrict__ g, const act_t *__restr
 }
 
 // ---------------------------------------------------------------------------
+// dec_norm_f_kernel: out[b] = rmsnorm(h[b]) * norm_f.weight (f32), b < batch:
+// rmsnorm_kernel<float> (mg_norm.cuh: the same row helpers, so the same bits
+// as prefill's norm_f) behind pdl_wait, so that the decode step's last
+// kernel is launched as part of the chain and its launch overlaps the last
+// out_proj GEMV. grid ceil(batch / NORM_ROWS), block (NORM_THREADS, NORM_ROWS).
+// ---------------------------------------------------------------------------
+__global__ void __launch_bounds__(NORM_THREADS * NORM_ROWS)
+dec_norm_f_kernel(int batch, const float *__restrict__ h, const float *__restrict__ w, float *__restrict__ y)
+{
+    pdl_wait();      // h is the last out_proj GEMV's output
+    pdl_release();
+    const size_t row = (size_t)blockIdx.x * NORM_ROWS + threadIdx.y;
+    if (row >= (size_t)batch) return;   // the last block's spare rows (NORM_ROWS > 1: no barrier below)
+    __shared__ float part[NORM_WARPS];
+    float4 v[NORM_ITERS];
+    const float r = rms_load(reinterpret_cast<const float4 *>(h + row * D), v, part);
+    rms_store(y, row, w, v, r);
+}
+
+// ---------------------------------------------------------------------------
 // dec_mixer_kernel: one token of sequence b, head h per block (grid
 // (H, batch), DEC_MIX_THREADS threads; the mixer is per head apart from the
 // group's BCNorm scale, which each head's block recomputes: N values).
@@ -304,8 +339,10 @@ dec_out_proj_kernel(int batch, const act_t *__restrict__ g, const act_t *__restr
 // is read where the states are loaded, so a reset costs no launch.
 // Loads come first, in two rounds: before pdl_wait the states, the reset
 // flag and the weights; after it the whole in_proj row the block reads
-// (B, C, x, z, the head's scalars, the angle input). The arithmetic after
-// them is unchanged.
+// (B, C, x, z, the head's scalars, the angle input). The angle threads
+// (a warp of their own where the block has room) then take their f64 angle
+// step before the first barrier, beside warp 0's BCNorm sums, and rotate
+// k and q after prep. The arithmetic is that of the prefill kernels.
 // ---------------------------------------------------------------------------
 __global__ void __launch_bounds__(DEC_MIX_THREADS)
 dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
@@ -318,6 +355,10 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     __shared__ float sc[4];   // dt, A*dt, lambda, BCNorm scale of B
     __shared__ float rC;      // BCNorm scale of C
     static_assert(S <= DEC_MIX_THREADS && P <= DEC_MIX_THREADS, "a thread per angle and per row");
+    // The angle threads a = tid - ANG0 < S: past warp 0 where the block has
+    // room, so that their f64 angle step runs while warp 0 sums the BCNorm
+    // squares and loads z (warp 0 is the block's longest path).
+    constexpr int ANG0 = DEC_MIX_THREADS >= 32 + S ? 32 : 0;
     constexpr int NPM = (N + DEC_MIX_THREADS - 1) / DEC_MIX_THREADS;   // entries n per thread
     const int h = blockIdx.x;
     const size_t b = blockIdx.y;
@@ -325,6 +366,8 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int sl = tid % SCAN_LANES, rg = tid / SCAN_LANES;
     const bool scanner = tid < SCAN_THREADS;
+    const int a = tid - ANG0;
+    const bool angler = a >= 0 && a < S;
     const act_t *pr = proj + b * NP;
     const int grp = h / HPG;
 
@@ -346,7 +389,7 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
             for (int i = 0; i < SCAN_NPT; ++i) hs[j][i] = ssm && !fresh ? ssm[(bh * P + p) * N + sl + i * SCAN_LANES] : 0.0f;
         }
     }
-    const double th0 = tid < S && ang && !fresh ? (double)ang[bh * S + tid] : 0.0;
+    const double th0 = angler && ang && !fresh ? (double)ang[bh * S + a] : 0.0;
     float bw[NPM], bbi[NPM], cw[NPM], cbi[NPM];
 #pragma unroll
     for (int j = 0; j < NPM; ++j) {
@@ -363,18 +406,13 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     pdl_release();
 
     // This step's in_proj row, every read issued together: the group's
-    // BCNorm scales and the head's scalars (warp 0, prep_kernel's order),
-    // x, this thread's B and C entries, the angle input, z (warp 0, for the
-    // gate).
+    // BCNorm scales (warp 0, prep_kernel's order), x, this thread's B and C
+    // entries, the head's scalars and the angle input (the angle threads),
+    // z (warp 0, for the gate).
     if (warp == 0) {
         float rb, rc;
         bc_rms(pr + OFF_B + grp * N, pr + OFF_C + grp * N, lane, rb, rc);
         if (lane == 0) {
-            float d, adt, lam;
-            row_head_scalars(pr, h, dt_bias[h], d, adt, lam);
-            sc[0] = d;
-            sc[1] = adt;
-            sc[2] = lam;
             sc[3] = rb;
             rC = rc;
         }
@@ -389,9 +427,29 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
             craw[j] = to_f32(pr[OFF_C + grp * N + n]);
         }
     }
-    const float tin = tid < S ? tanhf(to_f32(pr[OFF_ANG + tid])) : 0.0f;
     float zv[GATE_VPL];
     if (warp == 0) gate_head_vals(pr + OFF_Z, h, lane, zv);
+    // angles, one step of the recurrence per angle a (before the barrier:
+    // it needs only the head's dt): every angle thread computes the head's
+    // scalars (the same values), angle 0 shares them with the scan
+    float ca = 0.0f, sa = 0.0f, tha = 0.0f;
+    if (angler) {
+        float d, adt, lam;
+        row_head_scalars(pr, h, dt_bias[h], d, adt, lam);
+        if (a == 0) {
+            sc[0] = d;
+            sc[1] = adt;
+            sc[2] = lam;
+        }
+        const float tin = tanhf(to_f32(pr[OFF_ANG + a]));
+        double th = wrap_2pi(th0 + 0.0);   // angles_kernel's slice start (prefix 0)
+        th = wrap_2pi(th + PI_D * (double)tin * (double)d);
+        double sd, cd;
+        sincos(th, &sd, &cd);
+        ca = (float)cd;
+        sa = (float)sd;
+        tha = (float)th;
+    }
     __syncthreads();
     // prep: k, q = BCNorm + bias
 #pragma unroll
@@ -404,20 +462,15 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
     }
     __syncthreads();
 
-    // angles: one step of the recurrence per angle a, rotary of k and q
-    if (tid < S) {
-        const int a = tid;
-        double th = wrap_2pi(th0 + 0.0);   // angles_kernel's slice start (prefix 0)
-        th = wrap_2pi(th + PI_D * (double)tin * (double)sc[0]);
-        double sd, cd;
-        sincos(th, &sd, &cd);
-        const float c = (float)cd, s = (float)sd;
+    // rotary of k and q by the angles above
+    if (angler) {
+        const float c = ca, s = sa;
         const float k0 = sk[2 * a], k1 = sk[2 * a + 1], q0 = sq[2 * a], q1 = sq[2 * a + 1];
         sk[2 * a] = c * k0 - s * k1;
         sk[2 * a + 1] = s * k0 + c * k1;
         sq[2 * a] = c * q0 - s * q1;
         sq[2 * a + 1] = s * q0 + c * q1;
-        if (ang) ang[bh * S + a] = (float)th;
+        if (ang) ang[bh * S + a] = tha;
     }
     __syncthreads();
 

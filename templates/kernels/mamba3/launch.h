@@ -92,3 +92,7 @@ cudaError_t MG_LAUNCH(decode_mixer)(int batch, const void *proj, const float *dt
  * weight [D][E]; res may be h (the residual add) or another [batch][D]. */
 cudaError_t MG_LAUNCH(decode_out_proj)(int batch, const void *g, const void *w, const float *res, float *h,
                                        cudaStream_t stream);
+/* out[b] = rmsnorm(h[b]) * w (f32), b < batch: norm_f at the end of a decode
+ * step, the same bits as MG_LAUNCH(rmsnorm) with out_f32, launched as part
+ * of the decode chain. */
+cudaError_t MG_LAUNCH(decode_norm_f)(int batch, const float *h, const float *w, float *out, cudaStream_t stream);

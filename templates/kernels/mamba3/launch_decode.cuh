@@ -4,8 +4,8 @@
 // takes this path for decode steps of batch <= DEC_MAX_BATCH (its
 // DEC_MAX_BATCH, from the same derived value); a batch outside 1..
 // DEC_MAX_BATCH is refused here with cudaErrorInvalidValue. The three
-// kernels of a layer are launched with pdl_launch (mg_pdl.cuh): each may
-// start while the one before it drains. Included by
+// kernels of a layer and the final norm_f are launched with pdl_launch
+// (mg_pdl.cuh): each may start while the one before it drains. Included by
 // NAME_kernels.cu after its anonymous namespace (the kernels): it includes
 // nothing itself.
 
@@ -60,4 +60,13 @@ extern "C" cudaError_t MG_LAUNCH(decode_out_proj)(int batch, const void *g, cons
     if (batch < 1 || batch > DEC_MAX_BATCH) return cudaErrorInvalidValue;
     return dec_out_proj_launch<1>(batch, static_cast<const act_t *>(g), static_cast<const act_t *>(w), res, h,
                                   stream);
+}
+
+extern "C" cudaError_t MG_LAUNCH(decode_norm_f)(int batch, const float *h, const float *w, float *out,
+                                                cudaStream_t stream)
+{
+    if (batch < 1 || batch > DEC_MAX_BATCH) return cudaErrorInvalidValue;
+    const dim3 block(NORM_THREADS, NORM_ROWS);
+    return pdl_launch(dec_norm_f_kernel, (unsigned)((batch + NORM_ROWS - 1) / NORM_ROWS), block, 0, stream, batch, h,
+                      w, out);
 }
