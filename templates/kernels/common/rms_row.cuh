@@ -18,31 +18,48 @@
 // a row does not change: the same bits.
 constexpr int NORM_ROWS = NORM_WARPS == 1 ? 8 : 1;
 
+// The sum of squares of the NORM_ITERS float4 vectors that thread t (0 ..
+// NORM_THREADS-1) of a row loads, v, summed over the thread's warp by a
+// shuffle butterfly (every lane of the warp gets it): the part of warp
+// t / 32 in the row's scale.
+__device__ __forceinline__ float rms_warp_sumsq(const float4 *hr, int t, float4 (&v)[NORM_ITERS])
+{
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_ITERS; ++i) {
+        const int c = t + i * NORM_THREADS;
+        v[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+    return ss;
+}
+
+// r = 1/sqrt(mean(row^2) + eps) from the row's NORM_WARPS warp parts
+// (rms_warp_sumsq), added in index order.
+__device__ __forceinline__ float rms_scale(const float *part)
+{
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_WARPS; ++i) tot += part[i];
+    return 1.0f / sqrtf(tot / (float)D + EPS);
+}
+
 // Loads row hr into v and returns r = 1/sqrt(mean(row^2) + eps), the same in
 // every thread. part: the kernel's __shared__ float[NORM_WARPS] (unused with
 // one warp per row: the butterfly leaves the sum in every lane, and
 // 0 + part[0] of the block path is that sum, bit for bit).
 __device__ __forceinline__ float rms_load(const float4 *hr, float4 (&v)[NORM_ITERS], float *part)
 {
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NORM_ITERS; ++i) {
-        const int c = threadIdx.x + i * NORM_THREADS;
-        v[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+    const float ss = rms_warp_sumsq(hr, threadIdx.x, v);
     if constexpr (NORM_WARPS == 1) {
         (void)part;
         return 1.0f / sqrtf((0.0f + ss) / (float)D + EPS);
     } else {
         if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
         __syncthreads();
-        float tot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NORM_WARPS; ++i) tot += part[i];
-        return 1.0f / sqrtf(tot / (float)D + EPS);
+        return rms_scale(part);
     }
 }
 

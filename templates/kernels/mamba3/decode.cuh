@@ -9,7 +9,8 @@
 //   3. dec_out_proj_kernel<NB>: h = res + g . out_proj.weight^T (res = h)
 // and after the last layer dec_norm_f_kernel (norm_f, the prefill's row).
 // Written against NAME_common.cuh (dims, SCAN_*, GATE_VPL, PREP_NPL, NORM_*,
-// DEC_*, act_t) and after mg_m3_angles.cuh (wrap_2pi); #included by
+// DEC_*, act_t) and after mg_rms_row.cuh (the RMSNorm row helpers),
+// mg_m3_angles.cuh (wrap_2pi) and mg_pdl.cuh; #included by
 // NAME_kernels.cu inside its anonymous namespace: it includes nothing itself.
 //
 // Each kernel issues its L2 prefetch hints first, then waits for the kernel
@@ -160,43 +161,17 @@ __device__ __forceinline__ void dec_gemv_sum(float (&acc)[RW][NB], float (*part)
     }
 }
 
-// The RMSNorm kernel's scale 1/sqrt(mean(h_row^2) + eps) (mg_rms_row.cuh
-// rms_load) in two steps, so that the GEMV block's warps share the rows'
-// loads: dec_rms_part is the sum of squares of one of its NORM_WARPS warps
-// (lane l plays thread 32*vw + l: the same float4 vectors, the same
-// butterfly), dec_rms_scale adds the NORM_WARPS parts in index order. The
-// same values in the same order, so hn matches the unfused path's. Why not
-// one warp per row: its NORM_WARPS rounds of loads and butterflies ran one
-// after another while the block's other warps waited at the barrier (ncu,
-// H100: barrier stalls were the in_proj GEMV's largest share at batch 1).
-__device__ __forceinline__ float dec_rms_part(const float4 *hr, int vw, int lane)
-{
-    float4 v[NORM_ITERS];
-#pragma unroll
-    for (int i = 0; i < NORM_ITERS; ++i) {
-        const int c = vw * 32 + lane + i * NORM_THREADS;
-        v[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NORM_ITERS; ++i) ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
-    return ss;
-}
-__device__ __forceinline__ float dec_rms_scale(const float *part)
-{
-    float tot = 0.0f;
-#pragma unroll
-    for (int vw = 0; vw < NORM_WARPS; ++vw) tot += part[vw];
-    return 1.0f / sqrtf(tot / (float)D + EPS);
-}
-
 // ---------------------------------------------------------------------------
 // dec_in_proj_kernel<NB>: proj[b][j] = sum_k hn[b][k] * W[j][k], j < NP,
 // hn = (storage dtype) (h[b][k] * r_b * norm_w[k]) as the RMSNorm kernel
 // writes it (the input norm fused: every block computes the NB scales r_b
-// from h in L2, its warps sharing the rows' NORM_WARPS partial sums).
+// from h in L2 with the RMSNorm kernel's helpers, mg_rms_row.cuh: warp w of
+// the block takes the part of RMSNorm warp vw = w, w + DEC_WARPS, .. of each
+// row, lane l playing that warp's thread 32*vw + l, and rms_scale adds the
+// parts in index order, so hn matches the unfused path's bits). Why not one
+// warp per row: its NORM_WARPS rounds of loads and butterflies ran one after
+// another while the block's other warps waited at the barrier (ncu, H100:
+// barrier stalls were the in_proj GEMV's largest share at batch 1).
 // grid DEC_IN_BLOCKS, block DEC_THREADS.
 // ---------------------------------------------------------------------------
 template <int NB>
@@ -217,11 +192,12 @@ dec_in_proj_kernel(int batch, const float *__restrict__ h, const float *__restri
     pdl_release();
     for (int i = warp; i < batch * NORM_WARPS; i += DEC_WARPS) {
         const int b = i / NORM_WARPS, vw = i % NORM_WARPS;
-        const float ss = dec_rms_part(reinterpret_cast<const float4 *>(h + (size_t)b * D), vw, lane);
+        float4 v[NORM_ITERS];
+        const float ss = rms_warp_sumsq(reinterpret_cast<const float4 *>(h + (size_t)b * D), vw * 32 + lane, v);
         if (lane == 0) rpart[b][vw] = ss;
     }
     __syncthreads();
-    if (threadIdx.x < batch) rs[threadIdx.x] = dec_rms_scale(rpart[threadIdx.x]);
+    if (threadIdx.x < batch) rs[threadIdx.x] = rms_scale(rpart[threadIdx.x]);
     float acc[DEC_IN_RW][NB];
 #pragma unroll
     for (int r = 0; r < DEC_IN_RW; ++r) {
