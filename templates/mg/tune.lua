@@ -74,7 +74,7 @@ M.TEMPLATE = { mamba1 = "mamba1/tune_scan.cu.tmpl", mamba3_siso = "mamba3/tune_s
 -- are part of the set.
 M.TEMPLATE_SETS = {
   mamba1 = {
-    "kernels/common/dtype.cuh", "kernels/mamba1/scan_body.cuh", "kernels/mamba1/tune_args.h", "kernels/common/tune_params.h",
+    "kernels/common/dtype.cuh", "kernels/mamba1/starts.cuh", "kernels/mamba1/scan_body.cuh", "kernels/mamba1/tune_args.h", "kernels/common/tune_params.h",
     "mamba1/tune_scan.cu.tmpl",
     "mg/derive.lua", "mg/derive_mamba1.lua", "mg/tune.lua",
   },

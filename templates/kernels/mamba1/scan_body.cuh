@@ -94,7 +94,8 @@ scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const a
 // with the same range.
 // ST = true (episode starts, doc/math.md §9): start [tokens] (uint8, the
 // call's [batch][seqlen] mask, indexed by row like the inputs) is staged
-// per pass into sst [tchunk] (shared, the caller's); before the update of a
+// per pass as one word (start_bits; tchunk <= 32) into *sst (shared, the
+// caller's), which every thread then holds in a register; before the update of a
 // step whose entry is nonzero the state is zeroed (s_{t-1} := 0, a fresh
 // sequence's first step: the same arithmetic), and with OUT = false dsum
 // becomes +INFINITY, the flag of a chunk whose decay a_c is 0 (the combine
@@ -108,7 +109,7 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
           const act_t *__restrict__ xc, const act_t *__restrict__ dt,
           const act_t *__restrict__ dbl, const act_t *__restrict__ xz, act_t *__restrict__ g,
           Stage sBC, Dm dm, act_t *__restrict__ ysave = nullptr,
-          const unsigned char *__restrict__ start = nullptr, unsigned char *sst = nullptr)
+          const unsigned char *__restrict__ start = nullptr, unsigned *sst = nullptr)
 {
     const int E = dm.E, N = dm.N, ch = dm.channels;
     const int c = threadIdx.x / dm.lanes;   // this thread's channel within the block
@@ -123,12 +124,15 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
         const int nt = min(dm.tchunk, t_end - t0);
         __syncthreads();   // the previous pass is done reading the stage
         scan_stage<OUT, FDT>(t0, nt, row0, xc, dt, dbl, xz, sBC, dm);
-        if (ST)
-            for (int i = threadIdx.x; i < nt; i += SCAN_THREADS) sst[i] = start[row0 + t0 + i];
+        if (ST && threadIdx.x < 32) {   // warp 0: the pass's start flags as one word (nt <= 32)
+            const unsigned w = start_bits(start + row0, t0, nt, t_end);
+            if (threadIdx.x == 0) *sst = w;
+        }
         __syncthreads();
+        const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
         for (int tt = 0; tt < nt; ++tt) {
             const mg_size_t row = row0 + t0 + tt;
-            if (ST && sst[tt]) {   // an episode starts here: the state before it is 0
+            if (ST && start_at(sw, tt)) {   // an episode starts here: the state before it is 0
 #pragma unroll
                 for (int j = 0; j < Dm::NPT_MAX; ++j) s[j] = 0.0f;
                 if (!OUT) dsum = __int_as_float(0x7f800000);   // +INFINITY: the chunk's decay is 0
@@ -198,7 +202,7 @@ scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict_
               const float *__restrict__ dt_bias, const float *__restrict__ A_log,
               const float *__restrict__ Dskip, const float *state_in, float *state_out,
               act_t *__restrict__ g, Stage sBC, Dm dm,
-              const unsigned char *__restrict__ start = nullptr, unsigned char *sst = nullptr)
+              const unsigned char *__restrict__ start = nullptr, unsigned *sst = nullptr)
 {
     const int E = dm.E, N = dm.N;
     const int lane = threadIdx.x % dm.lanes;
@@ -259,7 +263,7 @@ chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *
                  const act_t *__restrict__ dbl, const float *__restrict__ dt_bias,
                  const float *__restrict__ A_log, float *__restrict__ cstate,
                  float *__restrict__ dsum_out, Stage sBC, Dm dm,
-                 const unsigned char *__restrict__ start = nullptr, unsigned char *sst = nullptr)
+                 const unsigned char *__restrict__ start = nullptr, unsigned *sst = nullptr)
 {
     const int E = dm.E, N = dm.N;
     const int lane = threadIdx.x % dm.lanes;
@@ -316,7 +320,7 @@ chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t 
                   const float *__restrict__ dt_bias, const float *__restrict__ A_log,
                   const float *__restrict__ Dskip, const float *__restrict__ cstate,
                   float *state_out, act_t *__restrict__ g, Stage sBC, Dm dm,
-                  const unsigned char *__restrict__ start = nullptr, unsigned char *sst = nullptr)
+                  const unsigned char *__restrict__ start = nullptr, unsigned *sst = nullptr)
 {
     const int E = dm.E, N = dm.N;
     const int lane = threadIdx.x % dm.lanes;

@@ -24,6 +24,7 @@
 // ST: episode starts, start [batch][seqlen] (scan_span zeroes the state
 // before a start token; a checkpoint is the state before its piece's first
 // token, so the backward's recompute zeroes at the same tokens).
+static_assert(BCK <= 32, "a checkpoint chunk's start flags are one 32-bit word (bwd_stage)");
 static_assert(SCAN_CHUNK % BCK == 0, "a chunk is a whole number of checkpoint pieces");
 template <bool ST>
 __global__ void __launch_bounds__(SCAN_THREADS)
@@ -35,7 +36,7 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
                 const unsigned char *__restrict__ start)
 {
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, dt, z]
-    __shared__ unsigned char sst[ST ? SCAN_TCHUNK : 1];   // the pass's start flags (ST)
+    __shared__ unsigned sst[1];   // the pass's start flags as a word (ST)
     const ModelDims dm;
     const int lane = threadIdx.x % SCAN_LANES;
     const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
@@ -81,17 +82,20 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
 // scan_stage in mg_m1_scan_body.cuh). Channels past E stage xc and dt of
 // channel E-1 (their threads compute on it) and dy = 0 (so they add nothing
 // to the block's dB sums).
-// ST: also the start flags of the steps, sst[tt] = start[row].
+// ST: also the start flags of the steps as one word (warp 0, start_bits):
+// bit tt of *sst = start[row0 + t0 + tt].
 template <bool ST = false>
 __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act_t *__restrict__ xc,
                                           const act_t *__restrict__ dt, const float *__restrict__ dy,
                                           float (*sIn)[3][SCAN_CHANNELS],
                                           const unsigned char *__restrict__ start = nullptr,
-                                          unsigned char *sst = nullptr)
+                                          unsigned *sst = nullptr)
 {
     const int e0 = blockIdx.y * SCAN_CHANNELS;
-    if (ST)
-        for (int i = threadIdx.x; i < nt; i += SCAN_THREADS) sst[i] = start[row0 + t0 + i];
+    if (ST && threadIdx.x < 32) {
+        const unsigned w = start_bits(start + row0, t0, nt, t0 + nt);
+        if (threadIdx.x == 0) *sst = w;
+    }
     for (int i = threadIdx.x; i < nt * SCAN_CHANNELS; i += SCAN_THREADS) {
         const int tt = i / SCAN_CHANNELS, c = i % SCAN_CHANNELS;
         const size_t row = row0 + t0 + tt;
@@ -218,7 +222,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
 {
     __shared__ float sBC[BCK][2 * N];
     __shared__ float sIn[BCK][3][SCAN_CHANNELS];   // xc, dt, dy of the block's channels (see bwd_stage)
-    __shared__ unsigned char sst[ST ? BCK : 1];    // start flags of the chunk's steps (ST)
+    __shared__ unsigned sst[1];                    // start flags of the chunk's steps, a word (ST)
     __shared__ float red[2][SCAN_WARPS][2 * N];
     const int lane = threadIdx.x % SCAN_LANES;
     const int ci = threadIdx.x / SCAN_LANES;   // this thread's channel within the block
@@ -259,6 +263,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
         }
         bwd_stage<ST>(t0, nt, row0, xc, dt, dy, sIn, start, sst);
         __syncthreads();
+        const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
         // The chunk walked next (c - 1): its B | C rows, xc, dt, dy of the
         // block's channels and its checkpoint into L2 while this one
         // computes, so that its staging waits on L2 rather than on memory
@@ -278,7 +283,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 const float x = sIn[tt][0][ci];
                 const float delta = softplus(sIn[tt][1][ci] + dtb);
                 const float dx = delta * x;
-                if (ST && sst[tt]) {
+                if (ST && start_at(sw, tt)) {
 #pragma unroll
                     for (int j = 0; j < SCAN_NPT; ++j) s[j] = 0.0f;
                 }
@@ -298,7 +303,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             const float raw = sIn[tt][1][ci] + dtb;
             const float delta = softplus(raw);
             const float dyv = sIn[tt][2][ci];   // 0 for padding channels
-            const bool cut = ST && sst[tt];     // an episode starts at this step
+            const bool cut = ST && start_at(sw, tt);   // an episode starts at this step
             float dd = 0.0f, dx = 0.0f, cb[SCAN_NPT], cc[SCAN_NPT];
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j) {
@@ -413,7 +418,7 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
 {
     __shared__ float sC[BCK][N];
     __shared__ float sIn[BCK][3][SCAN_CHANNELS];   // bwd_stage (xc unused here)
-    __shared__ unsigned char sst[ST ? BCK : 1];    // start flags of the piece's steps (ST)
+    __shared__ unsigned sst[1];                    // start flags of the piece's steps, a word (ST)
     const int lane = threadIdx.x % SCAN_LANES;
     const int ci = threadIdx.x / SCAN_LANES;
     const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
@@ -445,11 +450,12 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
         }
         bwd_stage<ST>(t0, nt, row0, nullptr, dt, dy, sIn, start, sst);
         __syncthreads();
+        const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
         for (int tt = nt - 1; tt >= 0; --tt) {
             const float delta = softplus(sIn[tt][1][ci] + dtb);
             const float dyv = sIn[tt][2][ci];
             dsum += delta;
-            const bool st = ST && sst[tt];   // a start: the adjoint carried to t-1 is 0
+            const bool st = ST && start_at(sw, tt);   // a start: the adjoint carried to t-1 is 0
             cut = cut || st;
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j)

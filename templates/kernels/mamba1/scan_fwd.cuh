@@ -7,12 +7,14 @@
 // act_t); #included by NAME_kernels.cu inside its anonymous namespace, after
 // mg_m1_scan_body.cuh, so it includes nothing itself.
 
+static_assert(SCAN_TCHUNK <= 32, "a pass's start flags are one 32-bit word (scan_span)");
+
 // Sequential scan (scan_seq_body). Grid (batch, SCAN_BLOCKS). reset [batch]
 // (NULL: none): a sequence whose entry is nonzero starts from zeros instead
 // of state_in (the decode step's reset mask; a block scans one sequence, so
 // the body just gets no state for it). ST: episode starts, start [batch]
 // [seqlen] (uint8, nonzero: the states are zeroed before that token;
-// scan_span), staged per pass in sst; the launcher instantiates ST = true
+// scan_span), staged per pass as one word in sst; the launcher instantiates ST = true
 // only for a call with a start mask, so the maskless kernel is unchanged.
 // FDT: dt_proj fused into the scan (SCAN_FUSE_DT; scan_span): `dt` is then
 // dt_proj.weight [E][R], and the inference launchers pass it so (the
@@ -27,7 +29,7 @@ scan_kernel(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ 
             const unsigned char *__restrict__ start)
 {
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, dt, z]
-    __shared__ unsigned char sst[ST ? SCAN_TCHUNK : 1];   // the pass's start flags (ST)
+    __shared__ unsigned sst[1];   // the pass's start flags as a word (ST)
     const bool fresh = reset && reset[blockIdx.x];
     scan_seq_body<ST, FDT>(seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, fresh ? nullptr : state_in, state_out, g,
                       sBC, ModelDims(), start, sst);
@@ -44,7 +46,7 @@ chunk_state_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t
                    float *__restrict__ dsum_out, const unsigned char *__restrict__ start)
 {
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];
-    __shared__ unsigned char sst[ST ? SCAN_TCHUNK : 1];
+    __shared__ unsigned sst[1];
     chunk_state_body<ST, FDT>(seqlen, nc, xc, dt, dbl, dt_bias, A_log, cstate, dsum_out, sBC, ModelDims(), start, sst);
 }
 
@@ -69,7 +71,7 @@ chunk_output_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_
                     float *state_out, act_t *__restrict__ g, const unsigned char *__restrict__ start)
 {
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];
-    __shared__ unsigned char sst[ST ? SCAN_TCHUNK : 1];
+    __shared__ unsigned sst[1];
     chunk_output_body<ST, FDT>(seqlen, nc, xc, dt, dbl, xz, dt_bias, A_log, Dskip, cstate, state_out, g, sBC,
                           ModelDims(), start, sst);
 }

@@ -54,6 +54,14 @@ conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
                 float *__restrict__ part_w, float *__restrict__ part_b, const unsigned char *__restrict__ start)
 {
     const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
+    // ST: sf bit i = a start at t0-K+1+i, taken while the warp is whole; a
+    // window without one runs the maskless code (the same terms)
+    unsigned sf = 0;
+    if constexpr (ST) {
+        const int ts = (int)(blockIdx.x % ntiles) * CONV_TILE;
+        sf = conv_starts<CONV_BX>(ts, min(seqlen, ts + CONV_BD), start + (blockIdx.x / ntiles) * (size_t)seqlen);
+    }
+    const bool masked = ST && sf != 0;
     if (e >= E) return;
     const size_t b = blockIdx.x / ntiles;
     const int tile = (int)(blockIdx.x % ntiles);
@@ -69,14 +77,12 @@ conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
 
     float xs[CONV_BX], dps[CONV_BD];   // xs[i]: x at t0-K+1+i; dps[q]: dxc, then dpre, at t0+q
     conv_load(t0, tend, xz + row0 * E2 + e, cs0 + st, xs);
-    bool sf[ST ? CONV_BX : 1];   // sf[i]: a start at t0-K+1+i (ST)
-    if constexpr (ST) conv_starts(t0, tend, start + row0, sf);
 #pragma unroll
     for (int q = 0; q < CONV_BD; ++q) {   // (from tend on: step tend-1 again, discarded; no branches)
         const float v = dxc[(row0 + min(t0 + q, tend - 1)) * E + e];
         dps[q] = t0 + q < tend ? v : 0.0f;
     }
-    if constexpr (ST) {
+    if (masked) {
 #pragma unroll
         for (int q = 0; q < CONV_BD; ++q) {
             if (t0 + q < tend) {
@@ -98,7 +104,7 @@ conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
     for (int q = 0; q < CONV_TILE; ++q) {
         if (q < n) {
             gb += dps[q];
-            if constexpr (ST) {
+            if (masked) {
                 float xw[K];
                 conv_masked(xs, sf, q, xw);
 #pragma unroll
@@ -114,11 +120,11 @@ conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
     for (int i = 0; i < CONV_TILE; ++i) {
         if (i < n) {
             float acc = 0.0f;
-            if constexpr (ST) {   // input j = t0+i is sf index i+KM1; t = j+m reads it unless a start is at j+1 .. t
+            if (masked) {   // input j = t0+i is sf bit i+KM1; t = j+m reads it unless a start is at j+1 .. t
                 bool cut = false;
 #pragma unroll
                 for (int m = 0; m < K; ++m) {
-                    if (m > 0) cut = cut || sf[i + KM1 + m];
+                    if (m > 0) cut = cut || start_at(sf, i + KM1 + m);
                     if (t0 + i + m < seqlen && !cut) acc += w[KM1 - m] * dps[i + m];
                 }
             } else {
@@ -137,7 +143,7 @@ conv_bwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const floa
             bool cut = false;   // ST: t reads input j < 0 unless a start is at 0 .. t (sf index KM1 + t)
 #pragma unroll
             for (int t = 0; t <= a; ++t) {
-                if constexpr (ST) cut = cut || sf[KM1 + t];
+                if (masked) cut = cut || start_at(sf, KM1 + t);
                 if (t < seqlen && !cut) acc += w[a - t] * dps[t];
             }
             dcs[st + a] = acc;

@@ -23,6 +23,7 @@ __device__ __forceinline__ float dsilu(float x)
 // d softplus(x)/dx with the threshold 20 (x > 20: identity)
 __device__ __forceinline__ float dsoftplus(float x) { return x > 20.0f ? 1.0f : sigmoidf_(x); }
 
+
 // The causal conv's pre-activation at one step: bias + sum_k w[k] x[k] over
 // the window x[0 .. K-1] (inputs t-K+1 .. t, oldest first), summed in k
 // order. Every conv kernel (prefill, training forward and backward) computes
@@ -59,32 +60,30 @@ __device__ __forceinline__ void conv_load(int t0, int tend, const act_t *xp, con
 }
 
 // Episode starts in the conv (doc/math.md §9): a tap of output t reads 0
-// when its input lies before the latest start at or before t. conv_starts
-// loads the start flags of an input window like conv_load its inputs:
-// sf[i] = start at t = t0 - (K-1) + i (start: the sequence's row of the
-// [batch][seqlen] mask), false outside [0, tend); branch-free loads, all in
-// flight together. conv_masked: the window of the output whose newest input
-// is index i (inputs i .. i+K-1): tap k is kept unless a start lies after
-// its input, at i+k+1 .. i+K-1 (a running flag from the newest tap down), so
-// conv_pre then sums the same terms as a fresh sequence's first steps.
+// when its input lies before the latest start at or before t. conv_starts:
+// the start flags of an input window as a word (start_bits), bit i = a
+// start at t = t0 - (K-1) + i, none outside [0, tend); the calling warp must
+// be whole (the kernels take it before dropping the threads past E). A
+// thread block's threads share (sequence, tile), so the word is uniform and
+// a window without a start runs the maskless code. conv_masked: the window
+// of the output whose newest input is index i (inputs i .. i+K-1): tap k is
+// kept unless a start lies after its input, at i+k+1 .. i+K-1 (a running
+// flag from the newest tap down), so conv_pre then sums the same terms as a
+// fresh sequence's first steps.
 template <int NX>
-__device__ __forceinline__ void conv_starts(int t0, int tend, const unsigned char *sp, bool (&sf)[NX])
+__device__ __forceinline__ unsigned conv_starts(int t0, int tend, const unsigned char *sp)
 {
-#pragma unroll
-    for (int i = 0; i < NX; ++i) {
-        const int t = t0 - (K - 1) + i;
-        const unsigned char v = sp[min(max(t, 0), tend - 1)];
-        sf[i] = t >= 0 && t < tend && v != 0;
-    }
+    static_assert(NX <= 32, "a conv window's start flags are one 32-bit word");
+    return start_bits(sp, t0 - (K - 1), NX, tend);
 }
 template <int NX>
-__device__ __forceinline__ void conv_masked(const float (&xs)[NX], const bool (&sf)[NX], int i, float (&xw)[K])
+__device__ __forceinline__ void conv_masked(const float (&xs)[NX], unsigned sf, int i, float (&xw)[K])
 {
     bool cut = false;
     xw[K - 1] = xs[i + K - 1];
 #pragma unroll
     for (int k = K - 2; k >= 0; --k) {
-        cut = cut || sf[i + k + 1];
+        cut = cut || start_at(sf, i + k + 1);
         xw[k] = cut ? 0.0f : xs[i + k];
     }
 }
@@ -111,6 +110,12 @@ __device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_
                                               const unsigned char *__restrict__ start = nullptr)
 {
     const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
+    unsigned sf = 0;   // ST: the window's start flags, taken while the warp is whole
+    if constexpr (ST) {
+        const int ts = (int)(blockIdx.x % ntiles) * CONV_TILE;
+        sf = conv_starts<K - 1 + CONV_TILE>(ts, min(seqlen, ts + CONV_TILE),
+                                            start + (blockIdx.x / ntiles) * (size_t)seqlen);
+    }
     if (e >= E) return;
     const size_t b = blockIdx.x / ntiles;
     const int t0 = (int)(blockIdx.x % ntiles) * CONV_TILE;
@@ -123,9 +128,7 @@ __device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_
     const act_t *xp = xz + b * (size_t)seqlen * E2 + e;
     act_t *op = xc + b * (size_t)seqlen * E + e;
     conv_load(t0, t0 + n, xp, s0 ? s0 + st : nullptr, xs);
-    if constexpr (ST) {
-        bool sf[K - 1 + CONV_TILE];
-        conv_starts(t0, t0 + n, start + b * (size_t)seqlen, sf);
+    if (ST && sf != 0) {   // (a tile without a start: the maskless code below, the same terms)
 #pragma unroll
         for (int i = 0; i < CONV_TILE; ++i) {
             if (i < n) {
@@ -143,7 +146,7 @@ __device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_
 #pragma unroll
                     for (int k = K - 2; k >= 0; --k) {
                         state_out[st + k] = cut ? 0.0f : xs[i + k];
-                        cut = cut || sf[i + k];
+                        cut = cut || start_at(sf, i + k);
                     }
                 }
             }
