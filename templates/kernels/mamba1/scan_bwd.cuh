@@ -308,17 +308,21 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j) {
                 const int n = lane * SCAN_NPT + j;
-                const float sprev = cut ? 0.0f : (tt > 0 ? hs[tt - 1][j] : s0[j]);
+                const float sprev = tt > 0 ? hs[tt - 1][j] : s0[j];
                 const float Bn = sBC[tt][n], Cn = sBC[tt][N + n];
                 cc[j] = dyv * hs[tt][j];
                 const float dsn = ds[j] + dyv * Cn;
-                const float a = expf(delta * A[j]);
+                // at a start the decay a is 0: the state entering the step is
+                // the constant 0 (gda = 0) and no adjoint is carried to t-1
+                // (one select for both; gda's zero may then carry sprev's sign,
+                // which the sums below, starting from +0, never keep)
+                const float a = cut ? 0.0f : expf(delta * A[j]);
                 const float gda = dsn * sprev * a * A[j];
                 dd += gda + dsn * Bn * x;
                 gA[j] += gda * delta;
                 cb[j] = dsn * delta * x;
                 dx += dsn * delta * Bn;
-                ds[j] = dsn * (cut ? 0.0f : a);   // (the maskless expression's shape: the same bits without a start)
+                ds[j] = dsn * a;
             }
 #pragma unroll
             for (int o = SCAN_LANES / 2; o > 0; o >>= 1) {
