@@ -10,6 +10,11 @@
 # generated test programs (a program printing "1..0 # SKIP"), is a failure
 # instead, so that a broken CUDA setup cannot give a green `make check`.
 
+# MG_GPU_MODELS="NAME ..." (environment, optional): build and run only the
+# suite's models named there (a developer's quick check of some variants on
+# the GPU machine); unset, every model runs, as a release run must. With
+# MG_REQUIRE_GPU=1, a selection that leaves a suite nothing to run fails it.
+
 # gpu_required: true when MG_REQUIRE_GPU=1.
 gpu_required() { [ "${MG_REQUIRE_GPU:-}" = 1 ]; }
 
@@ -23,6 +28,17 @@ gpu_skip_all() {
     exit 1
   fi
   tap_skip_all "$1"
+}
+
+# gpu_models MODEL...: the models of a suite to run: all of them, or those
+# MG_GPU_MODELS names, in the suite's order; none left: gpu_skip_all.
+gpu_models() {
+  if [ -z "${MG_GPU_MODELS:-}" ]; then gpu_sel=$*; return 0; fi
+  gpu_sel=
+  for m in "$@"; do
+    case " $MG_GPU_MODELS " in *" $m "*) gpu_sel="$gpu_sel $m" ;; esac
+  done
+  [ -n "$gpu_sel" ] || gpu_skip_all "MG_GPU_MODELS ($MG_GPU_MODELS) names none of this suite's models"
 }
 
 # gpu_need_device [MG_DEVINFO-ARGS...]: a usable CUDA device ($MG_DEVINFO

@@ -113,6 +113,9 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
 {
     const int E = dm.E, N = dm.N, ch = dm.channels;
     const int c = threadIdx.x / dm.lanes;   // this thread's channel within the block
+    // steps per group (below): fewer where a thread holds more states (their
+    // decays are kept for the group)
+    constexpr int U = Dm::NPT_MAX <= 4 ? 4 : (Dm::NPT_MAX <= 8 ? 2 : 1);
     // FDT: dt is dt_proj.weight [E][R]; this channel's row in registers
     float wdt[FDT ? SCAN_FDT_RMAX : 1];
     if (FDT) {
@@ -130,51 +133,80 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
         }
         __syncthreads();
         const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
-        for (int tt = 0; tt < nt; ++tt) {
-            const mg_size_t row = row0 + t0 + tt;
-            if (ST && start_at(sw, tt)) {   // an episode starts here: the state before it is 0
+        // The pass in groups of U steps: first what each step computes
+        // without the state (dt, delta, the decays exp(delta A), the gate),
+        // then the recurrence of the U steps, then their outputs. Why: the
+        // state is the only thing carried from step to step, but in program
+        // order each step's independent work sat behind the previous step's
+        // output (its shuffles, division, store); a warp issues in order,
+        // and at the few warps per SM of this scan every step paid the whole
+        // chain's latency. Grouped, the U steps' independent parts overlap.
+        // Each value is computed with the same operations in the same order
+        // as a step-at-a-time loop. Steps past nt (the pass's last group) are
+        // computed on step nt-1's inputs and leave s, dsum and the outputs
+        // alone.
+        for (int tt0 = 0; tt0 < nt; tt0 += U) {
+            float xg[U], dg[U], dxg[U], zg[U], ag[U][Dm::NPT_MAX];
 #pragma unroll
-                for (int j = 0; j < Dm::NPT_MAX; ++j) s[j] = 0.0f;
-                if (!OUT) dsum = __int_as_float(0x7f800000);   // +INFINITY: the chunk's decay is 0
-            }
-            const float x = sBC[tt][2 * N + c];
-            float dtr;   // the dt_proj output of this channel and step
-            if (FDT) {
-                // dt_low . dt_proj.weight[e] in f32, rounded to the storage
-                // dtype as the GEMM's output would be (another order of the
-                // same R products: rounding-level differences from it)
-                float acc = 0.0f;
+            for (int u = 0; u < U; ++u) {
+                const int tt = min(tt0 + u, nt - 1);
+                const float x = sBC[tt][2 * N + c];
+                float dtr;   // the dt_proj output of this channel and step
+                if (FDT) {
+                    // dt_low . dt_proj.weight[e] in f32, rounded to the storage
+                    // dtype as the GEMM's output would be (another order of the
+                    // same R products: rounding-level differences from it)
+                    float acc = 0.0f;
 #pragma unroll
-                for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r) if (r < dm.R) acc += sBC[tt][2 * N + ch + r] * wdt[r];
-                dtr = to_f32(from_f32<act_t>(acc));
-            } else {
-                dtr = sBC[tt][2 * N + ch + c];
+                    for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r) if (r < dm.R) acc += sBC[tt][2 * N + ch + r] * wdt[r];
+                    dtr = to_f32(from_f32<act_t>(acc));
+                } else {
+                    dtr = sBC[tt][2 * N + ch + c];
+                }
+                const float delta = softplus(dtr + dtb);
+                xg[u] = x;
+                dg[u] = delta;
+                dxg[u] = delta * x;
+                zg[u] = OUT ? silu(sBC[tt][2 * N + 2 * ch + c]) : 0.0f;
+#pragma unroll
+                for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) ag[u][j] = expf(delta * A[j]);
             }
-            const float delta = softplus(dtr + dtb);
-            const float dx = delta * x;
-            if (OUT) {
-                const float z = sBC[tt][2 * N + 2 * ch + c];
+            float yg[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int tt = min(tt0 + u, nt - 1);
+                const bool on = tt0 + u < nt;
+                if (ST && start_at(sw, tt0 + u)) {   // an episode starts here: the state before it is 0
+#pragma unroll
+                    for (int j = 0; j < Dm::NPT_MAX; ++j) s[j] = 0.0f;
+                    if (!OUT) dsum = __int_as_float(0x7f800000);   // +INFINITY: the chunk's decay is 0
+                }
                 float y = 0.0f;
 #pragma unroll
                 for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
                     const int n = lane * dm.npt + j;
-                    s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][n];
-                    y += s[j] * sBC[tt][N + n];
+                    const float sn = ag[u][j] * s[j] + dxg[u] * sBC[tt][n];
+                    s[j] = on ? sn : s[j];
+                    if (OUT) y += s[j] * sBC[tt][N + n];
+                }
+                yg[u] = y;
+                if (!OUT && on) dsum += dg[u];
+            }
+            if (OUT) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+#pragma unroll
+                    for (int o = dm.lanes / 2; o > 0; o >>= 1) yg[u] += __shfl_xor_sync(FULL_MASK, yg[u], o);
                 }
 #pragma unroll
-                for (int o = dm.lanes / 2; o > 0; o >>= 1) y += __shfl_xor_sync(FULL_MASK, y, o);
-                y += dsk * x;
-                if (valid && lane == 0) {
-                    if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
-                    g[row * E + e] = from_f32<act_t>(y * silu(z));
+                for (int u = 0; u < U; ++u) {
+                    const float y = yg[u] + dsk * xg[u];
+                    const mg_size_t row = row0 + t0 + tt0 + u;
+                    if (valid && lane == 0 && tt0 + u < nt) {
+                        if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
+                        g[row * E + e] = from_f32<act_t>(y * zg[u]);
+                    }
                 }
-            } else {
-#pragma unroll
-                for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
-                    const int n = lane * dm.npt + j;
-                    s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][n];
-                }
-                dsum += delta;
             }
         }
     }
