@@ -170,11 +170,11 @@ function M.derive(spec, d)
     d.scan_threads_source = "tuned"
   end
   d.scan_channels = d.scan_threads // d.scan_lanes
-  -- dt_proj fused into the inference scan: each thread computes its
-  -- channel's dt = dt_low . dt_proj.weight[e] from the staged dt_low columns
-  -- (R FMAs a step) instead of a K = R GEMM writing [tokens][E] that the
-  -- scan reads back; the R weights sit in registers (R <= SCAN_FDT_RMAX)
-  -- and dt_low takes the stage's dt slot (R <= channels). Why: on the H200
+  -- dt_proj fused into the inference scan: the scan's staging computes each
+  -- (step, channel)'s dt = dt_low . dt_proj.weight[e] (R FMAs) instead of a
+  -- K = R GEMM writing [tokens][E] that the scan reads back; the R weights
+  -- sit in registers (R <= SCAN_FDT_RMAX; R <= channels is kept from when
+  -- dt_low took the stage's dt slot, so that no plan changed). Why: on the H200
   -- the K = 8 GEMM of mamba1_rl ran at 7.6 TFLOP/s (10 us a layer at b64
   -- T256) plus its output's round trip. The training forward keeps the GEMM
   -- (its backward reads the dt it saved).

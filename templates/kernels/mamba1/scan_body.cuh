@@ -19,7 +19,7 @@
 // FULL_MASK, SCAN_THREADS, SCAN_CHUNK, COMBINE_THREADS. FDT = true
 // (the inference kernels when the generator fuses dt_proj into the scan):
 // the `dt` argument is dt_proj.weight [E][R] instead of the dt_proj output,
-// and each thread computes its channel's dt from the staged dt_low columns.
+// and the staging computes each channel's dt from the dt_low columns.
 // #included inside the
 // anonymous namespace of NAME_kernels.cu / NAME_backward.cu or inlined into
 // a tune candidate, so it includes nothing itself.
@@ -33,46 +33,62 @@ constexpr int SCAN_FDT_RMAX = 16;
 
 // ---------------------------------------------------------------------------
 // scan_stage: load timesteps [t0, t0 + nt) of what the block's channels read
-// into shared memory, coalesced, by the whole block. Row tt of the stage:
+// into shared memory, coalesced, by the whole block, with what each step
+// computes per channel alone. Row tt of the stage:
 //   [0, N)                B_t            [N, 2N)   C_t (when OUT)
 //   [2N, 2N+ch)           xc of the block's channels
-//   [2N+ch, 2N+2ch)       dt (before the bias); with FDT the R columns of
-//                         dt_low instead, from which each thread computes
-//                         its channel's dt (dt_proj fused into the scan)
-//   [2N+2ch, 2N+3ch)      z (when OUT)
-// with ch = dm.channels. Why: every step of the recurrence needs these per
-// channel; read from global memory inside the step loop, each step waits
-// one memory latency (the loop carries the state, so the loads of step t+1
-// are not issued before step t ends), and the scan runs at ~1 us per step.
-// Staged, a pass pays one latency per tchunk steps. Channels past E (a
-// partial last block) stage channel E-1, as their threads compute on it.
+//   [2N+ch, 2N+2ch)       delta = softplus(dt + dt_bias) of the channels;
+//                         with FDT, dt = dt_low . dt_proj.weight[e] first
+//                         (dt_proj fused into the scan)
+//   [2N+2ch, 2N+3ch)      silu(z) (when OUT)
+// with ch = dm.channels. Why staged: every step of the recurrence needs
+// these per channel; read from global memory inside the step loop, each
+// step waits one memory latency (the loop carries the state, so the loads
+// of step t+1 are not issued before step t ends), and the scan runs at ~1
+// us per step. Staged, a pass pays one latency per tchunk steps. Why delta
+// and the gate here: the lanes sharing a channel each computed them (dt's
+// dot product, softplus, silu: most of a step's instructions); here each
+// (step, channel) is computed once, by the thread whose column it is.
+// Element (tt, c) is done by a thread with threadIdx.x % ch == c (the block
+// is ch x lanes threads), whose channel's dt_bias and dt_proj row the
+// caller passes: dtb_s, wdt_s. Channels past E (a partial last block) stage
+// channel E-1, as their threads compute on it.
 // ---------------------------------------------------------------------------
 template <bool OUT, bool FDT = false, class Dm, class Stage>
 __device__ __forceinline__ void
 scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
-           const act_t *__restrict__ dbl, const act_t *__restrict__ xz, Stage sBC, Dm dm)
+           const act_t *__restrict__ dbl, const act_t *__restrict__ xz, float dtb_s,
+           const float (&wdt_s)[FDT ? SCAN_FDT_RMAX : 1], Stage sBC, Dm dm)
 {
     const int E = dm.E, E2 = dm.E2, N = dm.N, R = dm.R, XP = dm.XP, ch = dm.channels;
-    // staged dbl columns: B | C (or B), and with FDT the R columns of dt_low
-    // before them, at 2N + ch .. (the dt slot; R <= ch)
+    // staged dbl columns: B | C (or B)
     const int W = OUT ? 2 * N : N;
     for (int i = threadIdx.x; i < nt * W; i += SCAN_THREADS) {
         const int tt = i / W, k = i % W;
         sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
     }
-    if (FDT)
-        for (int i = threadIdx.x; i < nt * R; i += SCAN_THREADS) {
-            const int tt = i / R, k = i % R;
-            sBC[tt][2 * N + ch + k] = to_f32(dbl[(row0 + t0 + tt) * XP + k]);
-        }
     const int e0 = blockIdx.y * ch;
     for (int i = threadIdx.x; i < nt * ch; i += SCAN_THREADS) {
-        const int tt = i / ch, c = i % ch;
+        const int tt = i / ch, c = i % ch;   // c == threadIdx.x % ch: dtb_s, wdt_s are its
         const mg_size_t row = row0 + t0 + tt;
         const int ee = min(e0 + c, E - 1);
         sBC[tt][2 * N + c] = to_f32(xc[row * E + ee]);
-        if (!FDT) sBC[tt][2 * N + ch + c] = to_f32(dt[row * E + ee]);
-        if (OUT) sBC[tt][2 * N + 2 * ch + c] = to_f32(xz[row * E2 + E + ee]);
+        float dtr;   // the dt_proj output of this channel and step
+        if (FDT) {
+            // dt_low . dt_proj.weight[e] in f32, rounded to the storage
+            // dtype as the GEMM's output would be (another order of the
+            // same R products: rounding-level differences from it); a warp's
+            // lanes share the step, so each dt_low load is one broadcast
+            float acc = 0.0f;
+#pragma unroll
+            for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r)
+                if (r < R) acc += to_f32(dbl[row * XP + r]) * wdt_s[r];
+            dtr = to_f32(from_f32<act_t>(acc));
+        } else {
+            dtr = to_f32(dt[row * E + ee]);
+        }
+        sBC[tt][2 * N + ch + c] = softplus(dtr + dtb_s);
+        if (OUT) sBC[tt][2 * N + 2 * ch + c] = silu(to_f32(xz[row * E2 + E + ee]));
     }
 }
 
@@ -105,7 +121,8 @@ scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const a
 template <bool OUT, bool SAVE = false, bool ST = false, bool FDT = false, class Dm, class Stage>
 __device__ __forceinline__ void
 scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
-          float (&s)[Dm::NPT_MAX], const float (&A)[Dm::NPT_MAX], float dtb, float dsk, float &dsum,
+          float (&s)[Dm::NPT_MAX], const float (&A)[Dm::NPT_MAX], const float *__restrict__ dt_bias,
+          float dsk, float &dsum,
           const act_t *__restrict__ xc, const act_t *__restrict__ dt,
           const act_t *__restrict__ dbl, const act_t *__restrict__ xz, act_t *__restrict__ g,
           Stage sBC, Dm dm, act_t *__restrict__ ysave = nullptr,
@@ -116,17 +133,19 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
     // steps per group (below): fewer where a thread holds more states (their
     // decays are kept for the group)
     constexpr int U = Dm::NPT_MAX <= 4 ? 4 : (Dm::NPT_MAX <= 8 ? 2 : 1);
-    // FDT: dt is dt_proj.weight [E][R]; this channel's row in registers
-    float wdt[FDT ? SCAN_FDT_RMAX : 1];
+    // The channel whose delta and gate this thread stages (scan_stage):
+    // its dt_bias and (FDT: dt is dt_proj.weight [E][R]) its dt_proj row.
+    const int es = min((int)(blockIdx.y * ch + threadIdx.x % ch), E - 1);
+    const float dtb_s = dt_bias[es];
+    float wdt_s[FDT ? SCAN_FDT_RMAX : 1];
     if (FDT) {
-        const int ec = min(e, E - 1);
 #pragma unroll
-        for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r) wdt[r] = r < dm.R ? to_f32(dt[(mg_size_t)ec * dm.R + r]) : 0.0f;
+        for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r) wdt_s[r] = r < dm.R ? to_f32(dt[(mg_size_t)es * dm.R + r]) : 0.0f;
     }
     for (int t0 = t_begin; t0 < t_end; t0 += dm.tchunk) {
         const int nt = min(dm.tchunk, t_end - t0);
         __syncthreads();   // the previous pass is done reading the stage
-        scan_stage<OUT, FDT>(t0, nt, row0, xc, dt, dbl, xz, sBC, dm);
+        scan_stage<OUT, FDT>(t0, nt, row0, xc, dt, dbl, xz, dtb_s, wdt_s, sBC, dm);
         if (ST && threadIdx.x < 32) {   // warp 0: the pass's start flags as one word (nt <= 32)
             const unsigned w = start_bits(start + row0, t0, nt, t_end);
             if (threadIdx.x == 0) *sst = w;
@@ -151,23 +170,11 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
             for (int u = 0; u < U; ++u) {
                 const int tt = min(tt0 + u, nt - 1);
                 const float x = sBC[tt][2 * N + c];
-                float dtr;   // the dt_proj output of this channel and step
-                if (FDT) {
-                    // dt_low . dt_proj.weight[e] in f32, rounded to the storage
-                    // dtype as the GEMM's output would be (another order of the
-                    // same R products: rounding-level differences from it)
-                    float acc = 0.0f;
-#pragma unroll
-                    for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r) if (r < dm.R) acc += sBC[tt][2 * N + ch + r] * wdt[r];
-                    dtr = to_f32(from_f32<act_t>(acc));
-                } else {
-                    dtr = sBC[tt][2 * N + ch + c];
-                }
-                const float delta = softplus(dtr + dtb);
+                const float delta = sBC[tt][2 * N + ch + c];
                 xg[u] = x;
                 dg[u] = delta;
                 dxg[u] = delta * x;
-                zg[u] = OUT ? silu(sBC[tt][2 * N + 2 * ch + c]) : 0.0f;
+                zg[u] = OUT ? sBC[tt][2 * N + 2 * ch + c] : 0.0f;   // silu(z)
 #pragma unroll
                 for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) ag[u][j] = expf(delta * A[j]);
             }
@@ -252,7 +259,7 @@ scan_seq_body(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict_
         s[j] = state_in ? state_in[sb + j] : 0.0f;
     }
     float dsum = 0.0f;
-    scan_span<true, false, ST, FDT>(0, seqlen, row0, lane, e, valid, s, A, dt_bias[ec], Dskip[ec], dsum,
+    scan_span<true, false, ST, FDT>(0, seqlen, row0, lane, e, valid, s, A, dt_bias, Dskip[ec], dsum,
                                xc, dt, dbl, xz, g, sBC, dm, nullptr, start, sst);
     if (state_out && valid) {
 #pragma unroll
@@ -312,7 +319,7 @@ chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *
     }
     float dsum = 0.0f;
     scan_span<false, false, ST, FDT>(c * SCAN_CHUNK, (c + 1) * SCAN_CHUNK, b * (mg_size_t)seqlen, lane, e, valid,
-                                s, A, dt_bias[ec], 0.0f, dsum, xc, dt, dbl, nullptr, nullptr, sBC, dm, nullptr,
+                                s, A, dt_bias, 0.0f, dsum, xc, dt, dbl, nullptr, nullptr, sBC, dm, nullptr,
                                 start, sst);
     if (valid) {
         float *cs = cstate + ((b * nc + c + 1) * E + e) * N + lane * dm.npt;
@@ -371,7 +378,7 @@ chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t 
         s[j] = cs[j];
     }
     float dsum = 0.0f;
-    scan_span<true, false, ST, FDT>(t_begin, t_end, b * (mg_size_t)seqlen, lane, e, valid, s, A, dt_bias[ec],
+    scan_span<true, false, ST, FDT>(t_begin, t_end, b * (mg_size_t)seqlen, lane, e, valid, s, A, dt_bias,
                                Dskip[ec], dsum, xc, dt, dbl, xz, g, sBC, dm, nullptr, start, sst);
     if (state_out && valid && c == nc - 1) {
         float *so = state_out + (b * E + e) * N + lane * dm.npt;

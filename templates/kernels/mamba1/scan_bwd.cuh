@@ -35,7 +35,7 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
                 float *state_out, float *__restrict__ ckpt, act_t *__restrict__ ysave, act_t *__restrict__ g,
                 const unsigned char *__restrict__ start)
 {
-    __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, dt, z]
+    __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, delta, silu(z)]
     __shared__ unsigned sst[1];   // the pass's start flags as a word (ST)
     const ModelDims dm;
     const int lane = threadIdx.x % SCAN_LANES;
@@ -57,7 +57,6 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
         A[j] = -expf(A_log[(size_t)ec * N + lane * SCAN_NPT + j]);
         s[j] = init ? init[lane * SCAN_NPT + j] : 0.0f;
     }
-    const float dtb = dt_bias[ec];
     const float dsk = Dskip[ec];
     float dsum = 0.0f;
     for (int t0 = t_begin; t0 < t_end; t0 += BCK) {
@@ -66,7 +65,7 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
 #pragma unroll
             for (int j = 0; j < SCAN_NPT; ++j) cp[j] = s[j];
         }
-        scan_span<true, true, ST>(t0, min(t_end, t0 + BCK), row0, lane, e, valid, s, A, dtb, dsk, dsum,
+        scan_span<true, true, ST>(t0, min(t_end, t0 + BCK), row0, lane, e, valid, s, A, dt_bias, dsk, dsum,
                                   xc, dt, dbl, xz, g, sBC, dm, ysave, start, sst);
     }
     if (state_out && valid && c == nc - 1) {

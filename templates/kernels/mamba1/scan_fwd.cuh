@@ -28,7 +28,7 @@ scan_kernel(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ 
             act_t *__restrict__ g, const unsigned char *__restrict__ reset,
             const unsigned char *__restrict__ start)
 {
-    __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, dt, z]
+    __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];   // [t][B | C | xc, delta, silu(z)]
     __shared__ unsigned sst[1];   // the pass's start flags as a word (ST)
     const bool fresh = reset && reset[blockIdx.x];
     scan_seq_body<ST, FDT>(seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, fresh ? nullptr : state_in, state_out, g,
