@@ -125,6 +125,26 @@ __device__ __forceinline__ double angle_slice_start(double th0, int t0, int t1, 
     return wrap_2pi(th0 + part[sl][a]);
 }
 
+// The walk of thread (a, sl)'s slice [t0, t1) from its starting angle th
+// (angle_slice_start): per token, the sum restarts at an episode start
+// (STARTS), adds inc(t) and wraps, and at(t, c, s) gets the angle's cosine
+// and sine (f64 sincos, rounded to f32). Returns the angle after the slice.
+// The angle kernels of inference and training share it.
+template <bool STARTS, class Inc, class IsStart, class At>
+__device__ __forceinline__ double angle_slice_walk(double th, int t0, int t1, Inc inc, IsStart is_start, At at)
+{
+    for (int t = t0; t < t1; ++t) {
+        if constexpr (STARTS) {
+            if (is_start(t)) th = 0.0;   // a new episode: the sum restarts
+        }
+        th = wrap_2pi(th + inc(t));
+        double sd, cd;
+        sincos(th, &sd, &cd);
+        at(t, (float)cd, (float)sd);
+    }
+    return th;
+}
+
 template <bool STARTS>
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt,
@@ -150,15 +170,8 @@ angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restric
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle, rotating k and q.
     double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, inc, is_start);
-    for (int t = t0; t < t1; ++t) {
+    th = angle_slice_walk<STARTS>(th, t0, t1, inc, is_start, [&](int t, float c, float s) {
         const size_t tok = row0 + t;
-        if constexpr (STARTS) {
-            if (is_start(t)) th = 0.0;   // a new episode: the sum restarts
-        }
-        th = wrap_2pi(th + inc(t));
-        double sd, cd;
-        sincos(th, &sd, &cd);
-        const float c = (float)cd, s = (float)sd;
         float2 *kp = reinterpret_cast<float2 *>(k + (tok * H + h) * N + 2 * a);
         float2 *qp = reinterpret_cast<float2 *>(q + (tok * H + h) * N + 2 * a);
         *kp = rotate_pair(c, s, *kp);
@@ -169,6 +182,6 @@ angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restric
             v.y = s;
             reinterpret_cast<float2 *>(cs)[(tok * H + h) * S + a] = v;
         }
-    }
+    });
     if (angle_out && t1 == seqlen && t1 > t0) angle_out[st] = (float)th;
 }

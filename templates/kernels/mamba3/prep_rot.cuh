@@ -48,19 +48,12 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle; one (cos, sin) per token.
     double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, inc, is_start);
-    for (int t = t0; t < t1; ++t) {
-        const size_t tok = row0 + t;
-        if constexpr (STARTS) {
-            if (is_start(t)) th = 0.0;   // a new episode: the sum restarts
-        }
-        th = wrap_2pi(th + inc(t));
-        double sd, cd;
-        sincos(th, &sd, &cd);
+    th = angle_slice_walk<STARTS>(th, t0, t1, inc, is_start, [&](int t, float c, float s) {
         float2 v;
-        v.x = (float)cd;
-        v.y = (float)sd;
-        reinterpret_cast<float2 *>(cs)[(tok * H + h) * S + a] = v;
-    }
+        v.x = c;
+        v.y = s;
+        reinterpret_cast<float2 *>(cs)[((row0 + t) * H + h) * S + a] = v;
+    });
     if (angle_out && t1 == seqlen && t1 > t0) angle_out[st] = (float)th;
 }
 
