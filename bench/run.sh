@@ -16,6 +16,9 @@
 #   make bench BENCH_PRECISIONS="f32 bf16"   # each spec in each storage dtype
 #                                      # (variants NAME_bf16 in bench-out/specs/)
 #   make bench TUNE_ARGS="--seqlen 1024,4096 --batch 1,8"
+#   make bench BENCH_TEMPLATES=DIR BENCH_OUT=bench-b
+#                                      # generate from the template tree DIR
+#                                      # (e.g. another branch's), into bench-b/
 #
 # Needs a CUDA device; without one it says so and exits 77 (skipped).
 set -u
@@ -50,7 +53,7 @@ for spec0 in "$@"; do
   if [ "${BENCH_TUNE:-1}" != 0 ] && [ -n "${MG_TUNE:-}" ] && [ -x "$MG_TUNE" ] && \
      grep -Eq '^arch: *(mamba1|mamba3_siso)( |#|$)' "$spec"; then
     echo "== sweep (mamba-tune) $spec"
-    "$MG_TUNE" --no-cache --csv "$out/tune-$name.csv" ${TUNE_ARGS:-} "$spec" > "$out/tune-$name.txt" || status=1
+    "$MG_TUNE" --no-cache ${BENCH_TEMPLATES:+--templates "$BENCH_TEMPLATES"} --csv "$out/tune-$name.csv" ${TUNE_ARGS:-} "$spec" > "$out/tune-$name.txt" || status=1
     cat "$out/tune-$name.txt"
     grep '^specialized best vs generic: ' "$out/tune-$name.txt" | sed "s/^/$name: /" >> "$out/speedup.txt"
   fi
