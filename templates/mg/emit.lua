@@ -74,6 +74,7 @@ E.FILES = {
     { path = "%s_backward.cu",         template = "mamba1/backward.cu.tmpl" },
     bodies("train_norm.cuh train_conv.cuh scan_bwd.cuh launch_train.cuh launch_train.h"),
     { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh" },
+    { path = "mg_red_jobs.cuh",        copy = "kernels/common/red_jobs.cuh" },
   },
   { arch = "mamba3_siso", when = "training",
     bodies("prep_rot.cuh angles_bwd.cuh"),

@@ -374,9 +374,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         MG_CUDA(model_launch_scan_bwd(batch, seqlen, nsp, xc, dt, dbl, lw + L0_DT_PROJ_B, lw + L0_A_LOG, lw + L0_D,
                                        ckpt, t->dy, t->dxc, t->ddt, t->part_bc, t->part_A, t->part_D, t->part_dtb,
                                        t->span_p, t->span_ds, dss_l, start, st));
-        /* partials [sequence][span]: summed in that order */
-        MG_CUDA(model_launch_scan_param_sums(nparts, t->part_A, t->part_D, t->part_dtb, gl + L0_A_LOG, gl + L0_D,
-                                             gl + L0_DT_PROJ_B, st));
+        /* (its parameter partials [sequence][span] are summed at the layer's end) */
         MG_CUDA(model_launch_bc_reduce(tokens, t->part_bc, t->ddbl, st));
         /* dt_proj (input: dbl[:, :R]), then x_proj */
         CHECK(mg_linear_dw(t->blas, tokens, D_INNER, DT_RANK, ACT, t->ddt, D_INNER, dbl, XP_DIM,
@@ -388,9 +386,9 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         CHECK(mg_linear_dx(t->blas, tokens, XP_DIM, D_INNER, ACT, t->ddbl, XP_DIM, wptr(law, L0_X_PROJ_W), D_INNER,
                            MG_F32, t->dxc, D_INNER, 1.0f));
         /* conv + SiLU */
-        /* (partials per (sequence, time tile), summed by the launcher in order) */
+        /* (partials per (sequence, time tile), summed at the layer's end) */
         MG_CUDA(model_launch_conv_bwd(batch, seqlen, xz, lw + L0_CONV_W, lw + L0_CONV_B, cs0, t->dxc, t->dxz,
-                                       dcs_l, t->part_cw, t->part_cb, gl + L0_CONV_W, gl + L0_CONV_B, start, st));
+                                       dcs_l, t->part_cw, t->part_cb, NULL, NULL, start, st));
         /* in_proj, then the block's RMSNorm (adds into the residual gradient) */
         CHECK(mg_linear_dw(t->blas, tokens, XZ_DIM, D_MODEL, ACT, t->dxz, XZ_DIM, hn, D_MODEL,
                            MG_F32, gl + L0_IN_PROJ_W, D_MODEL, 0.0f));
@@ -398,7 +396,13 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
                            MG_F32, t->dhn, D_MODEL, 0.0f));
         MG_CUDA(model_launch_rmsnorm_bwd(tokens, h_l, lw + L0_NORM_W, rstd_l, t->dhn, NULL, 1, t->dh, dhA_out,
                                           t->part_rows, st));
-        MG_CUDA(model_launch_reduce_parts(t->part_rows, nrb, D_MODEL, D_MODEL, gl + L0_NORM_W, st));
+        /* the layer's parameter sums, each over its partial rows in order:
+         * the norm's row blocks, the scan's [sequence][span], the conv's
+         * [sequence][tile] (one pair of launches for the three) */
+        MG_CUDA(model_launch_layer_param_sums(nrb, t->part_rows, gl + L0_NORM_W, nparts, t->part_A, t->part_D,
+                                              t->part_dtb, gl + L0_A_LOG, gl + L0_D, gl + L0_DT_PROJ_B,
+                                              batch * ((seqlen + CONV_TILE_STEPS - 1) / CONV_TILE_STEPS), t->part_cw,
+                                              t->part_cb, gl + L0_CONV_W, gl + L0_CONV_B, st));
     }
 
 #if HAS_INPUT_PROJ

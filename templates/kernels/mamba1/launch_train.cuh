@@ -170,7 +170,7 @@ extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz
             seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
             part_w, part_b, nullptr);
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess || !gw) return e;   // (NULL gw, gb: summed by layer_param_sums)
     // the weight's and the bias's partials [sequence x tile] summed in that
     // order, in groups of CONV_PART_GROUP rows, both in one launch per stage
     red_segs s = {};
@@ -179,18 +179,23 @@ extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz
     return sum_parts_segs<CONV_PART_GROUP>(s, batch * ntiles, st);
 }
 
-// The scan backward's parameter sums: d A_log [E][N], d D [E] and
-// d dt_proj.bias [E] from their nparts partial rows [sequence][span] (in
-// that order), one launch per stage for the three (sum_parts_segs: each
-// column's sum as a sum of its own would be).
-extern "C" cudaError_t MG_LAUNCH(scan_param_sums)(int nparts, float *part_A, float *part_D, float *part_dtb,
-                                              float *gA, float *gD, float *gdtb, cudaStream_t st)
+// The three groups of a layer's sums as jobs of one sum_parts_jobs call:
+// each job's rows summed in the groups and order of sum_parts_segs (so the
+// bits are those of one launch pair per group).
+static_assert(CONV_PART_GROUP == RED_PART_GROUP, "layer_param_sums: one group size for its jobs");
+extern "C" cudaError_t MG_LAUNCH(layer_param_sums)(int nrows, float *part_rows, float *gnorm, int nparts,
+                                                   float *part_A, float *part_D, float *part_dtb, float *gA,
+                                                   float *gD, float *gdtb, int nconv, float *part_w,
+                                                   float *part_b, float *gw, float *gb, cudaStream_t st)
 {
-    red_segs s = {};
-    red_segs_add(s, part_A, (size_t)E * N, E * N, gA);
-    red_segs_add(s, part_D, E, E, gD);
-    red_segs_add(s, part_dtb, E, E, gdtb);
-    return sum_parts_segs<RED_PART_GROUP>(s, nparts, st);
+    red_jobs s = {};
+    red_jobs_add(s, part_rows, D, D, nrows, gnorm);
+    red_jobs_add(s, part_A, (size_t)E * N, E * N, nparts, gA);
+    red_jobs_add(s, part_D, E, E, nparts, gD);
+    red_jobs_add(s, part_dtb, E, E, nparts, gdtb);
+    red_jobs_add(s, part_w, (size_t)E * K, E * K, nconv, gw);
+    red_jobs_add(s, part_b, E, E, nconv, gb);
+    return sum_parts_jobs<RED_PART_GROUP>(s, st);
 }
 
 extern "C" cudaError_t MG_LAUNCH(adamw)(float *w, const float *g, float *m, float *v, const float *stat,

@@ -31,10 +31,17 @@ cudaError_t MG_LAUNCH(rmsnorm_bwd)(int rows, const float *h, const float *w, con
                                const float *dy, const float *dscale, int accumulate, float *dh,
                                void *dh_act, float *part, cudaStream_t st);
 cudaError_t MG_LAUNCH(colsum_part)(int rows, const float *x, float *part, cudaStream_t st);
-/* d A_log, d D, d dt_proj.bias = the sums of the scan backward's nparts
- * partial rows part_A [.][E][N], part_D, part_dtb [.][E] (scratch). */
-cudaError_t MG_LAUNCH(scan_param_sums)(int nparts, float *part_A, float *part_D, float *part_dtb,
-                                       float *gA, float *gD, float *gdtb, cudaStream_t st);
+/* A layer's parameter sums at the end of its backward, in one pair of
+ * launches (mg_red_jobs.cuh): the RMSNorm weight gnorm [D] from nrows
+ * partial rows of part_rows [.][D], d A_log, d D, d dt_proj.bias from the
+ * scan backward's nparts partial rows part_A [.][E][N], part_D, part_dtb
+ * [.][E], and the conv's gw [E][K], gb [E] from the conv_bwd launch's
+ * nconv = batch * tiles partial rows part_w, part_b (that launch given NULL
+ * gw, gb). Each sum has the bits of its own launch. */
+cudaError_t MG_LAUNCH(layer_param_sums)(int nrows, float *part_rows, float *gnorm, int nparts, float *part_A,
+                                        float *part_D, float *part_dtb, float *gA, float *gD, float *gdtb,
+                                        int nconv, float *part_w, float *part_b, float *gw, float *gb,
+                                        cudaStream_t st);
 /* out[i] = sum over the nparts rows of part (stride pstride), fixed order;
  * part is scratch (overwritten when nparts > RED_PART_GROUP). */
 cudaError_t MG_LAUNCH(reduce_parts)(float *part, int nparts, size_t pstride, int n,
@@ -55,8 +62,9 @@ cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, void *ddbl, c
 /* The conv backward, parallel over time tiles of CONV_TILE steps: dxz[:, :E],
  * dcs (NULL: not written), and the weight / bias gradients gw [E][K], gb [E]
  * (overwritten), summed from the per-(sequence, tile) partials part_w
- * [batch*tiles][E][K], part_b [batch*tiles][E] (scratch) in a fixed order.
- * Three to five launches. */
+ * [batch*tiles][E][K], part_b [batch*tiles][E] (scratch) in a fixed order;
+ * gw and gb NULL: the partials only (layer_param_sums sums them).
+ * One to three launches. */
 cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,
                             const float *cb, const float *cs0, const float *dxc, void *dxz,
                             float *dcs, float *part_w, float *part_b, float *gw, float *gb,
