@@ -56,30 +56,34 @@ rmsnorm_bwd_kernel(int rows, const float *__restrict__ h, const float *__restric
     }
     const int r0 = blockIdx.x * NORMB_ROWS;
     const int nr = min(NORMB_ROWS, rows - r0);
-    // The next row's h, dy and r are loaded before this row's arithmetic
-    // and barrier, so a block walking its rows waits on memory once rather
-    // than once per row (the values and the arithmetic are unchanged).
-    float4 hn[NORM_ITERS], gn[NORM_ITERS];
+    // The next row's h, dy, r and (accumulate) dh are loaded before this
+    // row's arithmetic and barrier, so a block walking its rows waits on
+    // memory once rather than once or twice per row (the values and the
+    // arithmetic are unchanged; a block reads and writes only its own rows
+    // of dh, each row read before it is written).
+    float4 hn[NORM_ITERS], gn[NORM_ITERS], on[NORM_ITERS];
     float rn = 0.0f;
     const auto load_row = [&](int rr) {
         const size_t row = (size_t)(r0 + rr);
         const float4 *hr = reinterpret_cast<const float4 *>(h + row * D);
         const float4 *dr = reinterpret_cast<const float4 *>(dy + row * D);
+        const float4 *hd = reinterpret_cast<const float4 *>(dh + row * D);
         rn = rstd[row];
 #pragma unroll
         for (int i = 0; i < NORM_ITERS; ++i) {
             const int c = threadIdx.x + i * NORM_THREADS;
             hn[i] = (c < NORM_VECS) ? hr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             gn[i] = (c < NORM_VECS) ? dr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            on[i] = (accumulate && c < NORM_VECS) ? hd[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
     if (nr > 0) load_row(0);
     for (int rr = 0; rr < nr; ++rr) {
         const size_t row = (size_t)(r0 + rr);
         const float r = rn;
-        float4 hv[NORM_ITERS], gv[NORM_ITERS];
+        float4 hv[NORM_ITERS], gv[NORM_ITERS], ov[NORM_ITERS];
 #pragma unroll
-        for (int i = 0; i < NORM_ITERS; ++i) { hv[i] = hn[i]; gv[i] = gn[i]; }
+        for (int i = 0; i < NORM_ITERS; ++i) { hv[i] = hn[i]; gv[i] = gn[i]; ov[i] = on[i]; }
         if (rr + 1 < nr) load_row(rr + 1);
         float dot = 0.0f;
 #pragma unroll
@@ -103,7 +107,7 @@ rmsnorm_bwd_kernel(int rows, const float *__restrict__ h, const float *__restric
         for (int i = 0; i < NORM_ITERS; ++i) {
             const int c = threadIdx.x + i * NORM_THREADS;
             if (c < NORM_VECS) {
-                float4 o = accumulate ? ho[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                float4 o = ov[i];   // dh's row (accumulate) or 0
                 o.x += r * wv[i].x * gv[i].x - k3 * hv[i].x;
                 o.y += r * wv[i].y * gv[i].y - k3 * hv[i].y;
                 o.z += r * wv[i].z * gv[i].z - k3 * hv[i].z;
