@@ -231,6 +231,14 @@ end
 --   d.scan_mode_resolved "auto" when both scans exist and the call decides
 --   d.scan_chunk        chunk length Q (= d.chunk_size)
 --   d.scan_max_chunks   ceil(max_seq_len / Q)
+--   d.scan_self_combine the inference's chunked scan has each output block
+--                       walk the cross-chunk combine for its own chunk
+--                       (at most max_chunks - 1 steps a state) instead of a
+--                       combine launch: when max_chunks <= 16. Why: at
+--                       small batch (the chunked scan's use) the combine is
+--                       a launch of a few microseconds a layer for almost no
+--                       work; the walk repeats the combine's arithmetic, so
+--                       the bits are the same
 --   d.scan_cstate_floats  workspace of chunk states: max_batch*max_chunks*E*N
 --   d.scan_dsum_floats    workspace of per-chunk sum of delta: max_batch*max_chunks*E
 --   d.scan_combine_threads  block of the cross-chunk combine kernel
@@ -317,6 +325,7 @@ function M.derive_inference(spec, d)
   if d.scan_mode_id == 2 then d.scan_mode_resolved = "auto" end
   d.scan_max_chunks = derive.ceil_div(d.max_seq_len, d.scan_chunk)
   assert(d.scan_max_chunks <= 65535, "derive_mamba1: too many chunks for grid.z")
+  d.scan_self_combine = d.scan_max_chunks <= 16
   if d.scan_emit_chunked then
     d.scan_cstate_floats = d.max_batch * d.scan_max_chunks * d.E * d.N
     d.scan_dsum_floats = d.max_batch * d.scan_max_chunks * d.E

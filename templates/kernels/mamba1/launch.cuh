@@ -173,14 +173,31 @@ static cudaError_t scan_chunked_launch(int batch, int seqlen, const void *xc, co
                                        const unsigned char *start, cudaStream_t stream)
 {
     const int nc = (seqlen + SCAN_CHUNK - 1) / SCAN_CHUNK;
-    const cudaError_t e = chunk_states_launch<ST, SCAN_FUSE_DT>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate,
-                                                  dsum, reset, start, stream);
-    if (e != cudaSuccess) return e;
-    chunk_output_kernel<ST, SCAN_FUSE_DT><<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, stream>>>(
-        seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
-        static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
-        cstate, state_out, static_cast<act_t *>(g), start);
-    return cudaGetLastError();
+    if constexpr (SCAN_SELF_COMBINE) {
+        // pass 1 (copying the initial state to slot 0), then the output pass
+        // walking the combine per block: one launch fewer
+        if (nc > 1) {
+            chunk_state_kernel<ST, SCAN_FUSE_DT, true><<<dim3(batch, SCAN_BLOCKS, nc - 1), SCAN_THREADS, 0, stream>>>(
+                seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+                static_cast<const act_t *>(dbl), dt_bias, A_log, cstate, dsum, start, state_in, reset);
+            const cudaError_t e1 = cudaGetLastError();
+            if (e1 != cudaSuccess) return e1;
+        }
+        chunk_output_kernel<ST, SCAN_FUSE_DT, true><<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, stream>>>(
+            seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+            static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+            cstate, state_out, static_cast<act_t *>(g), start, state_in, dsum, reset);
+        return cudaGetLastError();
+    } else {
+        const cudaError_t e = chunk_states_launch<ST, SCAN_FUSE_DT>(batch, seqlen, xc, dt, dbl, dt_bias, A_log,
+                                                                    state_in, cstate, dsum, reset, start, stream);
+        if (e != cudaSuccess) return e;
+        chunk_output_kernel<ST, SCAN_FUSE_DT><<<dim3(batch, SCAN_BLOCKS, nc), SCAN_THREADS, 0, stream>>>(
+            seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+            static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+            cstate, state_out, static_cast<act_t *>(g), start);
+        return cudaGetLastError();
+    }
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *xc, const void *dt,

@@ -352,14 +352,21 @@ chunk_combine_body(int batch, int nc, const float *__restrict__ A_log, const flo
     }
 }
 
-template <bool ST = false, bool FDT = false, class Dm, class Stage>
+// SELF (the shipped inference kernel when SCAN_SELF_COMBINE): no combine
+// ran; cstate slot 0 holds the initial state (pass 1's chunk 0 copied it
+// there; with one chunk, state_in is read directly: the block that reads a
+// state is the one that writes it), slots 1.. the chunks' local end states,
+// and this chunk's incoming state is the combine's walk over chunks 0 ..
+// c-1 with the combine's arithmetic (chunk_combine_body), in registers.
+template <bool ST = false, bool FDT = false, bool SELF = false, class Dm, class Stage>
 __device__ __forceinline__ void
 chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                   const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
                   const float *__restrict__ dt_bias, const float *__restrict__ A_log,
                   const float *__restrict__ Dskip, const float *__restrict__ cstate,
                   float *state_out, act_t *__restrict__ g, Stage sBC, Dm dm,
-                  const unsigned char *__restrict__ start = nullptr, unsigned *sst = nullptr)
+                  const unsigned char *__restrict__ start = nullptr, unsigned *sst = nullptr,
+                  const float *state_in = nullptr, const float *__restrict__ chunk_dsum = nullptr)
 {
     const int E = dm.E, N = dm.N;
     const int lane = threadIdx.x % dm.lanes;
@@ -371,11 +378,27 @@ chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t 
     const int t_begin = c * SCAN_CHUNK;
     const int t_end = min(seqlen, t_begin + SCAN_CHUNK);
     float A[Dm::NPT_MAX], s[Dm::NPT_MAX];
-    const float *cs = cstate + ((b * nc + c) * E + ec) * N + lane * dm.npt;
+    const float *cs = cstate + ((b * nc + (SELF ? 0 : c)) * E + ec) * N + lane * dm.npt;
 #pragma unroll
     for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
         A[j] = -expf(A_log[(mg_size_t)ec * N + lane * dm.npt + j]);
-        s[j] = cs[j];
+        if (SELF && nc == 1)
+            s[j] = state_in ? state_in[(b * E + ec) * N + lane * dm.npt + j] : 0.0f;
+        else
+            s[j] = cs[j];
+    }
+    if (SELF) {
+        for (int k = 0; k < c; ++k) {   // s_in(k+1) = a_k s_in(k) + b_k, as chunk_combine_body
+            const float ds = chunk_dsum[(b * nc + k) * E + ec];
+            const float *nx = cstate + ((b * nc + k + 1) * E + ec) * N + lane * dm.npt;
+#pragma unroll
+            for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
+                if (ST && ds == __int_as_float(0x7f800000))   // chunk k holds a start
+                    s[j] = nx[j];
+                else
+                    s[j] = expf(A[j] * ds) * s[j] + nx[j];
+            }
+        }
     }
     float dsum = 0.0f;
     scan_span<true, false, ST, FDT>(t_begin, t_end, b * (mg_size_t)seqlen, lane, e, valid, s, A, dt_bias,

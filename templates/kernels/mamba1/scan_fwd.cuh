@@ -38,15 +38,33 @@ scan_kernel(int seqlen, const act_t *__restrict__ xc, const act_t *__restrict__ 
 
 // The chunked scan's three passes (see chunk_state_body in scan_body.cuh);
 // ST and start as in scan_kernel (the combine reads the starts from dsum).
-template <bool ST, bool FDT>
+// COPY0 (the inference's self-combining scan, SCAN_SELF_COMBINE): the
+// blocks of chunk 0 also copy the initial state, state_in (reset [batch]
+// or NULL: zeros), into cstate slot 0, where the output pass reads it (it
+// may not read state_in, which its last chunk overwrites in place).
+template <bool ST, bool FDT, bool COPY0 = false>
 __global__ void __launch_bounds__(SCAN_THREADS)
 chunk_state_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                    const act_t *__restrict__ dbl, const float *__restrict__ dt_bias,
                    const float *__restrict__ A_log, float *__restrict__ cstate,
-                   float *__restrict__ dsum_out, const unsigned char *__restrict__ start)
+                   float *__restrict__ dsum_out, const unsigned char *__restrict__ start,
+                   const float *state_in = nullptr, const unsigned char *__restrict__ reset = nullptr)
 {
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];
     __shared__ unsigned sst[1];
+    if (COPY0 && blockIdx.z == 0) {
+        const size_t b = blockIdx.x;
+        const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
+        const int lane = threadIdx.x % SCAN_LANES;
+        const float *si = (reset && reset[b]) ? nullptr : state_in;
+        if (e < E) {
+#pragma unroll
+            for (int j = 0; j < SCAN_NPT; ++j) {
+                const size_t en = (size_t)e * N + lane * SCAN_NPT + j;
+                cstate[(b * nc) * E * N + en] = si ? si[b * E * N + en] : 0.0f;
+            }
+        }
+    }
     chunk_state_body<ST, FDT>(seqlen, nc, xc, dt, dbl, dt_bias, A_log, cstate, dsum_out, sBC, ModelDims(), start, sst);
 }
 
@@ -62,17 +80,23 @@ chunk_combine_kernel(int batch, int nc, const float *__restrict__ A_log, const f
     chunk_combine_body<ST>(batch, nc, A_log, fresh ? nullptr : state_in, cstate, dsum, ModelDims());
 }
 
-template <bool ST, bool FDT>
+// SELF (SCAN_SELF_COMBINE): no combine launch; each block walks the
+// combine for its chunk (chunk_output_body<.., SELF>) from cstate slot 0
+// (COPY0), or with one chunk from state_in (reset [batch] or NULL: zeros).
+template <bool ST, bool FDT, bool SELF = false>
 __global__ void __launch_bounds__(SCAN_THREADS)
 chunk_output_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                     const act_t *__restrict__ dbl, const act_t *__restrict__ xz,
                     const float *__restrict__ dt_bias, const float *__restrict__ A_log,
                     const float *__restrict__ Dskip, const float *__restrict__ cstate,
-                    float *state_out, act_t *__restrict__ g, const unsigned char *__restrict__ start)
+                    float *state_out, act_t *__restrict__ g, const unsigned char *__restrict__ start,
+                    const float *state_in = nullptr, const float *__restrict__ dsum = nullptr,
+                    const unsigned char *__restrict__ reset = nullptr)
 {
     __shared__ float sBC[SCAN_TCHUNK][SCAN_STAGE_W];
     __shared__ unsigned sst[1];
-    chunk_output_body<ST, FDT>(seqlen, nc, xc, dt, dbl, xz, dt_bias, A_log, Dskip, cstate, state_out, g, sBC,
-                          ModelDims(), start, sst);
+    const bool fresh = SELF && reset && reset[blockIdx.x];
+    chunk_output_body<ST, FDT, SELF>(seqlen, nc, xc, dt, dbl, xz, dt_bias, A_log, Dskip, cstate, state_out, g, sBC,
+                                ModelDims(), start, sst, fresh ? nullptr : state_in, dsum);
 }
 #endif // MG_M1_SCAN_CHUNKED
