@@ -13,17 +13,12 @@ static cudaError_t conv_launch(int batch, int seqlen, const void *xz, const floa
                                const float *state_in, float *state_out, void *xc, const unsigned char *reset,
                                const unsigned char *start, cudaStream_t stream)
 {
-    // Time tiles of CONV_TILE steps. One tile: the kernel updates the state
-    // itself; more: tile 0 reads state_in while the last tile would write
-    // state_out (they may alias), so the state is written by a second kernel.
+    // Time tiles of CONV_TILE steps; tile 0 both reads state_in and writes
+    // state_out (they may alias): one launch.
     const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
     conv_silu_kernel<ST><<<dim3((unsigned)batch * ntiles, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
-        seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in,
-        ntiles == 1 ? state_out : nullptr, static_cast<act_t *>(xc), reset, start);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess || ntiles == 1 || !state_out) return e;
-    conv_state_kernel<ST><<<dim3(batch, CONV_BLOCKS), CONV_THREADS, 0, stream>>>(
-        seqlen, static_cast<const act_t *>(xz), state_in, state_out, reset, start);
+        seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in, state_out,
+        static_cast<act_t *>(xc), reset, start);
     return cudaGetLastError();
 }
 

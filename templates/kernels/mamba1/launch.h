@@ -22,7 +22,7 @@ cudaError_t MG_LAUNCH(rmsnorm)(const float *h, const float *w, void *y, int out_
  * whose entry is nonzero (doc/math.md §9; NAME_prefill_starts). */
 /* Causal depthwise conv + SiLU over x = xz[:, 0:E], parallel over time tiles;
  * conv state in/out (state_in NULL: zeros; state_out NULL: not written; they
- * may alias). One launch, two when seqlen > CONV_TILE (then the state update). */
+ * may alias). One launch. */
 cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *conv_w,
                      const float *conv_b, const float *state_in, float *state_out,
                      void *xc, const unsigned char *reset, const unsigned char *start,

@@ -103,7 +103,13 @@ __device__ __forceinline__ void conv_masked(const float (&xs)[NX], unsigned sf, 
 // ST: episode starts, start [batch][seqlen] (uint8): the taps before the
 // latest start read zeros (conv_masked), and so do the final state's
 // entries before the sequence's last start. ST = false compiles none of it.
-template <bool ST = false>
+// W0 (the inference conv, whose state_out may alias s0): with more than
+// one tile the final state is written by tile 0, after it has read s0,
+// from the sequence's last K-1 inputs loaded for it (no other tile reads
+// s0: its inputs start at t >= CONV_TILE >= K-1), instead of by the last
+// tile (which could overwrite s0 before tile 0 reads it). The same values.
+static_assert(CONV_TILE >= K - 1, "only tile 0 reads the initial conv state");
+template <bool ST = false, bool W0 = false>
 __device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_t *__restrict__ xz,
                                               const float *__restrict__ cw, const float *__restrict__ cb,
                                               const float *s0, float *state_out, act_t *__restrict__ xc,
@@ -137,7 +143,7 @@ __device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_
                 op[(size_t)(t0 + i) * E] = from_f32<act_t>(silu(conv_pre(w, xw, bias)));
             }
         }
-        if (state_out && t0 + n == seqlen) {
+        if (state_out && t0 + n == seqlen && (!W0 || ntiles == 1)) {
             // state_out[k] = xs[n + k], 0 where a start follows it (at n+k+1 .. n+K-2)
 #pragma unroll
             for (int i = 1; i <= CONV_TILE; ++i) {
@@ -155,7 +161,7 @@ __device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_
 #pragma unroll
         for (int i = 0; i < CONV_TILE; ++i)
             if (i < n) op[(size_t)(t0 + i) * E] = from_f32<act_t>(silu(conv_pre(w, xs + i, bias)));
-        if (state_out && t0 + n == seqlen) {
+        if (state_out && t0 + n == seqlen && (!W0 || ntiles == 1)) {
             // state_out[k] = xs[n + k]: unrolled over n so that xs stays in registers
 #pragma unroll
             for (int i = 1; i <= CONV_TILE; ++i) {
@@ -165,5 +171,23 @@ __device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_
                 }
             }
         }
+    }
+    if (W0 && state_out && ntiles > 1 && t0 == 0) {
+        // the final state from the last K-1 inputs t = seqlen-K+1 .. seqlen-1
+        // (>= 0 here), 0 where a start follows its input (as the last tile's)
+        float v[K - 1];
+#pragma unroll
+        for (int k = 0; k < K - 1; ++k) v[k] = to_f32(xp[(size_t)(seqlen - (K - 1) + k) * E2]);
+        if constexpr (ST) {
+            const unsigned char *sp = start + b * (size_t)seqlen;
+            bool cut = false;
+#pragma unroll
+            for (int k = K - 2; k >= 0; --k) {
+                if (cut) v[k] = 0.0f;
+                cut = cut || sp[seqlen - (K - 1) + k] != 0;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < K - 1; ++k) state_out[st + k] = v[k];
     }
 }
