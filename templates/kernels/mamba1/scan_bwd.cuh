@@ -260,7 +260,6 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
         ds[j] = dse ? dse[j] : 0.0f;
         gA[j] = 0.0f;
     }
-    const float dtb_s = dt_bias[min(blockIdx.y * SCAN_CHANNELS + threadIdx.x % SCAN_CHANNELS, E - 1)];   // bwd_stage's
     const float dsk = Dskip[ec];
     float gD = 0.0f, gdtb = 0.0f;
     int par = 0;
@@ -273,7 +272,9 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             const int tt = i / (2 * N), k = i % (2 * N);
             sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
         }
-        bwd_stage<ST>(t0, nt, row0, xc, dt, dy, dtb_s, sIn, start, sst);
+        // (bwd_stage's dt_bias loaded per chunk: a register less across the walk)
+        bwd_stage<ST>(t0, nt, row0, xc, dt, dy, dt_bias[min(blockIdx.y * SCAN_CHANNELS + threadIdx.x % SCAN_CHANNELS, E - 1)],
+                      sIn, start, sst);
         __syncthreads();
         const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
         // The chunk walked next (c - 1): its B | C rows, xc, dt, dy of the
