@@ -88,11 +88,15 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
 // dt_bias the caller passes (dtb_s). Channels past E stage xc and dt of
 // channel E-1 (their threads compute on it) and dy = 0 (so they add nothing
 // to the block's dB sums).
+// RAW: [1] = dt as loaded (before the bias), for scan_bwd_span_kernel,
+// which computes softplus in its step loop: staged there, its dsum and
+// adjoints took other bits (the compiler contracts the step's arithmetic
+// differently), and its ST and maskless instances then disagreed.
 // ST: also the start flags of the steps as one word (warp 0: the flag
 // loads issued first, the ballot after the staging): bit tt of *sst =
 // start[row0 + t0 + tt].
 constexpr int BWD_IN = 4;   // sIn slots: xc, delta, dy, softplus'
-template <bool ST = false, bool DSP = true>
+template <bool ST = false, bool DSP = true, bool RAW = false>
 __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act_t *__restrict__ xc,
                                           const act_t *__restrict__ dt, const float *__restrict__ dy,
                                           float dtb_s, float (*sIn)[BWD_IN][SCAN_CHANNELS],
@@ -107,8 +111,9 @@ __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act
         const size_t row = row0 + t0 + tt;
         const int ee = min(e0 + c, E - 1);
         if (xc) sIn[tt][0][c] = to_f32(xc[row * E + ee]);
-        const float raw = to_f32(dt[row * E + ee]) + dtb_s;
-        sIn[tt][1][c] = softplus(raw);
+        const float dtv = to_f32(dt[row * E + ee]);
+        const float raw = dtv + dtb_s;
+        sIn[tt][1][c] = RAW ? dtv : softplus(raw);
         sIn[tt][2][c] = e0 + c < E ? dy[row * E + ee] : 0.0f;
         if (DSP) sIn[tt][3][c] = dsoftplus(raw);
     }
@@ -433,7 +438,7 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
                      const unsigned char *__restrict__ start)
 {
     __shared__ float sC[BCK][N];
-    __shared__ float sIn[BCK][BWD_IN][SCAN_CHANNELS];   // bwd_stage (xc and softplus' unused here)
+    __shared__ float sIn[BCK][BWD_IN][SCAN_CHANNELS];   // bwd_stage<RAW> (xc and softplus' unused here)
     __shared__ unsigned sst[1];                    // start flags of the piece's steps, a word (ST)
     const int lane = threadIdx.x % SCAN_LANES;
     const int ci = threadIdx.x / SCAN_LANES;
@@ -452,7 +457,7 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
         A[j] = -expf(A_log[(size_t)ec * N + lane * SCAN_NPT + j]);
         ds[j] = 0.0f;
     }
-    const float dtb_s = dt_bias[min(blockIdx.y * SCAN_CHANNELS + threadIdx.x % SCAN_CHANNELS, E - 1)];   // bwd_stage's
+    const float dtb = dt_bias[ec];
     float dsum = 0.0f;   // sum of delta over the span, last step first
     bool cut = false;    // ST: the span holds a start
 
@@ -464,11 +469,11 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
             const int tt = i / N, k = i % N;
             sC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + N + k]);
         }
-        bwd_stage<ST, false>(t0, nt, row0, nullptr, dt, dy, dtb_s, sIn, start, sst);
+        bwd_stage<ST, false, true>(t0, nt, row0, nullptr, dt, dy, 0.0f, sIn, start, sst);
         __syncthreads();
         const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
         for (int tt = nt - 1; tt >= 0; --tt) {
-            const float delta = sIn[tt][1][ci];
+            const float delta = softplus(sIn[tt][1][ci] + dtb);
             const float dyv = sIn[tt][2][ci];
             dsum += delta;
             const bool st = ST && start_at(sw, tt);   // a start: the adjoint carried to t-1 is 0
