@@ -402,11 +402,11 @@ end
 --                     local memory per thread, L1-resident at 128 threads).
 --                     It is also the number of timesteps staged in shared
 --                     memory per pass of the backward (B | C and the block's
---                     xc, dt, dy); halved while that staging plus the
+--                     xc, delta, dy, softplus'); halved while that staging plus the
 --                     double-buffered per-warp dB/dC reduction buffer
 --                     (2*scan_warps*2N floats) would exceed 40 KiB.
 --   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N + 2*scan_warps*2N
---                     + 3*bscan_tchunk*scan_channels)
+--                     + 4*bscan_tchunk*scan_channels)
 --   d.max_ckpts       checkpoints per sequence = ceil(max_seq_len/bscan_tchunk)
 --                     (mamba1_long, N = 64, 4096 steps -> stride 16, 256
 --                     checkpoints; see NAME_train.h "Long sequences")
@@ -466,7 +466,7 @@ function M.derive_training(spec, d)
   d.scan_warps = d.scan_threads // 32
   local bt = 16
   while bt * d.scan_npt > 256 do bt = bt // 2 end
-  local function smem(t) return 4 * (2 * t * d.N + 2 * d.scan_warps * 2 * d.N + 3 * t * d.scan_channels) end
+  local function smem(t) return 4 * (2 * t * d.N + 2 * d.scan_warps * 2 * d.N + 4 * t * d.scan_channels) end
   while bt > 1 and smem(bt) > 40960 do bt = bt // 2 end
   d.bscan_tchunk = bt
   d.bscan_smem_bytes = smem(bt)

@@ -234,7 +234,7 @@ is(long.scan_cstate_floats, 8 * 64 * 512 * 64, "long: chunk-state workspace (64 
 -- steps = 256 floats per thread), 256 checkpoints per sequence at 4096 steps
 is(long.bscan_tchunk, 16, "long: training checkpoint stride")
 is(long.max_ckpts, 256, "long: 4096/16 checkpoints")
-is(long.bscan_smem_bytes, 4 * (2 * 16 * 64 + 2 * 4 * 2 * 64 + 3 * 16 * 32), "long: training scan shared memory")
+is(long.bscan_smem_bytes, 4 * (2 * 16 * 64 + 2 * 4 * 2 * 64 + 4 * 16 * 32), "long: training scan shared memory")
 -- chunk-parallel scan backward: spans of the chunk length rounded up to whole
 -- checkpoint chunks
 is(long.bscan_span, 64, "long: backward span = chunk 64 (4 checkpoint chunks of 16)")

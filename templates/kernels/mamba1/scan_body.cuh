@@ -145,9 +145,13 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
     for (int t0 = t_begin; t0 < t_end; t0 += dm.tchunk) {
         const int nt = min(dm.tchunk, t_end - t0);
         __syncthreads();   // the previous pass is done reading the stage
+        // warp 0: the pass's start flags as one word (nt <= 32), the loads
+        // issued before the staging's, the ballot after them
+        bool flag = false;
+        if (ST && threadIdx.x < 32) flag = start_flag(start + row0, t0, nt, t_end);
         scan_stage<OUT, FDT>(t0, nt, row0, xc, dt, dbl, xz, dtb_s, wdt_s, sBC, dm);
-        if (ST && threadIdx.x < 32) {   // warp 0: the pass's start flags as one word (nt <= 32)
-            const unsigned w = start_bits(start + row0, t0, nt, t_end);
+        if (ST && threadIdx.x < 32) {
+            const unsigned w = start_word(flag);
             if (threadIdx.x == 0) *sst = w;
         }
         __syncthreads();

@@ -75,33 +75,51 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
 }
 
 // Stage timesteps [t0, t0 + nt) of the block's channels for the scan
-// backward kernels: sIn[tt][0] = xc (skipped when xc is NULL), [1] = dt
-// (before the bias), [2] = dy; coalesced, by the whole block. Why: read
-// inside the step loops they cost one memory latency per step (see
-// scan_stage in mg_m1_scan_body.cuh). Channels past E stage xc and dt of
+// backward kernels, with what each step computes per channel alone:
+// sIn[tt][0] = xc (skipped when xc is NULL), [1] = delta = softplus(raw),
+// [2] = dy, and with DSP [3] = softplus'(raw), raw = dt + dt_bias;
+// coalesced, by the whole block. Why staged: read inside the step loops
+// they cost one memory latency per step (see scan_stage in
+// mg_m1_scan_body.cuh). Why delta and softplus' here: every lane of a
+// channel computed them at every step (twice: the recompute and the
+// reverse walk), most of a step's transcendental work; here each (step,
+// channel) is computed once, by a thread with threadIdx.x % SCAN_CHANNELS
+// == its column (the block is channels x lanes threads), whose channel's
+// dt_bias the caller passes (dtb_s). Channels past E stage xc and dt of
 // channel E-1 (their threads compute on it) and dy = 0 (so they add nothing
 // to the block's dB sums).
-// ST: also the start flags of the steps as one word (warp 0, start_bits):
-// bit tt of *sst = start[row0 + t0 + tt].
-template <bool ST = false>
+// RAW: [1] = dt as loaded (before the bias), for scan_bwd_span_kernel,
+// which computes softplus in its step loop: staged there, its dsum and
+// adjoints took other bits (the compiler contracts the step's arithmetic
+// differently), and its ST and maskless instances then disagreed.
+// ST: also the start flags of the steps as one word (warp 0: the flag
+// loads issued first, the ballot after the staging): bit tt of *sst =
+// start[row0 + t0 + tt].
+constexpr int BWD_IN = 4;   // sIn slots: xc, delta, dy, softplus'
+template <bool ST = false, bool DSP = true, bool RAW = false>
 __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act_t *__restrict__ xc,
                                           const act_t *__restrict__ dt, const float *__restrict__ dy,
-                                          float (*sIn)[3][SCAN_CHANNELS],
+                                          float dtb_s, float (*sIn)[BWD_IN][SCAN_CHANNELS],
                                           const unsigned char *__restrict__ start = nullptr,
                                           unsigned *sst = nullptr)
 {
     const int e0 = blockIdx.y * SCAN_CHANNELS;
-    if (ST && threadIdx.x < 32) {
-        const unsigned w = start_bits(start + row0, t0, nt, t0 + nt);
-        if (threadIdx.x == 0) *sst = w;
-    }
+    bool flag = false;
+    if (ST && threadIdx.x < 32) flag = start_flag(start + row0, t0, nt, t0 + nt);
     for (int i = threadIdx.x; i < nt * SCAN_CHANNELS; i += SCAN_THREADS) {
-        const int tt = i / SCAN_CHANNELS, c = i % SCAN_CHANNELS;
+        const int tt = i / SCAN_CHANNELS, c = i % SCAN_CHANNELS;   // c == threadIdx.x % SCAN_CHANNELS
         const size_t row = row0 + t0 + tt;
         const int ee = min(e0 + c, E - 1);
         if (xc) sIn[tt][0][c] = to_f32(xc[row * E + ee]);
-        sIn[tt][1][c] = to_f32(dt[row * E + ee]);
+        const float dtv = to_f32(dt[row * E + ee]);
+        const float raw = dtv + dtb_s;
+        sIn[tt][1][c] = RAW ? dtv : softplus(raw);
         sIn[tt][2][c] = e0 + c < E ? dy[row * E + ee] : 0.0f;
+        if (DSP) sIn[tt][3][c] = dsoftplus(raw);
+    }
+    if (ST && threadIdx.x < 32) {
+        const unsigned w = start_word(flag);
+        if (threadIdx.x == 0) *sst = w;
     }
 }
 
@@ -220,7 +238,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 float *__restrict__ dss, const unsigned char *__restrict__ start)
 {
     __shared__ float sBC[BCK][2 * N];
-    __shared__ float sIn[BCK][3][SCAN_CHANNELS];   // xc, dt, dy of the block's channels (see bwd_stage)
+    __shared__ float sIn[BCK][BWD_IN][SCAN_CHANNELS];   // xc, delta, dy, softplus' of the block's channels (bwd_stage)
     __shared__ unsigned sst[1];                    // start flags of the chunk's steps, a word (ST)
     __shared__ float red[2][SCAN_WARPS][2 * N];
     const int lane = threadIdx.x % SCAN_LANES;
@@ -247,7 +265,6 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
         ds[j] = dse ? dse[j] : 0.0f;
         gA[j] = 0.0f;
     }
-    const float dtb = dt_bias[ec];
     const float dsk = Dskip[ec];
     float gD = 0.0f, gdtb = 0.0f;
     int par = 0;
@@ -260,7 +277,9 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             const int tt = i / (2 * N), k = i % (2 * N);
             sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
         }
-        bwd_stage<ST>(t0, nt, row0, xc, dt, dy, sIn, start, sst);
+        // (bwd_stage's dt_bias loaded per chunk: a register less across the walk)
+        bwd_stage<ST>(t0, nt, row0, xc, dt, dy, dt_bias[min(blockIdx.y * SCAN_CHANNELS + threadIdx.x % SCAN_CHANNELS, E - 1)],
+                      sIn, start, sst);
         __syncthreads();
         const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
         // The chunk walked next (c - 1): its B | C rows, xc, dt, dy of the
@@ -280,7 +299,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
 #pragma unroll BWD_UNROLL
             for (int tt = 0; tt < BCK; ++tt) if (tt < nt) {   // nt < BCK: the sequence's last chunk
                 const float x = sIn[tt][0][ci];
-                const float delta = softplus(sIn[tt][1][ci] + dtb);
+                const float delta = sIn[tt][1][ci];
                 const float dx = delta * x;
                 if (ST && start_at(sw, tt)) {
 #pragma unroll
@@ -299,8 +318,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             const int tt = BCK - 1 - k;
             const size_t row = row0 + t0 + tt;
             const float x = sIn[tt][0][ci];
-            const float raw = sIn[tt][1][ci] + dtb;
-            const float delta = softplus(raw);
+            const float delta = sIn[tt][1][ci];
             const float dyv = sIn[tt][2][ci];   // 0 for padding channels
             const bool cut = ST && start_at(sw, tt);   // an episode starts at this step
             float dd = 0.0f, dx = 0.0f, cb[SCAN_NPT], cc[SCAN_NPT];
@@ -328,7 +346,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 dd += __shfl_xor_sync(FULL_MASK, dd, o);
                 dx += __shfl_xor_sync(FULL_MASK, dx, o);
             }
-            const float draw = dd * dsoftplus(raw);
+            const float draw = dd * sIn[tt][3][ci];   // * softplus'(dt + dt_bias)
             gD += dyv * x;
             gdtb += draw;
             if (valid && lane == 0) {
@@ -420,7 +438,7 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
                      const unsigned char *__restrict__ start)
 {
     __shared__ float sC[BCK][N];
-    __shared__ float sIn[BCK][3][SCAN_CHANNELS];   // bwd_stage (xc unused here)
+    __shared__ float sIn[BCK][BWD_IN][SCAN_CHANNELS];   // bwd_stage<RAW> (xc and softplus' unused here)
     __shared__ unsigned sst[1];                    // start flags of the piece's steps, a word (ST)
     const int lane = threadIdx.x % SCAN_LANES;
     const int ci = threadIdx.x / SCAN_LANES;
@@ -451,7 +469,7 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
             const int tt = i / N, k = i % N;
             sC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + N + k]);
         }
-        bwd_stage<ST>(t0, nt, row0, nullptr, dt, dy, sIn, start, sst);
+        bwd_stage<ST, false, true>(t0, nt, row0, nullptr, dt, dy, 0.0f, sIn, start, sst);
         __syncthreads();
         const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
         for (int tt = nt - 1; tt >= 0; --tt) {
