@@ -1,0 +1,77 @@
+#!/bin/sh
+# bench/ab.sh: the harness behind `make bench-ab`: the bench of the same
+# specs generated from two template trees (BEFORE, e.g. a git revision's
+# templates/, and this build's own, or AFTER), timed on one GPU in one
+# session with the sides alternating (before, after, before, after, ...),
+# then compared row by row (bench/compare.py: each side's lowest median,
+# the change, and whether it exceeds the spread of the side's own runs).
+# Why: timings move by up to 25% between GPU machines and drift within a
+# session; a change is only measured against the other side of the same
+# machine and the same minutes.
+#
+#   make bench-ab BENCH_BEFORE=DIR [BENCH_SPECS=...] [BENCH_AB_ROUNDS=2]
+#   git archive REV templates | tar -x -C /tmp/old   # DIR = /tmp/old/templates
+#
+# Round 1 builds each side's packages (bench/run.sh with BENCH_TEMPLATES);
+# later rounds rerun the built bench programs. Output in OUTDIR:
+# before-N/, after-N/ (results.csv per round), compare.txt, compare.csv.
+# Env: as bench/run.sh (MG, MG_DEVINFO, MG_RUNTIME_*; BENCH_ARGS, e.g.
+# "--only train"), BENCH_AB_AFTER (templates of the after side; default
+# the ones built into mamba-gen), BENCH_AB_ROUNDS (default 2),
+# BENCH_BEFORE_COMMIT / MG_BENCH_COMMIT (the commit columns of the two
+# sides; default "before" / this tree's). No CUDA device: exit 77.
+set -u
+[ $# -ge 3 ] || { echo "usage: $0 OUTDIR BEFORE_TEMPLATES SPEC.yaml..." >&2; exit 2; }
+out=$1 before=$2; shift 2
+here=$(cd "$(dirname "$0")" && pwd)
+[ -d "$before" ] || { echo "$0: $before: not a directory of templates" >&2; exit 2; }
+after=${BENCH_AB_AFTER:-}
+[ -z "$after" ] || [ -d "$after" ] || { echo "$0: $after: not a directory of templates" >&2; exit 2; }
+rounds=${BENCH_AB_ROUNDS:-2}
+case $rounds in ''|*[!0-9]*|0) echo "$0: BENCH_AB_ROUNDS must be a positive integer" >&2; exit 2;; esac
+command -v python3 >/dev/null 2>&1 || { echo "$0: python3 is needed for the comparison" >&2; exit 2; }
+if [ -z "${MG_BENCH_COMMIT:-}" ]; then
+  MG_BENCH_COMMIT=$(git -C "$here/.." rev-parse --short=12 HEAD 2>/dev/null || cat "$here/../.commit" 2>/dev/null || echo after)
+fi
+after_commit=$MG_BENCH_COMMIT
+before_commit=${BENCH_BEFORE_COMMIT:-before}
+mkdir -p "$out" || exit 2
+rm -rf "$out"/before-* "$out"/after-*
+
+# side NAME TEMPLATES COMMIT ROUND: one side's bench of every spec
+side() {
+  sd=$1 stpl=$2 scm=$3 srd=$4; shift 4
+  d=$out/$sd-$srd
+  if [ "$srd" = 1 ]; then
+    BENCH_OUT=$d BENCH_TEMPLATES=$stpl BENCH_TUNE=0 BENCH_PRECISIONS=own MG_BENCH_COMMIT=$scm \
+      "${SHELL:-sh}" "$here/run.sh" "$@" > "$d.log" 2>&1
+    return $?
+  fi
+  mkdir -p "$d" && head -n 1 "$out/$sd-1/results.csv" > "$d/results.csv" || return 1
+  for spec in "$@"; do
+    n=$(basename "$spec" .yaml)
+    # shellcheck disable=SC2086
+    MG_BENCH_COMMIT=$scm "$out/$sd-1/$n/${n}_bench" --csv "$d/results.csv" ${BENCH_ARGS:-} >> "$d.log" 2>&1 || return 1
+  done
+}
+specs="$*"
+i=1
+while [ "$i" -le "$rounds" ]; do
+  for s in before after; do
+    if [ $s = before ]; then tpl=$before c=$before_commit; else tpl=$after c=$after_commit; fi
+    # shellcheck disable=SC2086
+    side $s "$tpl" "$c" "$i" $specs
+    st=$?
+    if [ $st = 77 ]; then echo "bench-ab: no CUDA device; nothing measured"; exit 77; fi
+    if [ $st != 0 ]; then echo "bench-ab: the $s side of round $i failed (see $out/$s-$i.log):"; tail -20 "$out/$s-$i.log"; exit 1; fi
+    echo "bench-ab: round $i, $s: done"
+  done
+  i=$((i + 1))
+done
+bl= al=
+i=1
+while [ "$i" -le "$rounds" ]; do bl="$bl $out/before-$i/results.csv" al="$al $out/after-$i/results.csv"; i=$((i + 1)); done
+# shellcheck disable=SC2086
+python3 "$here/compare.py" --before $bl --after $al --csv "$out/compare.csv" > "$out/compare.txt" || exit 1
+cat "$out/compare.txt"
+echo "CSV: $out/compare.csv"
