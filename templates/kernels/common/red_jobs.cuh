@@ -43,7 +43,7 @@ __device__ __forceinline__ red_job red_job_of(const red_jobs &s, int c)
 }
 
 // Stage 1, grid (the most groups of any job, columns): group blockIdx.x of
-// column c, in place, for the jobs with more than G rows (as
+// column c, in place, for the jobs with more than G rows (sum_group, as
 // reduce_groups_kernel).
 template <int G>
 __global__ void __launch_bounds__(RED_THREADS)
@@ -54,20 +54,11 @@ reduce_groups_jobs_kernel(const red_jobs s)
     const red_job g = red_job_of(s, c);
     const int p0 = blockIdx.x * G;
     if (g.nparts <= G || p0 >= g.nparts) return;
-    const size_t pstride = g.pstride;
-    float *pp = g.part + (size_t)p0 * pstride + g.i;
-    float v[G];
-#pragma unroll
-    for (int q = 0; q < G; ++q) v[q] = p0 + q < g.nparts ? pp[q * pstride] : 0.0f;
-    float acc = 0.0f;
-#pragma unroll
-    for (int q = 0; q < G; ++q)
-        if (p0 + q < g.nparts) acc += v[q];
-    *pp = acc;
+    sum_group<G>(g.part + (size_t)p0 * g.pstride + g.i, g.pstride, p0, g.nparts);
 }
 
-// Stage 2: out = the rows (or the groups' sums, G rows apart) in order (as
-// reduce_parts_kernel).
+// Stage 2: out = the rows (or the groups' sums, G rows apart) in order
+// (sum_rows, as reduce_parts_kernel).
 template <int G>
 __global__ void __launch_bounds__(RED_THREADS)
 reduce_parts_jobs_kernel(const red_jobs s)
@@ -76,12 +67,7 @@ reduce_parts_jobs_kernel(const red_jobs s)
     if (c >= s.ncols) return;
     const red_job g = red_job_of(s, c);
     const bool grouped = g.nparts > G;
-    const int nparts = grouped ? (g.nparts + G - 1) / G : g.nparts;
-    const size_t pstride = g.pstride * (grouped ? G : 1);
-    const float *__restrict__ part = g.part;
-    float acc = 0.0f;
-    for (int p = 0; p < nparts; ++p) acc += part[(size_t)p * pstride + g.i];
-    g.out[g.i] = acc;
+    g.out[g.i] = sum_rows(g.part, grouped ? (g.nparts + G - 1) / G : g.nparts, g.pstride * (grouped ? G : 1), g.i);
 }
 
 // Job njob of s: nparts rows of part (pstride floats a row, n columns)

@@ -160,6 +160,31 @@ __device__ __forceinline__ red_seg red_seg_of(const red_segs s, int c)
     return r;
 }
 
+// The two per-column sums of the reductions below (and of their fused form,
+// mg_red_jobs.cuh), one definition so that every form adds in the same order.
+// sum_rows: sum_{p < nparts} part[p * pstride + i], p in order.
+__device__ __forceinline__ float sum_rows(const float *__restrict__ part, int nparts, size_t pstride, int i)
+{
+    float acc = 0.0f;
+    for (int p = 0; p < nparts; ++p) acc += part[(size_t)p * pstride + i];
+    return acc;
+}
+// sum_group: rows p0 .. p0 + G - 1 (those below nparts) of the column at
+// pp = row p0's entry, summed in row order into row p0. Loads are issued
+// together (unrolled), then added in order.
+template <int G>
+__device__ __forceinline__ void sum_group(float *pp, size_t pstride, int p0, int nparts)
+{
+    float v[G];
+#pragma unroll
+    for (int q = 0; q < G; ++q) v[q] = p0 + q < nparts ? pp[q * pstride] : 0.0f;
+    float acc = 0.0f;
+#pragma unroll
+    for (int q = 0; q < G; ++q)
+        if (p0 + q < nparts) acc += v[q];
+    *pp = acc;
+}
+
 // out[i] = sum_{p < nparts} part[p * pstride + i], p in order (the last
 // stage of every per-parameter reduction: sum_parts below), pstride scaled
 // by gmul (the first stage's group size, or 1).
@@ -169,11 +194,7 @@ reduce_parts_kernel(const red_segs s, int nparts, int gmul)
     const int c = blockIdx.x * RED_THREADS + threadIdx.x;
     if (c >= s.ncols) return;
     const red_seg g = red_seg_of(s, c);
-    const float *__restrict__ part = g.part;
-    const size_t pstride = g.pstride * gmul;
-    float acc = 0.0f;
-    for (int p = 0; p < nparts; ++p) acc += part[(size_t)p * pstride + g.i];
-    g.out[g.i] = acc;
+    g.out[g.i] = sum_rows(g.part, nparts, g.pstride * gmul, g.i);
 }
 
 // First stage of a long sum of partials, in place: the row starting each
@@ -187,17 +208,8 @@ reduce_groups_kernel(const red_segs s, int nparts)
     const int c = blockIdx.y * RED_THREADS + threadIdx.x;
     if (c >= s.ncols) return;
     const red_seg g = red_seg_of(s, c);
-    const size_t pstride = g.pstride;
     const int p0 = blockIdx.x * G;
-    float *pp = g.part + (size_t)p0 * pstride + g.i;
-    float v[G];
-#pragma unroll
-    for (int q = 0; q < G; ++q) v[q] = p0 + q < nparts ? pp[q * pstride] : 0.0f;
-    float acc = 0.0f;
-#pragma unroll
-    for (int q = 0; q < G; ++q)
-        if (p0 + q < nparts) acc += v[q];
-    *pp = acc;
+    sum_group<G>(g.part + (size_t)p0 * g.pstride + g.i, g.pstride, p0, nparts);
 }
 
 // Partials summed per thread by reduce_groups_kernel in the per-parameter
