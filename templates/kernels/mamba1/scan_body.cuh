@@ -110,7 +110,7 @@ scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const a
 // with the same range.
 // ST = true (episode starts, doc/math.md §9): start [tokens] (uint8, the
 // call's [batch][seqlen] mask, indexed by row like the inputs) is staged
-// per pass as one word (start_bits; tchunk <= 32) into *sst (shared, the
+// per pass as one word (start_flag, start_word; tchunk <= 32) into *sst (shared, the
 // caller's), which every thread then holds in a register; before the update of a
 // step whose entry is nonzero the state is zeroed (s_{t-1} := 0, a fresh
 // sequence's first step: the same arithmetic), and with OUT = false dsum
@@ -333,6 +333,20 @@ chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *
     }
 }
 
+// One step of the chunk-state combine: the state entering chunk c+1 from
+// the one entering chunk c (s), chunk c's sum of delta (ds: +INFINITY when
+// it holds a start, ST) and its local end state (*nx): a s + *nx, a =
+// exp(A ds), or *nx alone after a start. Shared by chunk_combine_body and
+// the self-combining output blocks (chunk_output_body<SELF>), so both give
+// the same bits.
+template <bool ST>
+__device__ __forceinline__ float combine_step(float s, float A, float ds, const float *nx)
+{
+    if (ST && ds == __int_as_float(0x7f800000))   // the chunk holds a start
+        return *nx;
+    return expf(A * ds) * s + *nx;
+}
+
 template <bool ST = false, class Dm>
 __device__ __forceinline__ void
 chunk_combine_body(int batch, int nc, const float *__restrict__ A_log, const float *state_in,
@@ -348,10 +362,7 @@ chunk_combine_body(int batch, int nc, const float *__restrict__ A_log, const flo
     const float *ds = dsum + b * nc * (mg_size_t)E + e;
     cs[0] = s;
     for (int c = 0; c + 1 < nc; ++c) {
-        if (ST && ds[(mg_size_t)c * E] == __int_as_float(0x7f800000))   // chunk c holds a start
-            s = cs[(mg_size_t)(c + 1) * E * N];
-        else
-            s = expf(A * ds[(mg_size_t)c * E]) * s + cs[(mg_size_t)(c + 1) * E * N];
+        s = combine_step<ST>(s, A, ds[(mg_size_t)c * E], cs + (mg_size_t)(c + 1) * E * N);
         cs[(mg_size_t)(c + 1) * E * N] = s;
     }
 }
@@ -396,12 +407,7 @@ chunk_output_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t 
             const float ds = chunk_dsum[(b * nc + k) * E + ec];
             const float *nx = cstate + ((b * nc + k + 1) * E + ec) * N + lane * dm.npt;
 #pragma unroll
-            for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
-                if (ST && ds == __int_as_float(0x7f800000))   // chunk k holds a start
-                    s[j] = nx[j];
-                else
-                    s[j] = expf(A[j] * ds) * s[j] + nx[j];
-            }
+            for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) s[j] = combine_step<ST>(s[j], A[j], ds, nx + j);
         }
     }
     float dsum = 0.0f;
