@@ -19,7 +19,8 @@
 # "--only train"), BENCH_AB_AFTER (templates of the after side; default
 # the ones built into mamba-gen), BENCH_AB_ROUNDS (default 2),
 # BENCH_BEFORE_COMMIT / MG_BENCH_COMMIT (the commit columns of the two
-# sides; default "before" / this tree's). No CUDA device: exit 77.
+# sides; default "before" / this tree's, as bench/run.sh names it). No
+# CUDA device: exit 77.
 set -u
 [ $# -ge 3 ] || { echo "usage: $0 OUTDIR BEFORE_TEMPLATES SPEC.yaml..." >&2; exit 2; }
 out=$1 before=$2; shift 2
@@ -30,9 +31,8 @@ after=${BENCH_AB_AFTER:-}
 rounds=${BENCH_AB_ROUNDS:-2}
 case $rounds in ''|*[!0-9]*|0) echo "$0: BENCH_AB_ROUNDS must be a positive integer" >&2; exit 2;; esac
 command -v python3 >/dev/null 2>&1 || { echo "$0: python3 is needed for the comparison" >&2; exit 2; }
-if [ -z "${MG_BENCH_COMMIT:-}" ]; then
-  MG_BENCH_COMMIT=$(git -C "$here/.." rev-parse --short=12 HEAD 2>/dev/null || cat "$here/../.commit" 2>/dev/null || echo after)
-fi
+. "$here/lib.sh"
+[ -n "${MG_BENCH_COMMIT:-}" ] || MG_BENCH_COMMIT=$(bench_commit "$here/..")
 after_commit=$MG_BENCH_COMMIT
 before_commit=${BENCH_BEFORE_COMMIT:-before}
 mkdir -p "$out" || exit 2

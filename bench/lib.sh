@@ -1,4 +1,4 @@
-# bench/lib.sh: what bench/run.sh and bench/profile.sh share (sourced):
+# bench/lib.sh: what bench/run.sh, bench/profile.sh and bench/ab.sh share (sourced):
 # generating a spec's package and building its bench program against this
 # build tree's runtime. Needs $MG, $MG_RUNTIME_CFLAGS, $MG_RUNTIME_LIBS.
 
@@ -38,4 +38,11 @@ bench_variant() {
   fi
   if [ "$2" = tf32 ]; then printf 'allow_tf32: true\n' >> "$_v" || return 1; fi
   printf '%s\n' "$_v"
+}
+
+# bench_commit SRC: the mamba-gen commit a bench row names when
+# $MG_BENCH_COMMIT is unset: SRC's git HEAD, else the .commit file of a
+# `make dist` tarball, else "unknown".
+bench_commit() {
+  git -C "$1" rev-parse --short=12 HEAD 2>/dev/null || cat "$1/.commit" 2>/dev/null || echo unknown
 }

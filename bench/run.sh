@@ -36,8 +36,7 @@ fi
 # The mamba-gen commit every CSV row names: $MG_BENCH_COMMIT when set, else
 # the source tree's git HEAD, else the .commit file of a `make dist` tarball.
 if [ -z "${MG_BENCH_COMMIT:-}" ]; then
-  src=$(cd "$(dirname "$0")/.." && pwd)
-  MG_BENCH_COMMIT=$(git -C "$src" rev-parse --short=12 HEAD 2>/dev/null || cat "$src/.commit" 2>/dev/null || echo unknown)
+  MG_BENCH_COMMIT=$(bench_commit "$(cd "$(dirname "$0")/.." && pwd)")
 fi
 export MG_BENCH_COMMIT
 status=0
