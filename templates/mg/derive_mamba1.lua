@@ -393,20 +393,40 @@ end
 -- train.c.tmpl and train_test.c.tmpl (only when spec.emit.training).
 -- Fields:
 --   d.scan_warps      warps of a scan block (= scan_threads/32)
+--   d.bscan_lanes     threads sharing one channel in the scan backward
+--                     kernels: the forward's scan_lanes, doubled (up to 32,
+--                     dividing N) while a thread would hold more than
+--                     BSCAN_NPT_MAX states. Why: the backward keeps a
+--                     checkpoint chunk's recomputed states per thread
+--                     ([bscan_tchunk][bscan_npt]); up to 64 floats they stay
+--                     in registers (scan_bwd.cuh BWD_UNROLL), beyond that in
+--                     local memory, reloaded at every step of the reverse
+--                     walk. mamba1_long (N = 64, 4 forward lanes of 16
+--                     states) ran its scan backward at 12% occupancy with hs
+--                     in local memory: 43% of its training step (H100,
+--                     bench/results/h100-2026-12-05h-profile-mamba1_long.txt).
+--   d.bscan_npt       states per thread of the scan backward = N / bscan_lanes
+--   d.bscan_channels  channels per scan-backward block: scan_channels,
+--                     halved while the block would exceed 512 threads or its
+--                     shared memory at a checkpoint stride of 8 (see
+--                     bscan_smem_bytes) 40 KiB
+--   d.bscan_threads   = bscan_channels * bscan_lanes; d.bscan_warps = /32
+--   d.bscan_blocks    scan-backward blocks per sequence = ceil(E /
+--                     bscan_channels): the dB | dC partials per token
 --   d.bscan_tchunk    checkpoint stride of the training scan: the forward-for-
 --                     training saves the SSM state every bscan_tchunk steps and
 --                     the backward recomputes the states inside each chunk
 --                     forward from its checkpoint (never dividing by exp(dA)),
---                     keeping them per thread in a [bscan_tchunk][scan_npt]
---                     array: bscan_tchunk*scan_npt <= 256 floats (1 KiB of
---                     local memory per thread, L1-resident at 128 threads).
+--                     keeping them per thread in a [bscan_tchunk][bscan_npt]
+--                     array: bscan_tchunk*bscan_npt <= 256 floats (1 KiB of
+--                     local memory per thread where it does not fit registers).
 --                     It is also the number of timesteps staged in shared
 --                     memory per pass of the backward (B | C and the block's
 --                     xc, delta, dy, softplus'); halved while that staging plus the
 --                     double-buffered per-warp dB/dC reduction buffer
---                     (2*scan_warps*2N floats) would exceed 40 KiB.
---   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N + 2*scan_warps*2N
---                     + 4*bscan_tchunk*scan_channels)
+--                     (2*bscan_warps*2N floats) would exceed 40 KiB.
+--   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N + 2*bscan_warps*2N
+--                     + 4*bscan_tchunk*bscan_channels)
 --   d.max_ckpts       checkpoints per sequence = ceil(max_seq_len/bscan_tchunk)
 --                     (mamba1_long, N = 64, 4096 steps -> stride 16, 256
 --                     checkpoints; see NAME_train.h "Long sequences")
@@ -462,11 +482,24 @@ end
 -- ===========================================================================
 local MATRIX = { input_proj_w = true, in_proj_w = true, conv_w = true, x_proj_w = true,
                  dt_proj_w = true, out_proj_w = true }
+M.BSCAN_NPT_MAX = 4
 function M.derive_training(spec, d)
   d.scan_warps = d.scan_threads // 32
+  local bl = d.scan_lanes
+  while d.N // bl > M.BSCAN_NPT_MAX and bl * 2 <= 32 and d.N % (bl * 2) == 0 do bl = bl * 2 end
+  d.bscan_lanes = bl
+  d.bscan_npt = d.N // bl
+  local function smem_c(t, c) return 4 * (2 * t * d.N + 2 * (c * bl // 32) * 2 * d.N + 4 * t * c) end
+  local ch = d.scan_channels
+  while ch % 2 == 0 and (ch // 2) * bl >= 32 and (ch * bl > 512 or smem_c(8, ch) > 40960) do ch = ch // 2 end
+  d.bscan_channels = ch
+  d.bscan_threads = ch * bl
+  assert(d.bscan_threads % 32 == 0 and d.bscan_threads <= 1024, "derive_mamba1: scan backward block")
+  d.bscan_warps = d.bscan_threads // 32
+  d.bscan_blocks = derive.ceil_div(d.E, ch)
   local bt = 16
-  while bt * d.scan_npt > 256 do bt = bt // 2 end
-  local function smem(t) return 4 * (2 * t * d.N + 2 * d.scan_warps * 2 * d.N + 4 * t * d.scan_channels) end
+  while bt * d.bscan_npt > 256 do bt = bt // 2 end
+  local function smem(t) return smem_c(t, ch) end
   while bt > 1 and smem(bt) > 40960 do bt = bt // 2 end
   d.bscan_tchunk = bt
   d.bscan_smem_bytes = smem(bt)

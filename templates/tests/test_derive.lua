@@ -230,11 +230,19 @@ local long = derive.derive(spec1({ d_model = 256, n_layers = 2, d_state = 64 }, 
   { scan = { mode = "chunked", chunk_size = 64 } }))
 is(long.scan_max_chunks, 64, "long: 4096/64 chunks")
 is(long.scan_cstate_floats, 8 * 64 * 512 * 64, "long: chunk-state workspace (64 MiB at max_batch 8)")
--- training on the long spec: checkpoint stride 16 (16 states per lane x 16
--- steps = 256 floats per thread), 256 checkpoints per sequence at 4096 steps
+-- training on the long spec: the scan backward takes 16 lanes a channel
+-- (the forward's 4 leave 16 states a thread; 4 keep a checkpoint chunk's
+-- 16 x 4 recomputed states in registers), blocks of the forward's 32
+-- channels = 512 threads; checkpoint stride 16, 256 checkpoints per
+-- sequence at 4096 steps
+is(long.scan_lanes, 4, "long: forward scan lanes")
+is(long.bscan_lanes, 16, "long: scan backward lanes (4 states a thread)")
+is(long.bscan_npt, 4, "long: scan backward states per thread")
+is(long.bscan_threads, 512, "long: scan backward block = 32 channels x 16 lanes")
+is(long.bscan_blocks, long.scan_blocks, "long: as many scan backward blocks (dB|dC partials) as forward ones")
 is(long.bscan_tchunk, 16, "long: training checkpoint stride")
 is(long.max_ckpts, 256, "long: 4096/16 checkpoints")
-is(long.bscan_smem_bytes, 4 * (2 * 16 * 64 + 2 * 4 * 2 * 64 + 4 * 16 * 32), "long: training scan shared memory")
+is(long.bscan_smem_bytes, 4 * (2 * 16 * 64 + 2 * 16 * 2 * 64 + 4 * 16 * 32), "long: training scan shared memory")
 -- chunk-parallel scan backward: spans of the chunk length rounded up to whole
 -- checkpoint chunks
 is(long.bscan_span, 64, "long: backward span = chunk 64 (4 checkpoint chunks of 16)")
@@ -317,6 +325,12 @@ is(bf.decode_weight_bytes, bf.L * (2 * bf.E * bf.D + bf.XP * bf.E + bf.E * bf.R 
 local a80 = derive.derive(spec1(nil, nil, { target = "sm_80" }))
 is(a80.decode_persistent, false, "sm_80: no clusters, no single-launch decode")
 local n256 = derive.derive(spec1({ d_state = 256 }))
+-- N = 256: the scan backward at 32 lanes (8 states a thread), its blocks
+-- halved while the dB/dC buffer (2 x warps x 2N floats) would pass 40 KiB
+is(n256.bscan_lanes, 32, "N=256: scan backward lanes")
+is(n256.bscan_npt, 8, "N=256: scan backward states per thread")
+is(n256.bscan_smem_bytes <= 40960 and n256.bscan_threads <= 512, true, "N=256: scan backward block within 40 KiB and 512 threads")
+is(n256.bscan_blocks * n256.bscan_channels >= n256.E, true, "N=256: scan backward grid covers E")
 is(n256.decode_threads, 512, "N=256: 32 channels x 16 lanes -> 512 threads")
 is(n256.decode_npt, 16, "N=256: 16 states per thread")
 is(n256.decode_persistent, true, "N=256: single-launch decode emitted")

@@ -97,7 +97,7 @@ static size_t carve(model_trainer *t, char *p)
     TAKE(dg, float *, MT * E, 4);
     TAKE(dy, float *, MT * E, 4);
     TAKE(dxc, float *, MT * E, 4);
-    TAKE(part_bc, float *, SCAN_BLOCKS * MT * 2 * D_STATE, 4);
+    TAKE(part_bc, float *, BSCAN_BLOCKS * MT * 2 * D_STATE, 4);
     /* scan-backward partials per (sequence, span): BSCAN_PARTS spans at most */
     TAKE(part_A, float *, MB * BSCAN_PARTS * E * D_STATE, 4);
     TAKE(part_D, float *, MB * BSCAN_PARTS * E, 4);

@@ -104,14 +104,14 @@ static cudaError_t scan_bwd_launch(int batch, int seqlen, int nspans, const void
     const act_t *xc_ = static_cast<const act_t *>(xc), *dt_ = static_cast<const act_t *>(dt);
     const act_t *dbl_ = static_cast<const act_t *>(dbl);
     if (nspans <= 1) {   // sequential: one span over the whole sequence
-        scan_bwd_kernel<ST><<<dim3(batch, SCAN_BLOCKS, 1), SCAN_THREADS, 0, st>>>(
+        scan_bwd_kernel<ST><<<dim3(batch, BW_BLOCKS, 1), BW_THREADS, 0, st>>>(
             seqlen, batch * seqlen, (seqlen + BCK - 1) / BCK, xc_, dt_, dbl_, dt_bias, A_log, Dskip, ckpt, dy,
             nullptr, dxc, static_cast<act_t *>(ddt), part_bc, part_A, part_D, part_dtb, dss, start);
         return cudaGetLastError();
     }
 #if MG_M1_BSCAN_CHUNKED
     if (nspans != (seqlen + BSPAN - 1) / BSPAN || !span_p || !span_ds) return cudaErrorInvalidValue;
-    scan_bwd_span_kernel<ST><<<dim3(batch, SCAN_BLOCKS, nspans), SCAN_THREADS, 0, st>>>(
+    scan_bwd_span_kernel<ST><<<dim3(batch, BW_BLOCKS, nspans), BW_THREADS, 0, st>>>(
         seqlen, dt_, dbl_, dt_bias, A_log, dy, span_p, span_ds, start);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
@@ -120,7 +120,7 @@ static cudaError_t scan_bwd_launch(int batch, int seqlen, int nspans, const void
         batch, nspans, span_p, span_ds);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    scan_bwd_kernel<ST><<<dim3(batch, SCAN_BLOCKS, nspans), SCAN_THREADS, 0, st>>>(
+    scan_bwd_kernel<ST><<<dim3(batch, BW_BLOCKS, nspans), BW_THREADS, 0, st>>>(
         seqlen, batch * seqlen, BSPAN_CK, xc_, dt_, dbl_, dt_bias, A_log, Dskip, ckpt, dy, span_ds, dxc,
         static_cast<act_t *>(ddt), part_bc, part_A, part_D, part_dtb, dss, start);
     return cudaGetLastError();

@@ -83,7 +83,7 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
 // mg_m1_scan_body.cuh). Why delta and softplus' here: every lane of a
 // channel computed them at every step (twice: the recompute and the
 // reverse walk), most of a step's transcendental work; here each (step,
-// channel) is computed once, by a thread with threadIdx.x % SCAN_CHANNELS
+// channel) is computed once, by a thread with threadIdx.x % BW_CHANNELS
 // == its column (the block is channels x lanes threads), whose channel's
 // dt_bias the caller passes (dtb_s). Channels past E stage xc and dt of
 // channel E-1 (their threads compute on it) and dy = 0 (so they add nothing
@@ -99,15 +99,15 @@ constexpr int BWD_IN = 4;   // sIn slots: xc, delta, dy, softplus'
 template <bool ST = false, bool DSP = true, bool RAW = false>
 __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act_t *__restrict__ xc,
                                           const act_t *__restrict__ dt, const float *__restrict__ dy,
-                                          float dtb_s, float (*sIn)[BWD_IN][SCAN_CHANNELS],
+                                          float dtb_s, float (*sIn)[BWD_IN][BW_CHANNELS],
                                           const unsigned char *__restrict__ start = nullptr,
                                           unsigned *sst = nullptr)
 {
-    const int e0 = blockIdx.y * SCAN_CHANNELS;
+    const int e0 = blockIdx.y * BW_CHANNELS;
     bool flag = false;
     if (ST && threadIdx.x < 32) flag = start_flag(start + row0, t0, nt, t0 + nt);
-    for (int i = threadIdx.x; i < nt * SCAN_CHANNELS; i += SCAN_THREADS) {
-        const int tt = i / SCAN_CHANNELS, c = i % SCAN_CHANNELS;   // c == threadIdx.x % SCAN_CHANNELS
+    for (int i = threadIdx.x; i < nt * BW_CHANNELS; i += BW_THREADS) {
+        const int tt = i / BW_CHANNELS, c = i % BW_CHANNELS;   // c == threadIdx.x % BW_CHANNELS
         const size_t row = row0 + t0 + tt;
         const int ee = min(e0 + c, E - 1);
         if (xc) sIn[tt][0][c] = to_f32(xc[row * E + ee]);
@@ -140,10 +140,10 @@ __device__ __forceinline__ void bwd_prefetch_chunk(int c, size_t row0, size_t b,
                                                    const act_t *__restrict__ dbl, const float *__restrict__ dy,
                                                    const float *__restrict__ ckpt)
 {
-    const int e0 = blockIdx.y * SCAN_CHANNELS;
-    const size_t ne = (size_t)min(SCAN_CHANNELS, E - e0);
+    const int e0 = blockIdx.y * BW_CHANNELS;
+    const size_t ne = (size_t)min(BW_CHANNELS, E - e0);
     const int t0 = c * BCK;
-    for (int i = threadIdx.x; i < BCK * 4; i += SCAN_THREADS) {
+    for (int i = threadIdx.x; i < BCK * 4; i += BW_THREADS) {
         const size_t row = row0 + t0 + i / 4;
         switch (i % 4) {
         case 0: bwd_prefetch_range(dbl + row * XP + R, 2 * N * sizeof(act_t)); break;
@@ -154,7 +154,7 @@ __device__ __forceinline__ void bwd_prefetch_chunk(int c, size_t row0, size_t b,
     }
     const uintptr_t cp = reinterpret_cast<uintptr_t>(ckpt + ((b * nck + c) * E + e0) * N);
     const uintptr_t ce = cp + ne * N * sizeof(float);
-    for (uintptr_t l = (cp & ~(uintptr_t)127) + (uintptr_t)threadIdx.x * 128; l < ce; l += (uintptr_t)SCAN_THREADS * 128)
+    for (uintptr_t l = (cp & ~(uintptr_t)127) + (uintptr_t)threadIdx.x * 128; l < ce; l += (uintptr_t)BW_THREADS * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const void *>(l)));
 }
 
@@ -185,15 +185,15 @@ gate_bwd_kernel(size_t n, const act_t *__restrict__ y, const act_t *__restrict__
 // warp: BC_LEVELS 0) there is nothing to reduce: every thread stores its
 // own dB and dC values.
 constexpr int mg_ilog2(int x) { return x <= 1 ? 0 : 1 + mg_ilog2(x / 2); }
-constexpr int BC_V = 2 * SCAN_NPT;
-constexpr int BC_LEVELS = mg_ilog2(32 / SCAN_LANES);
+constexpr int BC_V = 2 * BW_NPT;
+constexpr int BC_LEVELS = mg_ilog2(32 / BW_LANES);
 constexpr int BC_HALVE = BC_LEVELS < mg_ilog2(BC_V) ? BC_LEVELS : mg_ilog2(BC_V);
 constexpr int BC_VF = BC_V >> BC_HALVE;
-constexpr int BC_BUTTERFLY_MASK = BC_HALVE < BC_LEVELS ? 2 * (16 >> BC_HALVE) - SCAN_LANES : 0;
-static_assert((BC_HALVE >= 1 && BC_VF <= SCAN_NPT) || (BC_LEVELS == 0 && BC_VF == BC_V),
+constexpr int BC_BUTTERFLY_MASK = BC_HALVE < BC_LEVELS ? 2 * (16 >> BC_HALVE) - BW_LANES : 0;
+static_assert((BC_HALVE >= 1 && BC_VF <= BW_NPT) || (BC_LEVELS == 0 && BC_VF == BC_V),
               "a window holds dB or dC values, not both (or, one channel a warp, all of the thread's)");
 
-// Selective-scan backward (see the header). Grid (batch, SCAN_BLOCKS, spans),
+// Selective-scan backward (see the header). Grid (batch, BW_BLOCKS, spans),
 // the forward scan's block shape. Block z walks the checkpoint chunks
 // [z*span_ck, min(nck, (z+1)*span_ck)) from last to first, starting from
 // ds = ds_end[b][z][E][N] (NULL: 0, the end of the sequence). The sequential
@@ -215,7 +215,7 @@ static_assert((BC_HALVE >= 1 && BC_VF <= SCAN_NPT) || (BC_LEVELS == 0 && BC_VF =
 // starting at t = 0 is 0).
 // The step loops of scan_bwd_kernel: unrolled over the BCK steps of a
 // checkpoint chunk when its recomputed states fit registers (BCK x
-// SCAN_NPT <= 64 floats a thread), so that hs is indexed by constants and
+// BW_NPT <= 64 floats a thread), so that hs is indexed by constants and
 // stays in registers (steps past a partial chunk's end are skipped);
 // otherwise loops, with hs in local memory. Why: with hs in local memory
 // every step of the reverse walk loads its states back (mamba1_rl: the
@@ -223,11 +223,11 @@ static_assert((BC_HALVE >= 1 && BC_VF <= SCAN_NPT) || (BC_LEVELS == 0 && BC_VF =
 // Unrolled, the kernel is compiled for 128 registers a thread (512 / block
 // size blocks per SM): where hs fits (mamba1_rl: no spills) the blocks of a
 // batch-64 call still run in one wave.
-constexpr int BWD_UNROLL = BCK * SCAN_NPT <= 64 ? BCK : 1;
-constexpr int BWD_MIN_BLOCKS = (BWD_UNROLL > 1 && SCAN_THREADS <= 512) ? 512 / SCAN_THREADS : 1;
+constexpr int BWD_UNROLL = BCK * BW_NPT <= 64 ? BCK : 1;
+constexpr int BWD_MIN_BLOCKS = (BWD_UNROLL > 1 && BW_THREADS <= 512) ? 512 / BW_THREADS : 1;
 
 template <bool ST>
-__global__ void __launch_bounds__(SCAN_THREADS, BWD_MIN_BLOCKS)
+__global__ void __launch_bounds__(BW_THREADS, BWD_MIN_BLOCKS)
 scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ xc,
                 const act_t *__restrict__ dt, const act_t *__restrict__ dbl,
                 const float *__restrict__ dt_bias, const float *__restrict__ A_log,
@@ -238,13 +238,13 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 float *__restrict__ dss, const unsigned char *__restrict__ start)
 {
     __shared__ float sBC[BCK][2 * N];
-    __shared__ float sIn[BCK][BWD_IN][SCAN_CHANNELS];   // xc, delta, dy, softplus' of the block's channels (bwd_stage)
+    __shared__ float sIn[BCK][BWD_IN][BW_CHANNELS];   // xc, delta, dy, softplus' of the block's channels (bwd_stage)
     __shared__ unsigned sst[1];                    // start flags of the chunk's steps, a word (ST)
-    __shared__ float red[2][SCAN_WARPS][2 * N];
-    const int lane = threadIdx.x % SCAN_LANES;
-    const int ci = threadIdx.x / SCAN_LANES;   // this thread's channel within the block
+    __shared__ float red[2][BW_WARPS][2 * N];
+    const int lane = threadIdx.x % BW_LANES;
+    const int ci = threadIdx.x / BW_LANES;   // this thread's channel within the block
     const int warp = threadIdx.x >> 5;
-    const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
+    const int e = blockIdx.y * BW_CHANNELS + threadIdx.x / BW_LANES;
     const bool valid = e < E;
     const int ec = valid ? e : E - 1;
     const size_t b = blockIdx.x;
@@ -255,13 +255,13 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
     const int c_lo = z * span_ck;
     const int c_hi = min(nck, c_lo + span_ck);
 
-    float A[SCAN_NPT], ds[SCAN_NPT], gA[SCAN_NPT];
+    float A[BW_NPT], ds[BW_NPT], gA[BW_NPT];
     // Padding threads (valid false) keep ds = 0: with dy = 0 they then add
     // nothing to the block's dB sums.
-    const float *dse = (ds_end && valid) ? ds_end + (pb * E + e) * N + lane * SCAN_NPT : nullptr;
+    const float *dse = (ds_end && valid) ? ds_end + (pb * E + e) * N + lane * BW_NPT : nullptr;
 #pragma unroll
-    for (int j = 0; j < SCAN_NPT; ++j) {
-        A[j] = -expf(A_log[(size_t)ec * N + lane * SCAN_NPT + j]);
+    for (int j = 0; j < BW_NPT; ++j) {
+        A[j] = -expf(A_log[(size_t)ec * N + lane * BW_NPT + j]);
         ds[j] = dse ? dse[j] : 0.0f;
         gA[j] = 0.0f;
     }
@@ -273,12 +273,12 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
         const int t0 = c * BCK;
         const int nt = min(BCK, seqlen - t0);
         __syncthreads();   // the previous chunk is done reading sBC, sIn
-        for (int i = threadIdx.x; i < nt * 2 * N; i += SCAN_THREADS) {
+        for (int i = threadIdx.x; i < nt * 2 * N; i += BW_THREADS) {
             const int tt = i / (2 * N), k = i % (2 * N);
             sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
         }
         // (bwd_stage's dt_bias loaded per chunk: a register less across the walk)
-        bwd_stage<ST>(t0, nt, row0, xc, dt, dy, dt_bias[min(blockIdx.y * SCAN_CHANNELS + threadIdx.x % SCAN_CHANNELS, E - 1)],
+        bwd_stage<ST>(t0, nt, row0, xc, dt, dy, dt_bias[min(blockIdx.y * BW_CHANNELS + threadIdx.x % BW_CHANNELS, E - 1)],
                       sIn, start, sst);
         __syncthreads();
         const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
@@ -288,14 +288,14 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
         // (prefetch hints: nothing is waited for, no value changes).
         if (c > c_lo) bwd_prefetch_chunk(c - 1, row0, b, nck, xc, dt, dbl, dy, ckpt);
         // Recompute the chunk's states from its checkpoint (forward arithmetic).
-        float s0[SCAN_NPT], hs[BCK][SCAN_NPT];
-        const float *cp = ckpt + (((b * nck + c) * E + ec) * N) + lane * SCAN_NPT;
+        float s0[BW_NPT], hs[BCK][BW_NPT];
+        const float *cp = ckpt + (((b * nck + c) * E + ec) * N) + lane * BW_NPT;
 #pragma unroll
-        for (int j = 0; j < SCAN_NPT; ++j) s0[j] = cp[j];
+        for (int j = 0; j < BW_NPT; ++j) s0[j] = cp[j];
         {
-            float s[SCAN_NPT];
+            float s[BW_NPT];
 #pragma unroll
-            for (int j = 0; j < SCAN_NPT; ++j) s[j] = s0[j];
+            for (int j = 0; j < BW_NPT; ++j) s[j] = s0[j];
 #pragma unroll BWD_UNROLL
             for (int tt = 0; tt < BCK; ++tt) if (tt < nt) {   // nt < BCK: the sequence's last chunk
                 const float x = sIn[tt][0][ci];
@@ -303,11 +303,11 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 const float dx = delta * x;
                 if (ST && start_at(sw, tt)) {
 #pragma unroll
-                    for (int j = 0; j < SCAN_NPT; ++j) s[j] = 0.0f;
+                    for (int j = 0; j < BW_NPT; ++j) s[j] = 0.0f;
                 }
 #pragma unroll
-                for (int j = 0; j < SCAN_NPT; ++j) {
-                    s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][lane * SCAN_NPT + j];
+                for (int j = 0; j < BW_NPT; ++j) {
+                    s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][lane * BW_NPT + j];
                     hs[tt][j] = s[j];
                 }
             }
@@ -321,10 +321,10 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             const float delta = sIn[tt][1][ci];
             const float dyv = sIn[tt][2][ci];   // 0 for padding channels
             const bool cut = ST && start_at(sw, tt);   // an episode starts at this step
-            float dd = 0.0f, dx = 0.0f, cb[SCAN_NPT], cc[SCAN_NPT];
+            float dd = 0.0f, dx = 0.0f, cb[BW_NPT], cc[BW_NPT];
 #pragma unroll
-            for (int j = 0; j < SCAN_NPT; ++j) {
-                const int n = lane * SCAN_NPT + j;
+            for (int j = 0; j < BW_NPT; ++j) {
+                const int n = lane * BW_NPT + j;
                 const float sprev = tt > 0 ? hs[tt - 1][j] : s0[j];
                 const float Bn = sBC[tt][n], Cn = sBC[tt][N + n];
                 cc[j] = dyv * hs[tt][j];
@@ -342,7 +342,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 ds[j] = dsn * a;
             }
 #pragma unroll
-            for (int o = SCAN_LANES / 2; o > 0; o >>= 1) {
+            for (int o = BW_LANES / 2; o > 0; o >>= 1) {
                 dd += __shfl_xor_sync(FULL_MASK, dd, o);
                 dx += __shfl_xor_sync(FULL_MASK, dx, o);
             }
@@ -365,7 +365,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             {
                 float v[BC_V];
 #pragma unroll
-                for (int j = 0; j < SCAN_NPT; ++j) { v[j] = cb[j]; v[SCAN_NPT + j] = cc[j]; }
+                for (int j = 0; j < BW_NPT; ++j) { v[j] = cb[j]; v[BW_NPT + j] = cc[j]; }
                 int start = 0;   // v[k] holds original value start + k
 #pragma unroll
                 for (int l = 0; l < BC_HALVE; ++l) {
@@ -384,27 +384,27 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 if ((threadIdx.x & BC_BUTTERFLY_MASK) == 0) {
 #pragma unroll
                     for (int k = 0; k < BC_VF; ++k) {
-                        const int idx = start + k;   // < SCAN_NPT: B column, else C
-                        const int col = idx < SCAN_NPT ? lane * SCAN_NPT + idx : N + lane * SCAN_NPT + (idx - SCAN_NPT);
+                        const int idx = start + k;   // < BW_NPT: B column, else C
+                        const int col = idx < BW_NPT ? lane * BW_NPT + idx : N + lane * BW_NPT + (idx - BW_NPT);
                         red[par][warp][col] = v[k];
                     }
                 }
             }
             __syncthreads();   // one barrier per step: red is double-buffered
-            for (int i = threadIdx.x; i < 2 * N; i += SCAN_THREADS) {
+            for (int i = threadIdx.x; i < 2 * N; i += BW_THREADS) {
                 float acc = 0.0f;
 #pragma unroll
-                for (int w = 0; w < SCAN_WARPS; ++w) acc += red[par][w][i];
+                for (int w = 0; w < BW_WARPS; ++w) acc += red[par][w][i];
                 part_bc[((size_t)blockIdx.y * tokens + row) * (2 * N) + i] = acc;
             }
             par ^= 1;
         }
     }
     if (valid) {
-        const size_t pa = (pb * E + e) * N + lane * SCAN_NPT;
-        const size_t sb = (b * E + e) * N + lane * SCAN_NPT;
+        const size_t pa = (pb * E + e) * N + lane * BW_NPT;
+        const size_t sb = (b * E + e) * N + lane * BW_NPT;
 #pragma unroll
-        for (int j = 0; j < SCAN_NPT; ++j) {
+        for (int j = 0; j < BW_NPT; ++j) {
             part_A[pa + j] = gA[j];
             if (dss && z == 0) dss[sb + j] = ds[j];
         }
@@ -416,7 +416,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
 }
 #if MG_M1_BSCAN_CHUNKED
 
-// Pass 1 of the chunk-parallel scan backward. Grid (batch, SCAN_BLOCKS,
+// Pass 1 of the chunk-parallel scan backward. Grid (batch, BW_BLOCKS,
 // spans), the scan's block shape; block z takes the span of steps
 // [z*BSPAN, min(seqlen, (z+1)*BSPAN)). Per (b, z, e, n):
 //   span_p  = exp(A sum_t delta_t), the product of the span's a_t
@@ -431,18 +431,18 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
 // from its end to its start: span_p = 0 (pass 2's combine then hands the
 // span before it only this span's local adjoint, unchanged code).
 template <bool ST>
-__global__ void __launch_bounds__(SCAN_THREADS)
+__global__ void __launch_bounds__(BW_THREADS)
 scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__restrict__ dbl,
                      const float *__restrict__ dt_bias, const float *__restrict__ A_log,
                      const float *__restrict__ dy, float *__restrict__ span_p, float *__restrict__ span_ds,
                      const unsigned char *__restrict__ start)
 {
     __shared__ float sC[BCK][N];
-    __shared__ float sIn[BCK][BWD_IN][SCAN_CHANNELS];   // bwd_stage<RAW> (xc and softplus' unused here)
+    __shared__ float sIn[BCK][BWD_IN][BW_CHANNELS];   // bwd_stage<RAW> (xc and softplus' unused here)
     __shared__ unsigned sst[1];                    // start flags of the piece's steps, a word (ST)
-    const int lane = threadIdx.x % SCAN_LANES;
-    const int ci = threadIdx.x / SCAN_LANES;
-    const int e = blockIdx.y * SCAN_CHANNELS + threadIdx.x / SCAN_LANES;
+    const int lane = threadIdx.x % BW_LANES;
+    const int ci = threadIdx.x / BW_LANES;
+    const int e = blockIdx.y * BW_CHANNELS + threadIdx.x / BW_LANES;
     const bool valid = e < E;
     const int ec = valid ? e : E - 1;
     const size_t b = blockIdx.x;
@@ -451,10 +451,10 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
     const int t_lo = z * BSPAN;
     const int t_hi = min(seqlen, t_lo + BSPAN);
 
-    float A[SCAN_NPT], ds[SCAN_NPT];
+    float A[BW_NPT], ds[BW_NPT];
 #pragma unroll
-    for (int j = 0; j < SCAN_NPT; ++j) {
-        A[j] = -expf(A_log[(size_t)ec * N + lane * SCAN_NPT + j]);
+    for (int j = 0; j < BW_NPT; ++j) {
+        A[j] = -expf(A_log[(size_t)ec * N + lane * BW_NPT + j]);
         ds[j] = 0.0f;
     }
     const float dtb = dt_bias[ec];
@@ -465,7 +465,7 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
         const int t0 = t_lo + c * BCK;
         const int nt = min(BCK, t_hi - t0);
         __syncthreads();   // the previous piece is done reading sC
-        for (int i = threadIdx.x; i < nt * N; i += SCAN_THREADS) {
+        for (int i = threadIdx.x; i < nt * N; i += BW_THREADS) {
             const int tt = i / N, k = i % N;
             sC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + N + k]);
         }
@@ -479,14 +479,14 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
             const bool st = ST && start_at(sw, tt);   // a start: the adjoint carried to t-1 is 0
             cut = cut || st;
 #pragma unroll
-            for (int j = 0; j < SCAN_NPT; ++j)
-                ds[j] = (ds[j] + dyv * sC[tt][lane * SCAN_NPT + j]) * (st ? 0.0f : expf(delta * A[j]));
+            for (int j = 0; j < BW_NPT; ++j)
+                ds[j] = (ds[j] + dyv * sC[tt][lane * BW_NPT + j]) * (st ? 0.0f : expf(delta * A[j]));
         }
     }
     if (valid) {
-        const size_t o = (((b * gridDim.z + z) * E) + e) * N + lane * SCAN_NPT;
+        const size_t o = (((b * gridDim.z + z) * E) + e) * N + lane * BW_NPT;
 #pragma unroll
-        for (int j = 0; j < SCAN_NPT; ++j) {
+        for (int j = 0; j < BW_NPT; ++j) {
             span_p[o + j] = (ST && cut) ? 0.0f : expf(A[j] * dsum);
             span_ds[o + j] = ds[j];
         }
@@ -522,6 +522,6 @@ bc_reduce_kernel(int tokens, const float *__restrict__ part_bc, act_t *__restric
     if (i >= (size_t)tokens * 2 * N) return;
     const size_t row = i / (2 * N), k = i % (2 * N);
     float acc = 0.0f;
-    for (int p = 0; p < SCAN_BLOCKS; ++p) acc += part_bc[(size_t)p * tokens * 2 * N + i];
+    for (int p = 0; p < BW_BLOCKS; ++p) acc += part_bc[(size_t)p * tokens * 2 * N + i];
     ddbl[row * XP + R + k] = from_f32<act_t>(acc);
 }
