@@ -413,6 +413,16 @@ end
 --   d.bscan_threads   = bscan_channels * bscan_lanes; d.bscan_warps = /32
 --   d.bscan_blocks    scan-backward blocks per sequence = ceil(E /
 --                     bscan_channels): the dB | dC partials per token
+--   d.bspan_lanes, d.bspan_npt, d.bspan_threads  the block shape of the
+--                     chunked backward's span kernel (scan_bwd_span_kernel):
+--                     bscan_channels channels of the forward's scan_lanes
+--                     (doubled only while the block is not whole warps).
+--                     Why not bscan_lanes: the span kernel holds no
+--                     per-step states, and each lane recomputes its
+--                     channel's delta every step (at 16 lanes a channel
+--                     mamba1_long's span kernel took 1.98 ms where 4 took
+--                     1.69, H100); its outputs are per state, the same bits
+--                     at any lane count.
 --   d.bscan_tchunk    checkpoint stride of the training scan: the forward-for-
 --                     training saves the SSM state every bscan_tchunk steps and
 --                     the backward recomputes the states inside each chunk
@@ -425,7 +435,16 @@ end
 --                     xc, delta, dy, softplus'); halved while that staging plus the
 --                     double-buffered per-warp dB/dC reduction buffer
 --                     (2*bscan_warps*2N floats) would exceed 40 KiB.
---   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N + 2*bscan_warps*2N
+--   d.bscan_red_steps steps whose per-warp dB | dC sums the scan backward
+--                     collects before one barrier and the cross-warp sums
+--                     (the same sums, in the same order, as step by step):
+--                     the largest power of two <= bscan_tchunk whose
+--                     double-buffered buffer (2*bscan_red_steps*bscan_warps*2N
+--                     floats) keeps the kernel's shared memory within 40 KiB.
+--                     Why: a barrier per step held every warp of the block
+--                     to the slowest one at every step of the reverse walk.
+--   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N
+--                     + 2*bscan_red_steps*bscan_warps*2N
 --                     + 4*bscan_tchunk*bscan_channels)
 --   d.max_ckpts       checkpoints per sequence = ceil(max_seq_len/bscan_tchunk)
 --                     (mamba1_long, N = 64, 4096 steps -> stride 16, 256
@@ -489,7 +508,7 @@ function M.derive_training(spec, d)
   while d.N // bl > M.BSCAN_NPT_MAX and bl * 2 <= 32 and d.N % (bl * 2) == 0 do bl = bl * 2 end
   d.bscan_lanes = bl
   d.bscan_npt = d.N // bl
-  local function smem_c(t, c) return 4 * (2 * t * d.N + 2 * (c * bl // 32) * 2 * d.N + 4 * t * c) end
+  local function smem_c(t, c, g) return 4 * (2 * t * d.N + 2 * (g or 1) * (c * bl // 32) * 2 * d.N + 4 * t * c) end
   local ch = d.scan_channels
   while ch % 2 == 0 and (ch // 2) * bl >= 32 and (ch * bl > 512 or smem_c(8, ch) > 40960) do ch = ch // 2 end
   d.bscan_channels = ch
@@ -497,12 +516,22 @@ function M.derive_training(spec, d)
   assert(d.bscan_threads % 32 == 0 and d.bscan_threads <= 1024, "derive_mamba1: scan backward block")
   d.bscan_warps = d.bscan_threads // 32
   d.bscan_blocks = derive.ceil_div(d.E, ch)
+  -- The span kernel of the chunked backward keeps no states per step: the
+  -- forward's lanes (raised only until its blocks are whole warps).
+  local sl = d.scan_lanes
+  while (ch * sl) % 32 ~= 0 and sl < bl do sl = sl * 2 end
+  d.bspan_lanes = sl
+  d.bspan_npt = d.N // sl
+  d.bspan_threads = ch * sl
   local bt = 16
   while bt * d.bscan_npt > 256 do bt = bt // 2 end
   local function smem(t) return smem_c(t, ch) end
   while bt > 1 and smem(bt) > 40960 do bt = bt // 2 end
   d.bscan_tchunk = bt
-  d.bscan_smem_bytes = smem(bt)
+  local g = 1
+  while g * 2 <= bt and smem_c(bt, ch, g * 2) <= 40960 do g = g * 2 end
+  d.bscan_red_steps = g
+  d.bscan_smem_bytes = smem_c(bt, ch, g)
   d.max_ckpts = derive.ceil_div(d.max_seq_len, bt)
   -- Chunk-parallel scan backward. A span must be a whole number of
   -- checkpoint chunks, so that it starts at a saved state and its chunks are

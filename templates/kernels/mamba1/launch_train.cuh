@@ -111,7 +111,7 @@ static cudaError_t scan_bwd_launch(int batch, int seqlen, int nspans, const void
     }
 #if MG_M1_BSCAN_CHUNKED
     if (nspans != (seqlen + BSPAN - 1) / BSPAN || !span_p || !span_ds) return cudaErrorInvalidValue;
-    scan_bwd_span_kernel<ST><<<dim3(batch, BW_BLOCKS, nspans), BW_THREADS, 0, st>>>(
+    scan_bwd_span_kernel<ST><<<dim3(batch, BW_BLOCKS, nspans), SPAN_THREADS, 0, st>>>(
         seqlen, dt_, dbl_, dt_bias, A_log, dy, span_p, span_ds, start);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;

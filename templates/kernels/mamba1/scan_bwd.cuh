@@ -96,7 +96,7 @@ scan_fwd_kernel(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *_
 // loads issued first, the ballot after the staging): bit tt of *sst =
 // start[row0 + t0 + tt].
 constexpr int BWD_IN = 4;   // sIn slots: xc, delta, dy, softplus'
-template <bool ST = false, bool DSP = true, bool RAW = false>
+template <bool ST = false, bool DSP = true, bool RAW = false, int THREADS = BW_THREADS>
 __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act_t *__restrict__ xc,
                                           const act_t *__restrict__ dt, const float *__restrict__ dy,
                                           float dtb_s, float (*sIn)[BWD_IN][BW_CHANNELS],
@@ -106,8 +106,8 @@ __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act
     const int e0 = blockIdx.y * BW_CHANNELS;
     bool flag = false;
     if (ST && threadIdx.x < 32) flag = start_flag(start + row0, t0, nt, t0 + nt);
-    for (int i = threadIdx.x; i < nt * BW_CHANNELS; i += BW_THREADS) {
-        const int tt = i / BW_CHANNELS, c = i % BW_CHANNELS;   // c == threadIdx.x % BW_CHANNELS
+    for (int i = threadIdx.x; i < nt * BW_CHANNELS; i += THREADS) {
+        const int tt = i / BW_CHANNELS, c = i % BW_CHANNELS;   // c == threadIdx.x % BW_CHANNELS (THREADS: a multiple)
         const size_t row = row0 + t0 + tt;
         const int ee = min(e0 + c, E - 1);
         if (xc) sIn[tt][0][c] = to_f32(xc[row * E + ee]);
@@ -240,7 +240,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
     __shared__ float sBC[BCK][2 * N];
     __shared__ float sIn[BCK][BWD_IN][BW_CHANNELS];   // xc, delta, dy, softplus' of the block's channels (bwd_stage)
     __shared__ unsigned sst[1];                    // start flags of the chunk's steps, a word (ST)
-    __shared__ float red[2][BW_WARPS][2 * N];
+    __shared__ float red[2][BWD_RED][BW_WARPS][2 * N];   // per-warp dB | dC of BWD_RED steps, double-buffered
     const int lane = threadIdx.x % BW_LANES;
     const int ci = threadIdx.x / BW_LANES;   // this thread's channel within the block
     const int warp = threadIdx.x >> 5;
@@ -317,6 +317,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
         for (int k = 0; k < BCK; ++k) if (BCK - 1 - k < nt) {   // steps past a partial chunk's end: none
             const int tt = BCK - 1 - k;
             const size_t row = row0 + t0 + tt;
+            const int g = (nt - 1 - tt) % BWD_RED;   // this step's row in the dB | dC group
             const float x = sIn[tt][0][ci];
             const float delta = sIn[tt][1][ci];
             const float dyv = sIn[tt][2][ci];   // 0 for padding channels
@@ -386,18 +387,27 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                     for (int k = 0; k < BC_VF; ++k) {
                         const int idx = start + k;   // < BW_NPT: B column, else C
                         const int col = idx < BW_NPT ? lane * BW_NPT + idx : N + lane * BW_NPT + (idx - BW_NPT);
-                        red[par][warp][col] = v[k];
+                        red[par][g][warp][col] = v[k];
                     }
                 }
             }
-            __syncthreads();   // one barrier per step: red is double-buffered
-            for (int i = threadIdx.x; i < 2 * N; i += BW_THREADS) {
-                float acc = 0.0f;
+            // The group's warp sums over the block's warps in order, one
+            // row per step (the same sums as one step at a time): one
+            // barrier per BWD_RED steps; red is double-buffered, so the next
+            // group's writes wait for no reader (a reader of this buffer is
+            // past the next group's barrier before it is written again).
+            if (g == BWD_RED - 1 || tt == 0) {
+                __syncthreads();
+                const size_t row_hi = row0 + t0 + tt + g;   // the group's first step (walked last to first)
+                for (int i = threadIdx.x; i < (g + 1) * 2 * N; i += BW_THREADS) {
+                    const int gi = i / (2 * N), col = i % (2 * N);
+                    float acc = 0.0f;
 #pragma unroll
-                for (int w = 0; w < BW_WARPS; ++w) acc += red[par][w][i];
-                part_bc[((size_t)blockIdx.y * tokens + row) * (2 * N) + i] = acc;
+                    for (int w = 0; w < BW_WARPS; ++w) acc += red[par][gi][w][col];
+                    part_bc[((size_t)blockIdx.y * tokens + row_hi - gi) * (2 * N) + col] = acc;
+                }
+                par ^= 1;
             }
-            par ^= 1;
         }
     }
     if (valid) {
@@ -431,7 +441,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
 // from its end to its start: span_p = 0 (pass 2's combine then hands the
 // span before it only this span's local adjoint, unchanged code).
 template <bool ST>
-__global__ void __launch_bounds__(BW_THREADS)
+__global__ void __launch_bounds__(SPAN_THREADS)
 scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__restrict__ dbl,
                      const float *__restrict__ dt_bias, const float *__restrict__ A_log,
                      const float *__restrict__ dy, float *__restrict__ span_p, float *__restrict__ span_ds,
@@ -440,9 +450,9 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
     __shared__ float sC[BCK][N];
     __shared__ float sIn[BCK][BWD_IN][BW_CHANNELS];   // bwd_stage<RAW> (xc and softplus' unused here)
     __shared__ unsigned sst[1];                    // start flags of the piece's steps, a word (ST)
-    const int lane = threadIdx.x % BW_LANES;
-    const int ci = threadIdx.x / BW_LANES;
-    const int e = blockIdx.y * BW_CHANNELS + threadIdx.x / BW_LANES;
+    const int lane = threadIdx.x % SPAN_LANES;
+    const int ci = threadIdx.x / SPAN_LANES;
+    const int e = blockIdx.y * BW_CHANNELS + threadIdx.x / SPAN_LANES;
     const bool valid = e < E;
     const int ec = valid ? e : E - 1;
     const size_t b = blockIdx.x;
@@ -451,10 +461,10 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
     const int t_lo = z * BSPAN;
     const int t_hi = min(seqlen, t_lo + BSPAN);
 
-    float A[BW_NPT], ds[BW_NPT];
+    float A[SPAN_NPT], ds[SPAN_NPT];
 #pragma unroll
-    for (int j = 0; j < BW_NPT; ++j) {
-        A[j] = -expf(A_log[(size_t)ec * N + lane * BW_NPT + j]);
+    for (int j = 0; j < SPAN_NPT; ++j) {
+        A[j] = -expf(A_log[(size_t)ec * N + lane * SPAN_NPT + j]);
         ds[j] = 0.0f;
     }
     const float dtb = dt_bias[ec];
@@ -465,11 +475,11 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
         const int t0 = t_lo + c * BCK;
         const int nt = min(BCK, t_hi - t0);
         __syncthreads();   // the previous piece is done reading sC
-        for (int i = threadIdx.x; i < nt * N; i += BW_THREADS) {
+        for (int i = threadIdx.x; i < nt * N; i += SPAN_THREADS) {
             const int tt = i / N, k = i % N;
             sC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + N + k]);
         }
-        bwd_stage<ST, false, true>(t0, nt, row0, nullptr, dt, dy, 0.0f, sIn, start, sst);
+        bwd_stage<ST, false, true, SPAN_THREADS>(t0, nt, row0, nullptr, dt, dy, 0.0f, sIn, start, sst);
         __syncthreads();
         const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
         for (int tt = nt - 1; tt >= 0; --tt) {
@@ -479,14 +489,14 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
             const bool st = ST && start_at(sw, tt);   // a start: the adjoint carried to t-1 is 0
             cut = cut || st;
 #pragma unroll
-            for (int j = 0; j < BW_NPT; ++j)
-                ds[j] = (ds[j] + dyv * sC[tt][lane * BW_NPT + j]) * (st ? 0.0f : expf(delta * A[j]));
+            for (int j = 0; j < SPAN_NPT; ++j)
+                ds[j] = (ds[j] + dyv * sC[tt][lane * SPAN_NPT + j]) * (st ? 0.0f : expf(delta * A[j]));
         }
     }
     if (valid) {
-        const size_t o = (((b * gridDim.z + z) * E) + e) * N + lane * BW_NPT;
+        const size_t o = (((b * gridDim.z + z) * E) + e) * N + lane * SPAN_NPT;
 #pragma unroll
-        for (int j = 0; j < BW_NPT; ++j) {
+        for (int j = 0; j < SPAN_NPT; ++j) {
             span_p[o + j] = (ST && cut) ? 0.0f : expf(A[j] * dsum);
             span_ds[o + j] = ds[j];
         }
