@@ -440,12 +440,16 @@ end
 --                     (the same sums, in the same order, as step by step):
 --                     the largest power of two <= bscan_tchunk whose
 --                     double-buffered buffer (2*bscan_red_steps*bscan_warps*2N
---                     floats) keeps the kernel's shared memory within 40 KiB.
+--                     floats, dynamic shared memory: d.bscan_red_bytes) keeps
+--                     the kernel's shared memory within 40 KiB, or within
+--                     160 KiB for blocks of 512+ threads (at the 128-register
+--                     bound they fill an SM's registers alone, so the shared
+--                     memory of other blocks is not at stake).
 --                     Why: a barrier per step held every warp of the block
 --                     to the slowest one at every step of the reverse walk.
---   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N
---                     + 2*bscan_red_steps*bscan_warps*2N
---                     + 4*bscan_tchunk*bscan_channels)
+--   d.bscan_red_bytes = 4*2*bscan_red_steps*bscan_warps*2N
+--   d.bscan_smem_bytes = 4*(2*bscan_tchunk*N + 4*bscan_tchunk*bscan_channels)
+--                     (static) + bscan_red_bytes
 --   d.max_ckpts       checkpoints per sequence = ceil(max_seq_len/bscan_tchunk)
 --                     (mamba1_long, N = 64, 4096 steps -> stride 16, 256
 --                     checkpoints; see NAME_train.h "Long sequences")
@@ -529,8 +533,10 @@ function M.derive_training(spec, d)
   while bt > 1 and smem(bt) > 40960 do bt = bt // 2 end
   d.bscan_tchunk = bt
   local g = 1
-  while g * 2 <= bt and smem_c(bt, ch, g * 2) <= 40960 do g = g * 2 end
+  local budget = d.bscan_threads >= 512 and 160 * 1024 or 40960
+  while g * 2 <= bt and smem_c(bt, ch, g * 2) <= budget do g = g * 2 end
   d.bscan_red_steps = g
+  d.bscan_red_bytes = 4 * 2 * g * d.bscan_warps * 2 * d.N
   d.bscan_smem_bytes = smem_c(bt, ch, g)
   d.max_ckpts = derive.ceil_div(d.max_seq_len, bt)
   -- Chunk-parallel scan backward. A span must be a whole number of

@@ -241,15 +241,18 @@ is(long.bscan_npt, 4, "long: scan backward states per thread")
 is(long.bscan_threads, 512, "long: scan backward block = 32 channels x 16 lanes")
 is(long.bscan_blocks, long.scan_blocks, "long: as many scan backward blocks (dB|dC partials) as forward ones")
 is(long.bscan_tchunk, 16, "long: training checkpoint stride")
--- dB | dC warp sums per barrier: 16 warps x 2N = 128 floats leave room for
--- one step's double buffer (2 x 8 KiB) beside the 16 KiB staging; the RL
--- spec's 4 warps x 32 floats take a whole checkpoint chunk
-is(long.bscan_red_steps, 1, "long: one step of dB | dC sums per barrier")
+-- dB | dC warp sums per barrier: the long spec's 512-thread blocks fill an
+-- SM's registers alone, so its buffer may take up to 160 KiB: 8 steps of
+-- 16 warps x 2N = 128 floats, double-buffered (128 KiB) beside the 16 KiB
+-- staging; the RL spec's 4 warps x 32 floats take a whole checkpoint chunk
+-- within 40 KiB
+is(long.bscan_red_steps, 8, "long: 8 steps of dB | dC sums per barrier")
+is(long.bscan_red_bytes, 4 * 2 * 8 * 16 * 2 * 64, "long: their double buffer (dynamic shared memory)")
 is(rl.bscan_red_steps, rl.bscan_tchunk, "rl: a checkpoint chunk of dB | dC sums per barrier")
 is(rl.bscan_smem_bytes, 4 * (2 * rl.bscan_tchunk * rl.N + 2 * rl.bscan_red_steps * rl.bscan_warps * 2 * rl.N
   + 4 * rl.bscan_tchunk * rl.bscan_channels), "rl: training scan shared memory")
 is(long.max_ckpts, 256, "long: 4096/16 checkpoints")
-is(long.bscan_smem_bytes, 4 * (2 * 16 * 64 + 2 * 16 * 2 * 64 + 4 * 16 * 32), "long: training scan shared memory")
+is(long.bscan_smem_bytes, 4 * (2 * 16 * 64 + 2 * 8 * 16 * 2 * 64 + 4 * 16 * 32), "long: training scan shared memory")
 -- chunk-parallel scan backward: spans of the chunk length rounded up to whole
 -- checkpoint chunks
 is(long.bscan_span, 64, "long: backward span = chunk 64 (4 checkpoint chunks of 16)")

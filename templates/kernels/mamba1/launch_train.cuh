@@ -93,6 +93,18 @@ extern "C" cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const void *y, const void
     return cudaGetLastError();
 }
 
+// scan_bwd_kernel's shared memory (static + the dynamic dB | dC group
+// buffer) above 48 KiB needs the opt-in, once per process and instance
+// (function-local statics: initialised once, thread-safe).
+template <bool ST>
+static cudaError_t scan_bwd_smem_optin()
+{
+    static const cudaError_t e = BWD_SMEM_BYTES + 64 > 48 * 1024
+        ? cudaFuncSetAttribute(scan_bwd_kernel<ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, BWD_RED_BYTES)
+        : cudaSuccess;
+    return e;
+}
+
 template <bool ST>
 static cudaError_t scan_bwd_launch(int batch, int seqlen, int nspans, const void *xc, const void *dt,
                                    const void *dbl, const float *dt_bias, const float *A_log,
@@ -101,10 +113,12 @@ static cudaError_t scan_bwd_launch(int batch, int seqlen, int nspans, const void
                                    float *part_D, float *part_dtb, float *span_p, float *span_ds,
                                    float *dss, const unsigned char *start, cudaStream_t st)
 {
+    const cudaError_t oe = scan_bwd_smem_optin<ST>();
+    if (oe != cudaSuccess) return oe;
     const act_t *xc_ = static_cast<const act_t *>(xc), *dt_ = static_cast<const act_t *>(dt);
     const act_t *dbl_ = static_cast<const act_t *>(dbl);
     if (nspans <= 1) {   // sequential: one span over the whole sequence
-        scan_bwd_kernel<ST><<<dim3(batch, BW_BLOCKS, 1), BW_THREADS, 0, st>>>(
+        scan_bwd_kernel<ST><<<dim3(batch, BW_BLOCKS, 1), BW_THREADS, BWD_RED_BYTES, st>>>(
             seqlen, batch * seqlen, (seqlen + BCK - 1) / BCK, xc_, dt_, dbl_, dt_bias, A_log, Dskip, ckpt, dy,
             nullptr, dxc, static_cast<act_t *>(ddt), part_bc, part_A, part_D, part_dtb, dss, start);
         return cudaGetLastError();
@@ -120,7 +134,7 @@ static cudaError_t scan_bwd_launch(int batch, int seqlen, int nspans, const void
         batch, nspans, span_p, span_ds);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    scan_bwd_kernel<ST><<<dim3(batch, BW_BLOCKS, nspans), BW_THREADS, 0, st>>>(
+    scan_bwd_kernel<ST><<<dim3(batch, BW_BLOCKS, nspans), BW_THREADS, BWD_RED_BYTES, st>>>(
         seqlen, batch * seqlen, BSPAN_CK, xc_, dt_, dbl_, dt_bias, A_log, Dskip, ckpt, dy, span_ds, dxc,
         static_cast<act_t *>(ddt), part_bc, part_A, part_D, part_dtb, dss, start);
     return cudaGetLastError();

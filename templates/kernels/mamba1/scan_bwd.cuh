@@ -240,7 +240,11 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
     __shared__ float sBC[BCK][2 * N];
     __shared__ float sIn[BCK][BWD_IN][BW_CHANNELS];   // xc, delta, dy, softplus' of the block's channels (bwd_stage)
     __shared__ unsigned sst[1];                    // start flags of the chunk's steps, a word (ST)
-    __shared__ float red[2][BWD_RED][BW_WARPS][2 * N];   // per-warp dB | dC of BWD_RED steps, double-buffered
+    // per-warp dB | dC of BWD_RED steps, double-buffered: red[2][BWD_RED][BW_WARPS][2N]
+    // in dynamic shared memory (BWD_RED_BYTES; above 48 KiB with blocks of
+    // 512+ threads, see derive_mamba1 bscan_red_steps)
+    extern __shared__ float bwd_red_smem[];
+    float (*red)[BWD_RED][BW_WARPS][2 * N] = reinterpret_cast<float (*)[BWD_RED][BW_WARPS][2 * N]>(bwd_red_smem);
     const int lane = threadIdx.x % BW_LANES;
     const int ci = threadIdx.x / BW_LANES;   // this thread's channel within the block
     const int warp = threadIdx.x >> 5;
