@@ -67,6 +67,16 @@ M.DEFAULT_SMS = 132
 -- Every tensor of the weights blob starts at a multiple of this many floats
 -- (256 bytes: aligned for any vector load and for cuBLAS).
 M.ALIGN = 64
+-- Largest shared memory a block may ask for, per target (the opt-in limit
+-- per block, less 2 KiB of slack): sm_90 / sm_100 227 KiB, sm_80 163 KiB,
+-- sm_86 / sm_89 / sm_120 99 KiB (CUDA C++ Programming Guide, technical
+-- specifications per compute capability).
+M.SMEM_BLOCK_MAX = { [80] = 161 * 1024, [86] = 97 * 1024, [89] = 97 * 1024, [90] = 225 * 1024,
+                     [100] = 225 * 1024, [120] = 97 * 1024 }
+-- Shared memory of one SM, per target: sm_90 / sm_100 228 KiB, sm_80 164
+-- KiB, sm_86 / sm_89 / sm_120 100 KiB.
+M.SM_SMEM = { [80] = 164 * 1024, [86] = 100 * 1024, [89] = 100 * 1024, [90] = 228 * 1024,
+              [100] = 228 * 1024, [120] = 100 * 1024 }
 
 function M.align(x, a)
   a = a or M.ALIGN

@@ -442,9 +442,11 @@ end
 --                     double-buffered buffer (2*bscan_red_steps*bscan_warps*2N
 --                     floats, dynamic shared memory: d.bscan_red_bytes) keeps
 --                     the kernel's shared memory within 40 KiB, or within
---                     160 KiB for blocks of 512+ threads (at the 128-register
---                     bound they fill an SM's registers alone, so the shared
---                     memory of other blocks is not at stake).
+--                     160 KiB (and the target's limit per block,
+--                     derive.SMEM_BLOCK_MAX: 97 KiB on sm_86/89/120) for
+--                     blocks of 512+ threads (at the 128-register bound they
+--                     fill an SM's registers alone, so the shared memory of
+--                     other blocks is not at stake).
 --                     Why: a barrier per step held every warp of the block
 --                     to the slowest one at every step of the reverse walk.
 --   d.bscan_red_bytes = 4*2*bscan_red_steps*bscan_warps*2N
@@ -533,7 +535,8 @@ function M.derive_training(spec, d)
   while bt > 1 and smem(bt) > 40960 do bt = bt // 2 end
   d.bscan_tchunk = bt
   local g = 1
-  local budget = d.bscan_threads >= 512 and 160 * 1024 or 40960
+  local budget = d.bscan_threads >= 512
+    and math.min(160 * 1024, derive.SMEM_BLOCK_MAX[d.sm] or derive.SMEM_BLOCK_MAX[80]) or 40960
   while g * 2 <= bt and smem_c(bt, ch, g * 2) <= budget do g = g * 2 end
   d.bscan_red_steps = g
   d.bscan_red_bytes = 4 * 2 * g * d.bscan_warps * 2 * d.N

@@ -218,16 +218,11 @@ end
 --   d.ck_smem_bytes     dynamic shared memory of a block
 --   d.ck_min_blocks     blocks per SM of __launch_bounds__ (1 or 2)
 -- ===========================================================================
--- Largest dynamic shared memory the chunked kernel may ask for, per target
--- (the opt-in limit per block, less 2 KiB of slack): sm_90 / sm_100 227 KiB,
--- sm_80 163 KiB, sm_86 / sm_89 / sm_120 99 KiB (CUDA C++ Programming Guide,
--- technical specifications per compute capability).
-M.CK_SMEM_MAX = { [80] = 161 * 1024, [86] = 97 * 1024, [89] = 97 * 1024, [90] = 225 * 1024,
-                  [100] = 225 * 1024, [120] = 97 * 1024 }
--- Shared memory of one SM, per target (two blocks fit when both do):
--- sm_90 / sm_100 228 KiB, sm_80 164 KiB, sm_86 / sm_89 / sm_120 100 KiB.
-M.SM_SMEM = { [80] = 164 * 1024, [86] = 100 * 1024, [89] = 100 * 1024, [90] = 228 * 1024,
-              [100] = 228 * 1024, [120] = 100 * 1024 }
+-- Largest dynamic shared memory the chunked kernel may ask for, per target,
+-- and the shared memory of one SM (two blocks fit when both do): the
+-- per-target tables of mg/derive.lua (SMEM_BLOCK_MAX, SM_SMEM).
+M.CK_SMEM_MAX = derive.SMEM_BLOCK_MAX
+M.SM_SMEM = derive.SM_SMEM
 
 -- The chunked kernel's shared memory in bytes for chunk q and `warps`
 -- warps: the staged tiles (rows padded by 16 bytes of the operand type

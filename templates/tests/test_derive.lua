@@ -248,6 +248,10 @@ is(long.bscan_tchunk, 16, "long: training checkpoint stride")
 -- within 40 KiB
 is(long.bscan_red_steps, 8, "long: 8 steps of dB | dC sums per barrier")
 is(long.bscan_red_bytes, 4 * 2 * 8 * 16 * 2 * 64, "long: their double buffer (dynamic shared memory)")
+local long86 = derive.derive(spec1({ d_model = 256, n_layers = 2, d_state = 64 }, { max_seq_len = 4096 },
+  { scan = { mode = "chunked", chunk_size = 64 }, target = "sm_86" }))
+is(long86.bscan_red_steps, 4, "long on sm_86: 4 steps per barrier (97 KiB a block at most)")
+is(long86.bscan_smem_bytes <= 97 * 1024, true, "long on sm_86: within the target's shared memory per block")
 is(rl.bscan_red_steps, rl.bscan_tchunk, "rl: a checkpoint chunk of dB | dC sums per barrier")
 is(rl.bscan_smem_bytes, 4 * (2 * rl.bscan_tchunk * rl.N + 2 * rl.bscan_red_steps * rl.bscan_warps * 2 * rl.N
   + 4 * rl.bscan_tchunk * rl.bscan_channels), "rl: training scan shared memory")
