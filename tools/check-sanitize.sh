@@ -19,12 +19,22 @@
 #    memory is the library's business, not ours, and they are the largest
 #    kernels to instrument (a racecheck run of mamba1_rl's inference
 #    program with them reached check 143 of 332 in about eight minutes).
+#    The default specs cover every kernel kind: mamba1_rl (sequential and
+#    chunked scans, the single-launch and fused decodes, the backward, f32),
+#    mamba3_rl (sequential scan, decode, backward, f32) and two chunked bf16
+#    variants of them (mamba1_rl_chunked_bf16, mamba3_rl_chunked_bf16: the
+#    chunked kernels and the tensor-core SSM of Mamba-3, low precision),
+#    written here from the specs above. Then the autotuner's candidates:
+#    `mamba-tune` of mamba1_rl and of the Mamba-3 variant, a one-point
+#    sweep, under memcheck.
 #    On a GPU machine: `make check-sanitize` (or only this part:
 #    `tools/check-sanitize.sh --gpu-only DIR` from the build directory).
 #
 # Environment: MAKE, CC, SANITIZE_FLAGS, CUDA_HOME, MG_MAIN_BUILD (the main
 # build directory, absolute), SANITIZE_GPU_SPECS (default: mamba1_rl
-# mamba3_rl), SANITIZE_GPU_TOOLS (default: memcheck racecheck initcheck),
+# mamba3_rl mamba1_rl_chunked_bf16 mamba3_rl_chunked_bf16; a name is
+# specs/NAME.yaml or one of the two variants), SANITIZE_GPU_TOOLS (default:
+# memcheck racecheck initcheck), SANITIZE_TUNE (0: skip the tuner run),
 # SANITIZE_GPU_RACECHECK_EXCLUDE (default: gemm|gemv|xmma|cutlass|splitK).
 set -u
 gpu_only=0
@@ -80,10 +90,30 @@ else
   rtc="-I$srcroot/runtime -I$CUDA_HOME/include"
   rtl="-L$main/.libs -Wl,-rpath,$main/.libs -lmgrt $(sed -n 's/^CUDA_LIBS = //p' "$main/Makefile") -lm"
   race_exclude=${SANITIZE_GPU_RACECHECK_EXCLUDE-gemm|gemv|xmma|cutlass|splitK}
-  for spec in ${SANITIZE_GPU_SPECS:-mamba1_rl mamba3_rl}; do
+  # spec_file NAME: the spec of NAME (specs/NAME.yaml, or a variant written
+  # into $dir/specs); empty for an unknown name
+  spec_file() {
+    if [ -f "$srcroot/specs/$1.yaml" ]; then echo "$srcroot/specs/$1.yaml"; return; fi
+    mkdir -p "$dir/specs"
+    case $1 in
+      mamba1_rl_chunked_bf16|mamba3_rl_chunked_bf16)
+        base=${1%_chunked_bf16}
+        sed -e "s/^name:.*/name: $1/" -e 's/^precision:.*/precision: bf16/' -e 's/^\( *mode:\).*/\1 chunked/' \
+            -e 's/^\( *chunk_size:\).*/\1 16/' "$srcroot/specs/$base.yaml" > "$dir/specs/$1.yaml" &&
+          echo "$dir/specs/$1.yaml";;
+    esac
+  }
+  gpu_specs=${SANITIZE_GPU_SPECS:-mamba1_rl mamba3_rl mamba1_rl_chunked_bf16 mamba3_rl_chunked_bf16}
+  for spec in $gpu_specs; do
     pkg=$dir/gpu/$spec
     rm -rf "$pkg"
-    if ! "$main/mamba-gen" -q -o "$pkg" "$srcroot/specs/$spec.yaml" ||
+    sf=$(spec_file "$spec")
+    if [ -z "$sf" ]; then
+      echo "check-sanitize: GPU: FAIL: unknown spec $spec (not in specs/, not a variant of this script)"
+      status=1
+      continue
+    fi
+    if ! "$main/mamba-gen" -q -o "$pkg" "$sf" ||
        ! make -C "$pkg" -j4 NVCC="$nvcc" CUDA_HOME="$CUDA_HOME" MG_RUNTIME_CFLAGS="$rtc" MG_RUNTIME_LIBS="$rtl" all \
          > "$dir/gpu_$spec.build.log" 2>&1; then
       echo "check-sanitize: GPU: FAIL: cannot generate or build $spec ($dir/gpu_$spec.build.log)"
@@ -120,5 +150,23 @@ else
       done
     done
   done
+  # the autotuner's NVRTC candidates (specialized and generic) under
+  # memcheck: a one-point sweep of each arch, nothing cached
+  if [ "${SANITIZE_TUNE:-1}" != 0 ]; then
+    for spec in mamba1_rl mamba3_rl_chunked_bf16; do
+      sf=$(spec_file "$spec")
+      log=$dir/tune_$spec.memcheck.log
+      start=$(date +%s)
+      if [ -n "$sf" ] && "$cs" --tool memcheck --error-exitcode 99 "$main/mamba-tune" "$sf" --seqlen 64 --batch 1 \
+           --chunks 16 --threads 128 --iters 1 --warmup 1 --no-cache > "$log" 2>&1; then
+        echo "check-sanitize: GPU: ok: memcheck mamba-tune $spec ($(($(date +%s) - start))s)"
+      else
+        echo "check-sanitize: GPU: FAIL: memcheck mamba-tune $spec ($log):"
+        grep -E '^========= ' "$log" | head -n 20
+        tail -n 5 "$log"
+        status=1
+      fi
+    done
+  fi
 fi
 exit $status
