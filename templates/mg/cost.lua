@@ -62,11 +62,12 @@ function M.mamba3(d)
   local ssm_chunked = H * (N * Q + P * Q + 4 * N * P)
   local ssm_seq = H * 8 * N * P
   local elementwise = H * (8 * N + 12 * S + 20) + 10 * E + 8 * D
-  local core_split_bytes =
-      (2 * G * N + 3 * H + S) * a + 3 * H * 4 + 2 * H * N * 4   -- prep: B, C, scalars in; dt, adt, lam, k, q out
-    + S * a + H * 4 + 2 * 2 * 2 * S * H * 4                    -- angles: angles, dt in; rotated pairs of k, q in and out
-    + 2 * H * N * 4 + E * a + 3 * H * 4 + E * 4                -- scan: k', q', v, scalars in; y out
-    + E * 4 + E * a + E * a                                    -- gate: y, z in; g out
+  -- the split path's four kernels, each alone (the bench's per-kernel rows)
+  local prep_bytes = (2 * G * N + 3 * H + S) * a + 3 * H * 4 + 2 * H * N * 4   -- B, C, scalars in; dt, adt, lam, k, q out
+  local angles_bytes = S * a + H * 4 + 2 * 2 * 2 * S * H * 4                  -- angles, dt in; rotated pairs of k, q in and out
+  local scan_bytes = 2 * H * N * 4 + E * a + 3 * H * 4 + E * 4                -- k', q', v, scalars in; y out
+  local gate_bytes = E * 4 + E * a + E * a                                    -- y, z in; g out
+  local core_split_bytes = prep_bytes + angles_bytes + scan_bytes + gate_bytes
   -- the fused kernel (d.ck_fused) moves the minimum: the in_proj row's
   -- B, C, scalars, angles, x and z in, g out (the group's B and C are read
   -- by each of its heads, from L2 after the first)
@@ -93,6 +94,13 @@ function M.mamba3(d)
     core_seq_flops_per_token = ssm_seq + elementwise - 8 * D,
     core_bytes_per_token = core_bytes,
     core_split_bytes_per_token = core_split_bytes,
+    core_prep_bytes_per_token = prep_bytes,
+    core_angles_bytes_per_token = angles_bytes,
+    core_scan_bytes_per_token = scan_bytes,
+    core_gate_bytes_per_token = gate_bytes,
+    -- the scan kernel's own flops (the chunked form, or the sequential one)
+    core_scan_flops_per_token = ssm_chunked,
+    core_scan_seq_flops_per_token = ssm_seq,
     -- a training step (forward_train + loss + backward + AdamW): about 3x
     -- the forward's GEMM and elementwise work and traffic, and the AdamW
     -- pass over the f32 blob (weights, grads, m, v read; weights, m, v written)

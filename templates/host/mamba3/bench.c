@@ -320,10 +320,20 @@ int main(int argc, char **argv)
                 c.chunked = runs[r].chunked;
                 if ((s = run_core(&c, stream)) != MG_OK) die(runs[r].what, s);   /* k, q valid for parts alone */
                 if (!time_row(runs[r].what, c.batch, c.seqlen, stream, run_core, &c, &o, &st)) continue;
-                const double fl = runs[r].whole ? (c.chunked ? MODEL_COST_CORE_FLOPS_PER_TOKEN : MODEL_COST_CORE_SEQ_FLOPS_PER_TOKEN) : 0.0;
-                /* bytes: the fused kernel's minimum traffic, or the four kernels' */
-                const double by = c.parts == 16 ? MODEL_COST_CORE_BYTES_PER_TOKEN : MODEL_COST_CORE_SPLIT_BYTES_PER_TOKEN;
-                report(runs[r].what, c.batch, c.seqlen, &st, tok, runs[r].whole ? tok * by : 0.0, tok * fl);
+                /* flops: the whole op's, or the scan kernel's alone (prep,
+                 * angles and the gate are memory passes: 0) */
+                const double fl = runs[r].whole ? (c.chunked ? MODEL_COST_CORE_FLOPS_PER_TOKEN : MODEL_COST_CORE_SEQ_FLOPS_PER_TOKEN)
+                                : (c.parts & 4) ? (c.chunked ? MODEL_COST_CORE_SCAN_FLOPS_PER_TOKEN
+                                                             : MODEL_COST_CORE_SCAN_SEQ_FLOPS_PER_TOKEN) : 0.0;
+                /* bytes: the fused kernel's minimum traffic, or the sum of
+                 * the split kernels the row runs (parts: 1 prep, 2 angles,
+                 * 4 scan, 8 gate) */
+                const double by = c.parts == 16 ? MODEL_COST_CORE_BYTES_PER_TOKEN
+                                : ((c.parts & 1) ? MODEL_COST_CORE_PREP_BYTES_PER_TOKEN : 0.0) +
+                                  ((c.parts & 2) ? MODEL_COST_CORE_ANGLES_BYTES_PER_TOKEN : 0.0) +
+                                  ((c.parts & 4) ? MODEL_COST_CORE_SCAN_BYTES_PER_TOKEN : 0.0) +
+                                  ((c.parts & 8) ? MODEL_COST_CORE_GATE_BYTES_PER_TOKEN : 0.0);
+                report(runs[r].what, c.batch, c.seqlen, &st, tok, tok * by, tok * fl);
             }
         }
 #if MODEL_TRAINING
