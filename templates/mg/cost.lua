@@ -68,6 +68,27 @@ function M.mamba3(d)
   local scan_bytes = 2 * H * N * 4 + E * a + 3 * H * 4 + E * 4                -- k', q', v, scalars in; y out
   local gate_bytes = E * 4 + E * a + E * a                                    -- y, z in; g out
   local core_split_bytes = prep_bytes + angles_bytes + scan_bytes + gate_bytes
+  -- The training's SSM core, kernel by kernel (the bench's "ssm core
+  -- fwd+bwd" rows and their parts): k', q' in the storage dtype, the (cos,
+  -- sin) table cs [H][S][2] f32, the checkpoints one state [H][P][N] f32
+  -- per bscan_tchunk steps (sequential) or per chunk (chunked).
+  local HN, HS, st_bytes = H * N, H * S, H * P * N * 4
+  local t_angles = S * a + H * a + 8 * HS                          -- angle and dt columns in; cs out
+  local t_prep = (2 * G * N + 3 * H) * a + 8 * HS + 3 * H * 4 + 2 * HN * a   -- B, C, scalars, cs in; dt, adt, lam, k', q' out
+  local t_scan_io = 2 * HN * a + E * a + 3 * H * 4 + E * 4        -- k', q', v, scalars in; y out
+  local t_fscan_seq = t_scan_io + st_bytes // (d.bscan_tchunk or 16)
+  local t_fscan_ck = t_scan_io + st_bytes // (d.ck_chunk or 64)
+  local t_gate = E * 4 + E * a + E * a                            -- y, z in; g out
+  local t_gate_bwd = E * 4 + E * a + E * 4 + E * a + E * 4 + E * a -- y, z, dg in; g, dy, dz out
+  local t_bscan_seq = t_scan_io - E * 4 + st_bytes // (d.bscan_tchunk or 16) + E * 4   -- the forward's inputs, checkpoints, dy
+    + 2 * HN * 4 + E * 4 + 3 * H * 4                              -- dk, dq, dv, dadt, ddt, dlam out
+  local t_bscan_ck = t_scan_io - E * 4 + st_bytes // (d.ck_chunk or 64) + E * 4 + 8 * HS
+    + 2 * HN * 4 + E * a + 3 * H * 4 + HS * 4 + 2 * HN * 4 // 16   -- dk, dq, dv (into dproj), scalars, gth, tile sums out
+  local t_angles_bwd = 2 * HN * a + 8 * HS + 2 * 2 * HN * 4 + HS * 4   -- k', q', cs, dk, dq in; dk, dq, gth out
+  local t_angles_sums = 2 * HS * 4                                -- gth in place
+  local t_prep_bwd_ck = (2 * G * N + 3 * H) * a + 2 * H * 4 + 2 * HN * 4 + 3 * H * 4 + HS * 4
+    + (2 * G * N + 3 * H + S) * a + H * 4 + 2 * N * 4              -- proj, dt, lam, dk, dq, scalar and angle grads in; dproj, sums out
+  local t_prep_bwd_seq = t_prep_bwd_ck + E * 4 + E * a            -- and dv in, into dproj's x columns
   -- the fused kernel (d.ck_fused) moves the minimum: the in_proj row's
   -- B, C, scalars, angles, x and z in, g out (the group's B and C are read
   -- by each of its heads, from L2 after the first)
@@ -100,6 +121,18 @@ function M.mamba3(d)
     core_gate_bytes_per_token = gate_bytes,
     -- the scan kernel's own flops (the chunked form, or the sequential one)
     core_scan_flops_per_token = ssm_chunked,
+    tcore_angles_bytes_per_token = t_angles,
+    tcore_prep_bytes_per_token = t_prep,
+    tcore_fscan_seq_bytes_per_token = t_fscan_seq,
+    tcore_fscan_ck_bytes_per_token = t_fscan_ck,
+    tcore_gate_bytes_per_token = t_gate,
+    tcore_gate_bwd_bytes_per_token = t_gate_bwd,
+    tcore_bscan_seq_bytes_per_token = t_bscan_seq,
+    tcore_bscan_ck_bytes_per_token = t_bscan_ck,
+    tcore_angles_bwd_bytes_per_token = t_angles_bwd,
+    tcore_angles_sums_bytes_per_token = t_angles_sums,
+    tcore_prep_bwd_seq_bytes_per_token = t_prep_bwd_seq,
+    tcore_prep_bwd_ck_bytes_per_token = t_prep_bwd_ck,
     core_scan_seq_flops_per_token = ssm_seq,
     -- a training step (forward_train + loss + backward + AdamW): about 3x
     -- the forward's GEMM and elementwise work and traffic, and the AdamW

@@ -150,6 +150,24 @@ typedef struct {
 enum { BK_PREP = 1, BK_ANGLES = 2, BK_SCAN = 4, BK_GATE = 8, BK_GATE_BWD = 16, BK_SCAN_BWD = 32,
        BK_ANGLES_BWD = 64, BK_PREP_BWD = 128, BK_ALL = 255 };
 
+/* Bytes per token the kernels of `parts` move, by the cost model
+ * (mg/cost.lua tcore_*): the chunked path's scan, angle and prep kernels
+ * where chunked, else the sequential path's. */
+static double core_bwd_bytes(int parts, int chunked)
+{
+    double b = 0.0;
+    if (parts & BK_ANGLES) b += MODEL_COST_TCORE_ANGLES_BYTES_PER_TOKEN;
+    if (parts & BK_PREP) b += MODEL_COST_TCORE_PREP_BYTES_PER_TOKEN;
+    if (parts & BK_SCAN) b += chunked ? MODEL_COST_TCORE_FSCAN_CK_BYTES_PER_TOKEN : MODEL_COST_TCORE_FSCAN_SEQ_BYTES_PER_TOKEN;
+    if (parts & BK_GATE) b += MODEL_COST_TCORE_GATE_BYTES_PER_TOKEN;
+    if (parts & BK_GATE_BWD) b += MODEL_COST_TCORE_GATE_BWD_BYTES_PER_TOKEN;
+    if (parts & BK_SCAN_BWD) b += chunked ? MODEL_COST_TCORE_BSCAN_CK_BYTES_PER_TOKEN : MODEL_COST_TCORE_BSCAN_SEQ_BYTES_PER_TOKEN;
+    if (parts & BK_ANGLES_BWD)
+        b += chunked ? MODEL_COST_TCORE_ANGLES_SUMS_BYTES_PER_TOKEN : MODEL_COST_TCORE_ANGLES_BWD_BYTES_PER_TOKEN;
+    if (parts & BK_PREP_BWD) b += chunked ? MODEL_COST_TCORE_PREP_BWD_CK_BYTES_PER_TOKEN : MODEL_COST_TCORE_PREP_BWD_SEQ_BYTES_PER_TOKEN;
+    return b;
+}
+
 static mg_status run_core_bwd(void *p, cudaStream_t st)
 {
     core_bwd_ctx *x = p;
@@ -386,7 +404,7 @@ int main(int argc, char **argv)
                 if ((s = run_core_bwd(&x, stream)) != MG_OK) die(runs[r].what, s);
                 x.parts = runs[r].parts;
                 if (time_row(runs[r].what, B, T, stream, run_core_bwd, &x, &o, &st))
-                    report(runs[r].what, B, T, &st, tok, 0.0, 0.0);
+                    report(runs[r].what, B, T, &st, tok, tok * core_bwd_bytes(runs[r].parts, runs[r].chunked), 0.0);
             }
             mg_dev_free(x.cs); mg_dev_free(x.ckpt); mg_dev_free(x.dg); mg_dev_free(x.dy); mg_dev_free(x.dk);
             mg_dev_free(x.dq); mg_dev_free(x.dv); mg_dev_free(x.dadt); mg_dev_free(x.ddt); mg_dev_free(x.dlam);
