@@ -185,6 +185,17 @@ is(perf.ck_smem_bytes, 2 * (2 * 64 * 136 + 128 * 72 + 64 * 72 + 64 * 136 + 8 * 1
   "perf: chunked shared memory (2 blocks per SM)")
 is(perf.ck_min_blocks, 2, "perf: compiled for 2 blocks per SM")
 check(perf.cost.core_flops_per_token > 0 and perf.cost.core_bytes_per_token > 0, "perf: cost model of the SSM core")
+-- the split core's kernels add up to the split total; the bf16 perf shapes
+-- (H 32, N 128, P 64, G 1, S 32, E 2048) give the figures the bench quotes
+local c = perf.cost
+is(c.core_prep_bytes_per_token + c.core_angles_bytes_per_token + c.core_scan_bytes_per_token
+   + c.core_gate_bytes_per_token, c.core_split_bytes_per_token, "perf: the split kernels' bytes sum to the split total")
+is(c.core_prep_bytes_per_token, (2 * 128 + 3 * 32 + 32) * 2 + 3 * 32 * 4 + 2 * 32 * 128 * 4, "perf: prep bytes per token")
+is(c.core_gate_bytes_per_token, 2048 * (4 + 2 + 2), "perf: gate bytes per token (y f32, z, g)")
+is(c.tcore_fscan_ck_bytes_per_token, 2 * 32 * 128 * 2 + 2048 * 2 + 3 * 32 * 4 + 2048 * 4 + 32 * 64 * 128 * 4 // perf.ck_chunk,
+   "perf: the chunked training forward scan's bytes, one checkpoint per chunk")
+check(c.tcore_fscan_seq_bytes_per_token > c.tcore_fscan_ck_bytes_per_token,
+      "perf: the sequential forward's checkpoints (every bscan_tchunk steps) cost more than one per chunk")
 is(perf.ck_threads_source, "default", "perf: derived block size without a tune entry")
 local function perf_tuned(threads)
   return derive.derive(perf_spec({ mode = "chunked", chunk_size = "auto" }),
