@@ -388,7 +388,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         /* conv + SiLU */
         /* (partials per (sequence, time tile), summed at the layer's end) */
         MG_CUDA(model_launch_conv_bwd(batch, seqlen, xz, lw + L0_CONV_W, lw + L0_CONV_B, cs0, t->dxc, t->dxz,
-                                       dcs_l, t->part_cw, t->part_cb, NULL, NULL, start, st));
+                                       dcs_l, t->part_cw, t->part_cb, start, st));
         /* in_proj, then the block's RMSNorm (adds into the residual gradient) */
         CHECK(mg_linear_dw(t->blas, tokens, XZ_DIM, D_MODEL, ACT, t->dxz, XZ_DIM, hn, D_MODEL,
                            MG_F32, gl + L0_IN_PROJ_W, D_MODEL, 0.0f));

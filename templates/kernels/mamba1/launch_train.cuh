@@ -170,8 +170,8 @@ extern "C" cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, vo
 
 extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,
                                       const float *cb, const float *cs0, const float *dxc, void *dxz,
-                                      float *dcs, float *part_w, float *part_b, float *gw, float *gb,
-                                      const unsigned char *start, cudaStream_t st)
+                                      float *dcs, float *part_w, float *part_b, const unsigned char *start,
+                                      cudaStream_t st)
 {
     const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
     const dim3 grid((unsigned)batch * ntiles, CONV_BLOCKS);
@@ -183,14 +183,7 @@ extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz
         conv_bwd_kernel<false><<<grid, CONV_THREADS, 0, st>>>(
             seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
             part_w, part_b, nullptr);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess || !gw) return e;   // (NULL gw, gb: summed by layer_param_sums)
-    // the weight's and the bias's partials [sequence x tile] summed in that
-    // order, in groups of CONV_PART_GROUP rows, both in one launch per stage
-    red_segs s = {};
-    red_segs_add(s, part_w, (size_t)E * K, E * K, gw);
-    red_segs_add(s, part_b, E, E, gb);
-    return sum_parts_segs<CONV_PART_GROUP>(s, batch * ntiles, st);
+    return cudaGetLastError();
 }
 
 // The three groups of a layer's sums as jobs of one sum_parts_jobs call:

@@ -36,8 +36,9 @@ cudaError_t MG_LAUNCH(colsum_part)(int rows, const float *x, float *part, cudaSt
  * partial rows of part_rows [.][D], d A_log, d D, d dt_proj.bias from the
  * scan backward's nparts partial rows part_A [.][E][N], part_D, part_dtb
  * [.][E], and the conv's gw [E][K], gb [E] from the conv_bwd launch's
- * nconv = batch * tiles partial rows part_w, part_b (that launch given NULL
- * gw, gb). Each sum has the bits of its own launch. */
+ * nconv = batch * tiles partial rows part_w, part_b, each over its rows in
+ * order, in groups of CONV_PART_GROUP (= RED_PART_GROUP) rows: each sum
+ * has the bits a launch pair of its own would give. */
 cudaError_t MG_LAUNCH(layer_param_sums)(int nrows, float *part_rows, float *gnorm, int nparts, float *part_A,
                                         float *part_D, float *part_dtb, float *gA, float *gD, float *gdtb,
                                         int nconv, float *part_w, float *part_b, float *gw, float *gb,
@@ -60,13 +61,11 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, int nspans, const void *x
                             float *dss, const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, void *ddbl, cudaStream_t st);
 /* The conv backward, parallel over time tiles of CONV_TILE steps: dxz[:, :E],
- * dcs (NULL: not written), and the weight / bias gradients gw [E][K], gb [E]
- * (overwritten), summed from the per-(sequence, tile) partials part_w
- * [batch*tiles][E][K], part_b [batch*tiles][E] (scratch) in a fixed order;
- * gw and gb NULL: the partials only (layer_param_sums sums them).
- * One to three launches. */
+ * dcs (NULL: not written), and the per-(sequence, tile) partials of the
+ * weight and bias gradients, part_w [batch*tiles][E][K], part_b
+ * [batch*tiles][E], which layer_param_sums sums. One launch. */
 cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz, const float *cw,
                             const float *cb, const float *cs0, const float *dxc, void *dxz,
-                            float *dcs, float *part_w, float *part_b, float *gw, float *gb,
-                            const unsigned char *start, cudaStream_t st);
+                            float *dcs, float *part_w, float *part_b, const unsigned char *start,
+                            cudaStream_t st);
 cudaError_t MG_LAUNCH(convert_train)(const float *w, void *wa, cudaStream_t st);
