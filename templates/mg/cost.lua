@@ -72,17 +72,18 @@ function M.mamba3(d)
   -- fwd+bwd" rows and their parts): k', q' in the storage dtype, the (cos,
   -- sin) table cs [H][S][2] f32, the checkpoints one state [H][P][N] f32
   -- per bscan_tchunk steps (sequential) or per chunk (chunked).
-  local HN, HS, st_bytes = H * N, H * S, H * P * N * 4
+  local HN, HS = H * N, H * S
+  local ck_seq = H * P * N * 4 // (d.bscan_tchunk or 16)          -- checkpoint bytes per token, sequential
+  local ck_ck = H * P * N * 4 // (d.ck_chunk or 64)               -- and chunked
   local t_angles = S * a + H * a + 8 * HS                          -- angle and dt columns in; cs out
   local t_prep = (2 * G * N + 3 * H) * a + 8 * HS + 3 * H * 4 + 2 * HN * a   -- B, C, scalars, cs in; dt, adt, lam, k', q' out
-  local t_scan_io = 2 * HN * a + E * a + 3 * H * 4 + E * 4        -- k', q', v, scalars in; y out
-  local t_fscan_seq = t_scan_io + st_bytes // (d.bscan_tchunk or 16)
-  local t_fscan_ck = t_scan_io + st_bytes // (d.ck_chunk or 64)
-  local t_gate = E * 4 + E * a + E * a                            -- y, z in; g out
+  local t_scan_in = 2 * HN * a + E * a + 3 * H * 4                -- k', q', v, scalars in
+  local t_fscan_seq = t_scan_in + E * 4 + ck_seq                  -- y and the checkpoints out
+  local t_fscan_ck = t_scan_in + E * 4 + ck_ck
   local t_gate_bwd = E * 4 + E * a + E * 4 + E * a + E * 4 + E * a -- y, z, dg in; g, dy, dz out
-  local t_bscan_seq = t_scan_io - E * 4 + st_bytes // (d.bscan_tchunk or 16) + E * 4   -- the forward's inputs, checkpoints, dy
+  local t_bscan_seq = t_scan_in + ck_seq + E * 4                  -- the forward's inputs, checkpoints, dy in
     + 2 * HN * 4 + E * 4 + 3 * H * 4                              -- dk, dq, dv, dadt, ddt, dlam out
-  local t_bscan_ck = t_scan_io - E * 4 + st_bytes // (d.ck_chunk or 64) + E * 4 + 8 * HS
+  local t_bscan_ck = t_scan_in + ck_ck + E * 4 + 8 * HS           -- and cs in
     + 2 * HN * 4 + E * a + 3 * H * 4 + HS * 4 + 2 * HN * 4 // 16   -- dk, dq, dv (into dproj), scalars, gth, tile sums out
   local t_angles_bwd = 2 * HN * a + 8 * HS + 2 * 2 * HN * 4 + HS * 4   -- k', q', cs, dk, dq in; dk, dq, gth out
   local t_angles_sums = 2 * HS * 4                                -- gth in place
@@ -121,11 +122,12 @@ function M.mamba3(d)
     core_gate_bytes_per_token = gate_bytes,
     -- the scan kernel's own flops (the chunked form, or the sequential one)
     core_scan_flops_per_token = ssm_chunked,
+    core_scan_seq_flops_per_token = ssm_seq,
     tcore_angles_bytes_per_token = t_angles,
     tcore_prep_bytes_per_token = t_prep,
     tcore_fscan_seq_bytes_per_token = t_fscan_seq,
     tcore_fscan_ck_bytes_per_token = t_fscan_ck,
-    tcore_gate_bytes_per_token = t_gate,
+    tcore_gate_bytes_per_token = gate_bytes,   -- the inference gate kernel
     tcore_gate_bwd_bytes_per_token = t_gate_bwd,
     tcore_bscan_seq_bytes_per_token = t_bscan_seq,
     tcore_bscan_ck_bytes_per_token = t_bscan_ck,
@@ -133,7 +135,6 @@ function M.mamba3(d)
     tcore_angles_sums_bytes_per_token = t_angles_sums,
     tcore_prep_bwd_seq_bytes_per_token = t_prep_bwd_seq,
     tcore_prep_bwd_ck_bytes_per_token = t_prep_bwd_ck,
-    core_scan_seq_flops_per_token = ssm_seq,
     -- a training step (forward_train + loss + backward + AdamW): about 3x
     -- the forward's GEMM and elementwise work and traffic, and the AdamW
     -- pass over the f32 blob (weights, grads, m, v read; weights, m, v written)
