@@ -242,26 +242,25 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
         float *cs_l = cs ? cs + (size_t)l * batch * CS_PER_SEQ : NULL;
         float *ss_l = ss ? ss + (size_t)l * batch * SS_PER_SEQ : NULL;
 
-        MG_CUDA(model_launch_rmsnorm_fwd(h_l, lw + L0_NORM_W, hn, 0, rstd_l, tokens, st));
+        /* hn = rmsnorm(h_l), and h_n = h_l (the next residual stream, which
+         * the out_proj GEMM below accumulates into) in the same pass */
+        MG_CUDA(model_launch_rmsnorm_fwd(h_l, lw + L0_NORM_W, hn, 0, rstd_l, h_n, tokens, st));
         CHECK(mg_linear(t->blas, tokens, XZ_DIM, D_MODEL, ACT, hn, D_MODEL, wptr(law, L0_IN_PROJ_W), D_MODEL,
                         ACT, xz, XZ_DIM, 1.0f, 0.0f));
-        if (cs_l)
-            MG_CUDA(cudaMemcpyAsync(cs0, cs_l, (size_t)batch * CS_PER_SEQ * sizeof(float), cudaMemcpyDeviceToDevice, st));
-        else
-            MG_CUDA(cudaMemsetAsync(cs0, 0, (size_t)batch * CS_PER_SEQ * sizeof(float), st));
-        MG_CUDA(model_launch_conv_fwd(batch, seqlen, xz, lw + L0_CONV_W, lw + L0_CONV_B, cs0, cs_l, xc, start, st));
+        /* xc = conv(x); the conv state in place, its initial window saved to
+         * cs0 (zeros for a fresh start) for the backward */
+        MG_CUDA(model_launch_conv_fwd(batch, seqlen, xz, lw + L0_CONV_W, lw + L0_CONV_B, cs_l, cs0, xc, start, st));
         CHECK(mg_linear(t->blas, tokens, XP_DIM, D_INNER, ACT, xc, D_INNER, wptr(law, L0_X_PROJ_W), D_INNER,
                         ACT, dbl, XP_DIM, 1.0f, 0.0f));
         CHECK(mg_linear(t->blas, tokens, D_INNER, DT_RANK, ACT, dbl, XP_DIM, wptr(law, L0_DT_PROJ_W), DT_RANK,
                         ACT, dt, D_INNER, 1.0f, 0.0f));
         MG_CUDA(model_launch_scan_fwd(batch, seqlen, chunked, xc, dt, dbl, xz, lw + L0_DT_PROJ_B, lw + L0_A_LOG,
                                        lw + L0_D, ss_l, ss_l, t->cstate, t->dsum, ckpt, y, t->g, start, st));
-        MG_CUDA(cudaMemcpyAsync(h_n, h_l, (size_t)tokens * D_MODEL * sizeof(float), cudaMemcpyDeviceToDevice, st));
         CHECK(mg_linear(t->blas, tokens, D_MODEL, D_INNER, ACT, t->g, D_INNER, wptr(law, L0_OUT_PROJ_W), D_INNER,
                         MG_F32, h_n, D_MODEL, 1.0f, 1.0f));
     }
     MG_CUDA(model_launch_rmsnorm_fwd(t->h + (size_t)N_LAYERS * MAX_TOKENS * D_MODEL, w + OFF_NORM_F_W, out, 1,
-                                      t->rstd + (size_t)N_LAYERS * MAX_TOKENS, tokens, st));
+                                      t->rstd + (size_t)N_LAYERS * MAX_TOKENS, NULL, tokens, st));
     t->have_fwd = 1;
     return MG_OK;
 }

@@ -256,7 +256,9 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
         float *vp_l = vp ? vp + lb * VPREV_PER_SEQ : NULL;
         float *ang_l = ang ? ang + lb * ANGLE_PER_SEQ : NULL;
 
-        MG_CUDA(model_launch_rmsnorm_fwd(h_l, lw + L0_NORM_W, hn, 0, rstd_l, tokens, st));
+        /* hn = rmsnorm(h_l), and h_n = h_l (the next residual stream, which
+         * the out_proj GEMM below accumulates into) in the same pass */
+        MG_CUDA(model_launch_rmsnorm_fwd(h_l, lw + L0_NORM_W, hn, 0, rstd_l, h_n, tokens, st));
         CHECK(mg_linear(t->blas, tokens, NP_DIM, D_MODEL, ACT, hn, D_MODEL, wptr(law, L0_IN_PROJ_W), D_MODEL,
                         ACT, proj, NP_DIM, 1.0f, 0.0f));
         /* the initial k_prev, v_prev, angle (the initial Hs is checkpoint 0) */
@@ -285,12 +287,11 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
 #else
         MG_CUDA(model_launch_gate_fwd(tokens, y_l, proj, NULL, t->g, st));
 #endif
-        MG_CUDA(cudaMemcpyAsync(h_n, h_l, (size_t)tokens * D_MODEL * sizeof(float), cudaMemcpyDeviceToDevice, st));
         CHECK(mg_linear(t->blas, tokens, D_MODEL, D_INNER, ACT, t->g, D_INNER, wptr(law, L0_OUT_PROJ_W), D_INNER,
                         MG_F32, h_n, D_MODEL, 1.0f, 1.0f));
     }
     MG_CUDA(model_launch_rmsnorm_fwd(t->h + (size_t)N_LAYERS * MAX_TOKENS * D_MODEL, w + OFF_NORM_F_W, out, 1,
-                               t->rstd + (size_t)N_LAYERS * MAX_TOKENS, tokens, st));
+                               t->rstd + (size_t)N_LAYERS * MAX_TOKENS, NULL, tokens, st));
     t->have_fwd = 1;
     t->ssm_in_last = 1;   /* nothing after the last layer's prep wrote them */
     return MG_OK;

@@ -6,14 +6,14 @@
 // anonymous namespace (the kernels): it includes nothing itself.
 
 extern "C" cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
-                                              float *rstd, int rows, cudaStream_t st)
+                                              float *rstd, float *hcopy, int rows, cudaStream_t st)
 {
     const dim3 block(NORM_THREADS, NORM_ROWS);
     const unsigned grid = (unsigned)((rows + NORM_ROWS - 1) / NORM_ROWS);
     if (out_f32)
-        rmsnorm_fwd_kernel<float><<<grid, block, 0, st>>>(h, w, static_cast<float *>(y), rstd, rows);
+        rmsnorm_fwd_kernel<float><<<grid, block, 0, st>>>(h, w, static_cast<float *>(y), rstd, hcopy, rows);
     else
-        rmsnorm_fwd_kernel<act_t><<<grid, block, 0, st>>>(h, w, static_cast<act_t *>(y), rstd, rows);
+        rmsnorm_fwd_kernel<act_t><<<grid, block, 0, st>>>(h, w, static_cast<act_t *>(y), rstd, hcopy, rows);
     return cudaGetLastError();
 }
 

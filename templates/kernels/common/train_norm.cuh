@@ -17,11 +17,15 @@ bias_rows_train_kernel(size_t n, const float *__restrict__ bias, float *__restri
 
 // y[row] = h[row] * r * w, r = rsqrt(mean(h[row]^2) + eps), and rstd[row] = r.
 // NORM_ROWS rows a block (threadIdx.y), NORM_ITERS float4 per thread, warp
-// butterflies then warps in order (as the inference RMSNorm).
+// butterflies then warps in order (as the inference RMSNorm). hcopy (NULL:
+// none) gets the row as loaded: the training forward's next residual
+// stream, which the out_proj GEMM then accumulates into, copied here
+// instead of by a separate copy of the whole stream (one launch and one
+// read of h less per layer; the same bytes).
 template <typename OutT>
 __global__ void __launch_bounds__(NORM_THREADS * NORM_ROWS)
 rmsnorm_fwd_kernel(const float *__restrict__ h, const float *__restrict__ w, OutT *__restrict__ y,
-                   float *__restrict__ rstd, int rows)
+                   float *__restrict__ rstd, float *__restrict__ hcopy, int rows)
 {
     const size_t row = (size_t)blockIdx.x * NORM_ROWS + threadIdx.y;
     if (row >= (size_t)rows) return;   // the last block's spare rows (NORM_ROWS > 1: no barrier below)
@@ -29,6 +33,14 @@ rmsnorm_fwd_kernel(const float *__restrict__ h, const float *__restrict__ w, Out
     float4 v[NORM_ITERS];
     const float r = rms_load(reinterpret_cast<const float4 *>(h + row * D), v, part);
     if (threadIdx.x == 0) rstd[row] = r;
+    if (hcopy) {
+        float4 *cr = reinterpret_cast<float4 *>(hcopy + row * D);
+#pragma unroll
+        for (int i = 0; i < NORM_ITERS; ++i) {
+            const int c = threadIdx.x + i * NORM_THREADS;
+            if (c < NORM_VECS) cr[c] = v[i];
+        }
+    }
     rms_store(y, row, w, v, r);
 }
 

@@ -27,17 +27,17 @@ extern "C" cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, i
 }
 
 extern "C" cudaError_t MG_LAUNCH(conv_fwd)(int batch, int seqlen, const void *xz, const float *cw,
-                                      const float *cb, const float *cs0, float *state_out, void *xc,
+                                      const float *cb, float *state, float *cs0, void *xc,
                                       const unsigned char *start, cudaStream_t st)
 {
     const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
     const dim3 grid((unsigned)batch * ntiles, CONV_BLOCKS);
     if (start)
         conv_fwd_kernel<true><<<grid, CONV_THREADS, 0, st>>>(
-            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, state_out, static_cast<act_t *>(xc), start);
+            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, state, cs0, static_cast<act_t *>(xc), start);
     else
         conv_fwd_kernel<false><<<grid, CONV_THREADS, 0, st>>>(
-            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, state_out, static_cast<act_t *>(xc),
+            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, state, cs0, static_cast<act_t *>(xc),
             nullptr);
     return cudaGetLastError();
 }

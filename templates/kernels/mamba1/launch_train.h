@@ -8,15 +8,18 @@
  * as void pointers. Plain C, includes nothing itself. */
 
 cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cudaStream_t st);
+/* y = rmsnorm(h) * w, rstd = 1/rms per row; hcopy (NULL: none) gets a copy
+ * of h (the next layer's residual stream, before out_proj adds to it). */
 cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
-                               float *rstd, int rows, cudaStream_t st);
+                               float *rstd, float *hcopy, int rows, cudaStream_t st);
 /* start [batch][seqlen] (uint8, NULL: none, the maskless kernels) of the
  * conv and scan launchers below: episode starts (doc/math.md §9,
  * NAME_trainer_set_starts), the same mask in the forward and the backward. */
-/* Conv + SiLU parallel over time tiles from the initial window cs0; the final
- * window to state_out (NULL: not written), which must not alias cs0. */
+/* Conv + SiLU parallel over time tiles from the initial window in state
+ * (NULL: zeros), which is saved to cs0 (zeros for NULL) and then replaced
+ * by the final window (NULL: not written). */
 cudaError_t MG_LAUNCH(conv_fwd)(int batch, int seqlen, const void *xz, const float *cw,
-                            const float *cb, const float *cs0, float *state_out, void *xc,
+                            const float *cb, float *state, float *cs0, void *xc,
                             const unsigned char *start, cudaStream_t st);
 /* The training forward's scan: chunked 0 sequential, 1 chunked (passes 1
  * and 2 of the inference scan into cstate [batch][nc][E][N] and dsum

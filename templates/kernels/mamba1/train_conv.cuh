@@ -10,18 +10,27 @@
 // namespace, so it includes nothing itself.
 
 // Causal depthwise conv + bias + SiLU (the inference conv's conv_fwd_tile,
-// same bits). The initial window comes from cs0 [b][E][K-1] (saved by the
-// host; zeros for a fresh start); the final window goes to state_out (NULL:
-// not written), written by the tile that ends the sequence: cs0 is the
-// trainer's own copy, never state_out, so no tile reads what another writes.
+// same bits, the inference's rule for the states: W0). The initial window
+// comes from state [b][E][K-1] (NULL: zeros), which the final window then
+// overwrites (NULL: not written); tile 0, the only tile that reads it, also
+// saves it (zeros for NULL) to cs0, the trainer's copy for the backward,
+// before the final window is written (by tile 0 too when there are more
+// tiles: conv_fwd_tile<ST, true>). Why here: the copy was a launch of its
+// own per layer.
 // ST: episode starts, start [batch][seqlen] (conv_fwd_tile).
 template <bool ST>
 __global__ void __launch_bounds__(CONV_THREADS)
 conv_fwd_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const float *__restrict__ cw,
-                const float *__restrict__ cb, const float *__restrict__ cs0, float *__restrict__ state_out,
+                const float *__restrict__ cb, float *state, float *__restrict__ cs0,
                 act_t *__restrict__ xc, const unsigned char *__restrict__ start)
 {
-    conv_fwd_tile<ST>(seqlen, ntiles, xz, cw, cb, cs0, state_out, xc, start);
+    const int e = blockIdx.y * CONV_THREADS + threadIdx.x;
+    if (blockIdx.x % ntiles == 0 && e < E) {
+        const size_t st = ((size_t)(blockIdx.x / ntiles) * E + e) * (K - 1);
+#pragma unroll
+        for (int k = 0; k < K - 1; ++k) cs0[st + k] = state ? state[st + k] : 0.0f;
+    }
+    conv_fwd_tile<ST, true>(seqlen, ntiles, xz, cw, cb, state, state, xc, start);
 }
 
 // Conv backward over one time tile [t0, t0 + n) of one (sequence, channel):

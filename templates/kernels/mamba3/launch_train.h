@@ -12,8 +12,10 @@
  * nothing itself. */
 
 cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cudaStream_t st);
+/* y = rmsnorm(h) * w, rstd = 1/rms per row; hcopy (NULL: none) gets a copy
+ * of h (the next layer's residual stream, before out_proj adds to it). */
 cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
-                                   float *rstd, int rows, cudaStream_t st);
+                                   float *rstd, float *hcopy, int rows, cudaStream_t st);
 /* The SSM inputs of the training forward: angles_train first (the (cos, sin)
  * table cs [tokens][H][S][2] of the rotary angles, and the final angle),
  * then prep_train (dt, A*dt, lambda and the per-head k, q, rotated by cs
