@@ -14,7 +14,9 @@
 --            (+ d.scan_lanes_source "default" | "tuned"), d.scan_npt,
 --            d.scan_threads (+ d.scan_threads_source "default" | "tuned"),
 --            d.scan_channels, d.scan_blocks, d.scan_tchunk, d.scan_stage_w,
---            d.scan_fuse_dt (dt_proj computed inside the inference scan)
+--            d.scan_fuse_dt (dt_proj computed inside the inference scan),
+--            d.cxp_fuse, d.cxp_max_tokens, d.cxp_why (the fused conv +
+--            x_proj kernel of prefill: see the comment at d.cxp_fuse)
 --            (floats per staged timestep), d.scan_smem_bytes (M.scan_stage)
 
 local derive = require("mg.derive")
@@ -115,6 +117,30 @@ function M.derive(spec, d)
   d.conv_tile = 16
   d.conv_max_tiles = derive.ceil_div(d.max_seq_len, d.conv_tile)
   assert(d.max_batch * d.conv_max_tiles <= 2147483647, "derive_mamba1: too many conv tiles for grid.x")
+
+  -- Fused conv + x_proj (prefill, burn-in): one block per (sequence, conv
+  -- tile) runs the conv of all E channels of its tile's tokens, then their
+  -- x_proj outputs dbl = xc . x_proj.weight^T from the xc it just wrote, a
+  -- warp per output row (lane-strided products, then a butterfly). Why:
+  -- for few tokens the x_proj GEMM and the conv are each a launch whose
+  -- fixed cost exceeds its work (a narrow layer's prefill of one stream is
+  -- a chain of such launches), and the GEMM rereads xc. For many tokens
+  -- cuBLAS's tiled GEMM does the products faster than a warp per row, so
+  -- the host uses the fused kernel up to d.cxp_max_tokens tokens per call
+  -- (NAME_set_conv_xproj changes the bound). Emitted where the tile's xc
+  -- fits the block's static shared memory (conv_tile x E floats <= 32 KiB)
+  -- and x_proj is narrow (XP <= 64 rows: a warp's lane-strided row stays a
+  -- few registers and the rows per warp few).
+  local cxp_smem = d.conv_tile * d.E * 4
+  if cxp_smem > 32768 then
+    d.cxp_why = ("conv_tile x d_inner = %d x %d floats exceed 32 KiB of shared memory"):format(d.conv_tile, d.E)
+  elseif d.XP > 64 then
+    d.cxp_why = ("x_proj has %d output rows (dt_rank + 2 d_state), more than 64"):format(d.XP)
+  else
+    d.cxp_why = ""
+  end
+  d.cxp_fuse = d.cxp_why == ""
+  d.cxp_max_tokens = d.cxp_fuse and 2048 or 0
 
   -- Selective scan: scan_lanes threads share one channel, each owning
   -- scan_npt = N/scan_lanes states in registers. scan_lanes starts at the

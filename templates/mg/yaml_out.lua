@@ -53,7 +53,7 @@ local SECTIONS = {
              "max_batch", "max_seq_len", "max_tokens", "batch", "seq_len",
              "dtype", "act_t", "act_size", "check_tol", "scan_mode_resolved", "chunk_size" },
     launch = { "norm_threads", "norm_iters", "conv_threads", "conv_blocks", "conv_tile",
-               "scan_lanes", "scan_npt", "scan_threads", "scan_channels",
+               "cxp_fuse", "cxp_max_tokens", "scan_lanes", "scan_npt", "scan_threads", "scan_channels",
                "scan_blocks", "scan_tchunk", "scan_smem_bytes" },
   },
   mamba3_siso = {

@@ -116,6 +116,24 @@ int main(int argc, char **argv)
             report("prefill (graph)", c.batch, c.seqlen, &st, tok, WEIGHT_BYTES + tok * BYTES_PER_TOKEN,
                    tok * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
         model_decode_graph_destroy(pg);
+#if MODEL_HAS_CONV_XPROJ
+        /* the other conv + x_proj path of this shape (the fused kernel up to
+         * MODEL_CONV_XPROJ_MAX_TOKENS tokens, conv + GEMM above): where the
+         * default bound should sit */
+        const int fused = tok <= MODEL_CONV_XPROJ_MAX_TOKENS;
+        const char *alt = fused ? "prefill (graph; conv + x_proj GEMM)" : "prefill (graph; fused conv + x_proj)";
+        pg = NULL;
+        if ((s = model_set_conv_xproj(m, fused ? 0 : MODEL_MAX_BATCH * MODEL_MAX_SEQ_LEN)) == MG_OK &&
+            (s = model_prefill_graph_create(m, c.batch, c.seqlen, u, out, cs, ss, &pg)) == MG_OK &&
+            time_row(alt, c.batch, c.seqlen, stream, run_graph, pg, &o, &st))
+            report(alt, c.batch, c.seqlen, &st, tok, WEIGHT_BYTES + tok * BYTES_PER_TOKEN,
+                   tok * (GEMM_FLOPS_PER_TOKEN + OTHER_FLOPS_PER_TOKEN));
+        else if (s != MG_OK)
+            fprintf(stderr, MODEL_NAME "_bench: %s b%d T%d: %s: %s (row skipped)\n", alt, c.batch, c.seqlen,
+                    mg_status_name(s), mg_last_error());
+        model_decode_graph_destroy(pg);
+        model_set_conv_xproj(m, -1);
+#endif
     }
 
     /* Decode: one token per stream, eager launches (latency bound): the

@@ -29,6 +29,7 @@ struct model_model {
     int decode_clusters;   /* single-launch decode clusters the device runs at once (0: unknown) */
     void *wa;           /* low-precision copy of the blob (act elements, blob offsets); NULL for f32 */
     int scan_choice;    /* MODEL_SCAN_SPEC | _SEQUENTIAL | _CHUNKED */
+    int cxp_max_tokens; /* prefill calls of at most this many tokens: fused conv + x_proj (0: never) */
     unsigned long long serial;   /* unique per model of the process (decode graphs check it) */
     size_t ws_total;    /* device bytes held: ws (+ wa) + pk */
     int sms;            /* multiprocessors of the device (scan.mode auto picks the scan with it) */
@@ -106,6 +107,7 @@ mg_status model_create(model_model **out, cudaStream_t stream)
     m->ws_total = total + (LOWP ? (size_t)MODEL_WEIGHTS_FLOATS * ACT_SIZE : 0);
     m->decode_fused = MODEL_DECODE_DEFAULT;
     m->scan_choice = MODEL_SCAN_SPEC;
+    m->cxp_max_tokens = MODEL_CONV_XPROJ_MAX_TOKENS;
     m->sms = mg_device_sms();
 #if HAS_DECODE_SINGLE
     /* An unknown count (an error here) leaves one stream per cluster. */
@@ -153,6 +155,19 @@ mg_status model_set_decode_tile(model_model *m, int streams_per_cluster)
         return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_decode_tile: %d streams per cluster is out of range "
                        "0..%d (0: per call)", streams_per_cluster, MODEL_DECODE_SINGLE_MAX_TILE);
     m->decode_tile = streams_per_cluster;
+    return MG_OK;
+}
+
+mg_status model_set_conv_xproj(model_model *m, int max_tokens)
+{
+    MODEL_LIVE(m, MODEL_NAME "_set_conv_xproj");
+    if (max_tokens < -1)
+        return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_conv_xproj: max_tokens = %d (-1 default, 0 never, "
+                       "> 0 the largest call fused)", max_tokens);
+    if (max_tokens > 0 && !HAS_CONV_XPROJ)
+        return mg_fail(MG_ERR_INVALID_ARG, MODEL_NAME "_set_conv_xproj: this library has no fused conv + x_proj "
+                       "kernel (%s)", CONV_XPROJ_WHY);
+    m->cxp_max_tokens = max_tokens < 0 ? MODEL_CONV_XPROJ_MAX_TOKENS : max_tokens;
     return MG_OK;
 }
 
@@ -300,13 +315,22 @@ static mg_status forward_starts(model_model *m, int batch, int seqlen, const flo
                                             m->xc, m->dpart, m->g, reset, st));
         } else {
         /* xc = silu(causal_conv(x) + bias), conv state carried (parallel over
-         * time tiles whatever the scan mode) */
-        MG_CUDA(model_launch_conv(batch, seqlen, m->xz, lw + L0_CONV_W, lw + L0_CONV_B, cs_l, cs_l,
-                                m->xc, reset, start, st));
-        /* dbl = xc . x_proj.weight^T   [tokens][DT_RANK+2N] */
-        s = mg_linear(m->blas, tokens, XP_DIM, D_INNER, ACT, m->xc, D_INNER, GW(L0_X_PROJ_W), D_INNER,
-                      ACT, m->dbl, XP_DIM, 1.0f, 0.0f);
-        if (s != MG_OK) return s;
+         * time tiles whatever the scan mode); dbl = xc . x_proj.weight^T
+         * [tokens][DT_RANK+2N]: for few tokens one fused kernel, else the
+         * conv kernel and a GEMM */
+#if HAS_CONV_XPROJ
+        if (tokens <= m->cxp_max_tokens) {
+            MG_CUDA(model_launch_conv_xproj(batch, seqlen, m->xz, lw + L0_CONV_W, lw + L0_CONV_B, cs_l, cs_l,
+                                            m->xc, GW(L0_X_PROJ_W), m->dbl, reset, start, st));
+        } else
+#endif
+        {
+            MG_CUDA(model_launch_conv(batch, seqlen, m->xz, lw + L0_CONV_W, lw + L0_CONV_B, cs_l, cs_l,
+                                    m->xc, reset, start, st));
+            s = mg_linear(m->blas, tokens, XP_DIM, D_INNER, ACT, m->xc, D_INNER, GW(L0_X_PROJ_W), D_INNER,
+                          ACT, m->dbl, XP_DIM, 1.0f, 0.0f);
+            if (s != MG_OK) return s;
+        }
         /* dt = dbl[:, 0:DT_RANK] . dt_proj.weight^T   [tokens][D_INNER] (bias added in the scan);
          * SCAN_FUSE_DT: the scan computes it from dt_proj.weight itself */
 #if SCAN_FUSE_DT

@@ -33,6 +33,28 @@ extern "C" cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, co
                                       stream);
 }
 
+#if MG_M1_CONV_XPROJ
+// One block per (sequence, conv tile), every channel (conv_xproj_kernel).
+extern "C" cudaError_t MG_LAUNCH(conv_xproj)(int batch, int seqlen, const void *xz, const float *conv_w,
+                                      const float *conv_b, const float *state_in, float *state_out,
+                                      void *xc, const void *x_proj_w, void *dbl, const unsigned char *reset,
+                                      const unsigned char *start, cudaStream_t stream)
+{
+    const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
+    const dim3 grid((unsigned)batch * ntiles);
+    const act_t *xw = static_cast<const act_t *>(x_proj_w);
+    if (start)
+        conv_xproj_kernel<true><<<grid, CONV_THREADS, 0, stream>>>(
+            seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in, state_out,
+            static_cast<act_t *>(xc), xw, static_cast<act_t *>(dbl), reset, start);
+    else
+        conv_xproj_kernel<false><<<grid, CONV_THREADS, 0, stream>>>(
+            seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in, state_out,
+            static_cast<act_t *>(xc), xw, static_cast<act_t *>(dbl), reset, nullptr);
+    return cudaGetLastError();
+}
+#endif
+
 extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *xc, const void *dt,
                                 const void *dbl, const void *xz, const float *dt_bias,
                                 const float *A_log, const float *Dskip, const float *state_in,

@@ -27,6 +27,14 @@ cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, const float *
                      const float *conv_b, const float *state_in, float *state_out,
                      void *xc, const unsigned char *reset, const unsigned char *start,
                      cudaStream_t stream);
+/* The conv (as MG_LAUNCH(conv), the same bits) and x_proj of the same
+ * tokens in one launch: dbl[tokens][XP] = xc . x_proj_w^T (x_proj_w: the
+ * GEMM weights, storage dtype), summed in a fixed order other than the
+ * GEMM's. Only in libraries with MODEL_HAS_CONV_XPROJ. */
+cudaError_t MG_LAUNCH(conv_xproj)(int batch, int seqlen, const void *xz, const float *conv_w,
+                           const float *conv_b, const float *state_in, float *state_out,
+                           void *xc, const void *x_proj_w, void *dbl, const unsigned char *reset,
+                           const unsigned char *start, cudaStream_t stream);
 /* Selective scan + D skip + SiLU(z) gate -> g[tokens][E]. dt: the dt_proj
  * output [tokens][E], or with MODEL_SCAN_FUSE_DT dt_proj.weight [E][R] (the
  * scan computes dt itself; also for scan_chunked). */

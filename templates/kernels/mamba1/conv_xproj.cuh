@@ -1,0 +1,87 @@
+// conv_xproj.cuh: the fused conv + x_proj kernel of the Mamba-1 prefill
+// (NAME_kernels.cu, MG_M1_CONV_XPROJ): for calls of few tokens, the causal
+// conv and the x_proj GEMM of a layer in one launch (mg/derive_mamba1.lua
+// d.cxp_fuse says when it is emitted and why). Written against the
+// constants of NAME_common.cuh (E, XP, CONV_*, act_t); #included by
+// NAME_kernels.cu inside its anonymous namespace after mg_m1_conv.cuh, so it
+// includes nothing itself.
+
+#if MG_M1_CONV_XPROJ
+static_assert(CONV_TILE <= 32, "a lane stores each token's x_proj output");
+// Rows of x_proj.weight a lane holds: E columns strided by 32 lanes.
+constexpr int CXP_VPL = (E + 31) / 32;
+constexpr int CXP_WARPS = CONV_THREADS / 32;
+
+// ---------------------------------------------------------------------------
+// conv_xproj_kernel: grid (batch * ntiles), CONV_THREADS threads; block x =
+// b * ntiles + tile as in conv_silu_kernel, but one block covers every
+// channel of its tile (the CONV_BLOCKS channel blocks one after another).
+//   1. the conv of the tile: conv_fwd_tile per channel block, the very code
+//      of conv_silu_kernel (xc, and the final conv state from tile 0: the
+//      same bits, the same aliasing rule for state_in / state_out);
+//   2. the tile's xc rows, as stored (rounded to act_t), read back into
+//      shared memory (the block's own global writes, visible after the
+//      barrier);
+//   3. dbl[t][j] = sum_e xc[t][e] * x_proj.weight[j][e] for the tile's
+//      tokens t and every output j: warp w takes rows j = w, w + CXP_WARPS,
+//      ..., each lane the columns e = lane + 32 i in registers; per token,
+//      the lane's products summed in i order, then a butterfly over the
+//      warp (the tile's tokens side by side); rounded to act_t once, as
+//      the GEMM's output is.
+// The sums are f32 in a fixed order (no atomics): deterministic, but not
+// cuBLAS's order, so dbl agrees with the unfused path to rounding, not to
+// the bit (xc and the conv state are bit-identical). reset [batch] and ST /
+// start as in conv_silu_kernel.
+// ---------------------------------------------------------------------------
+template <bool ST>
+__global__ void __launch_bounds__(CONV_THREADS)
+conv_xproj_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const float *__restrict__ cw,
+                  const float *__restrict__ cb, const float *state_in, float *state_out,
+                  act_t *__restrict__ xc, const act_t *__restrict__ xw, act_t *__restrict__ dbl,
+                  const unsigned char *__restrict__ reset, const unsigned char *__restrict__ start)
+{
+    __shared__ float sx[CONV_TILE][E];   // the tile's xc rows, as stored
+    const size_t b = blockIdx.x / ntiles;
+    const bool fresh = reset && reset[b];
+    for (int g = 0; g < CONV_BLOCKS; ++g)
+        conv_fwd_tile<ST, true>(seqlen, ntiles, xz, cw, cb, fresh ? nullptr : state_in, state_out, xc, start, g);
+    const int t0 = (int)(blockIdx.x % ntiles) * CONV_TILE;
+    const int n = min(CONV_TILE, seqlen - t0);   // tokens [t0, t0 + n) of sequence b
+    const size_t row0 = b * (size_t)seqlen + t0;
+    __syncthreads();   // the tile's xc, written above by the whole block
+    for (int i = threadIdx.x; i < n * E; i += CONV_THREADS) sx[i / E][i % E] = to_f32(xc[row0 * E + i]);
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, ln = threadIdx.x & 31;
+    for (int j = warp; j < XP; j += CXP_WARPS) {
+        float w[CXP_VPL];
+#pragma unroll
+        for (int i = 0; i < CXP_VPL; ++i) {
+            const int e = ln + 32 * i;
+            w[i] = e < E ? to_f32(xw[(size_t)j * E + e]) : 0.0f;
+        }
+        // every token's sum first, then the butterflies: independent
+        // chains that overlap (tokens past n reuse row n-1 and are dropped)
+        float acc[CONV_TILE];
+#pragma unroll
+        for (int t = 0; t < CONV_TILE; ++t) {
+            const int tr = min(t, n - 1);
+            acc[t] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < CXP_VPL; ++i) {
+                const int e = ln + 32 * i;
+                if (e < E) acc[t] += sx[tr][e] * w[i];
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+            for (int t = 0; t < CONV_TILE; ++t) acc[t] += __shfl_xor_sync(FULL_MASK, acc[t], o);
+        }
+        // every lane holds every sum now: lane t stores token t's
+        float v = acc[0];
+#pragma unroll
+        for (int t = 1; t < CONV_TILE; ++t) v = ln == t ? acc[t] : v;
+        if (ln < n) dbl[(row0 + ln) * XP + j] = from_f32<act_t>(v);
+    }
+}
+#endif // MG_M1_CONV_XPROJ
