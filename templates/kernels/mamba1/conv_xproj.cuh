@@ -10,12 +10,19 @@
 static_assert(CONV_TILE <= 32, "a lane stores each token's x_proj output");
 // Rows of x_proj.weight a lane holds: E columns strided by 32 lanes.
 constexpr int CXP_VPL = (E + 31) / 32;
-constexpr int CXP_WARPS = CONV_THREADS / 32;
+// Groups of CONV_THREADS threads a block runs the conv's channel blocks on
+// (up to 4, at most 512 threads): more warps share the x_proj rows, which
+// is what a block waits on when few blocks run (one stream).
+constexpr int cxp_min(int a, int b) { return a < b ? a : b; }
+constexpr int CXP_GROUPS = cxp_min(cxp_min(CONV_BLOCKS, 4), 512 / CONV_THREADS);
+constexpr int CXP_THREADS = CXP_GROUPS * CONV_THREADS;
+constexpr int CXP_WARPS = CXP_THREADS / 32;
 
 // ---------------------------------------------------------------------------
-// conv_xproj_kernel: grid (batch * ntiles), CONV_THREADS threads; block x =
+// conv_xproj_kernel: grid (batch * ntiles), CXP_THREADS threads; block x =
 // b * ntiles + tile as in conv_silu_kernel, but one block covers every
-// channel of its tile (the CONV_BLOCKS channel blocks one after another).
+// channel of its tile (the CONV_BLOCKS channel blocks dealt to CXP_GROUPS
+// groups of CONV_THREADS threads).
 //   1. the conv of the tile: conv_fwd_tile per channel block, the very code
 //      of conv_silu_kernel (xc, and the final conv state from tile 0: the
 //      same bits, the same aliasing rule for state_in / state_out);
@@ -34,7 +41,7 @@ constexpr int CXP_WARPS = CONV_THREADS / 32;
 // start as in conv_silu_kernel.
 // ---------------------------------------------------------------------------
 template <bool ST>
-__global__ void __launch_bounds__(CONV_THREADS)
+__global__ void __launch_bounds__(CXP_THREADS)
 conv_xproj_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const float *__restrict__ cw,
                   const float *__restrict__ cb, const float *state_in, float *state_out,
                   act_t *__restrict__ xc, const act_t *__restrict__ xw, act_t *__restrict__ dbl,
@@ -43,13 +50,14 @@ conv_xproj_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const fl
     __shared__ float sx[CONV_TILE][E];   // the tile's xc rows, as stored
     const size_t b = blockIdx.x / ntiles;
     const bool fresh = reset && reset[b];
-    for (int g = 0; g < CONV_BLOCKS; ++g)
-        conv_fwd_tile<ST, true>(seqlen, ntiles, xz, cw, cb, fresh ? nullptr : state_in, state_out, xc, start, g);
+    for (int g = threadIdx.x / CONV_THREADS; g < CONV_BLOCKS; g += CXP_GROUPS)
+        conv_fwd_tile<ST, true>(seqlen, ntiles, xz, cw, cb, fresh ? nullptr : state_in, state_out, xc, start, g,
+                                (int)(threadIdx.x % CONV_THREADS));
     const int t0 = (int)(blockIdx.x % ntiles) * CONV_TILE;
     const int n = min(CONV_TILE, seqlen - t0);   // tokens [t0, t0 + n) of sequence b
     const size_t row0 = b * (size_t)seqlen + t0;
     __syncthreads();   // the tile's xc, written above by the whole block
-    for (int i = threadIdx.x; i < n * E; i += CONV_THREADS) sx[i / E][i % E] = to_f32(xc[row0 * E + i]);
+    for (int i = threadIdx.x; i < n * E; i += CXP_THREADS) sx[i / E][i % E] = to_f32(xc[row0 * E + i]);
     __syncthreads();
     const int warp = threadIdx.x >> 5, ln = threadIdx.x & 31;
     for (int j = warp; j < XP; j += CXP_WARPS) {

@@ -44,11 +44,11 @@ extern "C" cudaError_t MG_LAUNCH(conv_xproj)(int batch, int seqlen, const void *
     const dim3 grid((unsigned)batch * ntiles);
     const act_t *xw = static_cast<const act_t *>(x_proj_w);
     if (start)
-        conv_xproj_kernel<true><<<grid, CONV_THREADS, 0, stream>>>(
+        conv_xproj_kernel<true><<<grid, CXP_THREADS, 0, stream>>>(
             seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in, state_out,
             static_cast<act_t *>(xc), xw, static_cast<act_t *>(dbl), reset, start);
     else
-        conv_xproj_kernel<false><<<grid, CONV_THREADS, 0, stream>>>(
+        conv_xproj_kernel<false><<<grid, CXP_THREADS, 0, stream>>>(
             seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in, state_out,
             static_cast<act_t *>(xc), xw, static_cast<act_t *>(dbl), reset, nullptr);
     return cudaGetLastError();

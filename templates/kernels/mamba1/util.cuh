@@ -109,16 +109,19 @@ __device__ __forceinline__ void conv_masked(const float (&xs)[NX], unsigned sf, 
 // s0: its inputs start at t >= CONV_TILE >= K-1), instead of by the last
 // tile (which could overwrite s0 before tile 0 reads it). The same values.
 // cblk: the block of CONV_THREADS channels this call computes; -1 (the
-// conv kernels) = blockIdx.y; the fused conv + x_proj kernel, whose one
-// block covers every channel of its tile, walks them.
+// conv kernels) = blockIdx.y; tid: the thread's channel in it, -1 =
+// threadIdx.x. The fused conv + x_proj kernel, whose one block covers every
+// channel of its tile, runs groups of CONV_THREADS threads (whole warps)
+// over the channel blocks.
 static_assert(CONV_TILE >= K - 1, "only tile 0 reads the initial conv state");
 template <bool ST = false, bool W0 = false>
 __device__ __forceinline__ void conv_fwd_tile(int seqlen, int ntiles, const act_t *__restrict__ xz,
                                               const float *__restrict__ cw, const float *__restrict__ cb,
                                               const float *s0, float *state_out, act_t *__restrict__ xc,
-                                              const unsigned char *__restrict__ start = nullptr, int cblk = -1)
+                                              const unsigned char *__restrict__ start = nullptr, int cblk = -1,
+                                              int tid = -1)
 {
-    const int e = (cblk < 0 ? (int)blockIdx.y : cblk) * CONV_THREADS + threadIdx.x;
+    const int e = (cblk < 0 ? (int)blockIdx.y : cblk) * CONV_THREADS + (tid < 0 ? (int)threadIdx.x : tid);
     unsigned sf = 0;   // ST: the window's start flags, taken while the warp is whole
     if constexpr (ST) {
         const int ts = (int)(blockIdx.x % ntiles) * CONV_TILE;
