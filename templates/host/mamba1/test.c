@@ -577,6 +577,53 @@ static void test_determinism(int batch, int T, uint64_t seed)
 
 /* ---------------------------------------------------------------- inference extras */
 
+/* The fused conv + x_proj kernel (MODEL_HAS_CONV_XPROJ) against the conv
+ * kernel + x_proj GEMM on the same call, from a random state: out and the
+ * states within TOL (x_proj's sums in another order), layer 0's conv state
+ * bit-identical (the same conv code on the same inputs); then the
+ * setter's refusals. Without the kernel: set_conv_xproj refuses a bound
+ * above 0 and takes 0 and -1. */
+static void test_conv_xproj(int batch, int T, uint64_t seed)
+{
+    const int all = MAX_BATCH * MAX_SEQ_LEN;
+#if MODEL_HAS_CONV_XPROJ
+    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
+    float *u = FALLOC(n_u(batch, T)), *of = FALLOC(n_out(batch, T)), *og = FALLOC(n_out(batch, T));
+    float *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *csf = FALLOC(ncs), *ssf = FALLOC(nss);
+    float *csg = FALLOC(ncs), *ssg = FALLOC(nss);
+    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
+    rand_state2(batch, seed + 1, cs0, ss0, csf, ssf, csg, ssg);
+    mg_status s1 = model_set_conv_xproj(model, all);
+    if (s1 == MG_OK) s1 = gpu_prefill(batch, T, u, of, csf, ssf);
+    mg_status s2 = model_set_conv_xproj(model, 0);
+    if (s2 == MG_OK) s2 = gpu_prefill(batch, T, u, og, csg, ssg);
+    if (model_set_conv_xproj(model, -1) != MG_OK) mg_tap_bail("set_conv_xproj(-1)");
+    char what[160];
+    if (!mg_tap_ok(s1 == MG_OK && s2 == MG_OK, "prefill b=%d T=%d with the fused conv + x_proj and with conv + GEMM run",
+                   batch, T)) {
+        mg_tap_diag("%s", mg_last_error());
+    } else {
+        snprintf(what, sizeof what, "fused conv + x_proj vs conv + GEMM b=%d T=%d: out", batch, T);
+        cmp_gpu(what, of, og, n_out(batch, T));
+        snprintf(what, sizeof what, "fused conv + x_proj vs conv + GEMM b=%d T=%d: ssm_state", batch, T);
+        cmp_gpu(what, ssf, ssg, nss);
+        snprintf(what, sizeof what, "fused conv + x_proj vs conv + GEMM b=%d T=%d: conv_state", batch, T);
+        cmp_gpu(what, csf, csg, ncs);
+        mg_tap_ok(memcmp(csf, csg, ncs / MODEL_N_LAYERS * sizeof(float)) == 0,
+                  "fused conv + x_proj vs conv + GEMM b=%d T=%d: layer 0 conv_state bit-identical", batch, T);
+    }
+    free(u); free(of); free(og); free(cs0); free(ss0); free(csf); free(ssf); free(csg); free(ssg);
+#else
+    (void)batch; (void)T; (void)seed;
+    mg_tap_expect_status(model_set_conv_xproj(model, all), MG_ERR_INVALID_ARG,
+                         "set_conv_xproj refuses a bound without the fused kernel");
+#endif
+    mg_tap_expect_status(model_set_conv_xproj(model, -2), MG_ERR_INVALID_ARG, "set_conv_xproj refuses -2");
+    mg_tap_expect_status(model_set_conv_xproj(NULL, 0), MG_ERR_INVALID_ARG, "set_conv_xproj refuses a NULL model");
+    mg_tap_ok(model_set_conv_xproj(model, 0) == MG_OK && model_set_conv_xproj(model, -1) == MG_OK,
+              "set_conv_xproj takes 0 (never) and -1 (the default)");
+}
+
 #if MODEL_HAS_CHUNKED_SCAN
 static int cmp_tol(const char *what, const float *got, const float *ref, size_t n, double tol)
 {
@@ -634,53 +681,6 @@ static void test_chunked(int batch, int T, int with_ref, uint64_t seed)
         }
     }
     free(u); free(oc); free(os); free(cs0); free(ss0); free(csc); free(ssc); free(css); free(sss);
-}
-
-/* The fused conv + x_proj kernel (MODEL_HAS_CONV_XPROJ) against the conv
- * kernel + x_proj GEMM on the same call, from a random state: out and the
- * states within TOL (x_proj's sums in another order), layer 0's conv state
- * bit-identical (the same conv code on the same inputs); then the
- * setter's refusals. Without the kernel: set_conv_xproj refuses a bound
- * above 0 and takes 0 and -1. */
-static void test_conv_xproj(int batch, int T, uint64_t seed)
-{
-    const int all = MAX_BATCH * MAX_SEQ_LEN;
-#if MODEL_HAS_CONV_XPROJ
-    const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
-    float *u = FALLOC(n_u(batch, T)), *of = FALLOC(n_out(batch, T)), *og = FALLOC(n_out(batch, T));
-    float *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *csf = FALLOC(ncs), *ssf = FALLOC(nss);
-    float *csg = FALLOC(ncs), *ssg = FALLOC(nss);
-    mg_tap_randn(u, n_u(batch, T), seed, 1.0f);
-    rand_state2(batch, seed + 1, cs0, ss0, csf, ssf, csg, ssg);
-    mg_status s1 = model_set_conv_xproj(model, all);
-    if (s1 == MG_OK) s1 = gpu_prefill(batch, T, u, of, csf, ssf);
-    mg_status s2 = model_set_conv_xproj(model, 0);
-    if (s2 == MG_OK) s2 = gpu_prefill(batch, T, u, og, csg, ssg);
-    if (model_set_conv_xproj(model, -1) != MG_OK) mg_tap_bail("set_conv_xproj(-1)");
-    char what[160];
-    if (!mg_tap_ok(s1 == MG_OK && s2 == MG_OK, "prefill b=%d T=%d with the fused conv + x_proj and with conv + GEMM run",
-                   batch, T)) {
-        mg_tap_diag("%s", mg_last_error());
-    } else {
-        snprintf(what, sizeof what, "fused conv + x_proj vs conv + GEMM b=%d T=%d: out", batch, T);
-        cmp_gpu(what, of, og, n_out(batch, T));
-        snprintf(what, sizeof what, "fused conv + x_proj vs conv + GEMM b=%d T=%d: ssm_state", batch, T);
-        cmp_gpu(what, ssf, ssg, nss);
-        snprintf(what, sizeof what, "fused conv + x_proj vs conv + GEMM b=%d T=%d: conv_state", batch, T);
-        cmp_gpu(what, csf, csg, ncs);
-        mg_tap_ok(memcmp(csf, csg, ncs / MODEL_N_LAYERS * sizeof(float)) == 0,
-                  "fused conv + x_proj vs conv + GEMM b=%d T=%d: layer 0 conv_state bit-identical", batch, T);
-    }
-    free(u); free(of); free(og); free(cs0); free(ss0); free(csf); free(ssf); free(csg); free(ssg);
-#else
-    (void)batch; (void)T; (void)seed;
-    mg_tap_expect_status(model_set_conv_xproj(model, all), MG_ERR_INVALID_ARG,
-                         "set_conv_xproj refuses a bound without the fused kernel");
-#endif
-    mg_tap_expect_status(model_set_conv_xproj(model, -2), MG_ERR_INVALID_ARG, "set_conv_xproj refuses -2");
-    mg_tap_expect_status(model_set_conv_xproj(NULL, 0), MG_ERR_INVALID_ARG, "set_conv_xproj refuses a NULL model");
-    mg_tap_ok(model_set_conv_xproj(model, 0) == MG_OK && model_set_conv_xproj(model, -1) == MG_OK,
-              "set_conv_xproj takes 0 (never) and -1 (the default)");
 }
 
 /* The spec's own dispatch picks the chunked scan where it should: same bits
