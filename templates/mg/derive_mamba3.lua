@@ -362,9 +362,13 @@ end
 --   d.dec_max_batch     the largest batch that takes it: min(max_batch,
 --                       M.DEC_MAX_BATCH). The GEMVs read every weight once for
 --                       all rows but do batch x the FMAs and shared-memory
---                       reads per weight; past ~8 rows they stop being
---                       bandwidth-bound and cuBLAS's tensor-core GEMMs win
---                       (an estimate: to be confirmed on the GPU)
+--                       reads per weight, so past some batch cuBLAS's
+--                       GEMMs win. 16: on the H200 (bench/results/
+--                       h200-2026-12-05c.txt, mamba3_rl) the GEMV step took
+--                       0.046 ms at batch 8 and the cuBLAS path 0.40 ms at
+--                       16 (0.15 ms at 32): the cuBLAS path at 16 rows is
+--                       the slow one by far; where the two cross above 16
+--                       is not measured yet
 --   d.dec_nb_max        rows the widest GEMV instance is compiled for: the
 --                       power of two >= dec_max_batch (instances 1, 2, 4, ..)
 --   d.dec_vw            elements per 16-byte weight load (16 / act_size)
@@ -388,7 +392,7 @@ end
 --     _vpl    16-byte vectors per lane and row per pass = ceil(kt/vw/(32 ks))
 --     _smem_bytes  static shared memory (stage + the K-split partials)
 -- ===========================================================================
-M.DEC_MAX_BATCH = 8
+M.DEC_MAX_BATCH = 16
 -- d.dec_blocks_target: about one GEMV block per SM, the SM count (d.sms)
 -- rounded down to a multiple of 8 (132 -> 128, H100/H200 SXM; 108 -> 104;
 -- 80 -> 80), at least 8

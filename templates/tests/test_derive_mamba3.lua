@@ -273,7 +273,7 @@ is(perf.dec_out_rw .. "/" .. perf.dec_out_ks .. "/" .. perf.dec_out_rpb .. "/" .
 is(perf.dec_out_kt .. "/" .. perf.dec_out_vpl, "2048/8", "perf decode: out_proj one pass, 8 vectors per lane")
 is(perf.dec_out_smem_bytes, 8 * 2048 * 2 + 4 * 8 * 8, "perf decode: out_proj shared memory")
 -- rl (f32, D 128, max_batch 64): small rows -> K split across warps to fill the GPU
-is(rl.dec_max_batch, 8, "rl decode: GEMV up to batch 8 (max_batch 64: cuBLAS above)")
+is(rl.dec_max_batch, 16, "rl decode: GEMV up to batch 16 (max_batch 64: cuBLAS above)")
 is(rl.dec_vw, 4, "rl decode: 4 f32 per 16-byte load")
 is(rl.dec_in_rw .. "/" .. rl.dec_in_ks .. "/" .. rl.dec_in_blocks, "1/2/170", "rl decode: in_proj 2-way K split, 170 blocks")
 is(rl.dec_out_rw .. "/" .. rl.dec_out_ks .. "/" .. rl.dec_out_blocks, "1/8/128", "rl decode: out_proj 8-way K split, 128 blocks")
