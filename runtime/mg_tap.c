@@ -94,6 +94,46 @@ void mg_tap_skip(const char *why, const char *what)
     fflush(stdout);
 }
 
+int mg_tap_section_rule(const char *part, const char *only, int k, const char *name)
+{
+    if (part && *part) {
+        int i, n, used = 0;
+        if (sscanf(part, "%d/%d%n", &i, &n, &used) != 2 || part[used] != '\0' || n < 1 || i < 0 || i >= n) return -1;
+        if (k % n != i) return 0;
+    }
+    if (!only || !*only) return 1;
+    /* comma-separated substrings; an empty one matches nothing */
+    for (const char *p = only; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len > 0) {
+            for (const char *q = name; strlen(q) >= len; ++q)
+                if (strncmp(q, p, len) == 0) return 1;
+        }
+        if (!end) break;
+        p = end + 1;
+    }
+    return 0;
+}
+
+int mg_tap_section(const char *name)
+{
+    static int k;   /* this section's index: the calls so far */
+    const char *part = getenv("MG_TEST_PART"), *only = getenv("MG_TEST_ONLY");
+    const int run = mg_tap_section_rule(part, only, k++, name);
+    if (run < 0) {
+        printf("Bail out! MG_TEST_PART=\"%s\": expected i/n with 0 <= i < n\n", part);
+        exit(1);
+    }
+    if (!run) {
+        char what[160];
+        snprintf(what, sizeof what, "section %s", name);
+        const int in_part = mg_tap_section_rule(part, NULL, k - 1, name);
+        mg_tap_skip(in_part ? "not selected (MG_TEST_ONLY)" : "not in this part (MG_TEST_PART)", what);
+    }
+    return run;
+}
+
 void mg_tap_bail(const char *what)
 {
     printf("Bail out! %s: %s\n", what, mg_last_error());

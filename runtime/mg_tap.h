@@ -44,6 +44,24 @@ int mg_tap_ok(int pass, const char *fmt, ...) __attribute__((format(printf, 2, 3
 /* "ok N - WHAT # SKIP WHY". */
 void mg_tap_skip(const char *why, const char *what);
 
+/* Sections: the named groups of cases of a test program, in call order
+ * (k = 0, 1, ...). mg_tap_section(name) says whether section k runs in this
+ * process: always, unless the environment narrows it:
+ *   MG_TEST_PART="i/n"    the sections with k % n == i (0 <= i < n): n
+ *                         processes with i = 0..n-1 run every section once
+ *                         between them, side by side (a slow tool such as
+ *                         compute-sanitizer racecheck, over one program);
+ *   MG_TEST_ONLY="a,b"    the sections whose name contains a or b.
+ * A section left out is one TAP skip naming it ("ok N - section NAME #
+ * SKIP ..."). The setup a program does before its first section runs in
+ * every process. A malformed MG_TEST_PART bails out. */
+int mg_tap_section(const char *name);
+
+/* The rule alone (no environment, no output): 1 when section k named name
+ * runs under part (NULL or "": every section) and only (NULL or "": no
+ * filter), 0 when it does not, -1 when part is not "i/n" with 0 <= i < n. */
+int mg_tap_section_rule(const char *part, const char *only, int k, const char *name);
+
 /* "Bail out! WHAT: <mg_last_error()>" and exit(1). */
 void mg_tap_bail(const char *what) __attribute__((noreturn));
 

@@ -485,6 +485,51 @@ static void test_tap_diag_bits(void)
     tap_ok(mg_tap_diag_bits("diag_bits self-test", a, a, 4) == 0, "mg_tap_diag_bits: a buffer against itself: 0");
 }
 
+/* mg_tap_section_rule: the parts of MG_TEST_PART cover every section once,
+ * MG_TEST_ONLY selects by substring, a malformed part is refused. */
+static void test_tap_sections(void)
+{
+    static const char *const names[7] = { "prefill", "decode", "decode single", "chunked", "graphs", "starts",
+                                          "selfcheck" };
+    int covered[7] = { 0 }, bad = 0;
+    for (int i = 0; i < 3; ++i) {
+        char part[16];
+        snprintf(part, sizeof part, "%d/3", i);
+        for (int k = 0; k < 7; ++k) {
+            const int r = mg_tap_section_rule(part, NULL, k, names[k]);
+            if (r < 0) bad = 1;
+            covered[k] += r > 0;
+            if ((r > 0) != (k % 3 == i)) bad = 1;
+        }
+    }
+    int once = 1;
+    for (int k = 0; k < 7; ++k) once = once && covered[k] == 1;
+    tap_ok(!bad && once, "mg_tap_section_rule: parts 0/3, 1/3, 2/3 run each of 7 sections exactly once");
+    int all = 1;
+    for (int k = 0; k < 7; ++k) all = all && mg_tap_section_rule(NULL, NULL, k, names[k]) == 1 &&
+                                    mg_tap_section_rule("", "", k, names[k]) == 1 &&
+                                    mg_tap_section_rule("0/1", NULL, k, names[k]) == 1;
+    tap_ok(all, "mg_tap_section_rule: unset, empty or 0/1 runs every section");
+    tap_ok(mg_tap_section_rule(NULL, "decode", 1, "decode") == 1 &&
+               mg_tap_section_rule(NULL, "decode", 2, "decode single") == 1 &&
+               mg_tap_section_rule(NULL, "decode", 0, "prefill") == 0 &&
+               mg_tap_section_rule(NULL, "graph,self", 4, "graphs") == 1 &&
+               mg_tap_section_rule(NULL, "graph,self", 6, "selfcheck") == 1 &&
+               mg_tap_section_rule(NULL, "graph,self", 3, "chunked") == 0 &&
+               mg_tap_section_rule(NULL, ",", 3, "chunked") == 0 &&
+               mg_tap_section_rule(NULL, "chunked-and-more", 3, "chunked") == 0,
+           "mg_tap_section_rule: MG_TEST_ONLY matches comma-separated substrings, empty ones nothing");
+    tap_ok(mg_tap_section_rule("1/2", "decode", 1, "decode") == 1 &&
+               mg_tap_section_rule("0/2", "decode", 1, "decode") == 0 &&
+               mg_tap_section_rule("1/2", "decode", 3, "chunked") == 0,
+           "mg_tap_section_rule: part and filter together (both must hold)");
+    static const char *const malformed[] = { "2/2", "-1/2", "0/0", "1", "1/2x", "a/b", "1/ 2x", "/2" };
+    int refused = 1;
+    for (size_t i = 0; i < sizeof malformed / sizeof *malformed; ++i)
+        refused = refused && mg_tap_section_rule(malformed[i], NULL, 0, "x") == -1;
+    tap_ok(refused, "mg_tap_section_rule: malformed parts refused (2/2, -1/2, 0/0, 1, 1/2x, a/b, /2)");
+}
+
 /* ------------------------------------------------------------ cuda: host side */
 
 static void test_cuda_host(int ndev)
@@ -960,6 +1005,7 @@ int main(void)
     test_m3_push_ranges();
     test_m3_angle_pushed();
     test_tap_diag_bits();
+    test_tap_sections();
     test_start_mask();
     int ndev = mg_device_count();
     test_cuda_host(ndev);

@@ -38,7 +38,9 @@
 # memcheck racecheck initcheck), SANITIZE_TUNE (0: skip the tuner run),
 # SANITIZE_GPU_RACECHECK_EXCLUDE (default: gemm|gemv|xmma|cutlass|splitK;
 # compute-sanitizer's `--kernel-name-exclude regex=...`), SANITIZE_GPU_FLAGS
-# (more compute-sanitizer options for every run, e.g. "--print-limit 1000").
+# (more compute-sanitizer options for every run, e.g. "--print-limit 1000"),
+# SANITIZE_RACECHECK_PARTS (default 4: each program under racecheck as that
+# many processes, each running a part of its sections; 1: one process).
 # A failed run prints its reports counted by kind and kernel (the first
 # lines of a report name both), so a flood from one kernel cannot hide
 # another.
@@ -96,6 +98,8 @@ else
   rtc="-I$srcroot/runtime -I$CUDA_HOME/include"
   rtl="-L$main/.libs -Wl,-rpath,$main/.libs -lmgrt $(sed -n 's/^CUDA_LIBS = //p' "$main/Makefile") -lm"
   race_exclude=${SANITIZE_GPU_RACECHECK_EXCLUDE-gemm|gemv|xmma|cutlass|splitK}
+  race_parts=${SANITIZE_RACECHECK_PARTS:-4}
+  case $race_parts in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_RACECHECK_PARTS=$race_parts: expected a count >= 1"; exit 1;; esac
   # report_summary LOG: a failed run's reports counted by kind and kernel
   # (a report's first line says what, its next one where: "at KERNEL+off"),
   # its failed TAP lines, and the log's first lines when it holds no report
@@ -106,7 +110,7 @@ else
                                             n[what " in " k]++; what = "" }
          END { for (r in n) printf "check-sanitize:   %6d x %s\n", n[r], r }' "$1" | sort -k2,2nr | head -n 20
     grep -E '^(not ok|========= ERROR SUMMARY|========= RACECHECK SUMMARY)' "$1" | head -n 10
-    grep -q '^========= [A-Z]' "$1" || head -n 8 "$1"
+    grep -v -E 'COMPUTE-SANITIZER|SUMMARY' "$1" | grep -q '^========= [A-Z]' || head -n 8 "$1"
   }
   # spec_file NAME: the spec of NAME (specs/NAME.yaml, or a variant written
   # into $dir/specs); empty for an unknown name
@@ -158,29 +162,49 @@ else
         esac;;
     esac
     # every program under every tool at once (separate processes on one
-    # GPU; each writes its own log), then the results in a fixed order
+    # GPU; each writes its own log), then the results in a fixed order.
+    # racecheck is the slow tool (a Mamba-1 inference program reached check
+    # 38 of 340 in 400 s on an H100): each program runs under it as
+    # $race_parts processes, part i of n running the program's sections
+    # k % n == i (MG_TEST_PART, mg_tap.h), side by side.
+    runs() {   # the (tool, part) runs of one program: "tool" or "tool i/n"
+      for tool in $tools; do
+        if [ "$tool" = racecheck ] && [ "$race_parts" -gt 1 ]; then
+          i=0
+          while [ $i -lt "$race_parts" ]; do echo "$tool $i/$race_parts"; i=$((i + 1)); done
+        else
+          echo "$tool"
+        fi
+      done
+    }
     for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
       [ -x "$prog" ] || continue
-      for tool in $tools; do
+      for run in $(runs | tr ' ' ':'); do   # (a loop in this shell, not a pipe: wait sees its jobs)
+        tool=${run%%:*}
+        part=${run#"$tool"}; part=${part#:}
         extra=
         [ "$tool" = memcheck ] && extra="--leak-check full"
         [ "$tool" = racecheck ] && [ -n "$race_exclude" ] && extra="--kernel-name-exclude regex=$race_exclude"
-        log=$dir/gpu_$(basename "$prog").$tool.log
+        log=$dir/gpu_$(basename "$prog").$tool${part:+.p${part%/*}}.log
         ( start=$(date +%s)
-          (cd "$pkg" && "$cs" --tool "$tool" $extra ${SANITIZE_GPU_FLAGS:-} --error-exitcode 99 "$prog") > "$log" 2>&1
+          (cd "$pkg" && MG_TEST_PART=$part "$cs" --tool "$tool" $extra ${SANITIZE_GPU_FLAGS:-} --error-exitcode 99 "$prog") \
+            > "$log" 2>&1
           echo "$? $(($(date +%s) - start))" > "$log.rc" ) &
       done
     done
     wait
     for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
       [ -x "$prog" ] || continue
-      for tool in $tools; do
-        log=$dir/gpu_$(basename "$prog").$tool.log
+      for run in $(runs | tr ' ' ':'); do
+        tool=${run%%:*}
+        part=${run#"$tool"}; part=${part#:}
+        log=$dir/gpu_$(basename "$prog").$tool${part:+.p${part%/*}}.log
+        name="$tool $(basename "$prog")${part:+ (part $part)}"
         read -r rc secs < "$log.rc" || rc=1
         if [ "$rc" = 0 ]; then
-          echo "check-sanitize: GPU: ok: $tool $(basename "$prog") (${secs}s; $(grep -c '^ok' "$log") TAP ok)"
+          echo "check-sanitize: GPU: ok: $name (${secs}s; $(grep -c '^ok' "$log") TAP ok)"
         else
-          echo "check-sanitize: GPU: FAIL: $tool $(basename "$prog") (exit $rc; $log):"
+          echo "check-sanitize: GPU: FAIL: $name (exit $rc; $log):"
           report_summary "$log"
           status=1
         fi

@@ -400,10 +400,14 @@ static int train_budget(void)
 /* The first gradient checks vs the reference: batch *ba, a length *ta
  * crossing checkpoint chunks and not a multiple of the stride, from a
  * random state; then a fresh start. */
-static void test_grads_first(int budget, int *ba, int *ta)
+static void grads_first_shape(int budget, int *ba, int *ta)
 {
     *ba = imin(2, MAX_BATCH);
     *ta = imin(MAX_SEQ_LEN, imin(2 * CKPT + 3, imax(1, budget / 3 / *ba)));
+}
+static void test_grads_first(int budget, int *ba, int *ta)
+{
+    grads_first_shape(budget, ba, ta);
     test_grads(*ba, *ta, 1, 101);
     const int bb = imin(3, MAX_BATCH);
     const int tb = imin(MAX_SEQ_LEN, imin(CKPT + 1, imax(1, budget / 4 / bb)));
@@ -904,21 +908,23 @@ static void test_bad_calls(void);
  * layout (the program frees it). */
 static void train_end(int ba)
 {
-    test_adamw(0, 0, 404);
-    test_adamw(1, 1, 505);
-    test_adamw_skip(909);
-    test_grad_accumulate(ba, imin(MAX_SEQ_LEN, CKPT + 3), 919);
+    if (mg_tap_section("adamw")) {
+        test_adamw(0, 0, 404);
+        test_adamw(1, 1, 505);
+        test_adamw_skip(909);
+        test_grad_accumulate(ba, imin(MAX_SEQ_LEN, CKPT + 3), 919);
+    }
 
     /* Training from this precision's default loss scale. */
     if (model_trainer_set_loss_scaling(tr, MODEL_LOSS_SCALE_INIT, MODEL_LOSS_SCALE_GROWTH) != MG_OK)
         mg_tap_bail("set_loss_scaling (default)");
 
-    test_training(ba, imin(MAX_SEQ_LEN, 16), 20, 606);
+    if (mg_tap_section("training")) test_training(ba, imin(MAX_SEQ_LEN, 16), 20, 606);
 
     /* The training step as a CUDA Graph: replays == eager steps, bit for bit. */
-    test_train_graph(ba, imin(MAX_SEQ_LEN, CKPT + 5), 4, 707);
+    if (mg_tap_section("train graph")) test_train_graph(ba, imin(MAX_SEQ_LEN, CKPT + 5), 4, 707);
 
-    test_bad_calls();
+    if (mg_tap_section("bad calls")) test_bad_calls();
 
     model_trainer_destroy(tr);
     mg_dev_free(d_blob);

@@ -1209,62 +1209,72 @@ int main(void)
     test_param_table();
     fwd_model_start();
 
-    /* Case A: small batch, a length crossing a scan time chunk (not a
-     * multiple of it), from a random initial state. */
+    /* Sections (mg_tap_section: MG_TEST_PART / MG_TEST_ONLY can split or
+     * narrow the run; by default every one runs, in this order). */
     const int ba = imin(2, MAX_BATCH);
-    const int ta = imin(MAX_SEQ_LEN, imin(SCAN_TCHUNK + 3, imax(1, budget / 3 / ba)));
-    test_prefill(ba, ta, 1, 101);
+    if (mg_tap_section("prefill")) {
+        /* Case A: small batch, a length crossing a scan time chunk (not a
+         * multiple of it), from a random initial state. */
+        const int ta = imin(MAX_SEQ_LEN, imin(SCAN_TCHUNK + 3, imax(1, budget / 3 / ba)));
+        test_prefill(ba, ta, 1, 101);
 
-    /* Case B: batch = MAX_BATCH, fresh start (NULL states). */
-    if (MAX_BATCH > ba && MAX_BATCH <= budget / 4) {
-        const int tb = imin(MAX_SEQ_LEN, imin(2 * SCAN_TCHUNK + 5, imax(1, budget / 4 / MAX_BATCH)));
-        test_prefill(MAX_BATCH, tb, 0, 202);
-    } else if (MAX_BATCH > ba) {
-        mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill batch = MAX_BATCH vs reference");
-    } else {
-        test_prefill(1, imin(MAX_SEQ_LEN, imax(1, budget / 8)), 0, 202);
+        /* Case B: batch = MAX_BATCH, fresh start (NULL states). */
+        if (MAX_BATCH > ba && MAX_BATCH <= budget / 4) {
+            const int tb = imin(MAX_SEQ_LEN, imin(2 * SCAN_TCHUNK + 5, imax(1, budget / 4 / MAX_BATCH)));
+            test_prefill(MAX_BATCH, tb, 0, 202);
+        } else if (MAX_BATCH > ba) {
+            mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill batch = MAX_BATCH vs reference");
+        } else {
+            test_prefill(1, imin(MAX_SEQ_LEN, imax(1, budget / 8)), 0, 202);
+        }
     }
 
     /* Continuation across two calls. */
-    if (MAX_SEQ_LEN >= 2) {
-        const int bc = imin(2, MAX_BATCH);
-        const int tt = imin(MAX_SEQ_LEN, imin(SCAN_TCHUNK + 5, imax(2, budget / 4 / bc)));
-        int t1 = tt / 2 + 1;
-        if (t1 >= tt) t1 = tt - 1;
-        test_continuation(bc, t1, tt - t1, 303);
-    } else {
-        mg_tap_skip("MAX_SEQ_LEN < 2", "continuation across two prefill calls");
+    if (mg_tap_section("continuation")) {
+        if (MAX_SEQ_LEN >= 2) {
+            const int bc = imin(2, MAX_BATCH);
+            const int tt = imin(MAX_SEQ_LEN, imin(SCAN_TCHUNK + 5, imax(2, budget / 4 / bc)));
+            int t1 = tt / 2 + 1;
+            if (t1 >= tt) t1 = tt - 1;
+            test_continuation(bc, t1, tt - t1, 303);
+        } else {
+            mg_tap_skip("MAX_SEQ_LEN < 2", "continuation across two prefill calls");
+        }
     }
 
     /* Decode steps vs prefill (GPU only: any length). */
-    test_decode(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, SCAN_TCHUNK + 3), 404);
+    if (mg_tap_section("decode")) {
+        test_decode(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, SCAN_TCHUNK + 3), 404);
 
-    /* Fused single-token decode vs the unfused path and prefill(seqlen 1). */
-    test_decode_fused(imin(3, MAX_BATCH), 5, 414);
-    test_decode_fused(MAX_BATCH, 2, 415);
+        /* Fused single-token decode vs the unfused path and prefill(seqlen 1). */
+        test_decode_fused(imin(3, MAX_BATCH), 5, 414);
+        test_decode_fused(MAX_BATCH, 2, 415);
+    }
 
     /* Single-launch decode vs the fused path (and the reference): batch 1,
      * a middle batch, MAX_BATCH. */
-    test_decode_single(1, imin(MAX_SEQ_LEN, 6), 416);
-    /* a partly filled last cluster at the largest tile: 2 * MAX_TILE + 1 streams (within MAX_BATCH) */
-    test_decode_tiles(imin(MAX_BATCH, 2 * MODEL_DECODE_SINGLE_MAX_TILE + 1), imin(MAX_SEQ_LEN, 3), 419);
-    if (MAX_BATCH > 2) test_decode_single((MAX_BATCH + 1) / 2, 4, 417);
-    if (MAX_BATCH > 1) test_decode_single(MAX_BATCH, 3, 418);
+    if (mg_tap_section("decode single")) {
+        test_decode_single(1, imin(MAX_SEQ_LEN, 6), 416);
+        /* a partly filled last cluster at the largest tile: 2 * MAX_TILE + 1 streams (within MAX_BATCH) */
+        test_decode_tiles(imin(MAX_BATCH, 2 * MODEL_DECODE_SINGLE_MAX_TILE + 1), imin(MAX_SEQ_LEN, 3), 419);
+        if (MAX_BATCH > 2) test_decode_single((MAX_BATCH + 1) / 2, 4, 417);
+        if (MAX_BATCH > 1) test_decode_single(MAX_BATCH, 3, 418);
+    }
 
     /* Bit-identical reruns. */
-    test_determinism(ba, imin(MAX_SEQ_LEN, SCAN_TCHUNK + 3), 505);
+    if (mg_tap_section("determinism")) test_determinism(ba, imin(MAX_SEQ_LEN, SCAN_TCHUNK + 3), 505);
 
     /* The fused conv + x_proj against conv + GEMM: 37 steps, two conv
      * tiles of 16 and a partial third, two streams. */
-    test_conv_xproj(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 515);
+    if (mg_tap_section("conv x_proj")) test_conv_xproj(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 515);
 
-    test_bad_calls();
+    if (mg_tap_section("bad calls")) test_bad_calls();
 
 #if MODEL_HAS_CHUNKED_SCAN
     /* Chunked scan: a length that is not a multiple of the chunk (several
      * chunks), exactly one chunk, a partial single chunk, vs the sequential
      * scan and the reference; then a long call (GPU only). */
-    {
+    if (mg_tap_section("chunked")) {
         const int bq = imin(2, MAX_BATCH);
         const int tq = imin(MAX_SEQ_LEN, imin(3 * SCAN_CHUNK + 5, imax(1, budget / 4 / bq)));
         test_chunked(bq, tq, 1, 707);
@@ -1280,7 +1290,7 @@ int main(void)
 #endif
 
     /* Burn-in (target network): last step only. */
-    {
+    if (mg_tap_section("burn-in")) {
         const int bb = imin(2, MAX_BATCH);
         const int tb = imin(MAX_SEQ_LEN, imin(2 * SCAN_TCHUNK + 7, imax(1, budget / 6 / bb)));
         test_burn_in(bb, tb, 1, 808);
@@ -1288,19 +1298,23 @@ int main(void)
     }
 
     /* Decode CUDA Graph: replay == eager, bit for bit. */
-    test_decode_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 8), MODEL_DECODE_DEFAULT, 909);
-    test_decode_graph(MAX_BATCH, 3, MODEL_DECODE_DEFAULT, 910);
-    test_decode_graph(imin(3, MAX_BATCH), 3, MODEL_DECODE_FUSED, 911);
-    test_decode_graph(1, 4, MODEL_DECODE_DEFAULT, 912);
+    if (mg_tap_section("decode graph")) {
+        test_decode_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 8), MODEL_DECODE_DEFAULT, 909);
+        test_decode_graph(MAX_BATCH, 3, MODEL_DECODE_DEFAULT, 910);
+        test_decode_graph(imin(3, MAX_BATCH), 3, MODEL_DECODE_FUSED, 911);
+        test_decode_graph(1, 4, MODEL_DECODE_DEFAULT, 912);
+    }
 
     /* Prefill CUDA Graph: windows replayed == eager prefill, bit for bit
      * (short windows, and one long enough for the chunked scan at batch 1). */
-    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 0, 950);
-    test_prefill_graph(1, imin(MAX_SEQ_LEN, 3 * MODEL_SCAN_CHUNK + 5), 2, 0, 960);
-    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 1, 970);
+    if (mg_tap_section("prefill graph")) {
+        test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 0, 950);
+        test_prefill_graph(1, imin(MAX_SEQ_LEN, 3 * MODEL_SCAN_CHUNK + 5), 2, 0, 960);
+        test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 1, 970);
+    }
 
     /* Decode with a reset mask, on every decode path, and its graph. */
-    {
+    if (mg_tap_section("decode reset")) {
         static const char *const path[3] = { "unfused decode", "fused decode", "single-launch decode" };
         for (int level = MODEL_DECODE_UNFUSED; level <= (MODEL_HAS_DECODE_SINGLE ? MODEL_DECODE_SINGLE : MODEL_DECODE_FUSED);
              ++level) {
@@ -1316,14 +1330,16 @@ int main(void)
     /* Weights out of the init range (REF(push_ranges): softplus's argument
      * above its threshold): out and final states vs the reference, from a
      * random state, over two scan time chunks and a few steps. */
-    fwd_weights_pushed(4711);
-    test_prefill(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, imin(2 * SCAN_TCHUNK + 5, imax(1, budget / 8 / imin(2, MAX_BATCH)))), 1, 1101);
-    fwd_weights_init();
+    if (mg_tap_section("pushed weights")) {
+        fwd_weights_pushed(4711);
+        test_prefill(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, imin(2 * SCAN_TCHUNK + 5, imax(1, budget / 8 / imin(2, MAX_BATCH)))), 1, 1101);
+        fwd_weights_init();
+    }
     /* Episode starts in prefill and burn-in: vs the reference (mixed starts:
      * t = 0, chunk edges, mid-chunk, consecutive, the last token; every
      * stream at one token), on every scan; the exact properties; vs decode
      * with the reset mask; vs the hand split; bad calls. */
-    {
+    if (mg_tap_section("starts")) {
         const int bs = imin(5, MAX_BATCH);
         const int ts = imin(MAX_SEQ_LEN, imin(2 * SCAN_CHUNK + 9, imax(2, budget / 6 / bs)));
         test_starts_ref(bs, ts, MG_TAP_STARTS_MIXED, 1001);
@@ -1338,7 +1354,7 @@ int main(void)
     }
 
     /* The library's own self-check. */
-    test_selfcheck(imin(MAX_SEQ_LEN, imax(1, budget / 8)));
+    if (mg_tap_section("selfcheck")) test_selfcheck(imin(MAX_SEQ_LEN, imax(1, budget / 8)));
 
     return fwd_end();
 }

@@ -706,18 +706,22 @@ int main(void)
     if (mg_ref_mamba1_init(&dims, &lay, blob, TRAIN_INIT_SEED) != MG_OK) mg_tap_bail("mg_ref_mamba1_init");
     train_start();   /* the device copy, the trainer, the loss-scaling test */
 
+    /* Sections (mg_tap_section: MG_TEST_PART / MG_TEST_ONLY can split or
+     * narrow the run; by default every one runs, in this order). */
     int ba, ta;
-    test_grads_first(budget, &ba, &ta);
+    grads_first_shape(budget, &ba, &ta);
+    if (mg_tap_section("gradients")) test_grads_first(budget, &ba, &ta);
     /* Over several chunks of the spec (scan.chunk_size; the backward's span
      * MODEL_BSCAN_SPAN is that rounded up to whole checkpoint chunks),
      * batch 1: the one check longer than a few steps on mamba1_130m. */
-    test_grads_chunks(imax(MODEL_SCAN_CHUNK, MODEL_HAS_CHUNKED_BWD ? MODEL_BSCAN_SPAN : 0), 111);
+    if (mg_tap_section("gradients over chunks"))
+        test_grads_chunks(imax(MODEL_SCAN_CHUNK, MODEL_HAS_CHUNKED_BWD ? MODEL_BSCAN_SPAN : 0), 111);
     /* A long sequence (> 256 steps, not a multiple of the checkpoint stride):
      * many checkpoint chunks in the backward scan, one sequence. With the
      * chunk-parallel backward the spec's dispatch picks it at this length
      * (chunked: longer than a span; auto: from BSCAN_AUTO_MIN_LEN), over
      * several spans with a partial last one. */
-    {
+    if (mg_tap_section("long sequence")) {
         int tl = 256 + CKPT + 3;
 #if MODEL_HAS_CHUNKED_BWD
         tl = imax(tl, 2 * MODEL_BSCAN_SPAN + 3);   /* at least three spans */
@@ -740,20 +744,22 @@ int main(void)
                      "gradients of a long sequence (> 256 steps) vs the reference");
     }
 
-    test_determinism(ba, imin(MAX_SEQ_LEN, 2 * CKPT + 3), 303);
+    if (mg_tap_section("determinism")) test_determinism(ba, imin(MAX_SEQ_LEN, 2 * CKPT + 3), 303);
 
     /* The chunk-parallel scan backward over several spans. */
-    test_chunked_bwd(budget, 313);
+    if (mg_tap_section("chunked backward")) test_chunked_bwd(budget, 313);
 
     /* Weights out of the init range (softplus's argument above its
      * threshold): every gradient vs the reference. */
-    test_grads_pushed(ba, imin(ta, imin(MAX_SEQ_LEN, CKPT + 5)), 4711);
+    if (mg_tap_section("pushed weights")) test_grads_pushed(ba, imin(ta, imin(MAX_SEQ_LEN, CKPT + 5)), 4711);
     /* Episode starts in training (trainer_set_starts). */
-    test_starts(budget);
+    if (mg_tap_section("starts")) test_starts(budget);
 
-    test_train_packed(1100);
-    test_train_packed_from(1101);
-    train_end(ba);   /* AdamW, training, the training graph, bad calls */
+    if (mg_tap_section("packed")) {
+        test_train_packed(1100);
+        test_train_packed_from(1101);
+    }
+    train_end(ba);   /* sections: AdamW, training, the training graph, bad calls */
     mg_ref_mamba1_layout_free(&lay);
     return mg_tap_done();
 }

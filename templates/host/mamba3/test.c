@@ -942,53 +942,59 @@ int main(void)
     test_param_table();
     fwd_model_start();
 
+    /* Sections (mg_tap_section: MG_TEST_PART / MG_TEST_ONLY can split or
+     * narrow the run; by default every one runs, in this order). */
     /* Case A: small batch, a length spanning several chunks and staged time
      * chunks, a multiple of neither, from a random initial state. */
     int ba = imin(2, MAX_BATCH);
     const int ta_want = 4 * CHUNK - 5;
     if (ba * ta_want > budget / 4) ba = 1;
-    const int ta = imin(MAX_SEQ_LEN, imin(ta_want, imax(1, budget / 4 / ba)));
-    test_prefill(ba, ta, 1, 101);
+    if (mg_tap_section("prefill")) {
+        const int ta = imin(MAX_SEQ_LEN, imin(ta_want, imax(1, budget / 4 / ba)));
+        test_prefill(ba, ta, 1, 101);
 
-    /* Case B: batch = MAX_BATCH, fresh start (NULL states). */
-    if (MAX_BATCH > ba && MAX_BATCH <= budget / 4) {
-        const int tb = imin(MAX_SEQ_LEN, imin(CHUNK + 5, imax(1, budget / 4 / MAX_BATCH)));
-        test_prefill(MAX_BATCH, tb, 0, 202);
-    } else if (MAX_BATCH > ba) {
-        mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill batch = MAX_BATCH vs reference");
-    } else {
-        test_prefill(1, imin(MAX_SEQ_LEN, imin(CHUNK + 5, imax(1, budget / 8))), 0, 202);
+        /* Case B: batch = MAX_BATCH, fresh start (NULL states). */
+        if (MAX_BATCH > ba && MAX_BATCH <= budget / 4) {
+            const int tb = imin(MAX_SEQ_LEN, imin(CHUNK + 5, imax(1, budget / 4 / MAX_BATCH)));
+            test_prefill(MAX_BATCH, tb, 0, 202);
+        } else if (MAX_BATCH > ba) {
+            mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill batch = MAX_BATCH vs reference");
+        } else {
+            test_prefill(1, imin(MAX_SEQ_LEN, imin(CHUNK + 5, imax(1, budget / 8))), 0, 202);
+        }
     }
 
     /* Continuation across two calls, then across four (one of length 1). */
-    const int bc = imin(2, MAX_BATCH);
-    if (MAX_SEQ_LEN >= 2) {
-        const int tt = imin(MAX_SEQ_LEN, imin(CHUNK + 5, imax(2, budget / 8 / bc)));
-        int lens[2];
-        lens[0] = imin(tt - 1, tt / 2 + 1);
-        lens[1] = tt - lens[0];
-        test_windows(bc, 2, lens, 303);
-    } else {
-        mg_tap_skip("MAX_SEQ_LEN < 2", "continuation across two prefill calls");
-    }
-    if (MAX_SEQ_LEN >= 4) {
-        const int tt = imin(MAX_SEQ_LEN, imin(2 * CHUNK + 7, imax(4, budget / 8 / bc)));
-        int lens[4];
-        lens[0] = imax(1, tt / 4 - 1);
-        lens[1] = 1;
-        lens[2] = imax(1, tt / 4 + 1);
-        lens[3] = tt - lens[0] - lens[1] - lens[2];
-        if (lens[3] < 1) { lens[3] = 1; lens[0] = tt - 3; lens[2] = 1; }
-        test_windows(bc, 4, lens, 313);
-    } else {
-        mg_tap_skip("MAX_SEQ_LEN < 4", "continuation across four prefill calls");
+    if (mg_tap_section("continuation")) {
+        const int bc = imin(2, MAX_BATCH);
+        if (MAX_SEQ_LEN >= 2) {
+            const int tt = imin(MAX_SEQ_LEN, imin(CHUNK + 5, imax(2, budget / 8 / bc)));
+            int lens[2];
+            lens[0] = imin(tt - 1, tt / 2 + 1);
+            lens[1] = tt - lens[0];
+            test_windows(bc, 2, lens, 303);
+        } else {
+            mg_tap_skip("MAX_SEQ_LEN < 2", "continuation across two prefill calls");
+        }
+        if (MAX_SEQ_LEN >= 4) {
+            const int tt = imin(MAX_SEQ_LEN, imin(2 * CHUNK + 7, imax(4, budget / 8 / bc)));
+            int lens[4];
+            lens[0] = imax(1, tt / 4 - 1);
+            lens[1] = 1;
+            lens[2] = imax(1, tt / 4 + 1);
+            lens[3] = tt - lens[0] - lens[1] - lens[2];
+            if (lens[3] < 1) { lens[3] = 1; lens[0] = tt - 3; lens[2] = 1; }
+            test_windows(bc, 4, lens, 313);
+        } else {
+            mg_tap_skip("MAX_SEQ_LEN < 4", "continuation across four prefill calls");
+        }
     }
 
 #if MODEL_HAS_CHUNKED_SCAN
     /* Chunked scan, forced: vs the reference and the sequential scan, at a
      * length of several chunks plus a partial one, and shorter than a chunk;
      * then continuation over four chunked windows vs one chunked call. */
-    {
+    if (mg_tap_section("chunked")) {
         const int Q = MODEL_SCAN_CHUNK;
         const int bq = imin(2, MAX_BATCH);
         test_chunked_vs_sequential(bq, imin(MAX_SEQ_LEN, imin(3 * Q + 5, imax(2, budget / 8 / bq))), 801);
@@ -1018,23 +1024,26 @@ int main(void)
 #endif
 
     /* Decode steps vs prefill (GPU only: any length). */
-    test_decode(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, SCAN_TCHUNK + 3), 404);
+    if (mg_tap_section("decode")) test_decode(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, SCAN_TCHUNK + 3), 404);
 
     /* A long sequence vs the reference (the angle recurrence over MAX_SEQ_LEN
      * tokens). */
-    if (MAX_SEQ_LEN <= 2 * budget)
-        test_prefill(1, MAX_SEQ_LEN, 1, 707);
-    else
-        mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)", "prefill of MAX_SEQ_LEN tokens vs reference");
+    if (mg_tap_section("long sequence")) {
+        if (MAX_SEQ_LEN <= 2 * budget)
+            test_prefill(1, MAX_SEQ_LEN, 1, 707);
+        else
+            mg_tap_skip("reference too costly at this scale (raise MG_TEST_SCALE)",
+                        "prefill of MAX_SEQ_LEN tokens vs reference");
+    }
 
     /* Bit-identical reruns. */
-    test_determinism(ba, imin(MAX_SEQ_LEN, SCAN_TCHUNK + 3), 505);
+    if (mg_tap_section("determinism")) test_determinism(ba, imin(MAX_SEQ_LEN, SCAN_TCHUNK + 3), 505);
 
-    test_bad_calls();
+    if (mg_tap_section("bad calls")) test_bad_calls();
 
     /* Burn-in (target network): last step only; from a random state (vs
      * prefill and the reference), a fresh start, and a single token. */
-    {
+    if (mg_tap_section("burn-in")) {
         const int bb = imin(2, MAX_BATCH);
         const int tb = imin(MAX_SEQ_LEN, imin(2 * CHUNK + 7, imax(1, budget / 8 / bb)));
         test_burn_in(bb, tb, 1, 1, 808);
@@ -1043,39 +1052,47 @@ int main(void)
     }
 
     /* Decode CUDA Graph: replay == eager, bit for bit. */
-    test_decode_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 8), 909);
-    test_decode_graph(MAX_BATCH, 3, 910);
+    if (mg_tap_section("decode graph")) {
+        test_decode_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 8), 909);
+        test_decode_graph(MAX_BATCH, 3, 910);
+    }
 
     /* Prefill CUDA Graph: windows replayed == eager prefill, bit for bit
      * (short windows, and one long enough for the chunked scan at batch 1). */
-    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 0, 950);
-    test_prefill_graph(1, imin(MAX_SEQ_LEN, 3 * MODEL_SCAN_CHUNK + 5), 2, 0, 960);
-    test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 1, 970);
+    if (mg_tap_section("prefill graph")) {
+        test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 0, 950);
+        test_prefill_graph(1, imin(MAX_SEQ_LEN, 3 * MODEL_SCAN_CHUNK + 5), 2, 0, 960);
+        test_prefill_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 37), 3, 1, 970);
+    }
 
     /* Decode with a reset mask (the fused single-token kernels up to
      * DEC_MAX_BATCH streams, the prefill kernels above), and its graph. */
-    test_decode_reset(imin(4, MAX_BATCH), 3, "fused decode", 920);
-    if (MAX_BATCH > MODEL_DEC_MAX_BATCH) test_decode_reset(MAX_BATCH, 2, "prefill-kernel decode", 921);
-    test_decode_graph_reset(imin(5, MAX_BATCH), 6, "fused decode", 940);
-    if (MAX_BATCH > MODEL_DEC_MAX_BATCH) test_decode_graph_reset(MAX_BATCH, 5, "prefill-kernel decode", 941);
-    test_reset_bad_calls();
+    if (mg_tap_section("decode reset")) {
+        test_decode_reset(imin(4, MAX_BATCH), 3, "fused decode", 920);
+        if (MAX_BATCH > MODEL_DEC_MAX_BATCH) test_decode_reset(MAX_BATCH, 2, "prefill-kernel decode", 921);
+        test_decode_graph_reset(imin(5, MAX_BATCH), 6, "fused decode", 940);
+        if (MAX_BATCH > MODEL_DEC_MAX_BATCH) test_decode_graph_reset(MAX_BATCH, 5, "prefill-kernel decode", 941);
+        test_reset_bad_calls();
+    }
 
     /* Episode starts (prefill_starts, burn_in_starts) on every scan path:
      * vs the reference's _ex forward, vs decode steps with the reset mask,
      * an all-zero mask vs the maskless call; bad calls. */
+    if (mg_tap_section("starts")) {
 #if MODEL_HAS_CHUNKED_SCAN
-    set_scan(MODEL_SCAN_SEQUENTIAL);
-    test_starts_path("sequential scan", budget, 960);
-    set_scan(MODEL_SCAN_CHUNKED);
-    test_starts_path(MODEL_HAS_FUSED_PREFILL ? "fused chunked scan" : "chunked scan", budget, 970);
-    set_scan(MODEL_SCAN_SPEC);
+        set_scan(MODEL_SCAN_SEQUENTIAL);
+        test_starts_path("sequential scan", budget, 960);
+        set_scan(MODEL_SCAN_CHUNKED);
+        test_starts_path(MODEL_HAS_FUSED_PREFILL ? "fused chunked scan" : "chunked scan", budget, 970);
+        set_scan(MODEL_SCAN_SPEC);
 #else
-    test_starts_path("sequential scan", budget, 960);
+        test_starts_path("sequential scan", budget, 960);
 #endif
-    test_starts_bad_calls();
-    test_packed(1006);
-    test_packed_from(1007);
-    test_packed_bad_calls();
+        test_starts_bad_calls();
+        test_packed(1006);
+        test_packed_from(1007);
+        test_packed_bad_calls();
+    }
 
     /* Weights out of the init range (REF(push_ranges): softplus's argument
      * above its threshold, and Mamba-3's a_floor clamp binding): out and
@@ -1085,12 +1102,14 @@ int main(void)
      * f32 rounding of that increment (~4e-6 rad) adds up as a random walk
      * in the angle state (about 4e-6 relative at this length in f32,
      * against 1e-5). */
-    fwd_weights_pushed(4711);
-    test_prefill(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, imin(CHUNK + 5, imax(1, budget / 8 / imin(2, MAX_BATCH)))), 1, 1101);
-    fwd_weights_init();
+    if (mg_tap_section("pushed weights")) {
+        fwd_weights_pushed(4711);
+        test_prefill(imin(2, MAX_BATCH), imin(MAX_SEQ_LEN, imin(CHUNK + 5, imax(1, budget / 8 / imin(2, MAX_BATCH)))), 1, 1101);
+        fwd_weights_init();
+    }
 
     /* The library's own self-check. */
-    test_selfcheck(imin(MAX_SEQ_LEN, imin(CHUNK + 9, imax(1, budget / 8))));
+    if (mg_tap_section("selfcheck")) test_selfcheck(imin(MAX_SEQ_LEN, imin(CHUNK + 9, imax(1, budget / 8))));
 
     return fwd_end();
 }

@@ -755,64 +755,73 @@ int main(void)
     if (mg_ref_mamba3_init(&dims, &lay, blob, TRAIN_INIT_SEED) != MG_OK) mg_tap_bail("mg_ref_mamba3_init");
     train_start();   /* the device copy, the trainer, the loss-scaling test */
 
+    /* Sections (mg_tap_section: MG_TEST_PART / MG_TEST_ONLY can split or
+     * narrow the run; by default every one runs, in this order). */
     int ba, ta;
-    test_grads_first(budget, &ba, &ta);
+    grads_first_shape(budget, &ba, &ta);
+    if (mg_tap_section("gradients")) test_grads_first(budget, &ba, &ta);
     /* Over several chunks of the spec (chunk_size; the chunked backward's
      * chunk MODEL_BWD_CHUNK is at most that), batch 1. */
-    test_grads_chunks(MODEL_CHUNK, 111);
+    if (mg_tap_section("gradients over chunks")) test_grads_chunks(MODEL_CHUNK, 111);
 
-    test_determinism(ba, imin(MAX_SEQ_LEN, 2 * CKPT + 3), 303);
+    if (mg_tap_section("determinism")) test_determinism(ba, imin(MAX_SEQ_LEN, 2 * CKPT + 3), 303);
 
     /* The SSM choice: chunked vs sequential over several chunks and two
      * chunked runs; the spec's dispatch; the reference gradient check once
      * more with the SSM the spec does not pick (over a chunk boundary when
      * the budget allows, else at the first check's length). */
-    test_chunked_bwd(313);
+    if (mg_tap_section("ssm choice")) {
+        test_chunked_bwd(313);
 #if MODEL_HAS_CHUNKED_BWD
 #if MODEL_SCAN_MODE_ID == 1
-    test_spec_dispatch(1, imin(MAX_SEQ_LEN, CKPT + 3), 323);   /* chunked: at any length */
+        test_spec_dispatch(1, imin(MAX_SEQ_LEN, CKPT + 3), 323);   /* chunked: at any length */
 #else
-    test_spec_dispatch(1, MODEL_SCAN_AUTO_MIN_LEN - 1, 323);   /* auto: below the threshold */
-    test_spec_dispatch(1, MODEL_SCAN_AUTO_MIN_LEN, 324);       /* at it (MAX_SEQ_LEN reaches it) */
+        test_spec_dispatch(1, MODEL_SCAN_AUTO_MIN_LEN - 1, 323);   /* auto: below the threshold */
+        test_spec_dispatch(1, MODEL_SCAN_AUTO_MIN_LEN, 324);       /* at it (MAX_SEQ_LEN reaches it) */
 #endif
-    {
-        const int Q = MODEL_BWD_CHUNK;
-        /* the first check's batch: a parameter gradient sums over the
-         * batch's tokens, and with one short sequence a tensor of a few
-         * entries (dt_bias at 2 heads) can cancel to a fraction of its
-         * terms, which rel-L2 then magnifies in bf16 */
-        int bo = ba, to = imin(MAX_SEQ_LEN, Q + Q / 2 + 3);
-        if (to % CKPT == 0) --to;
-        if (to <= Q || budget < bo * to) to = ta;
-        const int other = spec_picks_chunked(to) ? MODEL_SCAN_SEQUENTIAL : MODEL_SCAN_CHUNKED;
-        mg_tap_diag("reference check with the %s SSM forced: b=%d T=%d", other == MODEL_SCAN_CHUNKED ? "chunked" : "sequential", bo, to);
-        set_scan(other);
-        grads_tag = other == MODEL_SCAN_CHUNKED ? ", chunked SSM forced" : ", sequential SSM forced";
-        test_grads(bo, to, 1, 333);
-        grads_tag = "";
-        set_scan(MODEL_SCAN_SPEC);
+        {
+            const int Q = MODEL_BWD_CHUNK;
+            /* the first check's batch: a parameter gradient sums over the
+             * batch's tokens, and with one short sequence a tensor of a few
+             * entries (dt_bias at 2 heads) can cancel to a fraction of its
+             * terms, which rel-L2 then magnifies in bf16 */
+            int bo = ba, to = imin(MAX_SEQ_LEN, Q + Q / 2 + 3);
+            if (to % CKPT == 0) --to;
+            if (to <= Q || budget < bo * to) to = ta;
+            const int other = spec_picks_chunked(to) ? MODEL_SCAN_SEQUENTIAL : MODEL_SCAN_CHUNKED;
+            mg_tap_diag("reference check with the %s SSM forced: b=%d T=%d", other == MODEL_SCAN_CHUNKED ? "chunked" : "sequential", bo, to);
+            set_scan(other);
+            grads_tag = other == MODEL_SCAN_CHUNKED ? ", chunked SSM forced" : ", sequential SSM forced";
+            test_grads(bo, to, 1, 333);
+            grads_tag = "";
+            set_scan(MODEL_SCAN_SPEC);
+        }
+#endif
     }
-#endif
 
     /* Episode starts (trainer_set_starts) on each SSM: every gradient vs
      * the reference's _ex backward; an all-zero mask vs none. */
+    if (mg_tap_section("starts")) {
 #if MODEL_HAS_CHUNKED_BWD
-    set_scan(MODEL_SCAN_SEQUENTIAL);
-    test_starts_path("sequential SSM", budget, 350);
-    set_scan(MODEL_SCAN_CHUNKED);
-    test_starts_path("chunked SSM", budget, 360);
-    set_scan(MODEL_SCAN_SPEC);
+        set_scan(MODEL_SCAN_SEQUENTIAL);
+        test_starts_path("sequential SSM", budget, 350);
+        set_scan(MODEL_SCAN_CHUNKED);
+        test_starts_path("chunked SSM", budget, 360);
+        set_scan(MODEL_SCAN_SPEC);
 #else
-    test_starts_path("sequential SSM", budget, 350);
+        test_starts_path("sequential SSM", budget, 350);
 #endif
+    }
 
     /* Weights out of the init range (softplus's argument above its
      * threshold, and the a_floor clamp binding): every gradient vs the reference. */
-    test_grads_pushed(ba, imin(ta, imin(MAX_SEQ_LEN, CKPT + 5)), 4711);
+    if (mg_tap_section("pushed weights")) test_grads_pushed(ba, imin(ta, imin(MAX_SEQ_LEN, CKPT + 5)), 4711);
 
-    test_train_packed(1100);
-    test_train_packed_from(1101);
-    train_end(ba);   /* AdamW, training, the training graph, bad calls */
+    if (mg_tap_section("packed")) {
+        test_train_packed(1100);
+        test_train_packed_from(1101);
+    }
+    train_end(ba);   /* sections: AdamW, training, the training graph, bad calls */
     mg_ref_mamba3_layout_free(&lay);
     return mg_tap_done();
 }
