@@ -15,6 +15,14 @@
 #
 #   make profile PROFILE_SPEC=specs/mamba1_rl.yaml PROFILE_ROWS="prefill b64 T256;train step (graph) b64 T256"
 #
+# PROFILE_KERNEL=REGEX (e.g. scan_fused): also one launch of the kernels
+# matching REGEX in each row under `ncu --set full --import-source yes`
+# (every section, PC sampling), kept as $BENCH_OUT/profile-NAME-I.ncu-rep
+# for the Nsight Compute GUI, with two text digests beside it: its details
+# page (-I.details.txt: speed of light, occupancy, warp state, memory) and
+# bench/ncu_hotspots.py over its SASS source page (-I.hotspots.txt: the
+# instructions where the warps wait, and on what).
+#
 # ROWS: row labels "WHAT bBATCH TSEQLEN" as the bench names them (the CSV's
 # what, batch and seqlen columns), separated by ';' (a label matches where it
 # is not followed by a digit: "prefill b64" is every prefill row at batch 64).
@@ -63,6 +71,22 @@ for row in $rows; do
     echo "profile: ncu failed on row '$row':"; tail -20 "$out/profile-$name-$i.txt"; status=1; continue
   fi
   python3 "$here/ncu_summary.py" --row "$row" --copy-gbps "$copy" --f32-tflops "$f32" --csv "$csv" "$raw" || status=1
+  if [ -n "${PROFILE_KERNEL:-}" ]; then
+    rep=$out/profile-$name-$i
+    if "$ncu" --clock-control none --profile-from-start off -k "regex:$PROFILE_KERNEL" -c 1 --set full \
+         --import-source yes -f -o "$rep" "$bin" --only "$row" --profile --iters 1 > "$rep.log" 2>&1 &&
+       [ -f "$rep.ncu-rep" ]; then
+      "$ncu" --import "$rep.ncu-rep" --page details > "$rep.details.txt" 2>&1
+      "$ncu" --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.sass.csv" 2>&1
+      echo "-- $PROFILE_KERNEL in '$row': $rep.ncu-rep, $rep.details.txt"
+      python3 "$here/ncu_hotspots.py" "$rep.sass.csv" > "$rep.hotspots.txt" 2>&1
+      head -n 32 "$rep.hotspots.txt"
+    else
+      echo "profile: ncu captured no kernel matching '$PROFILE_KERNEL' in row '$row' ($rep.log):"
+      tail -n 5 "$rep.log"
+      status=1
+    fi
+  fi
   echo
 done
 IFS=$old_ifs
