@@ -19,8 +19,11 @@
 # "--only train"), BENCH_AB_AFTER (templates of the after side; default
 # the ones built into mamba-gen), BENCH_AB_ROUNDS (default 2),
 # BENCH_BEFORE_COMMIT / MG_BENCH_COMMIT (the commit columns of the two
-# sides; default "before" / this tree's, as bench/run.sh names it). No
-# CUDA device: exit 77.
+# sides; default "before" / this tree's, as bench/run.sh names it),
+# BENCH_AB_AFTER_SPECS (the after side's specs instead of the same ones:
+# one per spec, in order, each with the same file name and `name:`, e.g. a
+# copy with another chunk_size; with BEFORE = this tree's templates it
+# times two spec choices against each other). No CUDA device: exit 77.
 set -u
 [ $# -ge 3 ] || { echo "usage: $0 OUTDIR BEFORE_TEMPLATES SPEC.yaml..." >&2; exit 2; }
 out=$1 before=$2; shift 2
@@ -35,6 +38,28 @@ command -v python3 >/dev/null 2>&1 || { echo "$0: python3 is needed for the comp
 [ -n "${MG_BENCH_COMMIT:-}" ] || MG_BENCH_COMMIT=$(bench_commit "$here/..")
 after_commit=$MG_BENCH_COMMIT
 before_commit=${BENCH_BEFORE_COMMIT:-before}
+# the after side's specs: by default the same files
+specs="$*"
+after_specs=${BENCH_AB_AFTER_SPECS:-$specs}
+if [ "$after_specs" != "$specs" ]; then
+  set -- $after_specs
+  [ $# -eq "$(echo $specs | wc -w)" ] ||
+    { echo "$0: BENCH_AB_AFTER_SPECS names $# specs, the comparison $(echo $specs | wc -w)" >&2; exit 2; }
+  for a in $after_specs; do
+    [ -f "$a" ] || { echo "$0: $a: no such spec (BENCH_AB_AFTER_SPECS)" >&2; exit 2; }
+  done
+  i=1
+  for b in $specs; do
+    a=$(echo $after_specs | cut -d' ' -f$i)
+    # the rows of the two sides meet by model name, and round 2 finds a
+    # side's bench program by the file name
+    [ "$(basename "$a")" = "$(basename "$b")" ] ||
+      { echo "$0: $a: the after spec must have the file name of $b (the rows are matched by it)" >&2; exit 2; }
+    na=$(sed -n 's/^name: *\([A-Za-z0-9_]*\).*/\1/p' "$a") nb=$(sed -n 's/^name: *\([A-Za-z0-9_]*\).*/\1/p' "$b")
+    [ "$na" = "$nb" ] || { echo "$0: $a: name '$na', $b: name '$nb' (the rows are matched by it)" >&2; exit 2; }
+    i=$((i + 1))
+  done
+fi
 mkdir -p "$out" || exit 2
 rm -rf "$out"/before-* "$out"/after-*
 
@@ -54,13 +79,12 @@ side() {
     MG_BENCH_COMMIT=$scm "$out/$sd-1/$n/${n}_bench" --csv "$d/results.csv" ${BENCH_ARGS:-} >> "$d.log" 2>&1 || return 1
   done
 }
-specs="$*"
 i=1
 while [ "$i" -le "$rounds" ]; do
   for s in before after; do
-    if [ $s = before ]; then tpl=$before c=$before_commit; else tpl=$after c=$after_commit; fi
+    if [ $s = before ]; then tpl=$before c=$before_commit sp=$specs; else tpl=$after c=$after_commit sp=$after_specs; fi
     # shellcheck disable=SC2086
-    side $s "$tpl" "$c" "$i" $specs
+    side $s "$tpl" "$c" "$i" $sp
     st=$?
     if [ $st = 77 ]; then echo "bench-ab: no CUDA device; nothing measured"; exit 77; fi
     if [ $st != 0 ]; then echo "bench-ab: the $s side of round $i failed (see $out/$s-$i.log):"; tail -20 "$out/$s-$i.log"; exit 1; fi
