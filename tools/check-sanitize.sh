@@ -167,25 +167,27 @@ else
     # 38 of 340 in 400 s on an H100): each program runs under it as
     # $race_parts processes, part i of n running the program's sections
     # k % n == i (MG_TEST_PART, mg_tap.h), side by side.
-    runs() {   # the (tool, part) runs of one program: "tool" or "tool i/n"
+    runs() {   # the runs of one program, a word each: "tool:" or "tool:i/n"
       for tool in $tools; do
         if [ "$tool" = racecheck ] && [ "$race_parts" -gt 1 ]; then
           i=0
-          while [ $i -lt "$race_parts" ]; do echo "$tool $i/$race_parts"; i=$((i + 1)); done
+          while [ $i -lt "$race_parts" ]; do echo "$tool:$i/$race_parts"; i=$((i + 1)); done
         else
-          echo "$tool"
+          echo "$tool:"
         fi
       done
     }
+    run_of() {   # run_of PROG RUN: the run's tool, part (empty: the whole program) and log
+      tool=${2%%:*} part=${2#*:}
+      log=$dir/gpu_$(basename "$1").$tool${part:+.p${part%/*}}.log
+    }
     for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
       [ -x "$prog" ] || continue
-      for run in $(runs | tr ' ' ':'); do   # (a loop in this shell, not a pipe: wait sees its jobs)
-        tool=${run%%:*}
-        part=${run#"$tool"}; part=${part#:}
+      for run in $(runs); do   # (a loop in this shell, not a pipe: wait sees its jobs)
+        run_of "$prog" "$run"
         extra=
         [ "$tool" = memcheck ] && extra="--leak-check full"
         [ "$tool" = racecheck ] && [ -n "$race_exclude" ] && extra="--kernel-name-exclude regex=$race_exclude"
-        log=$dir/gpu_$(basename "$prog").$tool${part:+.p${part%/*}}.log
         ( start=$(date +%s)
           (cd "$pkg" && MG_TEST_PART=$part "$cs" --tool "$tool" $extra ${SANITIZE_GPU_FLAGS:-} --error-exitcode 99 "$prog") \
             > "$log" 2>&1
@@ -195,10 +197,8 @@ else
     wait
     for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
       [ -x "$prog" ] || continue
-      for run in $(runs | tr ' ' ':'); do
-        tool=${run%%:*}
-        part=${run#"$tool"}; part=${part#:}
-        log=$dir/gpu_$(basename "$prog").$tool${part:+.p${part%/*}}.log
+      for run in $(runs); do
+        run_of "$prog" "$run"
         name="$tool $(basename "$prog")${part:+ (part $part)}"
         read -r rc secs < "$log.rc" || rc=1
         if [ "$rc" = 0 ]; then
