@@ -41,23 +41,20 @@ before_commit=${BENCH_BEFORE_COMMIT:-before}
 # the after side's specs: by default the same files
 specs="$*"
 after_specs=${BENCH_AB_AFTER_SPECS:-$specs}
+spec_name() { sed -n 's/^name: *\([A-Za-z0-9_]*\).*/\1/p' "$1"; }
 if [ "$after_specs" != "$specs" ]; then
   set -- $after_specs
-  [ $# -eq "$(echo $specs | wc -w)" ] ||
-    { echo "$0: BENCH_AB_AFTER_SPECS names $# specs, the comparison $(echo $specs | wc -w)" >&2; exit 2; }
-  for a in $after_specs; do
-    [ -f "$a" ] || { echo "$0: $a: no such spec (BENCH_AB_AFTER_SPECS)" >&2; exit 2; }
-  done
-  i=1
+  n=$(echo $specs | wc -w)
+  [ $# -eq "$n" ] || { echo "$0: BENCH_AB_AFTER_SPECS names $# specs, the comparison $n" >&2; exit 2; }
+  # pairwise, in order: the rows of the two sides meet by model name, and
+  # round 2 finds a side's bench program by the file name
   for b in $specs; do
-    a=$(echo $after_specs | cut -d' ' -f$i)
-    # the rows of the two sides meet by model name, and round 2 finds a
-    # side's bench program by the file name
+    a=$1; shift
+    [ -f "$a" ] || { echo "$0: $a: no such spec (BENCH_AB_AFTER_SPECS)" >&2; exit 2; }
     [ "$(basename "$a")" = "$(basename "$b")" ] ||
       { echo "$0: $a: the after spec must have the file name of $b (the rows are matched by it)" >&2; exit 2; }
-    na=$(sed -n 's/^name: *\([A-Za-z0-9_]*\).*/\1/p' "$a") nb=$(sed -n 's/^name: *\([A-Za-z0-9_]*\).*/\1/p' "$b")
+    na=$(spec_name "$a") nb=$(spec_name "$b")
     [ "$na" = "$nb" ] || { echo "$0: $a: name '$na', $b: name '$nb' (the rows are matched by it)" >&2; exit 2; }
-    i=$((i + 1))
   done
 fi
 mkdir -p "$out" || exit 2
