@@ -41,16 +41,11 @@ extern "C" cudaError_t MG_LAUNCH(conv_xproj)(int batch, int seqlen, const void *
                                       const unsigned char *start, cudaStream_t stream)
 {
     const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
-    const dim3 grid((unsigned)batch * ntiles);
-    const act_t *xw = static_cast<const act_t *>(x_proj_w);
-    if (start)
-        conv_xproj_kernel<true><<<grid, CXP_THREADS, 0, stream>>>(
-            seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in, state_out,
-            static_cast<act_t *>(xc), xw, static_cast<act_t *>(dbl), reset, start);
-    else
-        conv_xproj_kernel<false><<<grid, CXP_THREADS, 0, stream>>>(
-            seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in, state_out,
-            static_cast<act_t *>(xc), xw, static_cast<act_t *>(dbl), reset, nullptr);
+    // start NULL: the maskless instance (which never reads it)
+    const auto kernel = start ? conv_xproj_kernel<true> : conv_xproj_kernel<false>;
+    kernel<<<dim3((unsigned)batch * ntiles), CXP_THREADS, 0, stream>>>(
+        seqlen, ntiles, static_cast<const act_t *>(xz), conv_w, conv_b, state_in, state_out,
+        static_cast<act_t *>(xc), static_cast<const act_t *>(x_proj_w), static_cast<act_t *>(dbl), reset, start);
     return cudaGetLastError();
 }
 #endif
