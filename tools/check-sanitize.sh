@@ -39,12 +39,29 @@
 # SANITIZE_GPU_RACECHECK_EXCLUDE (default: gemm|gemv|xmma|cutlass|splitK;
 # compute-sanitizer's `--kernel-name-exclude regex=...`), SANITIZE_GPU_FLAGS
 # (more compute-sanitizer options for every run, e.g. "--print-limit 1000"),
-# SANITIZE_RACECHECK_PARTS (default 4: each program under racecheck as that
-# many processes, each running a part of its sections; 1: one process).
+# SANITIZE_RACECHECK_LAUNCHES (default 4: racecheck checks each of the
+# program's own kernels on its first N launches, one kernel per run, the
+# runs SANITIZE_JOBS (default: the CPU count) at a time; 0: racecheck over
+# whole programs, below), SANITIZE_RACECHECK_PARTS (whole programs: each
+# under racecheck as that many processes, each running a part of its
+# sections; 1: one process).
 # A failed run prints its reports counted by kind and kernel (the first
 # lines of a report name both), so a flood from one kernel cannot hide
 # another.
 set -u
+# (internal) --race-one PROG KERNEL LOG: racecheck of KERNEL's first
+# launches in PROG, the report in LOG and "EXIT SECONDS" in LOG.rc; the
+# per-kernel runs below start this through xargs, many at a time
+# (environment: RC_CS compute-sanitizer, RC_FILTER the --kernel-name form
+# as a printf format, RC_LAUNCHES, SANITIZE_GPU_FLAGS)
+if [ "${1:-}" = --race-one ]; then
+  start=$(date +%s)
+  # shellcheck disable=SC2059 # RC_FILTER is the format
+  (cd "$(dirname "$2")" && "$RC_CS" --tool racecheck --kernel-name "$(printf "$RC_FILTER" "$3")" \
+     --launch-count "$RC_LAUNCHES" ${SANITIZE_GPU_FLAGS:-} --error-exitcode 99 "$2") > "$4" 2>&1
+  echo "$? $(($(date +%s) - start))" > "$4.rc"
+  exit 0
+fi
 gpu_only=0
 [ "${1:-}" = --gpu-only ] && { gpu_only=1; shift; }
 dir=${1:?usage: check-sanitize.sh [--gpu-only] DIR}
@@ -100,6 +117,94 @@ else
   race_exclude=${SANITIZE_GPU_RACECHECK_EXCLUDE-gemm|gemv|xmma|cutlass|splitK}
   race_parts=${SANITIZE_RACECHECK_PARTS:-4}
   case $race_parts in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_RACECHECK_PARTS=$race_parts: expected a count >= 1"; exit 1;; esac
+  race_launches=${SANITIZE_RACECHECK_LAUNCHES:-4}
+  case $race_launches in ''|*[!0-9]*) echo "check-sanitize: SANITIZE_RACECHECK_LAUNCHES=$race_launches: expected a count >= 0"; exit 1;; esac
+  jobs=${SANITIZE_JOBS:-$(nproc 2>/dev/null || echo 4)}
+  case $jobs in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_JOBS=$jobs: expected a count >= 1"; exit 1;; esac
+  cuobjdump=$CUDA_HOME/bin/cuobjdump
+  [ -x "$cuobjdump" ] || cuobjdump=$(command -v cuobjdump 2>/dev/null || true)
+  # kernels_of PROG: the mangled names of the kernels compiled into PROG
+  # (the entry symbols of its device code), sorted, one a line, the
+  # racecheck exclude left out
+  kernels_of() {
+    "$cuobjdump" -symbols "$1" 2>/dev/null | awk '/STO_ENTRY/ { print $NF }' | sort -u |
+      if [ -n "$race_exclude" ]; then grep -Ev "$race_exclude"; else cat; fi
+  }
+  # Racecheck kernel by kernel: a whole program under racecheck checks
+  # every launch (mamba1_rl's inference program reached check 38 of 340 in
+  # 400 s on an H100, 7 programs side by side), while a race shows in the
+  # first launches of a kernel as well as in its thousandth. So each kernel
+  # of a program gets a run of its own, `--kernel-name` selecting it by its
+  # mangled name and `--launch-count` checking its first N launches (the
+  # rest of the program runs unchecked), SANITIZE_JOBS runs at a time. A
+  # kernel the program never launches is not checked; the suites launch
+  # every kernel of their spec. Before trusting a filter, a probe program
+  # with two template kernels in an anonymous namespace (mangled like
+  # ours), one with a planted race and one without, must show that the
+  # filter selects each alone: the racy one's run reports its hazard, the
+  # clean one's run nothing. Without cuobjdump, or when no filter form
+  # passes, racecheck runs over whole programs (SANITIZE_RACECHECK_PARTS).
+  race_filter=
+  probe_race_filter() {
+    p=$dir/race_probe
+    cat > "$p.cu" <<'EOF_PROBE'
+// check-sanitize.sh's probe: racecheck must report the first kernel and not the second
+namespace {
+template <int N> __global__ void probe_racy_kernel(int *out)
+{
+    __shared__ int s[N];
+    s[threadIdx.x] = (int)threadIdx.x;
+    out[threadIdx.x] = s[(threadIdx.x + 32) % N]; /* the other warp's slot, no barrier */
+}
+template <int N> __global__ void probe_clean_kernel(int *out)
+{
+    __shared__ int s[N];
+    s[threadIdx.x] = (int)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = s[(threadIdx.x + 32) % N];
+}
+}
+int main(void)
+{
+    int *d = 0;
+    if (cudaMalloc(&d, 64 * sizeof(int)) != cudaSuccess) return 2;
+    probe_racy_kernel<64><<<1, 64>>>(d);
+    probe_clean_kernel<64><<<1, 64>>>(d);
+    return cudaDeviceSynchronize() == cudaSuccess && cudaFree(d) == cudaSuccess ? 0 : 2;
+}
+EOF_PROBE
+    "$nvcc" -O1 -arch=native -o "$p" "$p.cu" > "$p.build.log" 2>&1 ||
+      { echo "check-sanitize: racecheck probe: cannot build $p.cu ($p.build.log)"; return 1; }
+    ks=$(kernels_of "$p")
+    racy=$(printf '%s\n' "$ks" | grep probe_racy_kernel)
+    clean=$(printf '%s\n' "$ks" | grep probe_clean_kernel)
+    if [ -z "$racy" ] || [ -z "$clean" ]; then
+      echo "check-sanitize: racecheck probe: $cuobjdump -symbols does not list the probe's two kernels"
+      return 1
+    fi
+    for form in 'regex=^%s$' 'kns=%s'; do
+      # shellcheck disable=SC2059 # form is the format
+      "$cs" --tool racecheck --kernel-name "$(printf "$form" "$racy")" --launch-count 1 --error-exitcode 99 "$p" \
+        > "$p.racy.log" 2>&1; r1=$?
+      # shellcheck disable=SC2059
+      "$cs" --tool racecheck --kernel-name "$(printf "$form" "$clean")" --launch-count 1 --error-exitcode 99 "$p" \
+        > "$p.clean.log" 2>&1; r2=$?
+      if [ "$r1" = 99 ] && [ "$r2" = 0 ]; then race_filter=$form; return 0; fi
+      echo "check-sanitize: racecheck probe: --kernel-name $form: the racy kernel's run exit $r1 (99 expected), the clean one's $r2 (0 expected)"
+    done
+    return 1
+  }
+  case " ${SANITIZE_GPU_TOOLS:-memcheck racecheck initcheck} " in *" racecheck "*)
+    if [ "$race_launches" -gt 0 ]; then
+      if [ -z "$cuobjdump" ] || [ ! -x "$cuobjdump" ]; then
+        echo "check-sanitize: racecheck over whole programs: no cuobjdump (in $CUDA_HOME/bin or PATH) to list the kernels"
+      elif probe_race_filter; then
+        echo "check-sanitize: racecheck kernel by kernel: each kernel's first $race_launches launches, --kernel-name $race_filter ($jobs runs at a time)"
+      else
+        echo "check-sanitize: racecheck over whole programs: no --kernel-name form passed the probe (logs: $dir/race_probe.*)"
+      fi
+    fi;;
+  esac
   # report_summary LOG: a failed run's reports counted by kind and kernel
   # (a report's first line says what, its next one where: "at KERNEL+off"),
   # its failed TAP lines, and the log's first lines when it holds no report
@@ -169,7 +274,9 @@ else
     # k % n == i (MG_TEST_PART, mg_tap.h), side by side.
     runs() {   # the runs of one program, a word each: "tool:" or "tool:i/n"
       for tool in $tools; do
-        if [ "$tool" = racecheck ] && [ "$race_parts" -gt 1 ]; then
+        if [ "$tool" = racecheck ] && [ -n "$race_filter" ]; then
+          :   # kernel by kernel, below
+        elif [ "$tool" = racecheck ] && [ "$race_parts" -gt 1 ]; then
           i=0
           while [ $i -lt "$race_parts" ]; do echo "$tool:$i/$race_parts"; i=$((i + 1)); done
         else
@@ -194,7 +301,51 @@ else
           echo "$? $(($(date +%s) - start))" > "$log.rc" ) &
       done
     done
+    # racecheck kernel by kernel: one pool of runs for both programs
+    # (while the runs above go on), then the results per program
+    race_kernels=0
+    case " $tools " in *" racecheck "*) [ -n "$race_filter" ] && race_kernels=1;; esac
+    if [ "$race_kernels" = 1 ]; then
+      rstart=$(date +%s)
+      for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
+        [ -x "$prog" ] || continue
+        b=$dir/gpu_$(basename "$prog").racecheck
+        kernels_of "$prog" > "$b.kernels"
+        rm -f "$b".k*.log "$b".k*.log.rc
+        awk -v p="$prog" -v b="$b" '{ printf "%s %s %s.k%03d.log\n", p, $1, b, NR }' "$b.kernels"
+      done | RC_CS=$cs RC_FILTER=$race_filter RC_LAUNCHES=$race_launches xargs -P "$jobs" -n 3 sh "$here/check-sanitize.sh" --race-one
+      rsecs=$(($(date +%s) - rstart))
+    fi
     wait
+    if [ "$race_kernels" = 1 ]; then
+      for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
+        [ -x "$prog" ] || continue
+        b=$dir/gpu_$(basename "$prog").racecheck
+        n=$(wc -l < "$b.kernels")
+        if [ "$n" -eq 0 ]; then
+          echo "check-sanitize: GPU: FAIL: racecheck $(basename "$prog"): $cuobjdump -symbols lists no kernel of it"
+          status=1
+          continue
+        fi
+        bad=0 i=0
+        while read -r k; do
+          i=$((i + 1))
+          log=$(printf '%s.k%03d.log' "$b" "$i")
+          read -r rc secs < "$log.rc" 2>/dev/null || rc=1
+          [ "$rc" = 0 ] && continue
+          [ "$bad" = 0 ] && echo "check-sanitize: GPU: FAIL: racecheck $(basename "$prog"), kernel by kernel:"
+          echo "check-sanitize: GPU:   kernel $k (exit $rc; $log):"
+          report_summary "$log"
+          bad=$((bad + 1))
+        done < "$b.kernels"
+        if [ "$bad" = 0 ]; then
+          echo "check-sanitize: GPU: ok: racecheck $(basename "$prog") ($n kernels, each on its first $race_launches launches; ${rsecs}s for the spec's runs)"
+        else
+          echo "check-sanitize: GPU: racecheck $(basename "$prog"): $bad of $n kernels failed"
+          status=1
+        fi
+      done
+    fi
     for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
       [ -x "$prog" ] || continue
       for run in $(runs); do
