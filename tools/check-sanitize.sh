@@ -20,6 +20,8 @@
 #    memory is the library's business, not ours, and they are the largest
 #    kernels to instrument (a racecheck run of mamba1_rl's inference
 #    program with them reached check 143 of 332 in about eight minutes).
+#    racecheck goes kernel by kernel (each kernel's first launches in a run
+#    of its own; see probe_race_filter below for why and how).
 #    The default specs cover every kernel kind: mamba1_rl (sequential and
 #    chunked scans, the single-launch and fused decodes, the backward, f32),
 #    mamba3_rl (sequential scan, decode, backward, f32) and two chunked bf16
