@@ -21,7 +21,7 @@
 #    kernels to instrument (a racecheck run of mamba1_rl's inference
 #    program with them reached check 143 of 332 in about eight minutes).
 #    racecheck goes kernel by kernel (each kernel's first launches in a run
-#    of its own; see probe_race_filter below for why and how).
+#    of its own; see probe_race_form below for why and how).
 #    The default specs cover every kernel kind: mamba1_rl (sequential and
 #    chunked scans, the single-launch and fused decodes, the backward, f32),
 #    mamba3_rl (sequential scan, decode, backward, f32) and two chunked bf16
@@ -51,16 +51,26 @@
 # lines of a report name both), so a flood from one kernel cannot hide
 # another.
 set -u
-# (internal) --race-one PROG KERNEL LOG: racecheck of KERNEL's first
-# launches in PROG, the report in LOG and "EXIT SECONDS" in LOG.rc; the
-# per-kernel runs below start this through xargs, many at a time
-# (environment: RC_CS compute-sanitizer, RC_FILTER the --kernel-name form
-# as a printf format, RC_LAUNCHES, SANITIZE_GPU_FLAGS)
+# (internal) --race-one PROG KERNEL LOG LIST: racecheck of KERNEL in PROG,
+# selected as RC_FORM says (race_sel below; LIST: the program's kernels),
+# the report in LOG and "EXIT SECONDS" in LOG.rc; the per-kernel runs
+# below start this through xargs, many at a time (environment: RC_CS
+# compute-sanitizer, RC_FORM, RC_LAUNCHES, RC_EXCL the cuBLAS exclude,
+# SANITIZE_GPU_FLAGS)
 if [ "${1:-}" = --race-one ]; then
+  set -f   # the options below hold regex characters, never file names
   start=$(date +%s)
-  # shellcheck disable=SC2059 # RC_FILTER is the format
-  (cd "$(dirname "$2")" && "$RC_CS" --tool racecheck --kernel-name "$(printf "$RC_FILTER" "$3")" \
-     --launch-count "$RC_LAUNCHES" ${SANITIZE_GPU_FLAGS:-} --error-exitcode 99 "$2") > "$4" 2>&1
+  case $RC_FORM in
+    filter) sel="--kernel-name regex=^$3\$ --launch-count $RC_LAUNCHES" ;;
+    exclude-others|exclude-others-all)
+      others=$(grep -vxF "$3" "$5" | sed 's/[.$]/\\&/g' | paste -sd'|' -)
+      sel=${others:+--kernel-name-exclude regex=^($others)\$}
+      [ "$RC_FORM" = exclude-others ] && sel="$sel --launch-count $RC_LAUNCHES" ;;
+    *) echo "check-sanitize: --race-one: unknown RC_FORM '$RC_FORM'" > "$4"; echo "1 0" > "$4.rc"; exit 0 ;;
+  esac
+  [ -n "${RC_EXCL:-}" ] && sel="$sel --kernel-name-exclude regex=$RC_EXCL"
+  # shellcheck disable=SC2086 # sel and the flags are option words
+  (cd "$(dirname "$2")" && "$RC_CS" --tool racecheck $sel ${SANITIZE_GPU_FLAGS:-} --error-exitcode 99 "$2") > "$4" 2>&1
   echo "$? $(($(date +%s) - start))" > "$4.rc"
   exit 0
 fi
@@ -136,28 +146,37 @@ else
   # every launch (mamba1_rl's inference program reached check 38 of 340 in
   # 400 s on an H100, 7 programs side by side), while a race shows in the
   # first launches of a kernel as well as in its thousandth. So each kernel
-  # of a program gets a run of its own, `--kernel-name` selecting it by its
-  # mangled name and `--launch-count` checking its first N launches (the
-  # rest of the program runs unchecked), SANITIZE_JOBS runs at a time. A
-  # kernel the program never launches is not checked; the suites launch
-  # every kernel of their spec. Before trusting a filter, a probe program
-  # with two template kernels in an anonymous namespace (mangled like
-  # ours), one with a planted race and one without, must show that the
-  # filter selects each alone: the racy one's run reports its hazard, the
-  # clean one's run nothing. Without cuobjdump, or when no filter form
-  # passes, racecheck runs over whole programs (SANITIZE_RACECHECK_PARTS).
-  race_filter=
-  probe_race_filter() {
+  # of a program gets a run of its own that checks its first N launches
+  # and lets the rest of the program run unchecked, SANITIZE_JOBS runs at a
+  # time. A kernel the program never launches is not checked; the suites
+  # launch every kernel of their spec.
+  # How a run selects its kernel (race_sel): "exclude-others" excludes the
+  # program's other kernels by name (--kernel-name-exclude, the way the
+  # cuBLAS kernels are left out) with --launch-count N; "filter" selects
+  # the kernel (--kernel-name regex=^NAME$) with --launch-count N;
+  # "exclude-others-all" as the first without the launch limit. Why not
+  # simply "filter": on an H100 (compute-sanitizer 2025.3.1) kernels left
+  # out by a --kernel-name filter that use thread-block clusters or the
+  # tensor memory accelerator (the single-launch decode, cuBLAS's sm_90
+  # bf16 GEMMs) stopped the program with "Internal Sanitizer Error: The
+  # Sanitizer failed to handle a hardware exception", while excluded ones
+  # ran. Before a form is trusted, a probe program must pass under it:
+  # three template kernels in an anonymous namespace (mangled like ours),
+  # a clean one, one that uses a cluster and its distributed shared memory
+  # (launched as a cluster on sm_90 and later), and one with a planted
+  # race launched last (a form whose launch count also counted the
+  # kernels it left out would never reach it); the racy kernel's run must
+  # report its hazard, the clean kernel's run must pass. The first form
+  # that passes is used. Without cuobjdump, or when none passes, racecheck
+  # runs over whole programs (SANITIZE_RACECHECK_PARTS).
+  race_form=
+  probe_race_form() {
     p=$dir/race_probe
     cat > "$p.cu" <<'EOF_PROBE'
-// check-sanitize.sh's probe: racecheck must report the first kernel and not the second
+// check-sanitize.sh's probe: racecheck must report probe_racy_kernel only
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
 namespace {
-template <int N> __global__ void probe_racy_kernel(int *out)
-{
-    __shared__ int s[N];
-    s[threadIdx.x] = (int)threadIdx.x;
-    out[threadIdx.x] = s[(threadIdx.x + 32) % N]; /* the other warp's slot, no barrier */
-}
 template <int N> __global__ void probe_clean_kernel(int *out)
 {
     __shared__ int s[N];
@@ -165,34 +184,69 @@ template <int N> __global__ void probe_clean_kernel(int *out)
     __syncthreads();
     out[threadIdx.x] = s[(threadIdx.x + 32) % N];
 }
+template <int N> __global__ void probe_cluster_kernel(int *out)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ int s[N];
+    cg::cluster_group cl = cg::this_cluster();
+    s[threadIdx.x] = (int)threadIdx.x + (int)cl.block_rank();
+    cl.sync();
+    const int *peer = cl.map_shared_rank(s, (int)cl.block_rank() ^ 1);
+    out[N * (1 + blockIdx.x) + threadIdx.x] = peer[threadIdx.x];
+    cl.sync();
+#else
+    out[N * (1 + blockIdx.x) + threadIdx.x] = 0;
+#endif
+}
+template <int N> __global__ void probe_racy_kernel(int *out)
+{
+    __shared__ int s[N];
+    s[threadIdx.x] = (int)threadIdx.x;
+    out[threadIdx.x] = s[(threadIdx.x + 32) % N]; /* the other warp's slot, no barrier */
+}
 }
 int main(void)
 {
-    int *d = 0;
-    if (cudaMalloc(&d, 64 * sizeof(int)) != cudaSuccess) return 2;
-    probe_racy_kernel<64><<<1, 64>>>(d);
+    int *d = 0, major = 0;
+    if (cudaMalloc(&d, 3 * 64 * sizeof(int)) != cudaSuccess) return 2;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) return 2;
     probe_clean_kernel<64><<<1, 64>>>(d);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3(2);
+    cfg.blockDim = dim3(64);
+    if (major >= 9) {
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 2;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    if (cudaLaunchKernelEx(&cfg, probe_cluster_kernel<64>, d) != cudaSuccess) return 2;
+    probe_racy_kernel<64><<<1, 64>>>(d);
     return cudaDeviceSynchronize() == cudaSuccess && cudaFree(d) == cudaSuccess ? 0 : 2;
 }
 EOF_PROBE
     "$nvcc" -O1 -arch=native -o "$p" "$p.cu" > "$p.build.log" 2>&1 ||
       { echo "check-sanitize: racecheck probe: cannot build $p.cu ($p.build.log)"; return 1; }
-    ks=$(kernels_of "$p")
-    racy=$(printf '%s\n' "$ks" | grep probe_racy_kernel)
-    clean=$(printf '%s\n' "$ks" | grep probe_clean_kernel)
-    if [ -z "$racy" ] || [ -z "$clean" ]; then
-      echo "check-sanitize: racecheck probe: $cuobjdump -symbols does not list the probe's two kernels"
+    kernels_of "$p" > "$p.kernels"
+    racy=$(grep probe_racy_kernel "$p.kernels")
+    clean=$(grep probe_clean_kernel "$p.kernels")
+    if [ -z "$racy" ] || [ -z "$clean" ] || ! grep -q probe_cluster_kernel "$p.kernels"; then
+      echo "check-sanitize: racecheck probe: $cuobjdump -symbols does not list the probe's three kernels"
       return 1
     fi
-    for form in 'regex=^%s$' 'kns=%s'; do
-      # shellcheck disable=SC2059 # form is the format
-      "$cs" --tool racecheck --kernel-name "$(printf "$form" "$racy")" --launch-count 1 --error-exitcode 99 "$p" \
-        > "$p.racy.log" 2>&1; r1=$?
-      # shellcheck disable=SC2059
-      "$cs" --tool racecheck --kernel-name "$(printf "$form" "$clean")" --launch-count 1 --error-exitcode 99 "$p" \
-        > "$p.clean.log" 2>&1; r2=$?
-      if [ "$r1" = 99 ] && [ "$r2" = 0 ]; then race_filter=$form; return 0; fi
-      echo "check-sanitize: racecheck probe: --kernel-name $form: the racy kernel's run exit $r1 (99 expected), the clean one's $r2 (0 expected)"
+    for form in exclude-others filter exclude-others-all; do
+      RC_CS=$cs RC_FORM=$form RC_LAUNCHES=1 RC_EXCL=$race_exclude SANITIZE_GPU_FLAGS= \
+        sh "$here/check-sanitize.sh" --race-one "$p" "$racy" "$p.racy.log" "$p.kernels"
+      read -r r1 _ < "$p.racy.log.rc"
+      grep -q probe_racy_kernel "$p.racy.log" || r1="$r1 (the report does not name the racy kernel)"
+      RC_CS=$cs RC_FORM=$form RC_LAUNCHES=1 RC_EXCL=$race_exclude SANITIZE_GPU_FLAGS= \
+        sh "$here/check-sanitize.sh" --race-one "$p" "$clean" "$p.clean.log" "$p.kernels"
+      read -r r2 _ < "$p.clean.log.rc"
+      if [ "$r1" = 99 ] && [ "$r2" = 0 ]; then race_form=$form; return 0; fi
+      echo "check-sanitize: racecheck probe: $form: the racy kernel's run exit $r1 (99 expected), the clean one's $r2 (0 expected)"
     done
     return 1
   }
@@ -200,10 +254,12 @@ EOF_PROBE
     if [ "$race_launches" -gt 0 ]; then
       if [ -z "$cuobjdump" ] || [ ! -x "$cuobjdump" ]; then
         echo "check-sanitize: racecheck over whole programs: no cuobjdump (in $CUDA_HOME/bin or PATH) to list the kernels"
-      elif probe_race_filter; then
-        echo "check-sanitize: racecheck kernel by kernel: each kernel's first $race_launches launches, --kernel-name $race_filter ($jobs runs at a time)"
+      elif probe_race_form; then
+        how="each kernel's first $race_launches launches"
+        [ "$race_form" = exclude-others-all ] && how="every launch of each kernel"
+        echo "check-sanitize: racecheck kernel by kernel: $how, selected by $race_form ($jobs runs at a time)"
       else
-        echo "check-sanitize: racecheck over whole programs: no --kernel-name form passed the probe (logs: $dir/race_probe.*)"
+        echo "check-sanitize: racecheck over whole programs: no way of selecting one kernel passed the probe (logs: $dir/race_probe.*)"
       fi
     fi;;
   esac
@@ -276,7 +332,7 @@ EOF_PROBE
     # k % n == i (MG_TEST_PART, mg_tap.h), side by side.
     runs() {   # the runs of one program, a word each: "tool:" or "tool:i/n"
       for tool in $tools; do
-        if [ "$tool" = racecheck ] && [ -n "$race_filter" ]; then
+        if [ "$tool" = racecheck ] && [ -n "$race_form" ]; then
           :   # kernel by kernel, below
         elif [ "$tool" = racecheck ] && [ "$race_parts" -gt 1 ]; then
           i=0
@@ -306,7 +362,7 @@ EOF_PROBE
     # racecheck kernel by kernel: one pool of runs for both programs
     # (while the runs above go on), then the results per program
     race_kernels=0
-    case " $tools " in *" racecheck "*) [ -n "$race_filter" ] && race_kernels=1;; esac
+    case " $tools " in *" racecheck "*) [ -n "$race_form" ] && race_kernels=1;; esac
     if [ "$race_kernels" = 1 ]; then
       rstart=$(date +%s)
       # a kernel in both programs (the forward's, in the training program
@@ -321,8 +377,9 @@ EOF_PROBE
         grep -vxF -f "$seen" "$b.all" > "$b.kernels"
         cat "$b.kernels" >> "$seen"
         rm -f "$b".k*.log "$b".k*.log.rc
-        awk -v p="$prog" -v b="$b" '{ printf "%s %s %s.k%03d.log\n", p, $1, b, NR }' "$b.kernels"
-      done | RC_CS=$cs RC_FILTER=$race_filter RC_LAUNCHES=$race_launches xargs -P "$jobs" -n 3 sh "$here/check-sanitize.sh" --race-one
+        awk -v p="$prog" -v b="$b" '{ printf "%s %s %s.k%03d.log %s.all\n", p, $1, b, NR, b }' "$b.kernels"
+      done | RC_CS=$cs RC_FORM=$race_form RC_LAUNCHES=$race_launches RC_EXCL=$race_exclude \
+               xargs -P "$jobs" -n 4 sh "$here/check-sanitize.sh" --race-one
       rsecs=$(($(date +%s) - rstart))
     fi
     wait
@@ -351,7 +408,7 @@ EOF_PROBE
           bad=$((bad + 1))
         done < "$b.kernels"
         if [ "$bad" = 0 ]; then
-          echo "check-sanitize: GPU: ok: racecheck $(basename "$prog") ($n kernels, each on its first $race_launches launches$more; ${rsecs}s for the spec's runs)"
+          echo "check-sanitize: GPU: ok: racecheck $(basename "$prog") ($n kernels, $how$more; ${rsecs}s for the spec's runs)"
         else
           echo "check-sanitize: GPU: racecheck $(basename "$prog"): $bad of $n kernels failed"
           status=1
