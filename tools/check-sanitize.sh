@@ -52,7 +52,7 @@
 # another.
 set -u
 # (internal) --race-one PROG KERNEL LOG LIST: racecheck of KERNEL in PROG,
-# selected as RC_FORM says (race_sel below; LIST: the program's kernels),
+# selected as RC_FORM says (see probe_race_form; LIST: the program's kernels),
 # the report in LOG and "EXIT SECONDS" in LOG.rc; the per-kernel runs
 # below start this through xargs, many at a time (environment: RC_CS
 # compute-sanitizer, RC_FORM, RC_LAUNCHES, RC_EXCL the cuBLAS exclude,
@@ -150,7 +150,7 @@ else
   # and lets the rest of the program run unchecked, SANITIZE_JOBS runs at a
   # time. A kernel the program never launches is not checked; the suites
   # launch every kernel of their spec.
-  # How a run selects its kernel (race_sel): "exclude-others" excludes the
+  # How a run selects its kernel (--race-one, at the top): "exclude-others" excludes the
   # program's other kernels by name (--kernel-name-exclude, the way the
   # cuBLAS kernels are left out) with --launch-count N; "filter" selects
   # the kernel (--kernel-name regex=^NAME$) with --launch-count N;
@@ -237,14 +237,17 @@ EOF_PROBE
       echo "check-sanitize: racecheck probe: $cuobjdump -symbols does not list the probe's three kernels"
       return 1
     fi
+    # probe_run FORM KERNEL LOG: the probe's run for KERNEL under FORM; its exit status
+    probe_run() {
+      RC_CS=$cs RC_FORM=$1 RC_LAUNCHES=1 RC_EXCL=$race_exclude SANITIZE_GPU_FLAGS='' \
+        sh "$here/check-sanitize.sh" --race-one "$p" "$2" "$3" "$p.kernels"
+      read -r rc _ < "$3.rc"
+      echo "$rc"
+    }
     for form in exclude-others filter exclude-others-all; do
-      RC_CS=$cs RC_FORM=$form RC_LAUNCHES=1 RC_EXCL=$race_exclude SANITIZE_GPU_FLAGS= \
-        sh "$here/check-sanitize.sh" --race-one "$p" "$racy" "$p.racy.log" "$p.kernels"
-      read -r r1 _ < "$p.racy.log.rc"
+      r1=$(probe_run "$form" "$racy" "$p.racy.log")
       grep -q probe_racy_kernel "$p.racy.log" || r1="$r1 (the report does not name the racy kernel)"
-      RC_CS=$cs RC_FORM=$form RC_LAUNCHES=1 RC_EXCL=$race_exclude SANITIZE_GPU_FLAGS= \
-        sh "$here/check-sanitize.sh" --race-one "$p" "$clean" "$p.clean.log" "$p.kernels"
-      read -r r2 _ < "$p.clean.log.rc"
+      r2=$(probe_run "$form" "$clean" "$p.clean.log")
       if [ "$r1" = 99 ] && [ "$r2" = 0 ]; then race_form=$form; return 0; fi
       echo "check-sanitize: racecheck probe: $form: the racy kernel's run exit $r1 (99 expected), the clean one's $r2 (0 expected)"
     done
@@ -326,10 +329,11 @@ EOF_PROBE
     esac
     # every program under every tool at once (separate processes on one
     # GPU; each writes its own log), then the results in a fixed order.
-    # racecheck is the slow tool (a Mamba-1 inference program reached check
-    # 38 of 340 in 400 s on an H100): each program runs under it as
-    # $race_parts processes, part i of n running the program's sections
-    # k % n == i (MG_TEST_PART, mg_tap.h), side by side.
+    # racecheck goes kernel by kernel (below) when a selection form passed
+    # the probe; else, over whole programs, it is the slow tool (a Mamba-1
+    # inference program reached check 38 of 340 in 400 s on an H100): each
+    # program runs under it as $race_parts processes, part i of n running
+    # the program's sections k % n == i (MG_TEST_PART, mg_tap.h), side by side.
     runs() {   # the runs of one program, a word each: "tool:" or "tool:i/n"
       for tool in $tools; do
         if [ "$tool" = racecheck ] && [ -n "$race_form" ]; then
@@ -377,7 +381,10 @@ EOF_PROBE
         grep -vxF -f "$seen" "$b.all" > "$b.kernels"
         cat "$b.kernels" >> "$seen"
         rm -f "$b".k*.log "$b".k*.log.rc
-        awk -v p="$prog" -v b="$b" '{ printf "%s %s %s.k%03d.log %s.all\n", p, $1, b, NR, b }' "$b.kernels"
+        # the program's runs, "PROG KERNEL LOG LIST" a line: the pool's
+        # arguments and, after it, the report's list
+        awk -v p="$prog" -v b="$b" '{ printf "%s %s %s.k%03d.log %s.all\n", p, $1, b, NR, b }' "$b.kernels" > "$b.jobs"
+        cat "$b.jobs"
       done | RC_CS=$cs RC_FORM=$race_form RC_LAUNCHES=$race_launches RC_EXCL=$race_exclude \
                xargs -P "$jobs" -n 4 sh "$here/check-sanitize.sh" --race-one
       rsecs=$(($(date +%s) - rstart))
@@ -396,17 +403,15 @@ EOF_PROBE
           status=1
           continue
         fi
-        bad=0 i=0
-        while read -r k; do
-          i=$((i + 1))
-          log=$(printf '%s.k%03d.log' "$b" "$i")
+        bad=0
+        while read -r _ k log _; do
           read -r rc secs < "$log.rc" 2>/dev/null || rc=1
           [ "$rc" = 0 ] && continue
           [ "$bad" = 0 ] && echo "check-sanitize: GPU: FAIL: racecheck $(basename "$prog"), kernel by kernel:"
           echo "check-sanitize: GPU:   kernel $k (exit $rc; $log):"
           report_summary "$log"
           bad=$((bad + 1))
-        done < "$b.kernels"
+        done < "$b.jobs"
         if [ "$bad" = 0 ]; then
           echo "check-sanitize: GPU: ok: racecheck $(basename "$prog") ($n kernels, $how$more; ${rsecs}s for the spec's runs)"
         else
