@@ -110,11 +110,16 @@ __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act
         const int tt = i / BW_CHANNELS, c = i % BW_CHANNELS;   // c == threadIdx.x % BW_CHANNELS (THREADS: a multiple)
         const size_t row = row0 + t0 + tt;
         const int ee = min(e0 + c, E - 1);
-        if (xc) sIn[tt][0][c] = to_f32(xc[row * E + ee]);
+        // the three loads first, then the arithmetic: the dy load placed
+        // after the softplus waited for it (a second memory latency per
+        // element)
+        const float xcv = xc ? to_f32(xc[row * E + ee]) : 0.0f;
         const float dtv = to_f32(dt[row * E + ee]);
+        const float dyv = e0 + c < E ? dy[row * E + ee] : 0.0f;
+        if (xc) sIn[tt][0][c] = xcv;
         const float raw = dtv + dtb_s;
         sIn[tt][1][c] = RAW ? dtv : softplus(raw);
-        sIn[tt][2][c] = e0 + c < E ? dy[row * E + ee] : 0.0f;
+        sIn[tt][2][c] = dyv;
         if (DSP) sIn[tt][3][c] = dsoftplus(raw);
     }
     if (ST && threadIdx.x < 32) {
