@@ -67,64 +67,28 @@ scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const a
         const int tt = i / W, k = i % W;
         sBC[tt][k] = to_f32(dbl[(row0 + t0 + tt) * XP + R + k]);
     }
-    // The channel columns in groups of SG elements a thread: first every
-    // global load of the group (xc, z, the dt_proj output or with FDT the
-    // dt_low columns), then the arithmetic. Why: the softplus and silu
-    // between a loop iteration's loads kept the compiler from issuing the
-    // next iteration's loads before them, so a pass waited one memory
-    // latency per load and element (two per element, eight elements a
-    // thread at mamba1_rl's shape) where it now waits about one per group.
-    // Each value is computed from the same inputs with the same operations
-    // in the same order as before (same bits).
-    constexpr int SG = FDT ? 2 : 1;
     const int e0 = blockIdx.y * ch;
-    const int tot = nt * ch;
-    for (int i0 = threadIdx.x; i0 < tot; i0 += SG * SCAN_THREADS) {
-        float xr[SG], zr[SG], dr[SG], lo[SG][FDT ? SCAN_FDT_RMAX : 1];
+    for (int i = threadIdx.x; i < nt * ch; i += SCAN_THREADS) {
+        const int tt = i / ch, c = i % ch;   // c == threadIdx.x % ch: dtb_s, wdt_s are its
+        const mg_size_t row = row0 + t0 + tt;
+        const int ee = min(e0 + c, E - 1);
+        sBC[tt][2 * N + c] = to_f32(xc[row * E + ee]);
+        float dtr;   // the dt_proj output of this channel and step
+        if (FDT) {
+            // dt_low . dt_proj.weight[e] in f32, rounded to the storage
+            // dtype as the GEMM's output would be (another order of the
+            // same R products: rounding-level differences from it); a warp's
+            // lanes share the step, so each dt_low load is one broadcast
+            float acc = 0.0f;
 #pragma unroll
-        for (int u = 0; u < SG; ++u) {
-            const int i = i0 + u * SCAN_THREADS;
-            if (i < tot) {
-                const int tt = i / ch, c = i % ch;   // c == threadIdx.x % ch: dtb_s, wdt_s are its
-                const mg_size_t row = row0 + t0 + tt;
-                const int ee = min(e0 + c, E - 1);
-                xr[u] = to_f32(xc[row * E + ee]);
-                zr[u] = OUT ? to_f32(xz[row * E2 + E + ee]) : 0.0f;
-                if (FDT) {
-#pragma unroll
-                    for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r)
-                        lo[u][r] = r < R ? to_f32(dbl[row * XP + r]) : 0.0f;
-                    dr[u] = 0.0f;
-                } else {
-                    dr[u] = to_f32(dt[row * E + ee]);
-                }
-            }
+            for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r)
+                if (r < R) acc += to_f32(dbl[row * XP + r]) * wdt_s[r];
+            dtr = to_f32(from_f32<act_t>(acc));
+        } else {
+            dtr = to_f32(dt[row * E + ee]);
         }
-#pragma unroll
-        for (int u = 0; u < SG; ++u) {
-            const int i = i0 + u * SCAN_THREADS;
-            if (i < tot) {
-                const int tt = i / ch, c = i % ch;
-                sBC[tt][2 * N + c] = xr[u];
-                float dtr;   // the dt_proj output of this channel and step
-                if (FDT) {
-                    // dt_low . dt_proj.weight[e] in f32, rounded to the
-                    // storage dtype as the GEMM's output would be (another
-                    // order of the same R products: rounding-level
-                    // differences from it); a warp's lanes share the step,
-                    // so each dt_low load is one broadcast
-                    float acc = 0.0f;
-#pragma unroll
-                    for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r)
-                        if (r < R) acc += lo[u][r] * wdt_s[r];
-                    dtr = to_f32(from_f32<act_t>(acc));
-                } else {
-                    dtr = dr[u];
-                }
-                sBC[tt][2 * N + ch + c] = softplus(dtr + dtb_s);
-                if (OUT) sBC[tt][2 * N + 2 * ch + c] = silu(zr[u]);
-            }
-        }
+        sBC[tt][2 * N + ch + c] = softplus(dtr + dtb_s);
+        if (OUT) sBC[tt][2 * N + 2 * ch + c] = silu(to_f32(xz[row * E2 + E + ee]));
     }
 }
 
