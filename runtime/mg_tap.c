@@ -22,6 +22,12 @@ int mg_tap_require_gpu(void)
     return env && strcmp(env, "1") == 0;
 }
 
+int mg_tap_no_clusters(void)
+{
+    const char *env = getenv("MG_TEST_NO_CLUSTERS");
+    return env && strcmp(env, "1") == 0;
+}
+
 int mg_tap_start(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);

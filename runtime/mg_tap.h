@@ -24,6 +24,15 @@ int mg_tap_start(void);
  * anything a GPU run needs) must be a failure. */
 int mg_tap_require_gpu(void);
 
+/* 1 when MG_TEST_NO_CLUSTERS=1 is set: the test programs leave out the
+ * kernels that run as thread-block clusters with distributed shared memory
+ * (Mamba-1's single-launch decode: its own sections become TAP skips, and
+ * decode runs on the fused path instead). Why: compute-sanitizer's
+ * racecheck (2025.3) stops the whole program with an internal error at such
+ * a kernel, checked or not; make check-sanitize sets this for its
+ * racecheck runs. */
+int mg_tap_no_clusters(void);
+
 /* Tokens the CPU reference may process in the whole run: ref_budget_macs
  * (the reference work at scale 1) times MG_TEST_SCALE (default 1; *scale
  * gets it) over macs_per_token, at least min_tokens, at most 1e8. */

@@ -528,6 +528,16 @@ static void test_tap_sections(void)
     for (size_t i = 0; i < sizeof malformed / sizeof *malformed; ++i)
         refused = refused && mg_tap_section_rule(malformed[i], NULL, 0, "x") == -1;
     tap_ok(refused, "mg_tap_section_rule: malformed parts refused (2/2, -1/2, 0/0, 1, 1/2x, a/b, /2)");
+    /* MG_TEST_NO_CLUSTERS: only "1" leaves the cluster kernels out */
+    static const char *const vals[4] = { NULL, "0", "yes", "1" };
+    int nc_ok = 1;
+    for (int i = 0; i < 4; ++i) {
+        if (vals[i]) setenv("MG_TEST_NO_CLUSTERS", vals[i], 1);
+        else unsetenv("MG_TEST_NO_CLUSTERS");
+        nc_ok = nc_ok && mg_tap_no_clusters() == (i == 3);
+    }
+    unsetenv("MG_TEST_NO_CLUSTERS");
+    tap_ok(nc_ok, "mg_tap_no_clusters: 1 only for MG_TEST_NO_CLUSTERS=1 (unset, 0, yes: 0)");
 }
 
 /* ------------------------------------------------------------ cuda: host side */

@@ -65,6 +65,10 @@
 /* ---------------------------------------------------------------- helpers */
 static mg_m1_dims dims;
 static mg_m1_layout lay;
+/* The decode level the cases come back to: the library's default, or the
+ * fused path under MG_TEST_NO_CLUSTERS=1 (mg_tap_no_clusters: the
+ * single-launch decode's thread-block clusters left out). */
+static int dec_default = MODEL_DECODE_DEFAULT;
 
 /* GPU prefill on host data. cs/ss: initial state in, final state out (both
  * NULL: fresh start). Returns the status of the prefill call. */
@@ -372,7 +376,7 @@ static void test_decode_fused(int batch, int T, uint64_t seed)
         if (s == MG_OK) s = model_prefill(model, batch, 1, du, dout, dcs[2], dss[2]);
         if (s == MG_OK) mg_tap_down(op + n_out(batch, 1) * t, dout, n_out(batch, 1));
     }
-    model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
+    model_set_decode_fused(model, dec_default);
     if (!mg_tap_ok(s == MG_OK, "fused / unfused decode and prefill(seqlen 1): %d steps of batch %d run", T, batch)) {
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
@@ -399,6 +403,11 @@ static void test_decode_fused(int batch, int T, uint64_t seed)
 static void test_decode_single(int batch, int T, uint64_t seed)
 {
 #if MODEL_HAS_DECODE_SINGLE
+    if (mg_tap_no_clusters()) {
+        mg_tap_skip("MG_TEST_NO_CLUSTERS=1: the single-launch decode runs as thread-block clusters",
+                    "single-launch decode vs fused decode and the reference");
+        return;
+    }
     const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *ut = FALLOC(n_u(batch, 1));
     float *o1 = FALLOC(n_out(batch, 1)), *os = FALLOC(n_out(batch, T)), *of = FALLOC(n_out(batch, T));
@@ -429,7 +438,7 @@ static void test_decode_single(int batch, int T, uint64_t seed)
                 memcpy(dst + n_out(b, T) + n_out(1, t), o1 + n_out(b, 1), n_out(1, 1) * sizeof(float));
         }
     }
-    model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
+    model_set_decode_fused(model, dec_default);
     if (!mg_tap_ok(s == MG_OK, "single-launch / fused decode: %d steps of batch %d run", T, batch)) {
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     } else {
@@ -499,6 +508,11 @@ static mg_status decode_reset_walk(int batch, int T, const float *u, const unsig
 static void test_decode_tiles(int batch, int T, uint64_t seed)
 {
 #if MODEL_HAS_DECODE_SINGLE
+    if (mg_tap_no_clusters()) {
+        mg_tap_skip("MG_TEST_NO_CLUSTERS=1: the single-launch decode runs as thread-block clusters",
+                    "single-launch decode tiles");
+        return;
+    }
     const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     const size_t no = n_out(batch, 1) * (size_t)T;
     float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
@@ -533,7 +547,7 @@ static void test_decode_tiles(int batch, int T, uint64_t seed)
                    MODEL_DECODE_SINGLE_MAX_TILE, batch))
         mg_tap_diag("%s: %s", mg_status_name(s), mg_last_error());
     model_set_decode_tile(model, 0);
-    model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
+    model_set_decode_fused(model, dec_default);
     mg_tap_expect_error(model_set_decode_tile(model, MODEL_DECODE_SINGLE_MAX_TILE + 1), MG_ERR_INVALID_ARG,
                         "out of range", "set_decode_tile(MAX_TILE + 1)");
     mg_tap_expect_error(model_set_decode_tile(model, -1), MG_ERR_INVALID_ARG, "out of range", "set_decode_tile(-1)");
@@ -1125,7 +1139,7 @@ static void test_decode_graph(int batch, int T, int level, uint64_t seed)
     mg_dev_free(due); mg_dev_free(doe); mg_dev_free(dcse); mg_dev_free(dsse);
     mg_dev_free(dug); mg_dev_free(dog); mg_dev_free(dcsg); mg_dev_free(dssg);
     free(u); free(cs0); free(ss0); free(oe); free(og); free(cse); free(sse); free(csg); free(ssg);
-    model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
+    model_set_decode_fused(model, dec_default);
 }
 
 static void test_bad_calls(void)
@@ -1208,6 +1222,11 @@ int main(void)
     if (mg_ref_mamba1_layout(&dims, &lay) != MG_OK) mg_tap_bail("mg_ref_mamba1_layout");
     test_param_table();
     fwd_model_start();
+    if (MODEL_HAS_DECODE_SINGLE && mg_tap_no_clusters()) {
+        dec_default = MODEL_DECODE_FUSED;
+        if (model_set_decode_fused(model, dec_default) != MG_OK) mg_tap_bail("set_decode_fused");
+        mg_tap_diag("MG_TEST_NO_CLUSTERS=1: decode on the fused path, the single-launch decode's cases skipped");
+    }
 
     /* Sections (mg_tap_section: MG_TEST_PART / MG_TEST_ONLY can split or
      * narrow the run; by default every one runs, in this order). */
@@ -1299,10 +1318,10 @@ int main(void)
 
     /* Decode CUDA Graph: replay == eager, bit for bit. */
     if (mg_tap_section("decode graph")) {
-        test_decode_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 8), MODEL_DECODE_DEFAULT, 909);
-        test_decode_graph(MAX_BATCH, 3, MODEL_DECODE_DEFAULT, 910);
+        test_decode_graph(imin(3, MAX_BATCH), imin(MAX_SEQ_LEN, 8), dec_default, 909);
+        test_decode_graph(MAX_BATCH, 3, dec_default, 910);
         test_decode_graph(imin(3, MAX_BATCH), 3, MODEL_DECODE_FUSED, 911);
-        test_decode_graph(1, 4, MODEL_DECODE_DEFAULT, 912);
+        test_decode_graph(1, 4, dec_default, 912);
     }
 
     /* Prefill CUDA Graph: windows replayed == eager prefill, bit for bit
@@ -1316,14 +1335,14 @@ int main(void)
     /* Decode with a reset mask, on every decode path, and its graph. */
     if (mg_tap_section("decode reset")) {
         static const char *const path[3] = { "unfused decode", "fused decode", "single-launch decode" };
-        for (int level = MODEL_DECODE_UNFUSED; level <= (MODEL_HAS_DECODE_SINGLE ? MODEL_DECODE_SINGLE : MODEL_DECODE_FUSED);
+        for (int level = MODEL_DECODE_UNFUSED; level <= (MODEL_HAS_DECODE_SINGLE && !mg_tap_no_clusters() ? MODEL_DECODE_SINGLE : MODEL_DECODE_FUSED);
              ++level) {
             if (model_set_decode_fused(model, level) != MG_OK) mg_tap_bail("set_decode_fused");
             test_decode_reset(imin(4, MAX_BATCH), 3, path[level], 920 + (uint64_t)level);
             if (MAX_BATCH > 4) test_decode_reset(MAX_BATCH, 2, path[level], 930 + (uint64_t)level);
             test_decode_graph_reset(imin(5, MAX_BATCH), 6, path[level], 940 + (uint64_t)level);
         }
-        model_set_decode_fused(model, MODEL_DECODE_DEFAULT);
+        model_set_decode_fused(model, dec_default);
         test_reset_bad_calls();
     }
 
