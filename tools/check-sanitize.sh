@@ -44,15 +44,19 @@
 # SANITIZE_RACECHECK_LAUNCHES (default 4: racecheck checks each of the
 # program's own kernels on its first N launches, one kernel per run, the
 # runs SANITIZE_JOBS (default: the CPU count) at a time; 0: racecheck over
-# whole programs, below), SANITIZE_RACECHECK_PARTS (whole programs: each
+# whole programs, below), SANITIZE_RACECHECK_GROUP (default 1: kernels
+# checked together in one run; each run executes the whole program, so
+# fewer, larger groups cut the runs when a program has many kernels),
+# SANITIZE_RACECHECK_PARTS (whole programs: each
 # under racecheck as that many processes, each running a part of its
 # sections; 1: one process).
 # A failed run prints its reports counted by kind and kernel (the first
 # lines of a report name both), so a flood from one kernel cannot hide
 # another.
 set -u
-# (internal) --race-one PROG KERNEL LOG LIST: racecheck of KERNEL in PROG,
-# selected as RC_FORM says (see probe_race_form; LIST: the program's kernels),
+# (internal) --race-one PROG KERNELS LOG LIST: racecheck of KERNELS (one
+# kernel, or several joined by commas: a group) in PROG, selected as
+# RC_FORM says (see probe_race_form; LIST: the program's kernels),
 # the report in LOG and "EXIT SECONDS" in LOG.rc; the per-kernel runs
 # below start this through xargs, many at a time (environment: RC_CS
 # compute-sanitizer, RC_FORM, RC_LAUNCHES, RC_EXCL the cuBLAS exclude,
@@ -60,10 +64,14 @@ set -u
 if [ "${1:-}" = --race-one ]; then
   set -f   # the options below hold regex characters, never file names
   start=$(date +%s)
+  # the group as lines, and as a regex alternation (regex characters of a
+  # mangled name escaped)
+  grp=$(printf '%s\n' "$3" | tr ',' '\n')
+  alt=$(printf '%s\n' "$grp" | sed 's/[.$]/\\&/g' | paste -sd'|' -)
   case $RC_FORM in
-    filter) sel="--kernel-name regex=^$3\$ --launch-count $RC_LAUNCHES" ;;
+    filter) sel="--kernel-name regex=^($alt)\$ --launch-count $RC_LAUNCHES" ;;
     exclude-others|exclude-others-all)
-      others=$(grep -vxF "$3" "$5" | sed 's/[.$]/\\&/g' | paste -sd'|' -)
+      others=$(printf '%s\n' "$grp" | grep -vxF -f - "$5" | sed 's/[.$]/\\&/g' | paste -sd'|' -)
       sel=${others:+--kernel-name-exclude regex=^($others)\$}
       [ "$RC_FORM" = exclude-others ] && sel="$sel --launch-count $RC_LAUNCHES" ;;
     *) echo "check-sanitize: --race-one: unknown RC_FORM '$RC_FORM'" > "$4"; echo "1 0" > "$4.rc"; exit 0 ;;
@@ -131,6 +139,8 @@ else
   case $race_parts in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_RACECHECK_PARTS=$race_parts: expected a count >= 1"; exit 1;; esac
   race_launches=${SANITIZE_RACECHECK_LAUNCHES:-4}
   case $race_launches in ''|*[!0-9]*) echo "check-sanitize: SANITIZE_RACECHECK_LAUNCHES=$race_launches: expected a count >= 0"; exit 1;; esac
+  race_group=${SANITIZE_RACECHECK_GROUP:-1}
+  case $race_group in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_RACECHECK_GROUP=$race_group: expected a count >= 1"; exit 1;; esac
   jobs=${SANITIZE_JOBS:-$(nproc 2>/dev/null || echo 4)}
   case $jobs in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_JOBS=$jobs: expected a count >= 1"; exit 1;; esac
   cuobjdump=$CUDA_HOME/bin/cuobjdump
@@ -240,7 +250,9 @@ EOF_PROBE
       elif probe_race_form; then
         how="each kernel's first $race_launches launches"
         [ "$race_form" = exclude-others-all ] && how="every launch of each kernel"
-        echo "check-sanitize: racecheck kernel by kernel: $how, selected by $race_form ($jobs runs at a time)"
+        grp=
+        [ "$race_group" -gt 1 ] && grp=", up to $race_group kernels a run"
+        echo "check-sanitize: racecheck kernel by kernel: $how, selected by $race_form ($jobs runs at a time$grp)"
       else
         echo "check-sanitize: racecheck over whole programs: no way of selecting one kernel passed the probe (logs: $dir/race_probe.*)"
       fi
@@ -363,9 +375,12 @@ EOF_PROBE
         grep -vxF -f "$seen" "$b.all" > "$b.kernels"
         cat "$b.kernels" >> "$seen"
         rm -f "$b".k*.log "$b".k*.log.rc
-        # the program's runs, "PROG KERNEL LOG LIST" a line: the pool's
+        # the program's runs, "PROG KERNELS LOG LIST" a line (KERNELS: up
+        # to SANITIZE_RACECHECK_GROUP kernels joined by commas): the pool's
         # arguments and, after it, the report's list
-        awk -v p="$prog" -v b="$b" '{ printf "%s %s %s.k%03d.log %s.all\n", p, $1, b, NR, b }' "$b.kernels" > "$b.jobs"
+        awk -v p="$prog" -v b="$b" -v g="$race_group" '
+          { k = (k == "" ? "" : k ",") $1; if (++n == g) { printf "%s %s %s.k%03d.log %s.all\n", p, k, b, ++r, b; k = ""; n = 0 } }
+          END { if (n) printf "%s %s %s.k%03d.log %s.all\n", p, k, b, ++r, b }' "$b.kernels" > "$b.jobs"
         cat "$b.jobs"
       done | RC_CS=$cs RC_FORM=$race_form RC_LAUNCHES=$race_launches RC_EXCL=$race_exclude \
                xargs -P "$jobs" -n 4 sh "$here/check-sanitize.sh" --race-one
@@ -390,14 +405,17 @@ EOF_PROBE
           read -r rc secs < "$log.rc" 2>/dev/null || rc=1
           [ "$rc" = 0 ] && continue
           [ "$bad" = 0 ] && echo "check-sanitize: GPU: FAIL: racecheck $(basename "$prog"), kernel by kernel:"
-          echo "check-sanitize: GPU:   kernel $k (exit $rc; $log):"
+          case $k in
+            *,*) echo "check-sanitize: GPU:   kernels $(printf '%s' "$k" | sed 's/,/, /g') (exit $rc; $log):" ;;
+            *) echo "check-sanitize: GPU:   kernel $k (exit $rc; $log):" ;;
+          esac
           report_summary "$log"
           bad=$((bad + 1))
         done < "$b.jobs"
         if [ "$bad" = 0 ]; then
           echo "check-sanitize: GPU: ok: racecheck $(basename "$prog") ($n kernels, $how$more; ${rsecs}s for the spec's runs)"
         else
-          echo "check-sanitize: GPU: racecheck $(basename "$prog"): $bad of $n kernels failed"
+          echo "check-sanitize: GPU: racecheck $(basename "$prog"): $bad of $(wc -l < "$b.jobs") runs ($n kernels) failed"
           status=1
         fi
       done
