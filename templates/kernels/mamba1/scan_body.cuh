@@ -93,6 +93,79 @@ scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const a
 }
 
 // ---------------------------------------------------------------------------
+// scan_group: steps [tt0, tt0 + U) of a staged pass of scan_span (below:
+// what a group computes and why), for the thread's channel c (within the
+// block; e in the model, valid: e < E) and its states s; sw: the pass's
+// start flags (ST). WHOLE: every step of the group is within the pass's nt
+// staged steps, so no step is clamped or guarded; the pass's last group
+// when nt is not a multiple of U is the WHOLE = false instance, whose steps
+// past nt are computed on step nt-1's inputs and leave s, dsum and the
+// outputs alone. Both compute each value with the same operations in the
+// same order. Why two instances: in every pass but a sequence's last the
+// groups are whole, and the guards' selects, branches and reconvergence
+// points were a good part of a step's instructions, which bound this scan
+// (Nsight Compute: 64% of the issue slots busy at mamba1_rl's batch 64).
+// ---------------------------------------------------------------------------
+template <bool WHOLE, bool OUT, bool SAVE, bool ST, int U, class Dm, class Stage>
+__device__ __forceinline__ void
+scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool valid, unsigned sw,
+           float (&s)[Dm::NPT_MAX], const float (&A)[Dm::NPT_MAX], float dsk, float &dsum,
+           act_t *__restrict__ g, Stage sBC, Dm dm, act_t *__restrict__ ysave)
+{
+    const int E = dm.E, N = dm.N, ch = dm.channels;
+    float xg[U], dg[U], dxg[U], zg[U], ag[U][Dm::NPT_MAX];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int tt = WHOLE ? tt0 + u : min(tt0 + u, nt - 1);
+        const float x = sBC[tt][2 * N + c];
+        const float delta = sBC[tt][2 * N + ch + c];
+        xg[u] = x;
+        dg[u] = delta;
+        dxg[u] = delta * x;
+        zg[u] = OUT ? sBC[tt][2 * N + 2 * ch + c] : 0.0f;   // silu(z)
+#pragma unroll
+        for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) ag[u][j] = expf(delta * A[j]);
+    }
+    float yg[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int tt = WHOLE ? tt0 + u : min(tt0 + u, nt - 1);
+        const bool on = WHOLE || tt0 + u < nt;
+        if (ST && start_at(sw, tt0 + u)) {   // an episode starts here: the state before it is 0
+#pragma unroll
+            for (int j = 0; j < Dm::NPT_MAX; ++j) s[j] = 0.0f;
+            if (!OUT) dsum = __int_as_float(0x7f800000);   // +INFINITY: the chunk's decay is 0
+        }
+        float y = 0.0f;
+#pragma unroll
+        for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
+            const int n = lane * dm.npt + j;
+            const float sn = ag[u][j] * s[j] + dxg[u] * sBC[tt][n];
+            s[j] = on ? sn : s[j];
+            if (OUT) y += s[j] * sBC[tt][N + n];
+        }
+        yg[u] = y;
+        if (!OUT && on) dsum += dg[u];
+    }
+    if (OUT) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int o = dm.lanes / 2; o > 0; o >>= 1) yg[u] += __shfl_xor_sync(FULL_MASK, yg[u], o);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const float y = yg[u] + dsk * xg[u];
+            const mg_size_t row = row0 + t0 + tt0 + u;
+            if (valid && lane == 0 && (WHOLE || tt0 + u < nt)) {
+                if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
+                g[row * E + e] = from_f32<act_t>(y * zg[u]);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // scan_span: the selective scan of one channel over timesteps
 // [t_begin, t_end) of sequence b, state s in registers (in/out). Shared by the
 // sequential scan, both recurrence passes of the chunked scan and the
@@ -128,7 +201,7 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
           Stage sBC, Dm dm, act_t *__restrict__ ysave = nullptr,
           const unsigned char *__restrict__ start = nullptr, unsigned *sst = nullptr)
 {
-    const int E = dm.E, N = dm.N, ch = dm.channels;
+    const int E = dm.E, ch = dm.channels;
     const int c = threadIdx.x / dm.lanes;   // this thread's channel within the block
     // steps per group (below): fewer where a thread holds more states (their
     // decays are kept for the group)
@@ -167,59 +240,14 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
         // Each value is computed with the same operations in the same order
         // as a step-at-a-time loop. Steps past nt (the pass's last group) are
         // computed on step nt-1's inputs and leave s, dsum and the outputs
-        // alone.
-        for (int tt0 = 0; tt0 < nt; tt0 += U) {
-            float xg[U], dg[U], dxg[U], zg[U], ag[U][Dm::NPT_MAX];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int tt = min(tt0 + u, nt - 1);
-                const float x = sBC[tt][2 * N + c];
-                const float delta = sBC[tt][2 * N + ch + c];
-                xg[u] = x;
-                dg[u] = delta;
-                dxg[u] = delta * x;
-                zg[u] = OUT ? sBC[tt][2 * N + 2 * ch + c] : 0.0f;   // silu(z)
-#pragma unroll
-                for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) ag[u][j] = expf(delta * A[j]);
-            }
-            float yg[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int tt = min(tt0 + u, nt - 1);
-                const bool on = tt0 + u < nt;
-                if (ST && start_at(sw, tt0 + u)) {   // an episode starts here: the state before it is 0
-#pragma unroll
-                    for (int j = 0; j < Dm::NPT_MAX; ++j) s[j] = 0.0f;
-                    if (!OUT) dsum = __int_as_float(0x7f800000);   // +INFINITY: the chunk's decay is 0
-                }
-                float y = 0.0f;
-#pragma unroll
-                for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) {
-                    const int n = lane * dm.npt + j;
-                    const float sn = ag[u][j] * s[j] + dxg[u] * sBC[tt][n];
-                    s[j] = on ? sn : s[j];
-                    if (OUT) y += s[j] * sBC[tt][N + n];
-                }
-                yg[u] = y;
-                if (!OUT && on) dsum += dg[u];
-            }
-            if (OUT) {
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-#pragma unroll
-                    for (int o = dm.lanes / 2; o > 0; o >>= 1) yg[u] += __shfl_xor_sync(FULL_MASK, yg[u], o);
-                }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const float y = yg[u] + dsk * xg[u];
-                    const mg_size_t row = row0 + t0 + tt0 + u;
-                    if (valid && lane == 0 && tt0 + u < nt) {
-                        if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
-                        g[row * E + e] = from_f32<act_t>(y * zg[u]);
-                    }
-                }
-            }
-        }
+        // alone (scan_group: whole groups, then a partial last one).
+        const int whole_end = nt - nt % U;   // the groups before it are whole
+        for (int tt0 = 0; tt0 < whole_end; tt0 += U)
+            scan_group<true, OUT, SAVE, ST, U>(tt0, nt, t0, row0, lane, e, c, valid, sw, s, A, dsk, dsum, g, sBC, dm,
+                                               ysave);
+        if (whole_end < nt)
+            scan_group<false, OUT, SAVE, ST, U>(whole_end, nt, t0, row0, lane, e, c, valid, sw, s, A, dsk, dsum, g,
+                                                sBC, dm, ysave);
     }
 }
 
