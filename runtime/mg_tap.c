@@ -16,17 +16,17 @@
 
 static int n_tests, n_failed;
 
-int mg_tap_require_gpu(void)
+/* 1 when the environment variable name is set to exactly "1" (the switches'
+ * rule: any other value, or none, leaves them off). */
+static int env_is_one(const char *name)
 {
-    const char *env = getenv("MG_REQUIRE_GPU");
+    const char *env = getenv(name);
     return env && strcmp(env, "1") == 0;
 }
 
-int mg_tap_no_clusters(void)
-{
-    const char *env = getenv("MG_TEST_NO_CLUSTERS");
-    return env && strcmp(env, "1") == 0;
-}
+int mg_tap_require_gpu(void) { return env_is_one("MG_REQUIRE_GPU"); }
+
+int mg_tap_no_clusters(void) { return env_is_one("MG_TEST_NO_CLUSTERS"); }
 
 int mg_tap_start(void)
 {

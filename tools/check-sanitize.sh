@@ -64,14 +64,14 @@ set -u
 if [ "${1:-}" = --race-one ]; then
   set -f   # the options below hold regex characters, never file names
   start=$(date +%s)
-  # the group as lines, and as a regex alternation (regex characters of a
-  # mangled name escaped)
-  grp=$(printf '%s\n' "$3" | tr ',' '\n')
-  alt=$(printf '%s\n' "$grp" | sed 's/[.$]/\\&/g' | paste -sd'|' -)
+  # alt_of: names (a line each) as a regex alternation, the regex
+  # characters of a mangled name escaped
+  alt_of() { sed 's/[.$]/\\&/g' | paste -sd'|' -; }
+  grp=$(printf '%s\n' "$3" | tr ',' '\n')   # the group, a kernel a line
   case $RC_FORM in
-    filter) sel="--kernel-name regex=^($alt)\$ --launch-count $RC_LAUNCHES" ;;
+    filter) sel="--kernel-name regex=^($(printf '%s\n' "$grp" | alt_of))\$ --launch-count $RC_LAUNCHES" ;;
     exclude-others|exclude-others-all)
-      others=$(printf '%s\n' "$grp" | grep -vxF -f - "$5" | sed 's/[.$]/\\&/g' | paste -sd'|' -)
+      others=$(printf '%s\n' "$grp" | grep -vxF -f - "$5" | alt_of)
       sel=${others:+--kernel-name-exclude regex=^($others)\$}
       [ "$RC_FORM" = exclude-others ] && sel="$sel --launch-count $RC_LAUNCHES" ;;
     *) echo "check-sanitize: --race-one: unknown RC_FORM '$RC_FORM'" > "$4"; echo "1 0" > "$4.rc"; exit 0 ;;

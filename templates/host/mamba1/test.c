@@ -70,6 +70,17 @@ static mg_m1_layout lay;
  * single-launch decode's thread-block clusters left out). */
 static int dec_default = MODEL_DECODE_DEFAULT;
 
+#if MODEL_HAS_DECODE_SINGLE
+/* Under MG_TEST_NO_CLUSTERS=1: the single-launch decode case `what` as a TAP
+ * skip with the reason, and 1 (the caller returns); else 0. */
+static int skip_single_launch(const char *what)
+{
+    if (!mg_tap_no_clusters()) return 0;
+    mg_tap_skip("MG_TEST_NO_CLUSTERS=1: the single-launch decode runs as thread-block clusters", what);
+    return 1;
+}
+#endif
+
 /* GPU prefill on host data. cs/ss: initial state in, final state out (both
  * NULL: fresh start). Returns the status of the prefill call. */
 static mg_status gpu_prefill(int batch, int T, const float *u, float *out, float *cs, float *ss)
@@ -403,11 +414,7 @@ static void test_decode_fused(int batch, int T, uint64_t seed)
 static void test_decode_single(int batch, int T, uint64_t seed)
 {
 #if MODEL_HAS_DECODE_SINGLE
-    if (mg_tap_no_clusters()) {
-        mg_tap_skip("MG_TEST_NO_CLUSTERS=1: the single-launch decode runs as thread-block clusters",
-                    "single-launch decode vs fused decode and the reference");
-        return;
-    }
+    if (skip_single_launch("single-launch decode vs fused decode and the reference")) return;
     const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss), *ut = FALLOC(n_u(batch, 1));
     float *o1 = FALLOC(n_out(batch, 1)), *os = FALLOC(n_out(batch, T)), *of = FALLOC(n_out(batch, T));
@@ -508,11 +515,7 @@ static mg_status decode_reset_walk(int batch, int T, const float *u, const unsig
 static void test_decode_tiles(int batch, int T, uint64_t seed)
 {
 #if MODEL_HAS_DECODE_SINGLE
-    if (mg_tap_no_clusters()) {
-        mg_tap_skip("MG_TEST_NO_CLUSTERS=1: the single-launch decode runs as thread-block clusters",
-                    "single-launch decode tiles");
-        return;
-    }
+    if (skip_single_launch("single-launch decode tiles")) return;
     const size_t ncs = model_conv_state_floats(batch), nss = model_ssm_state_floats(batch);
     const size_t no = n_out(batch, 1) * (size_t)T;
     float *u = FALLOC(n_u(batch, T)), *cs0 = FALLOC(ncs), *ss0 = FALLOC(nss);
