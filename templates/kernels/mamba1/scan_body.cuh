@@ -241,6 +241,18 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
         // as a step-at-a-time loop. Steps past nt (the pass's last group) are
         // computed on step nt-1's inputs and leave s, dsum and the outputs
         // alone (scan_group: whole groups, then a partial last one).
+        // U = 1 (a thread holds more than 8 states): every step through the
+        // guarded instance, as before the split. Why: there the whole
+        // instance saved no time where the scan is long, and at mamba1_long's
+        // batch 8, 32 steps (one block an SM: latency-bound) its prefill was
+        // 15-20% slower on an H200; ptxas gave its scan_kernel 80 registers
+        // instead of 96 (bench/results/h200-2026-12-06-ab-scan-whole-groups.csv)
+        if (U == 1) {
+            for (int tt0 = 0; tt0 < nt; ++tt0)
+                scan_group<false, OUT, SAVE, ST, U>(tt0, nt, t0, row0, lane, e, c, valid, sw, s, A, dsk, dsum, g, sBC,
+                                                    dm, ysave);
+            continue;
+        }
         const int whole_end = nt - nt % U;   // the groups before it are whole
         for (int tt0 = 0; tt0 < whole_end; tt0 += U)
             scan_group<true, OUT, SAVE, ST, U>(tt0, nt, t0, row0, lane, e, c, valid, sw, s, A, dsk, dsum, g, sBC, dm,
