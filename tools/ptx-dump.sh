@@ -56,20 +56,29 @@ for f in sorted(funcs, key=lambda f: f[0]):
 one() {
   spec=$1 name=$(basename "$1" .yaml)
   dir=$out/$name
-  rm -rf "$dir" && mkdir -p "$dir"
-  "$mg" -q --gpu none "$spec" -o "$dir/pkg"
+  rm -rf "$dir" && mkdir -p "$dir" || return 1
+  "$mg" -q --gpu none "$spec" -o "$dir/pkg" || return 1
   arch=$(sed -n 's/^ARCH ?= *//p' "$dir/pkg/Makefile")
   for cu in "$dir"/pkg/*.cu; do
     base=$(basename "$cu" .cu)
-    (cd "$dir/pkg" && "$NVCC" -std=c++17 -arch="$arch" -O3 -I. ${MG_RUNTIME_CFLAGS:-} -ptx "$base.cu" -o "$base.ptx")
+    (cd "$dir/pkg" && "$NVCC" -std=c++17 -arch="$arch" -O3 -I. ${MG_RUNTIME_CFLAGS:-} -ptx "$base.cu" -o "$base.ptx") ||
+      return 1
     # one file per kind of code, whatever the .cu is called
-    norm < "$dir/pkg/$base.ptx" > "$dir/${base#"$name"_}.ptx"
+    norm < "$dir/pkg/$base.ptx" > "$dir/${base#"$name"_}.ptx" || return 1
   done
 }
+# the specs JOBS at a time; a spec that fails to generate or compile is
+# named in $out/.failed, and the exit status is 1
+rm -f "$out/.failed"
 n=0
 for spec in "$@"; do
-  one "$spec" &
+  ( one "$spec" || echo "$spec" >> "$out/.failed" ) &
   n=$((n + 1))
   if [ "$n" -ge "$jobs" ]; then wait; n=0; fi
 done
 wait
+if [ -f "$out/.failed" ]; then
+  echo "$0: failed to generate or compile: $(tr '\n' ' ' < "$out/.failed")" >&2
+  rm -f "$out/.failed"
+  exit 1
+fi
