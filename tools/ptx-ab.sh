@@ -31,6 +31,7 @@ for spec in "$@"; do
 done
 case $mg in /*) ;; *) mg=$(pwd)/$mg ;; esac
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
+rm -f "$out/.differs"   # (the mark of a difference, below: none yet)
 status=0
 for side in before after; do
   tpl=$before; [ $side = after ] && tpl=$after
@@ -59,8 +60,8 @@ for spec in "$@"; do
     else
       n=$(diff "$a" "$b" | grep -c '^[<>]')
       echo "$name $file: DIFFERS ($n of $(($(wc -l < "$a") + $(wc -l < "$b"))) lines)"
-      # the functions whose code differs (ptx-dump sorted them by name)
-      # (a function's name: the word before its parameter list, after the
+      # the functions whose code differs (ptx-dump sorted them by name; a
+      # function's name: the word before its parameter list, after the
       # return value's parenthesis of a .func that has one)
       for side_f in "$a" "$b"; do
         awk '/^(\.visible |\.weak |\.extern )*\.(entry|func)/ {
