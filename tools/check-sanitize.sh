@@ -140,11 +140,11 @@ else
   race_launches=${SANITIZE_RACECHECK_LAUNCHES:-4}
   case $race_launches in ''|*[!0-9]*) echo "check-sanitize: SANITIZE_RACECHECK_LAUNCHES=$race_launches: expected a count >= 0"; exit 1;; esac
   race_group=${SANITIZE_RACECHECK_GROUP:-1}
+  case $race_group in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_RACECHECK_GROUP=$race_group: expected a count >= 1"; exit 1;; esac
   # kernels not given a racecheck run of their own: the thread-block
   # cluster kernels, which the test programs do not launch under
   # MG_TEST_NO_CLUSTERS=1 (a run of one would check nothing)
   race_skip=${SANITIZE_RACECHECK_SKIP-decode_persistent_kernel}
-  case $race_group in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_RACECHECK_GROUP=$race_group: expected a count >= 1"; exit 1;; esac
   jobs=${SANITIZE_JOBS:-$(nproc 2>/dev/null || echo 4)}
   case $jobs in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_JOBS=$jobs: expected a count >= 1"; exit 1;; esac
   cuobjdump=$CUDA_HOME/bin/cuobjdump
@@ -274,6 +274,12 @@ EOF_PROBE
     grep -E '^(not ok|========= ERROR SUMMARY|========= RACECHECK SUMMARY)' "$1" | head -n 10
     grep -v -E 'COMPUTE-SANITIZER|SUMMARY' "$1" | grep -q '^========= [A-Z]' || head -n 8 "$1"
   }
+  # race_pool JOBS: the racecheck runs listed on stdin ("PROG KERNELS LOG
+  # LIST" a line: --race-one's arguments), JOBS at a time
+  race_pool() {
+    RC_CS=$cs RC_FORM=$race_form RC_LAUNCHES=$race_launches RC_EXCL=$race_exclude \
+      xargs -P "$1" -n 4 sh "$here/check-sanitize.sh" --race-one
+  }
   # ended_early RC LOG: whether a run with exit RC and log LOG stopped
   # without a result: neither clean (0) nor reporting (99, the sanitizer's
   # --error-exitcode), and no failed check in the log (a test program
@@ -396,8 +402,7 @@ EOF_PROBE
           { k = (k == "" ? "" : k ",") $1; if (++n == g) { printf "%s %s %s.k%03d.log %s.all\n", p, k, b, ++r, b; k = ""; n = 0 } }
           END { if (n) printf "%s %s %s.k%03d.log %s.all\n", p, k, b, ++r, b }' "$b.kernels" > "$b.jobs"
         cat "$b.jobs"
-      done | RC_CS=$cs RC_FORM=$race_form RC_LAUNCHES=$race_launches RC_EXCL=$race_exclude \
-               xargs -P "$jobs" -n 4 sh "$here/check-sanitize.sh" --race-one
+      done | race_pool "$jobs"
       # A run that ended early (an exit neither 0 nor the report's 99, no
       # failed check in its log) was stopped from outside: on an H200 with
       # 16 runs at a time (2026-12-06), each of the 25 runs over the chunked
@@ -410,19 +415,19 @@ EOF_PROBE
       rerun=$dir/gpu_$spec.racecheck.rerun
       for prog in "$pkg/${spec}_test" "$pkg/${spec}_train_test"; do
         [ -x "$prog" ] || continue
+        b=$dir/gpu_$(basename "$prog").racecheck
         while read -r rprog rk rlog rlist; do
           read -r rc _ < "$rlog.rc" 2>/dev/null || rc=1
           if ended_early "$rc" "$rlog"; then
             mv "$rlog" "$rlog.first" && echo "$rprog $rk $rlog $rlist"
           fi
-        done < "$dir/gpu_$(basename "$prog").racecheck.jobs"
+        done < "$b.jobs"
       done > "$rerun"
       if [ -s "$rerun" ]; then
         rjobs=$((jobs / 4))
         [ "$rjobs" -ge 1 ] || rjobs=1
         echo "check-sanitize: racecheck $spec: runs that ended early (killed?): $(wc -l < "$rerun"), run again $rjobs at a time"
-        RC_CS=$cs RC_FORM=$race_form RC_LAUNCHES=$race_launches RC_EXCL=$race_exclude \
-          xargs -P "$rjobs" -n 4 sh "$here/check-sanitize.sh" --race-one < "$rerun"
+        race_pool "$rjobs" < "$rerun"
       fi
       rsecs=$(($(date +%s) - rstart))
     fi
@@ -457,7 +462,7 @@ EOF_PROBE
             echo "check-sanitize: GPU:     ended early twice, no hazard reported and no check failed (killed? fewer runs at a time: SANITIZE_JOBS, now $jobs)"
           bad=$((bad + 1))
         done < "$b.jobs"
-        again=$(grep -c " $b\.k[0-9]*\.log " "$dir/gpu_$spec.racecheck.rerun")
+        again=$(grep -c " $b\.k[0-9]*\.log " "$rerun")
         [ "$again" -gt 0 ] && more="$more; run again after ending early: $again"
         if [ "$bad" = 0 ]; then
           echo "check-sanitize: GPU: ok: racecheck $(basename "$prog") ($n kernels, $how$more; ${rsecs}s for the spec's runs)"
