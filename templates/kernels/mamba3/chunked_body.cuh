@@ -326,7 +326,7 @@ __device__ __forceinline__ void ck_state_store(const Dm dm, const float (&hs)[Dm
 // (training only, else NULL) receives the state entering every chunk, f32
 // [b][h][ckpt_slots][P][N] at slot c0/ckpt_step. KQ: the element type of
 // the per-head k', q' rows (f32 in inference, the storage type in training:
-// kq_t), converted to f32 on load (ld4_f32) and staged as op_t.
+// kq_t), staged as op_t by stage4 (copied when KQ is op_t, else converted).
 template <bool STARTS = false, class Dm, typename KQ>
 __device__ __forceinline__ void
 ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k,
@@ -398,24 +398,32 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
             }
             s_adt[i] = a; s_gam[i] = ga; s_nx[i] = nx;
         }
+        // q', k' rows (stage4: in training, copies all in flight at once;
+        // waited for before the barrier below)
 #pragma unroll 4
         for (int idx = tid; idx < CK_Q * (N / 4); idx += CK_THREADS) {
             const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
-            float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
-            if (i < len) {
-                const size_t o = ((row0 + c0 + i) * H + h) * N + n;
-                qv = ld4_f32(q + o);
-                kv = ld4_f32(k + o);
+            const bool in = i < len;
+            const size_t o = ((row0 + c0 + (in ? i : 0)) * H + h) * N + n;
+            stage4(Qs + i * CK_LDN + n, q + o, in);
+            stage4(Ks + i * CK_LDN + n, k + o, in);
+        }
+        // v, transposed: a thread's items in batches of 8, the batch's loads
+        // first (in flight together), then its stores
+        for (int idx0 = tid; idx0 < CK_Q * P; idx0 += 8 * CK_THREADS) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int idx = idx0 + u * CK_THREADS, i = idx / P, p = idx % P;
+                v[u] = idx < CK_Q * P && i < len ? to_f32(proj[(row0 + c0 + i) * NP + OFF_X + h * P + p]) : 0.0f;
             }
-            op_st4(Qs + i * CK_LDN + n, qv);
-            op_st4(Ks + i * CK_LDN + n, kv);
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int idx = idx0 + u * CK_THREADS, i = idx / P, p = idx % P;
+                if (idx < CK_Q * P) Vt[p * CK_LDQ + i] = from_f32<op_t>(v[u]);
+            }
         }
-#pragma unroll 4
-        for (int idx = tid; idx < CK_Q * P; idx += CK_THREADS) {
-            const int i = idx / P, p = idx % P;
-            const float v = i < len ? to_f32(proj[(row0 + c0 + i) * NP + OFF_X + h * P + p]) : 0.0f;
-            Vt[p * CK_LDQ + i] = from_f32<op_t>(v);
-        }
+        cp_async_wait_all();
         __syncthreads();
         // ---- B: cumulative decay and weights ----
         ck_decay<STARTS>(fs, warp, lane);

@@ -253,37 +253,52 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
             s_adt[i] = a; s_dt[i] = d; s_lam[i] = l; s_gam[i] = gm; s_scl[i] = __fadd_rn(gm, nx);
             s_dg[i] = 0.0f;
         }
-#pragma unroll 4
+        // q', k' rows: copied as they are (kq_t is the staged type), every
+        // copy issued before any is waited on (stage4; waited for at the
+        // end of the staging). Nsight Compute on an H100 had this kernel's
+        // warps stalled on these loads (long scoreboard, 59% of its stall
+        // samples at mamba3_perf's b8 T4096) when each went through registers.
         for (int idx = tid; idx < CKB_Q * (N / 4); idx += CKB_THREADS) {
             const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
-            float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
-            if (i < len) {
-                const size_t o = ((row0 + c0 + i) * H + h) * N + n;
-                qv = ld4_f32(q + o);
-                kv = ld4_f32(k + o);
-            }
-            op_st4(Qs + i * CKB_LDN + n, qv);
-            op_st4(Ks + i * CKB_LDN + n, kv);
+            const bool in = i < len;
+            const size_t o = ((row0 + c0 + (in ? i : 0)) * H + h) * N + n;
+            stage4(Qs + i * CKB_LDN + n, q + o, in);
+            stage4(Ks + i * CKB_LDN + n, k + o, in);
         }
         // v and dy, and dy_t . v_t (f32) in partials over warp-wide row
         // slices: a warp's lanes cover min(P, 32) consecutive p of a row
         // (CKB_THREADS and P are multiples of 32 and 16), summed by a fixed
-        // xor butterfly within the slice.
-#pragma unroll 4
-        for (int idx = tid; idx < CKB_Q * P; idx += CKB_THREADS) {
+        // xor butterfly within the slice. A thread's items go in batches of
+        // CKB_VB: the batch's loads first (in flight together), then its
+        // stores and sums, the same values in the same order as one at a time.
+        {
             constexpr int SEG = P < 32 ? P : 32;
-            const int i = idx / P, p = idx % P;
-            float v = 0.0f, gy = 0.0f;
-            if (i < len) {
-                v = to_f32(proj[(row0 + c0 + i) * NP + OFF_X + h * P + p]);
-                gy = dy[(row0 + c0 + i) * E + h * P + p];
-            }
-            Vs[i * CKB_LDP + p] = from_f32<op_t>(v);
-            Ys[i * CKB_LDP + p] = from_f32<op_t>(gy);
-            float yv = v * gy;
+            constexpr int VI = CKB_Q * P / CKB_THREADS;   // items per thread
+            constexpr int VB = VI < 8 ? VI : 8;
+            static_assert(CKB_Q * P % CKB_THREADS == 0 && VI % VB == 0, "v, dy items: whole batches per thread");
+#pragma unroll 1
+            for (int u0 = 0; u0 < VI; u0 += VB) {
+                float v[VB], gy[VB];
 #pragma unroll
-            for (int o = 1; o < SEG; o <<= 1) yv += __shfl_xor_sync(FULL_MASK, yv, o);
-            if (p % SEG == 0) s_yvp[i * CKB_YVP + p / SEG] = yv;
+                for (int u = 0; u < VB; ++u) {
+                    const int idx = tid + (u0 + u) * CKB_THREADS, i = idx / P, p = idx % P;
+                    v[u] = gy[u] = 0.0f;
+                    if (i < len) {
+                        v[u] = to_f32(proj[(row0 + c0 + i) * NP + OFF_X + h * P + p]);
+                        gy[u] = dy[(row0 + c0 + i) * E + h * P + p];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < VB; ++u) {
+                    const int idx = tid + (u0 + u) * CKB_THREADS, i = idx / P, p = idx % P;
+                    Vs[i * CKB_LDP + p] = from_f32<op_t>(v[u]);
+                    Ys[i * CKB_LDP + p] = from_f32<op_t>(gy[u]);
+                    float yv = v[u] * gy[u];
+#pragma unroll
+                    for (int o = 1; o < SEG; o <<= 1) yv += __shfl_xor_sync(FULL_MASK, yv, o);
+                    if (p % SEG == 0) s_yvp[i * CKB_YVP + p / SEG] = yv;
+                }
+            }
         }
         // The entering state (the chunked forward's checkpoint: the shifted
         // form), in this warp's tile layout and staged (Hc). <G, Hc> per warp
@@ -310,6 +325,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
             for (int o = 16; o > 0; o >>= 1) wdot += __shfl_xor_sync(FULL_MASK, wdot, o);
             if (lane == 0) s_wp[warp] = wdot;
         }
+        cp_async_wait_all();   // this thread's copies of q', k' are in the stage
         __syncthreads();
         // ---- B: cumulative decay and weights (warp 0, fixed order) ----
         if (warp == 0) {
@@ -441,9 +457,11 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                                 // row (v = x): stored there in the storage
                                 // dtype, as prep_bwd stored it from an f32 dv
                                 const size_t tok = row0 + c0 + sr, o = tok * E + h * P + p;
+                                // (dy_s: one 8-byte load, p even and E, P even)
+                                const float2 dys = *reinterpret_cast<const float2 *>(dy + o);
                                 float2 out;
-                                out.x = acc[j][2 * rr] + dsk * dy[o];
-                                out.y = acc[j][2 * rr + 1] + dsk * dy[o + 1];
+                                out.x = acc[j][2 * rr] + dsk * dys.x;
+                                out.y = acc[j][2 * rr + 1] + dsk * dys.y;
                                 // (two scalar stores: a row of NP values need not
                                 // keep pairs aligned)
                                 act_t *dx = dproj + tok * NP + OFF_X + h * P + p;
@@ -470,14 +488,16 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                             for (int j = 0; j < CKB_CW / 8; ++j)
                                 tile_mma_x<false, true, CKB_LDP, CKB_LDN>(acc[j], A1 + m0 * CKB_LDP + kp,
                                                                         B1 + kp * CKB_LDN + n0 + 8 * j, lane);
-                        // its row dot with q'_t (dq': dy_t.(Hc q_t)) or k'_s (dk': dw_s), f32
-                        const kq_t *rv = isq ? q : k;
+                        // its row dot with q'_t (dq': dy_t.(Hc q_t)) or k'_s (dk': dw_s), f32;
+                        // q', k' read from the stage, which holds the kq_t
+                        // values exactly (not again from global memory)
+                        const op_t *rv = isq ? Qs : Ks;
                         float rd[2] = {0.0f, 0.0f};
 #pragma unroll
                         for (int rr = 0; rr < 2; ++rr) {
                             const int tr = m0 + g + 8 * rr;
                             if (tr < len) {
-                                const kq_t *vr = rv + ((row0 + c0 + tr) * H + h) * N;
+                                const op_t *vr = rv + tr * CKB_LDN;
 #pragma unroll
                                 for (int j = 0; j < CKB_CW / 8; ++j) {
                                     const int n = n0 + 8 * j + cc;

@@ -49,19 +49,39 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
                 zh[hi][i] = ok ? to_f32(zt[h * P + p]) : 0.0f;
                 dgh[hi][i] = ok ? dgt[h * P + p] : 0.0f;
             }
+        // The heads' scales r with gate_head_rms's arithmetic, then their
+        // gradients, then (OUTPROJ_NORM) dy: each step for every head of the
+        // warp before the next, so that the heads' shuffle butterflies run
+        // side by side (GATE_HPW independent chains) instead of one head's
+        // after another's. Per head the same operations in the same order.
+        float rh[GATE_HPW];
+#pragma unroll
+        for (int hi = 0; hi < GATE_HPW; ++hi) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int i = 0; i < GATE_VPL; ++i) ss += yh[hi][i] * yh[hi][i];
+            rh[hi] = ss;
+        }
+        if (OUTPROJ_NORM) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int hi = 0; hi < GATE_HPW; ++hi) rh[hi] += __shfl_xor_sync(FULL_MASK, rh[hi], o);
+        }
+#pragma unroll
+        for (int hi = 0; hi < GATE_HPW; ++hi) rh[hi] = OUTPROJ_NORM ? 1.0f / sqrtf(rh[hi] / (float)P + EPS) : 1.0f;
+        float du[GATE_HPW][GATE_VPL], dot[GATE_HPW];
 #pragma unroll
         for (int hi = 0; hi < GATE_HPW; ++hi) {
             const int h = warp + hi * GATE_WARPS;
-            if (!GB_HEAD_OK(h)) break;   // warp-uniform
             const float(&yv)[GATE_VPL] = yh[hi];
-            float du[GATE_VPL];
-            const float r = gate_head_rms(yv);
-            float dot = 0.0f;
+            const float r = rh[hi];
+            dot[hi] = 0.0f;
 #pragma unroll
             for (int i = 0; i < GATE_VPL; ++i) {
                 const int p = lane + 32 * i;
-                du[i] = 0.0f;
-                if (p < P) {
+                du[hi][i] = 0.0f;
+                if (GB_HEAD_OK(h) && p < P) {
                     const size_t e = h * P + p;
                     const float gw = OUTPROJ_NORM ? r * gwv[hi][i] : 1.0f;
                     const float z = zh[hi][i];
@@ -69,25 +89,32 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
                     const float dgv = dgh[hi][i];
                     g[tok * E + e] = from_f32<act_t>(yv[i] * gw * sz);
                     dproj[tok * NP + OFF_Z + e] = from_f32<act_t>(dgv * (yv[i] * gw) * dsilu(z));
-                    du[i] = dgv * sz;
+                    du[hi][i] = dgv * sz;
                     if (OUTPROJ_NORM) {
-                        dot += du[i] * gwv[hi][i] * yv[i];
-                        acc[hi][i] += du[i] * yv[i] * r;
+                        dot[hi] += du[hi][i] * gwv[hi][i] * yv[i];
+                        acc[hi][i] += du[hi][i] * yv[i] * r;
                     } else {
-                        dy[tok * E + e] = du[i];
+                        dy[tok * E + e] = du[hi][i];
                     }
                 }
             }
-            if (OUTPROJ_NORM) {
+        }
+        if (OUTPROJ_NORM) {
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
-                const float c3 = r * r * r * dot / (float)P;
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int hi = 0; hi < GATE_HPW; ++hi) dot[hi] += __shfl_xor_sync(FULL_MASK, dot[hi], o);
+#pragma unroll
+            for (int hi = 0; hi < GATE_HPW; ++hi) {
+                const int h = warp + hi * GATE_WARPS;
+                const float r = rh[hi];
+                const float c3 = r * r * r * dot[hi] / (float)P;
 #pragma unroll
                 for (int i = 0; i < GATE_VPL; ++i) {
                     const int p = lane + 32 * i;
-                    if (p < P) {
+                    if (GB_HEAD_OK(h) && p < P) {
                         const size_t e = h * P + p;
-                        dy[tok * E + e] = r * gwv[hi][i] * du[i] - c3 * yv[i];
+                        dy[tok * E + e] = r * gwv[hi][i] * du[hi][i] - c3 * yh[hi][i];
                     }
                 }
             }

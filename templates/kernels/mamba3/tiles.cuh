@@ -58,6 +58,42 @@ __device__ __forceinline__ void st2_from_f32(__nv_bfloat16 *p, float2 v)
 }
 __device__ __forceinline__ void st2_from_f32(__half *p, float2 v) { *reinterpret_cast<__half2 *>(p) = __floats2half2_rn(v.x, v.y); }
 
+// The shared-memory address of p (for cp.async and ldmatrix).
+__device__ __forceinline__ unsigned smem_u32(const void *p)
+{
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Four consecutive values of the storage type copied from global into
+// shared memory without passing through registers (cp.async, sm_80+: 8
+// bytes for the 16-bit types, 16 for f32, the alignment ld4_f32 needs);
+// zeros when !in (src is then not read, but must be a valid address).
+// Why: a staging loop that loads into registers and stores waits on each
+// load before its store, so few loads are in flight per thread; these
+// copies are all issued before any is waited on (cp_async_wait_all, then
+// a barrier, before the stage is read). The bits are the source's, as the
+// f32 round trip of ld4_f32 and op_st4 gave for the same type.
+__device__ __forceinline__ void cp_async4(op_t *dst, const op_t *src, bool in)
+{
+    constexpr int B = 4 * (int)sizeof(op_t);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_u32(dst)), "l"(src), "n"(B),
+                 "r"(in ? B : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// stage4: four values of a k', q' row (n a multiple of 4) into the stage,
+// zeros when !in: copied as they are (cp_async4) when the row has the
+// staged type (the training path's kq_t), else converted on load (the
+// inference path's f32 rows staged as a 16-bit type). After the stage's
+// loop: cp_async_wait_all, then a barrier.
+__device__ __forceinline__ void stage4(op_t *dst, const op_t *src, bool in) { cp_async4(dst, src, in); }
+template <typename KQ>
+__device__ __forceinline__ void stage4(op_t *dst, const KQ *src, bool in)
+{
+    op_st4(dst, in ? ld4_f32(src) : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+}
+
 // c += A . B for one 16 x 8 tile, k = 16, in the fragment layout of
 // mma.m16n8k16 (lane l: g = l/4, cc = 2*(l%4); c[0], c[1] at row g, columns
 // cc, cc+1; c[2], c[3] at row g+8). Operands in shared memory:
@@ -112,10 +148,6 @@ __device__ __forceinline__ void tile_mma_core(float c[4], const float *a, const 
 // (rows 0-7, k 8-15), (rows 8-15, k 8-15): a0..a3 of mma.m16n8k16; B's are
 // (k 0-7), (k 8-15) of columns 0-7: b0, b1. The same values as element
 // loads, so the same products bit for bit.
-__device__ __forceinline__ unsigned smem_u32(const void *p)
-{
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 
 // The one instruction, per 16-bit operand type (the last argument only
 // selects the overload).
