@@ -47,7 +47,8 @@
 # whole programs, below), SANITIZE_RACECHECK_GROUP (default 1: kernels
 # checked together in one run; each run executes the whole program, so
 # fewer, larger groups cut the runs when a program has many kernels),
-# SANITIZE_RACECHECK_PARTS (whole programs: each
+# SANITIZE_VARIANT_BATCH, SANITIZE_VARIANT_SEQ (default 4, 64: the shapes of
+# the chunked bf16 variants), SANITIZE_RACECHECK_PARTS (whole programs: each
 # under racecheck as that many processes, each running a part of its
 # sections; 1: one process).
 # A failed run prints its reports counted by kind and kernel (the first
@@ -141,6 +142,11 @@ else
   case $race_launches in ''|*[!0-9]*) echo "check-sanitize: SANITIZE_RACECHECK_LAUNCHES=$race_launches: expected a count >= 0"; exit 1;; esac
   race_group=${SANITIZE_RACECHECK_GROUP:-1}
   case $race_group in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_RACECHECK_GROUP=$race_group: expected a count >= 1"; exit 1;; esac
+  # the shapes of the chunked bf16 variants (spec_file below)
+  var_batch=${SANITIZE_VARIANT_BATCH:-4}
+  case $var_batch in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_VARIANT_BATCH=$var_batch: expected a count >= 1"; exit 1;; esac
+  var_seq=${SANITIZE_VARIANT_SEQ:-64}
+  case $var_seq in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_VARIANT_SEQ=$var_seq: expected a count >= 1"; exit 1;; esac
   # kernels not given a racecheck run of their own: the thread-block
   # cluster kernels, which the test programs do not launch under
   # MG_TEST_NO_CLUSTERS=1 (a run of one would check nothing)
@@ -288,7 +294,15 @@ EOF_PROBE
     [ "$1" != 0 ] && [ "$1" != 99 ] && ! grep -q '^not ok' "$2" 2>/dev/null
   }
   # spec_file NAME: the spec of NAME (specs/NAME.yaml, or a variant written
-  # into $dir/specs); empty for an unknown name
+  # into $dir/specs); empty for an unknown name. The variants are there for
+  # their kernel kinds (chunked scans, 16-bit storage, tensor cores), not
+  # their size: their shapes are cut to SANITIZE_VARIANT_BATCH x
+  # SANITIZE_VARIANT_SEQ (default 4 x 64: four 16-step chunks), because the
+  # sanitizers' time grows with the threads a program runs. At their own
+  # 64 x 256 no racecheck run of either variant's programs had ended after
+  # 267 s on an H100 (2026-12-06, eight runs at a time, each holding about
+  # 10 GB of host memory), where the f32 programs' runs ended in minutes.
+  # The f32 specs keep their shapes.
   spec_file() {
     if [ -f "$srcroot/specs/$1.yaml" ]; then echo "$srcroot/specs/$1.yaml"; return; fi
     mkdir -p "$dir/specs"
@@ -296,7 +310,8 @@ EOF_PROBE
       mamba1_rl_chunked_bf16|mamba3_rl_chunked_bf16)
         base=${1%_chunked_bf16}
         sed -e "s/^name:.*/name: $1/" -e 's/^precision:.*/precision: bf16/' -e 's/^\( *mode:\).*/\1 chunked/' \
-            -e 's/^\( *chunk_size:\).*/\1 16/' "$srcroot/specs/$base.yaml" > "$dir/specs/$1.yaml" &&
+            -e 's/^\( *chunk_size:\).*/\1 16/' -e "s/^\\( *max_batch:\\).*/\\1 $var_batch/" \
+            -e "s/^\\( *max_seq_len:\\).*/\\1 $var_seq/" "$srcroot/specs/$base.yaml" > "$dir/specs/$1.yaml" &&
           echo "$dir/specs/$1.yaml";;
     esac
   }
