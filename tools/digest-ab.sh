@@ -18,39 +18,66 @@
 # differs or fails to build or run, 2 on usage errors.
 # Env: MG (the mamba-gen binary, default ./mamba-gen), NVCC, CUDA_HOME,
 # MG_RUNTIME_CFLAGS, MG_RUNTIME_LIBS (as for the emitted Makefile; `make
-# check`'s environment has them), JOBS (make -j, default nproc).
+# check`'s environment has them), JOBS (make -j, default nproc),
+# DIGEST_PARALLEL (3, the default: a spec's two packages build side by
+# side and a program's three runs run side by side on the GPU, each with
+# its own digest, so the comparison waits for the slowest run rather than
+# the sum of three; 1: one after another).
 set -u
 [ $# -ge 4 ] || { echo "usage: $0 OUTDIR BEFORE_TEMPLATES AFTER_TEMPLATES SPEC.yaml..." >&2; exit 2; }
 out=$1 before=$2 after=$3; shift 3
 mg=${MG:-./mamba-gen}
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+par=${DIGEST_PARALLEL:-3}
+case $par in 1|3) ;; *) echo "$0: DIGEST_PARALLEL=$par: expected 1 or 3" >&2; exit 2;; esac
 for d in "$before" "$after"; do
   [ -d "$d" ] || { echo "$0: $d: not a directory of templates" >&2; exit 2; }
 done
 mkdir -p "$out" || exit 2
+# build_side SIDE NAME SPEC: generate and build the package of SPEC from
+# SIDE's templates into $out/SIDE/NAME; says what failed, and nothing else
+build_side() {
+  tpl=$before; [ "$1" = after ] && tpl=$after
+  dir=$out/$1/$2
+  if ! "$mg" -q --gpu none --templates "$tpl" -o "$dir" "$3" > "$out/$1-$2.gen" 2>&1; then
+    echo "$2 ($1): generate failed:"; cat "$out/$1-$2.gen"; return 1
+  fi
+  if ! make -C "$dir" -j"$jobs" ${NVCC:+NVCC="$NVCC"} ${CUDA_HOME:+CUDA_HOME="$CUDA_HOME"} \
+       MG_RUNTIME_CFLAGS="${MG_RUNTIME_CFLAGS:-}" MG_RUNTIME_LIBS="${MG_RUNTIME_LIBS:-}" all \
+       > "$out/$1-$2.build" 2>&1; then
+    echo "$2 ($1): build failed:"; tail -20 "$out/$1-$2.build"; return 1
+  fi
+}
+# run_prog RUN NAME PROG: one run (before, after or after2) of a test
+# program with its own digest directory; its exit status into a file
+run_prog() {
+  side=${1%2}
+  (cd "$out/$side/$2" && MG_DIGEST_DIR=$(cd "$out/dig-$1" && pwd) "./$3" > "../../$1-$3.tap" 2>&1)
+  echo $? > "$out/$1-$3.rc"
+}
 status=0
 for spec in "$@"; do
   name=$(basename "$spec" .yaml)
   for side in before after; do
-    tpl=$before; [ $side = after ] && tpl=$after
-    dir=$out/$side/$name
-    if ! "$mg" -q --gpu none --templates "$tpl" -o "$dir" "$spec" > "$out/$side-$name.gen" 2>&1; then
-      echo "$name ($side): generate failed:"; cat "$out/$side-$name.gen"; status=1; continue 2
-    fi
-    if ! make -C "$dir" -j"$jobs" ${NVCC:+NVCC="$NVCC"} ${CUDA_HOME:+CUDA_HOME="$CUDA_HOME"} \
-         MG_RUNTIME_CFLAGS="${MG_RUNTIME_CFLAGS:-}" MG_RUNTIME_LIBS="${MG_RUNTIME_LIBS:-}" all \
-         > "$out/$side-$name.build" 2>&1; then
-      echo "$name ($side): build failed:"; tail -20 "$out/$side-$name.build"; status=1; continue 2
-    fi
+    if [ "$par" = 3 ]; then build_side $side "$name" "$spec" > "$out/$side-$name.msg" 2>&1 &
+    else build_side $side "$name" "$spec" > "$out/$side-$name.msg" 2>&1; fi
   done
+  wait
+  if [ -s "$out/before-$name.msg" ] || [ -s "$out/after-$name.msg" ]; then
+    cat "$out/before-$name.msg" "$out/after-$name.msg"; status=1; continue
+  fi
   for prog in "${name}_test" "${name}_train_test"; do
     [ -x "$out/after/$name/$prog" ] || continue
     for run in before after after2; do
-      side=${run%2}
       mkdir -p "$out/dig-$run"
-      (cd "$out/$side/$name" && MG_DIGEST_DIR=$(cd "$out/dig-$run" && pwd) "./$prog" > "../../$run-$prog.tap" 2>&1)
-      rc=$?
-      if [ $rc -ne 0 ]; then
+      rm -f "$out/dig-$run/$prog.digest" "$out/$run-$prog.rc"   # nothing of an earlier run is compared
+      if [ "$par" = 3 ]; then run_prog $run "$name" "$prog" &
+      else run_prog $run "$name" "$prog"; fi
+    done
+    wait
+    for run in before after after2; do
+      rc=$(cat "$out/$run-$prog.rc" 2>/dev/null || echo '?')
+      if [ "$rc" != 0 ]; then
         echo "$prog ($run): exit $rc (see $out/$run-$prog.tap)"; status=1
       fi
     done
