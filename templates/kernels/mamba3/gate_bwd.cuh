@@ -9,6 +9,19 @@
 //   OUTPROJ_NORM (gw = r w, r = rms factor of the head's y): du = dg silu(z),
 //     dy = r w du - r^3/P y sum_p(du w y);  part_gw[blk][e] += du y r
 //   else: dy = dg silu(z)
+
+// Each v[k] replaced by its sum over the warp (an xor butterfly, the same
+// on every lane), the K sums' butterflies side by side (K independent
+// shuffle chains, not one after another).
+template <int K>
+__device__ __forceinline__ void warp_sum_each(float (&v)[K])
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(FULL_MASK, v[k], o);
+}
+
 __global__ void __launch_bounds__(GATE_THREADS)
 gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict__ proj,
                 const float *__restrict__ ngw, const float *__restrict__ dg,
@@ -62,12 +75,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
             for (int i = 0; i < GATE_VPL; ++i) ss += yh[hi][i] * yh[hi][i];
             rh[hi] = ss;
         }
-        if (OUTPROJ_NORM) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                for (int hi = 0; hi < GATE_HPW; ++hi) rh[hi] += __shfl_xor_sync(FULL_MASK, rh[hi], o);
-        }
+        if (OUTPROJ_NORM) warp_sum_each(rh);
 #pragma unroll
         for (int hi = 0; hi < GATE_HPW; ++hi) rh[hi] = OUTPROJ_NORM ? 1.0f / sqrtf(rh[hi] / (float)P + EPS) : 1.0f;
         float du[GATE_HPW][GATE_VPL], dot[GATE_HPW];
@@ -100,10 +108,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
             }
         }
         if (OUTPROJ_NORM) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                for (int hi = 0; hi < GATE_HPW; ++hi) dot[hi] += __shfl_xor_sync(FULL_MASK, dot[hi], o);
+            warp_sum_each(dot);
 #pragma unroll
             for (int hi = 0; hi < GATE_HPW; ++hi) {
                 const int h = warp + hi * GATE_WARPS;
