@@ -137,22 +137,28 @@ else
   rtl="-L$main/.libs -Wl,-rpath,$main/.libs -lmgrt $(sed -n 's/^CUDA_LIBS = //p' "$main/Makefile") -lm"
   race_exclude=${SANITIZE_GPU_RACECHECK_EXCLUDE-gemm|gemv|xmma|cutlass|splitK}
   race_parts=${SANITIZE_RACECHECK_PARTS:-4}
-  case $race_parts in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_RACECHECK_PARTS=$race_parts: expected a count >= 1"; exit 1;; esac
+  # need_count NAME VALUE MIN: exit 1, naming the setting, unless VALUE is a
+  # count (decimal digits) of at least MIN
+  need_count() {
+    case $2 in ''|*[!0-9]*) ;; *) [ "$2" -ge "$3" ] && return 0 ;; esac
+    echo "check-sanitize: $1=$2: expected a count >= $3"; exit 1
+  }
+  need_count SANITIZE_RACECHECK_PARTS "$race_parts" 1
   race_launches=${SANITIZE_RACECHECK_LAUNCHES:-4}
-  case $race_launches in ''|*[!0-9]*) echo "check-sanitize: SANITIZE_RACECHECK_LAUNCHES=$race_launches: expected a count >= 0"; exit 1;; esac
+  need_count SANITIZE_RACECHECK_LAUNCHES "$race_launches" 0
   race_group=${SANITIZE_RACECHECK_GROUP:-1}
-  case $race_group in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_RACECHECK_GROUP=$race_group: expected a count >= 1"; exit 1;; esac
+  need_count SANITIZE_RACECHECK_GROUP "$race_group" 1
   # the shapes of the chunked bf16 variants (spec_file below)
   var_batch=${SANITIZE_VARIANT_BATCH:-4}
-  case $var_batch in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_VARIANT_BATCH=$var_batch: expected a count >= 1"; exit 1;; esac
+  need_count SANITIZE_VARIANT_BATCH "$var_batch" 1
   var_seq=${SANITIZE_VARIANT_SEQ:-64}
-  case $var_seq in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_VARIANT_SEQ=$var_seq: expected a count >= 1"; exit 1;; esac
+  need_count SANITIZE_VARIANT_SEQ "$var_seq" 1
   # kernels not given a racecheck run of their own: the thread-block
   # cluster kernels, which the test programs do not launch under
   # MG_TEST_NO_CLUSTERS=1 (a run of one would check nothing)
   race_skip=${SANITIZE_RACECHECK_SKIP-decode_persistent_kernel}
   jobs=${SANITIZE_JOBS:-$(nproc 2>/dev/null || echo 4)}
-  case $jobs in ''|*[!0-9]*|0) echo "check-sanitize: SANITIZE_JOBS=$jobs: expected a count >= 1"; exit 1;; esac
+  need_count SANITIZE_JOBS "$jobs" 1
   cuobjdump=$CUDA_HOME/bin/cuobjdump
   [ -x "$cuobjdump" ] || cuobjdump=$(command -v cuobjdump 2>/dev/null || true)
   # kernels_of PROG: the mangled names of the kernels compiled into PROG
