@@ -55,12 +55,16 @@ run_prog() {
   (cd "$out/$side/$2" && MG_DIGEST_DIR=$(cd "$out/dig-$1" && pwd) "./$3" > "../../$1-$3.tap" 2>&1)
   echo $? > "$out/$1-$3.rc"
 }
+# par_run CMD...: CMD in the background when side by side (then `wait`),
+# else now
+par_run() {
+  if [ "$par" = 3 ]; then "$@" & else "$@"; fi
+}
 status=0
 for spec in "$@"; do
   name=$(basename "$spec" .yaml)
   for side in before after; do
-    if [ "$par" = 3 ]; then build_side $side "$name" "$spec" > "$out/$side-$name.msg" 2>&1 &
-    else build_side $side "$name" "$spec" > "$out/$side-$name.msg" 2>&1; fi
+    par_run build_side $side "$name" "$spec" > "$out/$side-$name.msg" 2>&1
   done
   wait
   if [ -s "$out/before-$name.msg" ] || [ -s "$out/after-$name.msg" ]; then
@@ -71,8 +75,7 @@ for spec in "$@"; do
     for run in before after after2; do
       mkdir -p "$out/dig-$run"
       rm -f "$out/dig-$run/$prog.digest" "$out/$run-$prog.rc"   # nothing of an earlier run is compared
-      if [ "$par" = 3 ]; then run_prog $run "$name" "$prog" &
-      else run_prog $run "$name" "$prog"; fi
+      par_run run_prog $run "$name" "$prog"
     done
     wait
     for run in before after after2; do

@@ -69,11 +69,11 @@ for spec in "$@"; do
                sub(/\(.*/, "", s); sub(/.*[ \t]/, "", s); name = s }
              name != "" { print name "\t" $0 }' "$side_f" > "$side_f.byfn"
       done
-      { cut -f1 "$a.byfn"; cut -f1 "$b.byfn"; } | LC_ALL=C sort -u | while read -r fn; do
-        fa=$(awk -F'\t' -v f="$fn" '$1 == f' "$a.byfn" | cksum)
-        fb=$(awk -F'\t' -v f="$fn" '$1 == f' "$b.byfn" | cksum)
-        [ "$fa" = "$fb" ] || echo "  $fn"
-      done
+      # (each side's functions gathered in one pass, then compared)
+      awk -F'\t' 'FNR == NR { a[$1] = a[$1] "\n" substr($0, length($1) + 2); next }
+                  { b[$1] = b[$1] "\n" substr($0, length($1) + 2) }
+                  END { for (f in a) if (!(f in b) || a[f] != b[f]) print "  " f
+                        for (f in b) if (!(f in a)) print "  " f }' "$a.byfn" "$b.byfn" | LC_ALL=C sort
       echo x >> "$out/.differs"
     fi
   done
