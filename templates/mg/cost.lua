@@ -78,12 +78,18 @@ function M.mamba3(d)
   local t_angles = S * a + H * a + 8 * HS                          -- angle and dt columns in; cs out
   local t_prep = (2 * G * N + 3 * H) * a + 8 * HS + 3 * H * 4 + 2 * HN * a   -- B, C, scalars, cs in; dt, adt, lam, k', q' out
   local t_scan_in = 2 * HN * a + E * a + 3 * H * 4                -- k', q', v, scalars in
+  -- the chunked path builds k', q' in its scans (no per-head rows): its
+  -- prep writes the scalars and the 1/rms of B and C only, its scans read
+  -- the group's B and C (once a token from DRAM, the other heads from L2),
+  -- the 1/rms and the (cos, sin) table instead of k', q'
+  local t_prep_ck = (2 * G * N + 3 * H) * a + 3 * H * 4 + 2 * G * 4   -- B, C, scalars in; dt, adt, lam, rbc out
+  local t_scan_in_ck = 8 * HS + 2 * G * N * a + 2 * G * 4 + E * a + 3 * H * 4   -- cs, B, C, rbc, v, scalars in
   local t_fscan_seq = t_scan_in + E * 4 + ck_seq                  -- y and the checkpoints out
-  local t_fscan_ck = t_scan_in + E * 4 + ck_ck
+  local t_fscan_ck = t_scan_in_ck + E * 4 + ck_ck
   local t_gate_bwd = E * 4 + E * a + E * 4 + E * a + E * 4 + E * a -- y, z, dg in; g, dy, dz out
   local t_bscan_seq = t_scan_in + ck_seq + E * 4                  -- the forward's inputs, checkpoints, dy in
     + 2 * HN * 4 + E * 4 + 3 * H * 4                              -- dk, dq, dv, dadt, ddt, dlam out
-  local t_bscan_ck = t_scan_in + ck_ck + E * 4 + 8 * HS           -- and cs in
+  local t_bscan_ck = t_scan_in_ck + ck_ck + E * 4                -- the forward's inputs (cs among them), checkpoints, dy in
     + 2 * HN * 4 + E * a + 3 * H * 4 + HS * 4 + 2 * HN * 4 // 16   -- dk, dq, dv (into dproj), scalars, gth, tile sums out
   local t_angles_bwd = 2 * HN * a + 8 * HS + 2 * 2 * HN * 4 + HS * 4   -- k', q', cs, dk, dq in; dk, dq, gth out
   local t_angles_sums = 2 * HS * 4                                -- gth in place
@@ -125,6 +131,7 @@ function M.mamba3(d)
     core_scan_seq_flops_per_token = ssm_seq,
     tcore_angles_bytes_per_token = t_angles,
     tcore_prep_bytes_per_token = t_prep,
+    tcore_prep_ck_bytes_per_token = t_prep_ck,
     tcore_fscan_seq_bytes_per_token = t_fscan_seq,
     tcore_fscan_ck_bytes_per_token = t_fscan_ck,
     tcore_gate_bytes_per_token = gate_bytes,   -- the inference gate kernel

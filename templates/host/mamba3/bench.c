@@ -143,7 +143,7 @@ static mg_status run_core(void *p, cudaStream_t st)
 typedef struct {
     core_ctx *c;
     int chunked, parts;   /* parts: the kernels to run, BK_* bits (BK_ALL: the whole op) */
-    float *cs, *ckpt, *dg, *dy, *dk, *dq, *dv, *dadt, *ddt, *dlam, *partD, *partgw, *gth, *gdtb, *gBn, *gCn;
+    float *cs, *rbc, *ckpt, *dg, *dy, *dk, *dq, *dv, *dadt, *ddt, *dlam, *partD, *partgw, *gth, *gdtb, *gBn, *gCn;
     void *dproj;
 } core_bwd_ctx;
 
@@ -157,7 +157,7 @@ static double core_bwd_bytes(int parts, int chunked)
 {
     double b = 0.0;
     if (parts & BK_ANGLES) b += MODEL_COST_TCORE_ANGLES_BYTES_PER_TOKEN;
-    if (parts & BK_PREP) b += MODEL_COST_TCORE_PREP_BYTES_PER_TOKEN;
+    if (parts & BK_PREP) b += chunked ? MODEL_COST_TCORE_PREP_CK_BYTES_PER_TOKEN : MODEL_COST_TCORE_PREP_BYTES_PER_TOKEN;
     if (parts & BK_SCAN) b += chunked ? MODEL_COST_TCORE_FSCAN_CK_BYTES_PER_TOKEN : MODEL_COST_TCORE_FSCAN_SEQ_BYTES_PER_TOKEN;
     if (parts & BK_GATE) b += MODEL_COST_TCORE_GATE_BYTES_PER_TOKEN;
     if (parts & BK_GATE_BWD) b += MODEL_COST_TCORE_GATE_BWD_BYTES_PER_TOKEN;
@@ -175,14 +175,23 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
     const int tokens = c->batch * c->seqlen;
     if (x->parts & BK_ANGLES)
         MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, c->ang, NULL, x->cs, NULL, st));
-    if (x->parts & BK_PREP)
+    if (x->parts & BK_PREP) {
+        /* the chunked path's prep writes the scalars and the 1/rms of B, C
+         * only: its scans build k', q' (as the trainer runs it) */
+#if MODEL_HAS_CHUNKED_BWD
+        if (x->chunked)
+            MG_CUDA(model_launch_prep_scalars_train(tokens, c->proj, c->dt_bias, c->dt, c->adt, c->lam, x->rbc, st));
+        else
+#endif
         MG_CUDA(model_launch_prep_train(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, x->cs, c->dt,
                             c->adt, c->lam, c->k, c->q, st));
+    }
     if (x->parts & BK_SCAN) {
 #if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)
-            MG_CUDA(model_launch_scan_fwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
-                                            c->Dsk, c->ssm, c->kp, c->vp, NULL, NULL, NULL, x->ckpt, c->y, NULL, st));
+            MG_CUDA(model_launch_scan_fwd_chunked(c->batch, c->seqlen, c->proj, x->rbc, x->cs, c->Bnw, c->Cnw, c->Bb,
+                                            c->Cb, c->dt, c->adt, c->lam, c->Dsk, c->ssm, c->kp, c->vp, NULL, NULL,
+                                            NULL, x->ckpt, c->y, NULL, st));
         else
 #endif
         MG_CUDA(model_launch_scan_fwd(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam, c->Dsk,
@@ -195,8 +204,9 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
     if (x->parts & BK_SCAN_BWD) {
 #if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)
-            MG_CUDA(model_launch_scan_bwd_chunked(c->batch, c->seqlen, c->proj, c->k, c->q, c->dt, c->adt, c->lam,
-                                            c->Dsk, x->ckpt, c->kp, c->vp, x->dy, x->cs, x->dk, x->dq, x->dproj,
+            MG_CUDA(model_launch_scan_bwd_chunked(c->batch, c->seqlen, c->proj, x->rbc, x->cs, c->Bnw, c->Cnw, c->Bb,
+                                            c->Cb, c->dt, c->adt, c->lam, c->Dsk, x->ckpt, c->kp, c->vp, x->dy,
+                                            x->dk, x->dq, x->dproj,
                                             x->dadt, x->ddt, x->dlam, x->gth, x->partD, NULL, NULL, NULL, NULL,
                                             NULL, NULL, st));
         else
@@ -376,6 +386,7 @@ int main(int argc, char **argv)
             x.partD = dalloc(sizeof(float) * B * N_HEADS);
             x.partgw = dalloc(sizeof(float) * ((maxtok + MODEL_NORMB_ROWS - 1) / MODEL_NORMB_ROWS) * D_INNER);
             x.gth = dalloc(sizeof(float) * maxtok * N_HEADS * MODEL_N_ANGLES);
+            x.rbc = dalloc(sizeof(float) * maxtok * 2 * MODEL_N_GROUPS);
             x.gdtb = dalloc(sizeof(float) * maxtok * N_HEADS);
             x.gBn = dalloc(sizeof(float) * maxtok * D_STATE);
             x.gCn = dalloc(sizeof(float) * maxtok * D_STATE);
@@ -409,7 +420,7 @@ int main(int argc, char **argv)
             mg_dev_free(x.cs); mg_dev_free(x.ckpt); mg_dev_free(x.dg); mg_dev_free(x.dy); mg_dev_free(x.dk);
             mg_dev_free(x.dq); mg_dev_free(x.dv); mg_dev_free(x.dadt); mg_dev_free(x.ddt); mg_dev_free(x.dlam);
             mg_dev_free(x.partD); mg_dev_free(x.partgw); mg_dev_free(x.gth); mg_dev_free(x.gdtb);
-            mg_dev_free(x.gBn); mg_dev_free(x.gCn); mg_dev_free(x.dproj);
+            mg_dev_free(x.gBn); mg_dev_free(x.gCn); mg_dev_free(x.dproj); mg_dev_free(x.rbc);
         }
 #endif
         mg_dev_free(fproj);

@@ -21,7 +21,7 @@ struct model_trainer {
     void *ws;
     /* state of the last forward_train */
     int have_fwd, batch, seqlen;
-    int ssm_in_last;   /* cs, dt, adt, lam, k, q still hold the last layer's SSM inputs (forward_train's) */
+    int ssm_in_last;   /* cs, dt, adt, lam, k, q (chunked: rbc) still hold the last layer's SSM inputs (forward_train's) */
     const float *w;
     /* saved activations */
     float *h;      /* [L+1][MAX_TOKENS][D] residual stream at each layer input; [L] = norm_f input */
@@ -35,6 +35,7 @@ struct model_trainer {
     float *dt, *adt, *lam;   /* [MAX_TOKENS][H] per-head SSM inputs */
     char *k, *q;             /* act [MAX_TOKENS][H][N] rotated k', q' (the storage dtype) */
     float *cs;               /* [MAX_TOKENS][H][S][2] rotary cos, sin */
+    float *rbc;              /* [MAX_TOKENS][2G] 1/rms of the raw B, C rows (chunked path: k', q' built in the scans) */
     char *g;       /* act [MAX_TOKENS][E]: out_proj input (forward and backward) */
     char *dh_act;  /* act [MAX_TOKENS][D] (LOWP only) */
     char *dproj;   /* act [MAX_TOKENS][NP] gradient of the in_proj output */
@@ -103,6 +104,7 @@ static size_t carve(model_trainer *t, char *p)
     TAKE(k, char *, MT * HN_DIM, ACT_SIZE);
     TAKE(q, char *, MT * HN_DIM, ACT_SIZE);
     TAKE(cs, float *, MT * HS_DIM * 2, 4);
+    TAKE(rbc, float *, HAS_CHUNKED_BWD ? MT * 2 * N_GROUPS : 1, 4);
     TAKE(g, char *, MT * E, ACT_SIZE);
     TAKE(dh_act, char *, LOWP ? MT * D_MODEL : 1, ACT_SIZE);
     TAKE(dproj, char *, MT * NP_DIM, ACT_SIZE);
@@ -272,16 +274,23 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
             MG_CUDA(cudaMemsetAsync(ang0, 0, (size_t)batch * ANGLE_PER_SEQ * sizeof(float), st));
         }
         MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, ang_l, t->cs, start, st));
-        MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
-                            lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
 #if HAS_CHUNKED_BWD
-        if (chunked)
-            MG_CUDA(model_launch_scan_fwd_chunked(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam,
-                                            lw + L0_D, ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l, start, st));
-        else
+        /* chunked: the scan builds k', q' in its stage from proj, rbc and cs
+         * (the values prep_train writes, to the bit): no per-head rows */
+        if (chunked) {
+            MG_CUDA(model_launch_prep_scalars_train(tokens, proj, lw + L0_DT_BIAS, t->dt, t->adt, t->lam, t->rbc, st));
+            MG_CUDA(model_launch_scan_fwd_chunked(batch, seqlen, proj, t->rbc, t->cs, lw + L0_B_NORM_W,
+                                            lw + L0_C_NORM_W, lw + L0_B_BIAS, lw + L0_C_BIAS, t->dt, t->adt,
+                                            t->lam, lw + L0_D, ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l,
+                                            start, st));
+        } else
 #endif
-        MG_CUDA(model_launch_scan_fwd(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam, lw + L0_D,
-                                ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l, start, st));
+        {
+            MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
+                                lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
+            MG_CUDA(model_launch_scan_fwd(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam, lw + L0_D,
+                                    ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l, start, st));
+        }
 #if OUTPROJ_NORM
         MG_CUDA(model_launch_gate_fwd(tokens, y_l, proj, lw + L0_NORM_GATE_W, t->g, st));
 #else
@@ -459,6 +468,12 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
          * cos/sin (the same kernels as the forward: the same bits) */
         if (!(reuse_last && l == N_LAYERS - 1)) {
             MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, NULL, t->cs, start, st));
+#if HAS_CHUNKED_BWD
+            if (chunked)
+                MG_CUDA(model_launch_prep_scalars_train(tokens, proj, lw + L0_DT_BIAS, t->dt, t->adt, t->lam, t->rbc,
+                                                  st));
+            else
+#endif
             MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
                                 lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
         }
@@ -469,8 +484,9 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
          * itself (only the suffix sums are left), the sequential one leaves
          * all of it to angles_bwd */
         if (chunked) {
-            MG_CUDA(model_launch_scan_bwd_chunked(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam,
-                                            lw + L0_D, ckpt, kp0, vp0, t->dy, t->cs, t->dk, t->dq, t->dproj,
+            MG_CUDA(model_launch_scan_bwd_chunked(batch, seqlen, proj, t->rbc, t->cs, lw + L0_B_NORM_W,
+                                            lw + L0_C_NORM_W, lw + L0_B_BIAS, lw + L0_C_BIAS, t->dt, t->adt,
+                                            t->lam, lw + L0_D, ckpt, kp0, vp0, t->dy, t->dk, t->dq, t->dproj,
                                             t->dadt, t->ddt, t->dlam, t->gth, t->part_D, t->part_kq,
                                             t->part_kq + kq_rows * HN_DIM, dssm_l, dkp_l, dvp_l, start, st));
             MG_CUDA(model_launch_angles_bwd_sums(batch, seqlen, t->gth, dang_l, start, st));

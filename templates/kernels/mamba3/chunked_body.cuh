@@ -327,7 +327,15 @@ __device__ __forceinline__ void ck_state_store(const Dm dm, const float (&hs)[Dm
 // [b][h][ckpt_slots][P][N] at slot c0/ckpt_step. KQ: the element type of
 // the per-head k', q' rows (f32 in inference, the storage type in training:
 // kq_t), staged as op_t by stage4 (copied when KQ is op_t, else converted).
-template <bool STARTS = false, class Dm, typename KQ>
+// Bld: where k', q' come from. ck_kq_rows (the default): the rows k, q.
+// kq_build (mg_m3_prep_rot.cuh, the training's chunked path, fixed dims):
+// built in the stage from bld by kq_build4, k and q unused; the stage then
+// holds the values prep_rot_kernel's rows would have held, bit for bit.
+struct ck_kq_rows {
+    static constexpr bool BUILD = false;
+    static constexpr int LINES = 0;   // (kq_build: the 128-byte lines a token's k', q' are built from)
+};
+template <bool STARTS = false, class Dm, typename KQ, class Bld = ck_kq_rows>
 __device__ __forceinline__ void
 ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k,
             const KQ *__restrict__ q, const float *__restrict__ dt,
@@ -335,7 +343,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
             const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
             const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
             float *__restrict__ y, float *__restrict__ ckpt, int ckpt_step, int ckpt_slots, const Dm dm,
-            const unsigned char *__restrict__ start = nullptr)
+            const unsigned char *__restrict__ start = nullptr, const Bld bld = Bld{})
 {
     const int N = dm.N, P = dm.P, H = dm.H, E = dm.E, NP = dm.NP, OFF_X = dm.OFF_X;
     const int CK_NW = dm.nw, CK_LDN = dm.ldn;
@@ -398,29 +406,38 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
             }
             s_adt[i] = a; s_gam[i] = ga; s_nx[i] = nx;
         }
-        // q', k' rows (stage4: in training, copies all in flight at once;
-        // waited for before the barrier below)
+        if constexpr (Bld::BUILD) {
+            // q', k' built from the in_proj rows (kq_stage_build)
+            kq_stage_build(bld, Qs, Ks, CK_LDN, row0 + c0, len, h, tid, CK_Q, CK_THREADS);
+        } else {
+            // q', k' rows (stage4: in training, copies all in flight at once;
+            // waited for before the barrier below)
 #pragma unroll 4
-        for (int idx = tid; idx < CK_Q * (N / 4); idx += CK_THREADS) {
-            const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
-            const bool in = i < len;
-            const size_t o = ((row0 + c0 + (in ? i : 0)) * H + h) * N + n;
-            stage4(Qs + i * CK_LDN + n, q + o, in);
-            stage4(Ks + i * CK_LDN + n, k + o, in);
+            for (int idx = tid; idx < CK_Q * (N / 4); idx += CK_THREADS) {
+                const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
+                const bool in = i < len;
+                const size_t o = ((row0 + c0 + (in ? i : 0)) * H + h) * N + n;
+                stage4(Qs + i * CK_LDN + n, q + o, in);
+                stage4(Ks + i * CK_LDN + n, k + o, in);
+            }
         }
         // v, transposed: a thread's items in batches of 8, the batch's loads
-        // first (in flight together), then its stores
+        // first (in flight together), then its stores. The loads are
+        // unconditional (an item past the chunk's rows reads the chunk's
+        // first row, then stores 0 or nothing): a load under its condition
+        // was converted inside the branch, each waiting for the one before.
         for (int idx0 = tid; idx0 < CK_Q * P; idx0 += 8 * CK_THREADS) {
-            float v[8];
+            act_t v[8];
 #pragma unroll
             for (int u = 0; u < 8; ++u) {
                 const int idx = idx0 + u * CK_THREADS, i = idx / P, p = idx % P;
-                v[u] = idx < CK_Q * P && i < len ? to_f32(proj[(row0 + c0 + i) * NP + OFF_X + h * P + p]) : 0.0f;
+                const int r = idx < CK_Q * P && i < len ? i : 0;
+                v[u] = proj[(row0 + c0 + r) * NP + OFF_X + h * P + p];
             }
 #pragma unroll
             for (int u = 0; u < 8; ++u) {
                 const int idx = idx0 + u * CK_THREADS, i = idx / P, p = idx % P;
-                if (idx < CK_Q * P) Vt[p * CK_LDQ + i] = from_f32<op_t>(v[u]);
+                if (idx < CK_Q * P) Vt[p * CK_LDQ + i] = from_f32<op_t>(i < len ? to_f32(v[u]) : 0.0f);
             }
         }
         cp_async_wait_all();
@@ -432,20 +449,25 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
         // computes (one 128-byte line per prefetch), and the lines holding
         // its A*dt, lambda and dt (the stage's first loads): its staging
         // then waits on L2 rather than on HBM.
+        // (Built k', q': the lines they are built from, kq_build_line.)
         if (c0 + CK_Q < seqlen) {
             const int LQ = N * (int)sizeof(KQ) / 128 > 0 ? N * (int)sizeof(KQ) / 128 : 1;
+            const int LKQ = Bld::BUILD ? Bld::LINES : 2 * LQ;   // lines of k', q' a token
             const int LV = P * (int)sizeof(act_t) / 128 > 0 ? P * (int)sizeof(act_t) / 128 : 1;
             const int nxt = min(CK_Q, seqlen - c0 - CK_Q);
-            for (int i = tid; i < nxt * (2 * LQ + LV + 3); i += CK_THREADS) {
+            for (int i = tid; i < nxt * (LKQ + LV + 3); i += CK_THREADS) {
                 const int t = i % nxt, w = i / nxt;
                 const size_t tok = row0 + c0 + CK_Q + t;
                 const char *pf;
-                if (w < LQ) pf = reinterpret_cast<const char *>(q + (tok * H + h) * N) + 128 * w;
-                else if (w < 2 * LQ) pf = reinterpret_cast<const char *>(k + (tok * H + h) * N) + 128 * (w - LQ);
-                else if (w < 2 * LQ + LV)
-                    pf = reinterpret_cast<const char *>(proj + tok * NP + OFF_X + h * P) + 128 * (w - 2 * LQ);
-                else if (w == 2 * LQ + LV) pf = reinterpret_cast<const char *>(adt + tok * H + h);
-                else if (w == 2 * LQ + LV + 1) pf = reinterpret_cast<const char *>(lam + tok * H + h);
+                if (w < LKQ) {
+                    if constexpr (Bld::BUILD) pf = kq_build_line(bld, tok, h, w);
+                    else if (w < LQ) pf = reinterpret_cast<const char *>(q + (tok * H + h) * N) + 128 * w;
+                    else pf = reinterpret_cast<const char *>(k + (tok * H + h) * N) + 128 * (w - LQ);
+                }
+                else if (w < LKQ + LV)
+                    pf = reinterpret_cast<const char *>(proj + tok * NP + OFF_X + h * P) + 128 * (w - LKQ);
+                else if (w == LKQ + LV) pf = reinterpret_cast<const char *>(adt + tok * H + h);
+                else if (w == LKQ + LV + 1) pf = reinterpret_cast<const char *>(lam + tok * H + h);
                 else pf = reinterpret_cast<const char *>(dt + tok * H + h);
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
             }
@@ -468,8 +490,22 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
     __syncthreads();
     if (ssm_out) ck_state_store(dm, hs, ssm_out + bh * (size_t)(P * N), p0s, n0s, lane);
     const size_t last = row0 + seqlen - 1;
-    if (kp_out)
-        for (int n = tid; n < N; n += CK_THREADS) kp_out[bh * N + n] = to_f32(k[(last * H + h) * N + n]);
+    if (kp_out) {
+        if constexpr (Bld::BUILD) {
+            // the last token's k' as its stage row held it (rounded to the
+            // storage type, op_t)
+            for (int n = 4 * tid; n < N; n += 4 * CK_THREADS) {
+                float4 k4, q4;
+                kq_build4(bld, last, h, n, k4, q4);
+                kp_out[bh * N + n] = to_f32(from_f32<op_t>(k4.x));
+                kp_out[bh * N + n + 1] = to_f32(from_f32<op_t>(k4.y));
+                kp_out[bh * N + n + 2] = to_f32(from_f32<op_t>(k4.z));
+                kp_out[bh * N + n + 3] = to_f32(from_f32<op_t>(k4.w));
+            }
+        } else {
+            for (int n = tid; n < N; n += CK_THREADS) kp_out[bh * N + n] = to_f32(k[(last * H + h) * N + n]);
+        }
+    }
     if (vp_out)
         for (int p = tid; p < P; p += CK_THREADS) vp_out[bh * P + p] = to_f32(proj[last * NP + OFF_X + h * P + p]);
 }

@@ -152,8 +152,7 @@ __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *
 
 template <bool STARTS>
 __global__ void __launch_bounds__(CKB_THREADS, CKB_MIN_BLOCKS)
-scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *__restrict__ k,
-                        const kq_t *__restrict__ q, const float *__restrict__ dt,
+scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_build bld, const float *__restrict__ dt,
                         const float *__restrict__ adt, const float *__restrict__ lam,
                         const float *__restrict__ Dskip, const float *__restrict__ ckpt,
                         const float *__restrict__ kp0, const float *__restrict__ vp0,
@@ -253,24 +252,22 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
             s_adt[i] = a; s_dt[i] = d; s_lam[i] = l; s_gam[i] = gm; s_scl[i] = __fadd_rn(gm, nx);
             s_dg[i] = 0.0f;
         }
-        // q', k' rows: copied as they are (kq_t is the staged type), every
-        // copy issued before any is waited on (stage4; waited for at the
-        // end of the staging). Nsight Compute on an H100 had this kernel's
-        // warps stalled on these loads (long scoreboard, 59% of its stall
-        // samples at mamba3_perf's b8 T4096) when each went through registers.
-        for (int idx = tid; idx < CKB_Q * (N / 4); idx += CKB_THREADS) {
-            const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
-            const bool in = i < len;
-            const size_t o = ((row0 + c0 + (in ? i : 0)) * H + h) * N + n;
-            stage4(Qs + i * CKB_LDN + n, q + o, in);
-            stage4(Ks + i * CKB_LDN + n, k + o, in);
-        }
+        // q', k' built from the in_proj rows, the token's 1/rms and the
+        // (cos, sin) table (kq_stage_build: prep_rot_kernel's values), the
+        // forward's stage to the bit
+        kq_stage_build(bld, Qs, Ks, CKB_LDN, row0 + c0, len, h, tid, CKB_Q, CKB_THREADS);
         // v and dy, and dy_t . v_t (f32) in partials over warp-wide row
         // slices: a warp's lanes cover min(P, 32) consecutive p of a row
         // (CKB_THREADS and P are multiples of 32 and 16), summed by a fixed
         // xor butterfly within the slice. A thread's items go in batches of
         // CKB_VB: the batch's loads first (in flight together), then its
         // stores and sums, the same values in the same order as one at a time.
+        // The loads are unconditional: a row past the sequence end reads the
+        // chunk's first row (a token of the sequence) and its values are
+        // replaced by zeros after the batch. Why: a load under `if (i < len)`
+        // was converted inside its branch, so each waited for the one
+        // before (Nsight Compute on an H100: a quarter of the kernel's stall
+        // samples at mamba3_perf's b8 T4096, after the q', k' copies).
         {
             constexpr int SEG = P < 32 ? P : 32;
             constexpr int VI = CKB_Q * P / CKB_THREADS;   // items per thread
@@ -278,22 +275,23 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
             static_assert(CKB_Q * P % CKB_THREADS == 0 && VI % VB == 0, "v, dy items: whole batches per thread");
 #pragma unroll 1
             for (int u0 = 0; u0 < VI; u0 += VB) {
-                float v[VB], gy[VB];
+                act_t vraw[VB];
+                float graw[VB];
 #pragma unroll
                 for (int u = 0; u < VB; ++u) {
                     const int idx = tid + (u0 + u) * CKB_THREADS, i = idx / P, p = idx % P;
-                    v[u] = gy[u] = 0.0f;
-                    if (i < len) {
-                        v[u] = to_f32(proj[(row0 + c0 + i) * NP + OFF_X + h * P + p]);
-                        gy[u] = dy[(row0 + c0 + i) * E + h * P + p];
-                    }
+                    const size_t tok = row0 + c0 + (i < len ? i : 0);
+                    vraw[u] = proj[tok * NP + OFF_X + h * P + p];
+                    graw[u] = dy[tok * E + h * P + p];
                 }
 #pragma unroll
                 for (int u = 0; u < VB; ++u) {
                     const int idx = tid + (u0 + u) * CKB_THREADS, i = idx / P, p = idx % P;
-                    Vs[i * CKB_LDP + p] = from_f32<op_t>(v[u]);
-                    Ys[i * CKB_LDP + p] = from_f32<op_t>(gy[u]);
-                    float yv = v[u] * gy[u];
+                    const float v = i < len ? to_f32(vraw[u]) : 0.0f;
+                    const float gy = i < len ? graw[u] : 0.0f;
+                    Vs[i * CKB_LDP + p] = from_f32<op_t>(v);
+                    Ys[i * CKB_LDP + p] = from_f32<op_t>(gy);
+                    float yv = v * gy;
 #pragma unroll
                     for (int o = 1; o < SEG; o <<= 1) yv += __shfl_xor_sync(FULL_MASK, yv, o);
                     if (p % SEG == 0) s_yvp[i * CKB_YVP + p / SEG] = yv;
@@ -325,7 +323,6 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
             for (int o = 16; o > 0; o >>= 1) wdot += __shfl_xor_sync(FULL_MASK, wdot, o);
             if (lane == 0) s_wp[warp] = wdot;
         }
-        cp_async_wait_all();   // this thread's copies of q', k' are in the stage
         __syncthreads();
         // ---- B: cumulative decay and weights (warp 0, fixed order) ----
         if (warp == 0) {
@@ -374,30 +371,29 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
             }
         }
         __syncthreads();
-        // The chunk walked next (c - 1): its rows of q', k', dy, v, the lines
-        // of its A*dt, dt and lambda, and its checkpoint into L2 while this
-        // one computes (one 128-byte line per prefetch), so its staging
-        // waits on L2 rather than on HBM.
+        // The chunk walked next (c - 1): the lines its q', k' are built
+        // from, its rows of dy, v, the lines of its A*dt, dt and lambda, and
+        // its checkpoint into L2 while this one computes (one 128-byte line
+        // per prefetch), so its staging waits on L2 rather than on HBM.
         if (c > 0) {
-            constexpr int LQ = N * (int)sizeof(kq_t) / 128 > 0 ? N * (int)sizeof(kq_t) / 128 : 1;
+            constexpr int LKQ = KQB_LINES;   // the lines k', q' are built from (kq_build_line)
             constexpr int LY = P * 4 / 128 > 0 ? P * 4 / 128 : 1;
             constexpr int LV = P * (int)sizeof(act_t) / 128 > 0 ? P * (int)sizeof(act_t) / 128 : 1;
             constexpr int LC = P * N * 4 / 128;
             const size_t r0 = row0 + c0 - CKB_Q;
-            for (int i = tid; i < CKB_Q * (2 * LQ + LY + LV + 3) + LC; i += CKB_THREADS) {
+            for (int i = tid; i < CKB_Q * (LKQ + LY + LV + 3) + LC; i += CKB_THREADS) {
                 const char *pf;
                 if (i < LC) {
                     pf = reinterpret_cast<const char *>(ckpt + (bh * nck + (size_t)(c0 - CKB_Q) / CKPT_STRIDE) * (size_t)(P * N)) + 128 * i;
                 } else {
                     const int u = i - LC, t = u % CKB_Q, w = u / CKB_Q;
                     const size_t tok = r0 + t;
-                    if (w < LQ) pf = reinterpret_cast<const char *>(q + (tok * H + h) * N) + 128 * w;
-                    else if (w < 2 * LQ) pf = reinterpret_cast<const char *>(k + (tok * H + h) * N) + 128 * (w - LQ);
-                    else if (w < 2 * LQ + LY) pf = reinterpret_cast<const char *>(dy + tok * E + h * P) + 128 * (w - 2 * LQ);
-                    else if (w < 2 * LQ + LY + LV)
-                        pf = reinterpret_cast<const char *>(proj + tok * NP + OFF_X + h * P) + 128 * (w - 2 * LQ - LY);
-                    else if (w == 2 * LQ + LY + LV) pf = reinterpret_cast<const char *>(adt + tok * H + h);
-                    else if (w == 2 * LQ + LY + LV + 1) pf = reinterpret_cast<const char *>(dt + tok * H + h);
+                    if (w < LKQ) pf = kq_build_line(bld, tok, h, w);
+                    else if (w < LKQ + LY) pf = reinterpret_cast<const char *>(dy + tok * E + h * P) + 128 * (w - LKQ);
+                    else if (w < LKQ + LY + LV)
+                        pf = reinterpret_cast<const char *>(proj + tok * NP + OFF_X + h * P) + 128 * (w - LKQ - LY);
+                    else if (w == LKQ + LY + LV) pf = reinterpret_cast<const char *>(adt + tok * H + h);
+                    else if (w == LKQ + LY + LV + 1) pf = reinterpret_cast<const char *>(dt + tok * H + h);
                     else pf = reinterpret_cast<const char *>(lam + tok * H + h);
                 }
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf));
@@ -448,7 +444,18 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                             tile_mma_x<true, true, CKB_LDQ, CKB_LDP>(acc[j], Wm + tb * 16 * CKB_LDQ + s0,
                                                                    Ys + tb * 16 * CKB_LDP + p0 + 8 * j, lane);
 #pragma unroll
-                    for (int j = 0; j < CKB_CW / 8; ++j)
+                    for (int j = 0; j < CKB_CW / 8; ++j) {
+                        // dy_s of both rows: one 8-byte load each (p even and
+                        // E, P even), both issued before either is used (each
+                        // had waited for its load at its store); a row past
+                        // the end reads the chunk's first row, not stored
+                        float2 dys2[2];
+#pragma unroll
+                        for (int rr = 0; rr < 2; ++rr) {
+                            const int sr = s0 + g + 8 * rr, p = p0 + 8 * j + cc;
+                            dys2[rr] = *reinterpret_cast<const float2 *>(
+                                dy + (row0 + c0 + (sr < len ? sr : 0)) * E + h * P + p);
+                        }
 #pragma unroll
                         for (int rr = 0; rr < 2; ++rr) {
                             const int sr = s0 + g + 8 * rr, p = p0 + 8 * j + cc;
@@ -456,9 +463,8 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                                 // dv is the x columns of the in_proj gradient
                                 // row (v = x): stored there in the storage
                                 // dtype, as prep_bwd stored it from an f32 dv
-                                const size_t tok = row0 + c0 + sr, o = tok * E + h * P + p;
-                                // (dy_s: one 8-byte load, p even and E, P even)
-                                const float2 dys = *reinterpret_cast<const float2 *>(dy + o);
+                                const size_t tok = row0 + c0 + sr;
+                                const float2 dys = dys2[rr];
                                 float2 out;
                                 out.x = acc[j][2 * rr] + dsk * dys.x;
                                 out.y = acc[j][2 * rr + 1] + dsk * dys.y;
@@ -469,6 +475,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                                 dx[1] = from_f32<act_t>(out.y);
                             }
                         }
+                    }
                 } else {
                     const int i2 = it - NV;
                     const int m0 = (i2 % CKB_T) * 16, cg = i2 / CKB_T, n0 = cg * CKB_CW;
@@ -543,6 +550,19 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                         for (int j = 0; j < CKB_CW / 8; ++j) {
                             const int n = n0 + 8 * j + cc;
                             float2 col = make_float2(0.0f, 0.0f);   // the item's column sums, rows in order
+                            // (cos, sin) of both rows' pair, the two loads
+                            // issued before either is used (at the store, each
+                            // had waited for its load); a row past the end
+                            // reads the chunk's first row and is not stored
+                            float2 rcs[2] = {make_float2(1.0f, 0.0f), make_float2(1.0f, 0.0f)};
+                            if (n < 2 * S) {
+#pragma unroll
+                                for (int rr = 0; rr < 2; ++rr) {
+                                    const int tr = m0 + g + 8 * rr;
+                                    rcs[rr] = reinterpret_cast<const float2 *>(
+                                        cs)[((row0 + c0 + (tr < len ? tr : 0)) * H + h) * S + n / 2];
+                                }
+                            }
 #pragma unroll
                             for (int rr = 0; rr < 2; ++rr) {
                                 const int tr = m0 + g + 8 * rr;
@@ -557,8 +577,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
                                         gl = isq ? __fmaf_rn(-o.x, v1, gl) : __fmul_rn(-o.x, v1);
                                         gl = __fmaf_rn(o.y, v0, gl);
                                         ga_loc[j][rr] = gl;
-                                        const float2 r = reinterpret_cast<const float2 *>(cs)[th * S + n / 2];
-                                        o = unrotate_pair(r.x, r.y, o);
+                                        o = unrotate_pair(rcs[rr].x, rcs[rr].y, o);
                                         if (isq) gth[th * S + n / 2] = gl;
                                     }
                                     *reinterpret_cast<float2 *>(out + th * N + n) = o;
@@ -588,10 +607,26 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *
         __syncthreads();
         // ---- E: E dY for phase F (M and W are dead: see Ye); per-token
         // scalars (thread per token), then warp 0 in order ----
-        for (int idx = tid; idx < CKB_Q * P; idx += CKB_THREADS) {
-            const int i = idx / P, p = idx % P;
-            const float gy = i < len ? dy[(row0 + c0 + i) * E + h * P + p] : 0.0f;
-            Ye[i * CKB_LDP + p] = from_f32<op_t>(s_ecs[i] * gy);
+        // (dy in batches of loads in flight together, unconditional as in
+        // phase A: rows past the end read the chunk's first row, then 0)
+        {
+            constexpr int VI = CKB_Q * P / CKB_THREADS;   // items per thread (phase A's)
+            constexpr int VB = VI < 8 ? VI : 8;
+#pragma unroll 1
+            for (int u0 = 0; u0 < VI; u0 += VB) {
+                float graw[VB];
+#pragma unroll
+                for (int u = 0; u < VB; ++u) {
+                    const int idx = tid + (u0 + u) * CKB_THREADS, i = idx / P, p = idx % P;
+                    graw[u] = dy[(row0 + c0 + (i < len ? i : 0)) * E + h * P + p];
+                }
+#pragma unroll
+                for (int u = 0; u < VB; ++u) {
+                    const int idx = tid + (u0 + u) * CKB_THREADS, i = idx / P, p = idx % P;
+                    const float gy = i < len ? graw[u] : 0.0f;
+                    Ye[i * CKB_LDP + p] = from_f32<op_t>(s_ecs[i] * gy);
+                }
+            }
         }
         for (int t = tid; t < CKB_Q; t += CKB_THREADS) {
             const int tb = t / 16;

@@ -28,3 +28,21 @@ scan_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const ck_kq_t *_
     ck_fwd_body<STARTS>(seqlen, proj, k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in, ssm_out, kp_out, vp_out, y,
                         ckpt, ckpt_step, ckpt_slots, ck_dims_fixed(), start);
 }
+
+// The forward for training's chunked scan with k', q' built in the stage
+// from the in_proj rows (Bld: kq_build, mg_m3_prep_rot.cuh) instead of read
+// from per-head rows: launched by NAME_backward.cu only (a template, so
+// that the inference file, which has no kq_build, compiles none of it).
+template <bool STARTS, class Bld>
+__global__ void __launch_bounds__(CK_THREADS, CK_MIN_BLOCKS)
+scan_chunked_built_kernel(int seqlen, const Bld bld, const float *__restrict__ dt,
+                          const float *__restrict__ adt, const float *__restrict__ lam,
+                          const float *__restrict__ Dskip, const float *ssm_in, const float *kp_in,
+                          const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
+                          float *__restrict__ y, float *__restrict__ ckpt, int ckpt_step, int ckpt_slots,
+                          const unsigned char *__restrict__ start)
+{
+    ck_fwd_body<STARTS>(seqlen, bld.proj, static_cast<const ck_kq_t *>(nullptr), static_cast<const ck_kq_t *>(nullptr),
+                        dt, adt, lam, Dskip, ssm_in, kp_in, vp_in, ssm_out, kp_out, vp_out, y, ckpt, ckpt_step,
+                        ckpt_slots, ck_dims_fixed(), start, bld);
+}

@@ -26,6 +26,13 @@ extern "C" cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t MG_LAUNCH(prep_scalars_train)(int tokens, const void *proj, const float *dt_bias, float *dt,
+                                                     float *adt, float *lam, float *rbc, cudaStream_t st)
+{
+    prep_scalars_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt_bias, dt, adt, lam, rbc);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
                                                const float *angle_in, float *angle_out, float *cs,
                                                const unsigned char *start, cudaStream_t st)
@@ -108,16 +115,18 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *pr
 }
 
 #if MG_M3_CKB
-extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const void *k,
-                                                   const void *q, const float *dt, const float *adt,
-                                                   const float *lam, const float *Dskip, const float *ckpt,
-                                                   const float *kp0, const float *vp0, const float *dy,
-                                                   const float *cs, float *dk, float *dq, void *dproj, float *dadt,
+extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const float *rbc,
+                                                   const float *cs, const float *B_norm_w, const float *C_norm_w,
+                                                   const float *B_bias, const float *C_bias, const float *dt,
+                                                   const float *adt, const float *lam, const float *Dskip,
+                                                   const float *ckpt, const float *kp0, const float *vp0,
+                                                   const float *dy, float *dk, float *dq, void *dproj, float *dadt,
                                                    float *ddt, float *dlam, float *gth, float *part_D,
                                                    float *part_k, float *part_q,
                                                    float *dssm0, float *dkp0, float *dvp0,
                                                    const unsigned char *start, cudaStream_t st)
 {
+    const kq_build bld = {static_cast<const act_t *>(proj), rbc, cs, B_norm_w, C_norm_w, B_bias, C_bias};
     // Dynamic shared memory above 48 KiB needs the opt-in, once per process.
     const cudaFuncAttribute fa = cudaFuncAttributeMaxDynamicSharedMemorySize;
     static const cudaError_t attr = CKB_SMEM_BYTES > 48 * 1024
@@ -141,41 +150,44 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
     if (carve_st != cudaSuccess) return carve_st;
     if (start)
         scan_bwd_chunked_kernel<true><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
+            seqlen, static_cast<const act_t *>(proj), bld, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
             dk, dq, static_cast<act_t *>(dproj), dadt, ddt, dlam, gth, part_D, part_k, part_q, dssm0, dkp0, dvp0, start);
     else
         scan_bwd_chunked_kernel<false><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
+            seqlen, static_cast<const act_t *>(proj), bld, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
             dk, dq, static_cast<act_t *>(dproj), dadt, ddt, dlam, gth, part_D, part_k, part_q, dssm0, dkp0, dvp0, nullptr);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const void *k,
-                                                   const void *q, const float *dt, const float *adt,
-                                                   const float *lam, const float *Dskip, const float *ssm_in,
-                                                   const float *kp_in, const float *vp_in, float *ssm_out,
-                                                   float *kp_out, float *vp_out, float *ckpt, float *y,
+extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const float *rbc,
+                                                   const float *cs, const float *B_norm_w, const float *C_norm_w,
+                                                   const float *B_bias, const float *C_bias, const float *dt,
+                                                   const float *adt, const float *lam, const float *Dskip,
+                                                   const float *ssm_in, const float *kp_in, const float *vp_in,
+                                                   float *ssm_out, float *kp_out, float *vp_out, float *ckpt, float *y,
                                                    const unsigned char *start, cudaStream_t st)
 {
+    using ckpt_fwd::scan_chunked_built_kernel;
     const cudaFuncAttribute fa = cudaFuncAttributeMaxDynamicSharedMemorySize;
     static const cudaError_t attr = ckpt_fwd::CK_SMEM_BYTES > 48 * 1024
-        ? cudaFuncSetAttribute(ckpt_fwd::scan_chunked_kernel<false>, fa, ckpt_fwd::CK_SMEM_BYTES)
+        ? cudaFuncSetAttribute(scan_chunked_built_kernel<false, kq_build>, fa, ckpt_fwd::CK_SMEM_BYTES)
         : cudaSuccess;
     static const cudaError_t attr_st = ckpt_fwd::CK_SMEM_BYTES > 48 * 1024
-        ? cudaFuncSetAttribute(ckpt_fwd::scan_chunked_kernel<true>, fa, ckpt_fwd::CK_SMEM_BYTES)
+        ? cudaFuncSetAttribute(scan_chunked_built_kernel<true, kq_build>, fa, ckpt_fwd::CK_SMEM_BYTES)
         : cudaSuccess;
     if (attr != cudaSuccess) return attr;
     if (attr_st != cudaSuccess) return attr_st;
+    const kq_build bld = {static_cast<const act_t *>(proj), rbc, cs, B_norm_w, C_norm_w, B_bias, C_bias};
     const int slots = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;   // the sequential path's checkpoint layout
     const dim3 grid(H, batch);
     if (start)
-        ckpt_fwd::scan_chunked_kernel<true><<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-            ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE, slots, start);
+        scan_chunked_built_kernel<true, kq_build><<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
+            seqlen, bld, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in, ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE,
+            slots, start);
     else
-        ckpt_fwd::scan_chunked_kernel<false><<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-            ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE, slots, nullptr);
+        scan_chunked_built_kernel<false, kq_build><<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
+            seqlen, bld, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in, ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE,
+            slots, nullptr);
     return cudaGetLastError();
 }
 #endif

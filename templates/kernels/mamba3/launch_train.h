@@ -30,6 +30,13 @@ cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_
                                   const float *C_norm_w, const float *B_bias, const float *C_bias,
                                   const float *cs, float *dt, float *adt, float *lam, void *k, void *q,
                                   cudaStream_t st);
+/* The chunked path's prep instead (prep_train's dt, A*dt, lambda, and rbc
+ * [tokens][2G] f32, the 1/rms of each group's raw B then C row): the
+ * chunked scans build k', q' from the in_proj rows, rbc and cs themselves,
+ * the values prep_train would have written to the bit, so no per-head k, q
+ * row is written or read on that path. */
+cudaError_t MG_LAUNCH(prep_scalars_train)(int tokens, const void *proj, const float *dt_bias, float *dt,
+                                          float *adt, float *lam, float *rbc, cudaStream_t st);
 cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const void *k,
                                 const void *q, const float *dt, const float *adt, const float *lam,
                                 const float *Dskip, const float *ssm_in, const float *kp_in,
@@ -57,7 +64,9 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const v
                                 float *dssm0, float *dkp0, float *dvp0, const unsigned char *start,
                                 cudaStream_t st);
 /* The chunked SSM backward (chunks of CKB_Q steps; defined when the model has
- * it, MG_M3_CKB): the arguments, outputs and layouts of scan_bwd, with the
+ * it, MG_M3_CKB): the arguments, outputs and layouts of scan_bwd (k', q'
+ * built from proj, rbc of prep_scalars_train, cs and the layer's B/C norm
+ * weights and biases, as in scan_fwd_chunked), with the
  * checkpoints of scan_fwd_chunked, and the rotary backward done in the same
  * pass: with the (cos, sin) table cs of angles_train, dk and dq come out
  * un-rotated and gth [tokens][H][S] holds the local angle gradients, so
@@ -67,26 +76,32 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const v
  * [batch * ceil(seqlen / 16)][H][N]): the sums of dk, dq over each 16-token
  * tile of a sequence, for the B/C bias gradients (reduce_parts over the
  * rows). */
-cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const void *k,
-                                        const void *q, const float *dt, const float *adt, const float *lam,
-                                        const float *Dskip, const float *ckpt, const float *kp0,
-                                        const float *vp0, const float *dy, const float *cs, float *dk,
-                                        float *dq, void *dproj, float *dadt, float *ddt, float *dlam,
-                                        float *gth, float *part_D, float *part_k, float *part_q,
-                                        float *dssm0, float *dkp0, float *dvp0,
-                                        const unsigned char *start, cudaStream_t st);
+cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const float *rbc,
+                                        const float *cs, const float *B_norm_w, const float *C_norm_w,
+                                        const float *B_bias, const float *C_bias, const float *dt,
+                                        const float *adt, const float *lam, const float *Dskip,
+                                        const float *ckpt, const float *kp0, const float *vp0,
+                                        const float *dy, float *dk, float *dq, void *dproj, float *dadt,
+                                        float *ddt, float *dlam, float *gth, float *part_D,
+                                        float *part_k, float *part_q, float *dssm0, float *dkp0,
+                                        float *dvp0, const unsigned char *start, cudaStream_t st);
 /* The suffix sums of the angle recurrence over the local terms gth written
  * by scan_bwd_chunked (in place; dangle0 [batch][H][S] optional). */
 cudaError_t MG_LAUNCH(angles_bwd_sums)(int batch, int seqlen, float *gth, float *dangle0,
                                        const unsigned char *start, cudaStream_t st);
-/* The chunked forward for training: scan_fwd's arguments; ckpt receives
- * the state entering every chunk (the shifted form of the chunked scan) at
- * slot chunk_start / CKPT_STRIDE, for scan_bwd_chunked. */
-cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const void *k,
-                                        const void *q, const float *dt, const float *adt, const float *lam,
-                                        const float *Dskip, const float *ssm_in, const float *kp_in,
-                                        const float *vp_in, float *ssm_out, float *kp_out, float *vp_out,
-                                        float *ckpt, float *y, const unsigned char *start, cudaStream_t st);
+/* The chunked forward for training: scan_fwd's arguments, but k', q' built
+ * in the kernel's stage from proj, rbc (prep_scalars_train), cs
+ * (angles_train) and the layer's B/C norm weights and biases, instead of
+ * read from per-head rows; ckpt receives the state entering every chunk
+ * (the shifted form of the chunked scan) at slot chunk_start / CKPT_STRIDE,
+ * for scan_bwd_chunked. */
+cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const float *rbc,
+                                        const float *cs, const float *B_norm_w, const float *C_norm_w,
+                                        const float *B_bias, const float *C_bias, const float *dt,
+                                        const float *adt, const float *lam, const float *Dskip,
+                                        const float *ssm_in, const float *kp_in, const float *vp_in,
+                                        float *ssm_out, float *kp_out, float *vp_out, float *ckpt, float *y,
+                                        const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const void *k, const void *q,
                                   const float *cs, float *dk, float *dq, float *gth,
                                   float *dangle0, const unsigned char *start, cudaStream_t st);

@@ -5,9 +5,20 @@
 // training shapes that read and write of k and q is most of the two kernels'
 // memory traffic (4 f32 streams of tokens x H x N), so training takes the
 // angles first, as a (cos, sin) table, and rotates in prep.
+// The chunked training scans go one step further: they build k', q' in
+// their stage from the in_proj row, the token's 1/rms (prep_scalars_kernel)
+// and the (cos, sin) table (kq_build4 below), so no per-head row is written
+// or read at all on that path.
 // Included inside the anonymous namespace of NAME_backward.cu after
-// mg_m3_prep.cuh and mg_m3_angles.cuh (whose helpers it uses).
+// mg_m3_prep.cuh and mg_m3_angles.cuh (whose helpers it uses), before the
+// chunked scans (which use kq_build4).
 static_assert(N % 2 == 0, "prep_rot_kernel stores (even, odd) pairs");
+
+// One entry of k (or q) before the rotation, as prep_rot_kernel and
+// kq_build4 build it: x the raw in_proj entry of the group's B (C) row, r
+// the row's 1/rms, w the norm weight, b the head's bias. One expression for
+// both, so that they give the same bits.
+__device__ __forceinline__ float bc_entry(float x, float r, float w, float b) { return x * r * w + b; }
 
 // ---------------------------------------------------------------------------
 // angles_cs_kernel: angles_kernel's walk (doc/math.md steps 6-7, the same
@@ -85,10 +96,10 @@ prep_rot_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bia
         const int h = i / (N / 2), a = i % (N / 2), n = 2 * a, g = h / HPG;
         const int e = h * N + n;
         float2 kv, qv;
-        kv.x = to_f32(pr[OFF_B + g * N + n]) * rB[g] * Bnw[n] + Bbias[e];
-        kv.y = to_f32(pr[OFF_B + g * N + n + 1]) * rB[g] * Bnw[n + 1] + Bbias[e + 1];
-        qv.x = to_f32(pr[OFF_C + g * N + n]) * rC[g] * Cnw[n] + Cbias[e];
-        qv.y = to_f32(pr[OFF_C + g * N + n + 1]) * rC[g] * Cnw[n + 1] + Cbias[e + 1];
+        kv.x = bc_entry(to_f32(pr[OFF_B + g * N + n]), rB[g], Bnw[n], Bbias[e]);
+        kv.y = bc_entry(to_f32(pr[OFF_B + g * N + n + 1]), rB[g], Bnw[n + 1], Bbias[e + 1]);
+        qv.x = bc_entry(to_f32(pr[OFF_C + g * N + n]), rC[g], Cnw[n], Cbias[e]);
+        qv.y = bc_entry(to_f32(pr[OFF_C + g * N + n + 1]), rC[g], Cnw[n + 1], Cbias[e + 1]);
         if (a < S) {
             const float2 r = ct[h * S + a];
             kv = rotate_pair(r.x, r.y, kv);
@@ -96,5 +107,106 @@ prep_rot_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bia
         }
         st2_from_f32(kt + 2 * i, kv);
         st2_from_f32(qt + 2 * i, qv);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// prep_scalars_kernel: prep_rot_kernel's per-token part alone (token_maps:
+// the per-head dt, A*dt, lambda, and the 1/rms of each group's raw B and C
+// rows, written to rbc [tok][2G]: B's G values, then C's), for the chunked
+// training scans, which build k', q' themselves (kq_build4). Same grid and
+// block as prep_rot_kernel, the same values to the bit.
+// ---------------------------------------------------------------------------
+__global__ void __launch_bounds__(PREP_THREADS)
+prep_scalars_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias, float *__restrict__ dt,
+                    float *__restrict__ adt, float *__restrict__ lam, float *__restrict__ rbc)
+{
+    __shared__ float rB[G], rC[G];
+    const size_t tok = blockIdx.x;
+    token_maps(proj + tok * NP, tok, dt_bias, rB, rC, dt, adt, lam);
+    __syncthreads();
+    for (int g = threadIdx.x; g < G; g += PREP_THREADS) {
+        rbc[tok * (2 * G) + g] = rB[g];
+        rbc[tok * (2 * G) + G + g] = rC[g];
+    }
+}
+
+// The 128-byte lines kq_build4 reads for a token and head (the table's row,
+// the group's B and C entries): KQB_LINES of them, line w given by
+// kq_build_line, for the chunked scans' prefetch of the next chunk.
+constexpr int KQB_LCS = S * 8 / 128 > 0 ? S * 8 / 128 : 1;
+constexpr int KQB_LBC = N * (int)sizeof(act_t) / 128 > 0 ? N * (int)sizeof(act_t) / 128 : 1;
+constexpr int KQB_LINES = KQB_LCS + 2 * KQB_LBC;
+
+// What the chunked training scans build k', q' from (kq_build4): the
+// in_proj rows, prep_scalars_kernel's rbc, angles_cs_kernel's table and the
+// layer's BCNorm weights and per-head biases.
+struct kq_build {
+    static constexpr bool BUILD = true;   // (mg_m3_chunked_body.cuh's source policy)
+    static constexpr int LINES = KQB_LINES;
+    const act_t *proj;                        // [tok][NP]
+    const float *rbc;                         // [tok][2G]
+    const float *cs;                          // [tok][H][S][2]
+    const float *Bnw, *Cnw, *Bbias, *Cbias;   // [N], [N], [H][N], [H][N]
+};
+
+// k' and q' entries n..n+3 (n a multiple of 4: two rotation pairs) of token
+// tok, head h, in f32: prep_rot_kernel's values before its store rounds
+// them to kq_t (the same expressions on the same inputs: bc_entry, then
+// rotate_pair by the table's (cos, sin) for a pair a < S). A stage of the
+// storage type (op_t == kq_t) holding them rounded holds exactly the rows
+// prep_rot_kernel would have written.
+__device__ __forceinline__ void kq_build4(const kq_build &s, size_t tok, int h, int n, float4 &k4, float4 &q4)
+{
+    const int g = h / HPG;
+    const act_t *pr = s.proj + tok * NP;
+    const float rb = s.rbc[tok * (2 * G) + g], rc = s.rbc[tok * (2 * G) + G + g];
+    const float2 *ct = reinterpret_cast<const float2 *>(s.cs) + (tok * H + h) * S;
+    float2 kv[2], qv[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int m = n + 2 * j, e = h * N + m;
+        kv[j].x = bc_entry(to_f32(pr[OFF_B + g * N + m]), rb, s.Bnw[m], s.Bbias[e]);
+        kv[j].y = bc_entry(to_f32(pr[OFF_B + g * N + m + 1]), rb, s.Bnw[m + 1], s.Bbias[e + 1]);
+        qv[j].x = bc_entry(to_f32(pr[OFF_C + g * N + m]), rc, s.Cnw[m], s.Cbias[e]);
+        qv[j].y = bc_entry(to_f32(pr[OFF_C + g * N + m + 1]), rc, s.Cnw[m + 1], s.Cbias[e + 1]);
+        if (m / 2 < S) {
+            const float2 r = ct[m / 2];
+            kv[j] = rotate_pair(r.x, r.y, kv[j]);
+            qv[j] = rotate_pair(r.x, r.y, qv[j]);
+        }
+    }
+    k4 = make_float4(kv[0].x, kv[0].y, kv[1].x, kv[1].y);
+    q4 = make_float4(qv[0].x, qv[0].y, qv[1].x, qv[1].y);
+}
+
+__device__ __forceinline__ const char *kq_build_line(const kq_build &s, size_t tok, int h, int w)
+{
+    const int g = h / HPG;
+    if (w < KQB_LCS) return reinterpret_cast<const char *>(s.cs + (tok * H + h) * (2 * S)) + 128 * w;
+    const int off = w < KQB_LCS + KQB_LBC ? OFF_B : OFF_C;
+    const int l = w < KQB_LCS + KQB_LBC ? w - KQB_LCS : w - KQB_LCS - KQB_LBC;
+    return reinterpret_cast<const char *>(s.proj + tok * NP + off + g * N) + 128 * l;
+}
+
+// A chunk's q', k' built into a chunked scan's stage (Qs, Ks: rows of
+// stride ldn, op_t, the storage type): cq rows from token row on, the rows
+// at or past len zeros (they build the chunk's first token, a valid one,
+// and store 0), nt threads; the store rounds as prep_rot_kernel's does.
+// (cq, nt are the callers' constants, arguments rather than template
+// arguments so that the body's call, dependent on its source type, needs
+// no declaration in the inference file.)
+__device__ __forceinline__ void kq_stage_build(const kq_build &s, op_t *Qs, op_t *Ks, int ldn, size_t row, int len,
+                                               int h, int tid, int cq, int nt)
+{
+#pragma unroll 1   // (an item's ~20 loads are in flight together; unrolled, the backward spilled)
+    for (int idx = tid; idx < cq * (N / 4); idx += nt) {
+        const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
+        const bool in = i < len;
+        float4 k4, q4;
+        kq_build4(s, row + (in ? i : 0), h, n, k4, q4);
+        if (!in) k4 = q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        op_st4(Qs + i * ldn + n, q4);
+        op_st4(Ks + i * ldn + n, k4);
     }
 }
