@@ -150,36 +150,6 @@ struct kq_build {
     const float *Bnw, *Cnw, *Bbias, *Cbias;   // [N], [N], [H][N], [H][N]
 };
 
-// k' and q' entries n..n+3 (n a multiple of 4: two rotation pairs) of token
-// tok, head h, in f32: prep_rot_kernel's values before its store rounds
-// them to kq_t (the same expressions on the same inputs: bc_entry, then
-// rotate_pair by the table's (cos, sin) for a pair a < S). A stage of the
-// storage type (op_t == kq_t) holding them rounded holds exactly the rows
-// prep_rot_kernel would have written.
-__device__ __forceinline__ void kq_build4(const kq_build &s, size_t tok, int h, int n, float4 &k4, float4 &q4)
-{
-    const int g = h / HPG;
-    const act_t *pr = s.proj + tok * NP;
-    const float rb = s.rbc[tok * (2 * G) + g], rc = s.rbc[tok * (2 * G) + G + g];
-    const float2 *ct = reinterpret_cast<const float2 *>(s.cs) + (tok * H + h) * S;
-    float2 kv[2], qv[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const int m = n + 2 * j, e = h * N + m;
-        kv[j].x = bc_entry(to_f32(pr[OFF_B + g * N + m]), rb, s.Bnw[m], s.Bbias[e]);
-        kv[j].y = bc_entry(to_f32(pr[OFF_B + g * N + m + 1]), rb, s.Bnw[m + 1], s.Bbias[e + 1]);
-        qv[j].x = bc_entry(to_f32(pr[OFF_C + g * N + m]), rc, s.Cnw[m], s.Cbias[e]);
-        qv[j].y = bc_entry(to_f32(pr[OFF_C + g * N + m + 1]), rc, s.Cnw[m + 1], s.Cbias[e + 1]);
-        if (m / 2 < S) {
-            const float2 r = ct[m / 2];
-            kv[j] = rotate_pair(r.x, r.y, kv[j]);
-            qv[j] = rotate_pair(r.x, r.y, qv[j]);
-        }
-    }
-    k4 = make_float4(kv[0].x, kv[0].y, kv[1].x, kv[1].y);
-    q4 = make_float4(qv[0].x, qv[0].y, qv[1].x, qv[1].y);
-}
-
 __device__ __forceinline__ const char *kq_build_line(const kq_build &s, size_t tok, int h, int w)
 {
     const int g = h / HPG;
@@ -189,24 +159,116 @@ __device__ __forceinline__ const char *kq_build_line(const kq_build &s, size_t t
     return reinterpret_cast<const char *>(s.proj + tok * NP + off + g * N) + 128 * l;
 }
 
+// What kq_stage_build reads for one item (token, head, entries n..n+3),
+// loaded before any of it is used: the group's raw B and C entries, the
+// token's two 1/rms and the (cos, sin) of pairs n/2, n/2 + 1. Whole
+// vectors where the layout allows (KQB_VEC_BC: a token's row and the B, C
+// offsets multiples of 4 entries; KQB_VEC_CS: S even, so that the two
+// pairs are both rotated or both not and their table entries are 16-byte
+// aligned), else entry by entry; a pair at or past S loads a valid entry
+// (pair S - 1 or S - 2) that kqb_make does not use: no load waits on a
+// condition.
+constexpr bool KQB_VEC_BC = N % 4 == 0 && NP % 4 == 0 && OFF_B % 4 == 0 && OFF_C % 4 == 0;
+constexpr bool KQB_VEC_CS = S % 2 == 0;
+static_assert(S >= 1 && (!KQB_VEC_CS || S >= 2), "kqb_load: a valid pair to load");
+struct kqb_in {
+    float4 b, c, cs;   // cs: (cos, sin) of pair n/2, then of pair n/2 + 1
+    float rb, rc;
+};
+__device__ __forceinline__ kqb_in kqb_load(const kq_build &s, size_t tok, int h, int n)
+{
+    const int g = h / HPG;
+    const act_t *pr = s.proj + tok * NP;
+    kqb_in x;
+    if constexpr (KQB_VEC_BC) {
+        x.b = ld4_f32(pr + OFF_B + g * N + n);
+        x.c = ld4_f32(pr + OFF_C + g * N + n);
+    } else {
+        x.b = make_float4(to_f32(pr[OFF_B + g * N + n]), to_f32(pr[OFF_B + g * N + n + 1]),
+                          to_f32(pr[OFF_B + g * N + n + 2]), to_f32(pr[OFF_B + g * N + n + 3]));
+        x.c = make_float4(to_f32(pr[OFF_C + g * N + n]), to_f32(pr[OFF_C + g * N + n + 1]),
+                          to_f32(pr[OFF_C + g * N + n + 2]), to_f32(pr[OFF_C + g * N + n + 3]));
+    }
+    x.rb = s.rbc[tok * (2 * G) + g];
+    x.rc = s.rbc[tok * (2 * G) + G + g];
+    const float2 *ct = reinterpret_cast<const float2 *>(s.cs) + (tok * H + h) * S;
+    if constexpr (KQB_VEC_CS) {
+        x.cs = *reinterpret_cast<const float4 *>(ct + min(n / 2, S - 2));
+    } else {
+        const float2 c0 = ct[min(n / 2, S - 1)], c1 = ct[min(n / 2 + 1, S - 1)];
+        x.cs = make_float4(c0.x, c0.y, c1.x, c1.y);
+    }
+    return x;
+}
+
+// prep_rot_kernel's values from a loaded item (the same expressions in the same
+// order: bc_entry, then rotate_pair for a pair below S), the weights and
+// biases read here (the same 16-byte-aligned vectors for every token: L1).
+__device__ __forceinline__ void kqb_make(const kq_build &s, const kqb_in &x, int h, int n, float4 &k4, float4 &q4)
+{
+    const int e = h * N + n;
+    const float4 bw = *reinterpret_cast<const float4 *>(s.Bnw + n), cw = *reinterpret_cast<const float4 *>(s.Cnw + n);
+    const float4 bb = *reinterpret_cast<const float4 *>(s.Bbias + e);
+    const float4 cb = *reinterpret_cast<const float4 *>(s.Cbias + e);
+    float2 kv[2], qv[2];
+    kv[0] = make_float2(bc_entry(x.b.x, x.rb, bw.x, bb.x), bc_entry(x.b.y, x.rb, bw.y, bb.y));
+    kv[1] = make_float2(bc_entry(x.b.z, x.rb, bw.z, bb.z), bc_entry(x.b.w, x.rb, bw.w, bb.w));
+    qv[0] = make_float2(bc_entry(x.c.x, x.rc, cw.x, cb.x), bc_entry(x.c.y, x.rc, cw.y, cb.y));
+    qv[1] = make_float2(bc_entry(x.c.z, x.rc, cw.z, cb.z), bc_entry(x.c.w, x.rc, cw.w, cb.w));
+    if (n / 2 < S) {
+        kv[0] = rotate_pair(x.cs.x, x.cs.y, kv[0]);
+        qv[0] = rotate_pair(x.cs.x, x.cs.y, qv[0]);
+    }
+    if (n / 2 + 1 < S) {
+        kv[1] = rotate_pair(x.cs.z, x.cs.w, kv[1]);
+        qv[1] = rotate_pair(x.cs.z, x.cs.w, qv[1]);
+    }
+    k4 = make_float4(kv[0].x, kv[0].y, kv[1].x, kv[1].y);
+    q4 = make_float4(qv[0].x, qv[0].y, qv[1].x, qv[1].y);
+}
+
+// k' and q' entries n..n+3 (n a multiple of 4: two rotation pairs) of token
+// tok, head h, in f32: prep_rot_kernel's values before its store rounds
+// them to kq_t (the same expressions on the same inputs: bc_entry, then
+// rotate_pair by the table's (cos, sin) for a pair a < S). A stage of the
+// storage type (op_t == kq_t) holding them rounded holds exactly the rows
+// prep_rot_kernel would have written.
+__device__ __forceinline__ void kq_build4(const kq_build &s, size_t tok, int h, int n, float4 &k4, float4 &q4)
+{
+    kqb_make(s, kqb_load(s, tok, h, n), h, n, k4, q4);
+}
+
 // A chunk's q', k' built into a chunked scan's stage (Qs, Ks: rows of
 // stride ldn, op_t, the storage type): cq rows from token row on, the rows
 // at or past len zeros (they build the chunk's first token, a valid one,
 // and store 0), nt threads; the store rounds as prep_rot_kernel's does.
+// A thread takes its items two at a time, both items' loads issued before
+// either is used (kqb_load), so that each pair waits on memory once.
 // (cq, nt are the callers' constants, arguments rather than template
 // arguments so that the body's call, dependent on its source type, needs
 // no declaration in the inference file.)
 __device__ __forceinline__ void kq_stage_build(const kq_build &s, op_t *Qs, op_t *Ks, int ldn, size_t row, int len,
                                                int h, int tid, int cq, int nt)
 {
-#pragma unroll 1   // (an item's ~20 loads are in flight together; unrolled, the backward spilled)
-    for (int idx = tid; idx < cq * (N / 4); idx += nt) {
-        const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
-        const bool in = i < len;
+    static_assert(N % 4 == 0, "the stage is built four entries at a time");
+    const int items = cq * (N / 4);
+#pragma unroll 1   // (two items in flight; more, and the backward spilled)
+    for (int idx = tid; idx < items; idx += 2 * nt) {
+        const int idx1 = idx + nt < items ? idx + nt : idx;   // (a lone last item: built twice, stored once)
+        const int i0 = idx / (N / 4), n0 = 4 * (idx % (N / 4));
+        const int i1 = idx1 / (N / 4), n1 = 4 * (idx1 % (N / 4));
+        const kqb_in x0 = kqb_load(s, row + (i0 < len ? i0 : 0), h, n0);
+        const kqb_in x1 = kqb_load(s, row + (i1 < len ? i1 : 0), h, n1);
         float4 k4, q4;
-        kq_build4(s, row + (in ? i : 0), h, n, k4, q4);
-        if (!in) k4 = q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        op_st4(Qs + i * ldn + n, q4);
-        op_st4(Ks + i * ldn + n, k4);
+        kqb_make(s, x0, h, n0, k4, q4);
+        if (i0 >= len) k4 = q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        op_st4(Qs + i0 * ldn + n0, q4);
+        op_st4(Ks + i0 * ldn + n0, k4);
+        if (idx1 != idx) {
+            kqb_make(s, x1, h, n1, k4, q4);
+            if (i1 >= len) k4 = q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            op_st4(Qs + i1 * ldn + n1, q4);
+            op_st4(Ks + i1 * ldn + n1, k4);
+        }
     }
 }
