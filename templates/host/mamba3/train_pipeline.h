@@ -211,6 +211,28 @@ static mg_status colsum(const model_trainer *t, int tokens, int width, const flo
     return MG_OK;
 }
 
+/* The per-token SSM inputs of a layer (weights lw, in_proj output proj),
+ * after angles_train has written cs: forward_train's and the backward's
+ * recompute (the same kernels: the same bits). The chunked SSM gets dt,
+ * A*dt, lambda and rbc (prep_scalars_train: its scans build k', q' in their
+ * stage), the sequential one also the per-head k', q' rows (prep_train). */
+static mg_status ssm_prep(const model_trainer *t, int chunked, int tokens, const void *proj, const float *lw)
+{
+#if HAS_CHUNKED_BWD
+    if (chunked) {
+        MG_CUDA(model_launch_prep_scalars_train(tokens, proj, lw + L0_DT_BIAS, t->dt, t->adt, t->lam, t->rbc,
+                                                t->stream));
+        return MG_OK;
+    }
+#else
+    (void)chunked;
+#endif
+    MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
+                                    lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q,
+                                    t->stream));
+    return MG_OK;
+}
+
 static mg_status forward_train(model_trainer *t, const float *w, int batch, int seqlen,
                                const float *u, float *out, float *ssm, float *kp, float *vp, float *ang)
 {
@@ -274,23 +296,19 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
             MG_CUDA(cudaMemsetAsync(ang0, 0, (size_t)batch * ANGLE_PER_SEQ * sizeof(float), st));
         }
         MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, ang_l, t->cs, start, st));
+        CHECK(ssm_prep(t, chunked, tokens, proj, lw));
 #if HAS_CHUNKED_BWD
         /* chunked: the scan builds k', q' in its stage from proj, rbc and cs
          * (the values prep_train writes, to the bit): no per-head rows */
-        if (chunked) {
-            MG_CUDA(model_launch_prep_scalars_train(tokens, proj, lw + L0_DT_BIAS, t->dt, t->adt, t->lam, t->rbc, st));
+        if (chunked)
             MG_CUDA(model_launch_scan_fwd_chunked(batch, seqlen, proj, t->rbc, t->cs, lw + L0_B_NORM_W,
                                             lw + L0_C_NORM_W, lw + L0_B_BIAS, lw + L0_C_BIAS, t->dt, t->adt,
                                             t->lam, lw + L0_D, ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l,
                                             start, st));
-        } else
+        else
 #endif
-        {
-            MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
-                                lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
-            MG_CUDA(model_launch_scan_fwd(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam, lw + L0_D,
-                                    ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l, start, st));
-        }
+        MG_CUDA(model_launch_scan_fwd(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam, lw + L0_D,
+                                ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l, start, st));
 #if OUTPROJ_NORM
         MG_CUDA(model_launch_gate_fwd(tokens, y_l, proj, lw + L0_NORM_GATE_W, t->g, st));
 #else
@@ -468,14 +486,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
          * cos/sin (the same kernels as the forward: the same bits) */
         if (!(reuse_last && l == N_LAYERS - 1)) {
             MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, NULL, t->cs, start, st));
-#if HAS_CHUNKED_BWD
-            if (chunked)
-                MG_CUDA(model_launch_prep_scalars_train(tokens, proj, lw + L0_DT_BIAS, t->dt, t->adt, t->lam, t->rbc,
-                                                  st));
-            else
-#endif
-            MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
-                                lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q, st));
+            CHECK(ssm_prep(t, chunked, tokens, proj, lw));
         }
         /* the SSM, in reverse from the checkpoints */
 #if HAS_CHUNKED_BWD

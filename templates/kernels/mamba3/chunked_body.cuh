@@ -325,8 +325,9 @@ __device__ __forceinline__ void ck_state_store(const Dm dm, const float (&hs)[Dm
 // grid (H, batch), CK_THREADS threads, the policy's shared memory. ckpt
 // (training only, else NULL) receives the state entering every chunk, f32
 // [b][h][ckpt_slots][P][N] at slot c0/ckpt_step. KQ: the element type of
-// the per-head k', q' rows (f32 in inference, the storage type in training:
-// kq_t), staged as op_t by stage4 (copied when KQ is op_t, else converted).
+// the per-head k', q' rows (ck_kq_t: f32 in NAME_common.cuh), staged as
+// op_t by stage4 (copied when KQ is op_t, as with f32 storage, else
+// converted).
 // Bld: where k', q' come from. ck_kq_rows (the default): the rows k, q.
 // kq_build (mg_m3_prep_rot.cuh, the training's chunked path, fixed dims):
 // built in the stage from bld by kq_build4, k and q unused; the stage then
@@ -410,8 +411,8 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
             // q', k' built from the in_proj rows (kq_stage_build)
             kq_stage_build(bld, Qs, Ks, CK_LDN, row0 + c0, len, h, tid, CK_Q, CK_THREADS);
         } else {
-            // q', k' rows (stage4: in training, copies all in flight at once;
-            // waited for before the barrier below)
+            // q', k' rows (stage4: where it copies, all copies in flight at
+            // once; waited for before the barrier below)
 #pragma unroll 4
             for (int idx = tid; idx < CK_Q * (N / 4); idx += CK_THREADS) {
                 const int i = idx / (N / 4), n = 4 * (idx % (N / 4));

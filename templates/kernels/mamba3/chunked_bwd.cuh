@@ -260,7 +260,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
         // slices: a warp's lanes cover min(P, 32) consecutive p of a row
         // (CKB_THREADS and P are multiples of 32 and 16), summed by a fixed
         // xor butterfly within the slice. A thread's items go in batches of
-        // CKB_VB: the batch's loads first (in flight together), then its
+        // VB (up to 8): the batch's loads first (in flight together), then its
         // stores and sums, the same values in the same order as one at a time.
         // The loads are unconditional: a row past the sequence end reads the
         // chunk's first row (a token of the sequence) and its values are

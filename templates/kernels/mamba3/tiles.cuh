@@ -84,8 +84,8 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 
 // stage4: four values of a k', q' row (n a multiple of 4) into the stage,
 // zeros when !in: copied as they are (cp_async4) when the row has the
-// staged type (the training path's kq_t), else converted on load (the
-// inference path's f32 rows staged as a 16-bit type). After the stage's
+// staged type (f32 rows with f32 storage), else converted on load (f32
+// rows staged as a 16-bit type). After the stage's
 // loop: cp_async_wait_all, then a barrier.
 __device__ __forceinline__ void stage4(op_t *dst, const op_t *src, bool in) { cp_async4(dst, src, in); }
 template <typename KQ>
