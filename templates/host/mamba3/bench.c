@@ -398,6 +398,11 @@ int main(int argc, char **argv)
                 { "ssm core fwd+bwd (chunked)", 1, BK_ALL },
                 { "  fwd scan chunked", 1, BK_SCAN },
                 { "  bwd scan chunked", 1, BK_SCAN_BWD },
+                /* the chunked path's own prep, angle sums and prep backward
+                 * (its angles and gates are the rows below, shared) */
+                { "  fwd prep chunked", 1, BK_PREP },
+                { "  bwd angle sums chunked", 1, BK_ANGLES_BWD },
+                { "  bwd prep chunked", 1, BK_PREP_BWD },
 #endif
                 { "ssm core fwd+bwd (seq)", 0, BK_ALL },
                 { "  fwd scan sequential", 0, BK_SCAN },
