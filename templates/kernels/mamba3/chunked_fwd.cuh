@@ -13,8 +13,9 @@ struct ck_dims_fixed {
 };
 
 // STARTS: start [batch][seqlen] (mg_m3_chunked_body.cuh, "Episode starts").
-// k, q: ck_kq_t, the includer's type of the per-head k', q' rows (f32 in
-// NAME_kernels.cu, the storage type kq_t in NAME_backward.cu's ckpt_fwd).
+// k, q: the per-head k', q' rows, ck_kq_t (f32, NAME_common.cuh). (The
+// training's chunked path builds them in the stage instead: the kernel
+// below, whose row pointers are null.)
 template <bool STARTS>
 __global__ void __launch_bounds__(CK_THREADS, CK_MIN_BLOCKS)
 scan_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const ck_kq_t *__restrict__ k,
