@@ -73,6 +73,7 @@ function M.mamba3(d)
   -- sin) table cs [H][S][2] f32, the checkpoints one state [H][P][N] f32
   -- per bscan_tchunk steps (sequential) or per chunk (chunked).
   local HN, HS = H * N, H * S
+  local dkq = d.ckb_dkq_size or 4                                  -- the chunked backward's dk, dq entries
   local ck_seq = H * P * N * 4 // (d.bscan_tchunk or 16)          -- checkpoint bytes per token, sequential
   local ck_ck = H * P * N * 4 // (d.ck_chunk or 64)               -- and chunked
   local t_angles = S * a + H * a + 8 * HS                          -- angle and dt columns in; cs out
@@ -90,12 +91,12 @@ function M.mamba3(d)
   local t_bscan_seq = t_scan_in + ck_seq + E * 4                  -- the forward's inputs, checkpoints, dy in
     + 2 * HN * 4 + E * 4 + 3 * H * 4                              -- dk, dq, dv, dadt, ddt, dlam out
   local t_bscan_ck = t_scan_in_ck + ck_ck + E * 4                -- the forward's inputs (cs among them), checkpoints, dy in
-    + 2 * HN * 4 + E * a + 3 * H * 4 + HS * 4 + 2 * HN * 4 // 16   -- dk, dq, dv (into dproj), scalars, gth, tile sums out
+    + 2 * HN * dkq + E * a + 3 * H * 4 + HS * 4 + 2 * HN * 4 // 16   -- dk, dq, dv (into dproj), scalars, gth, tile sums out
   local t_angles_bwd = 2 * HN * a + 8 * HS + 2 * 2 * HN * 4 + HS * 4   -- k', q', cs, dk, dq in; dk, dq, gth out
   local t_angles_sums = 2 * HS * 4                                -- gth in place
-  local t_prep_bwd_ck = (2 * G * N + 3 * H) * a + 2 * H * 4 + 2 * HN * 4 + 3 * H * 4 + HS * 4
+  local t_prep_bwd_ck = (2 * G * N + 3 * H) * a + 2 * H * 4 + 2 * HN * dkq + 3 * H * 4 + HS * 4
     + (2 * G * N + 3 * H + S) * a + H * 4 + 2 * N * 4              -- proj, dt, lam, dk, dq, scalar and angle grads in; dproj, sums out
-  local t_prep_bwd_seq = t_prep_bwd_ck + E * 4 + E * a            -- and dv in, into dproj's x columns
+  local t_prep_bwd_seq = t_prep_bwd_ck + 2 * HN * (4 - dkq) + E * 4 + E * a   -- dk, dq f32, and dv in
   -- the fused kernel (d.ck_fused) moves the minimum: the in_proj row's
   -- B, C, scalars, angles, x and z in, g out (the group's B and C are read
   -- by each of its heads, from L2 after the first)

@@ -199,6 +199,8 @@ end
 --   d.ck_engine         "fma" (f32: plain f32 FMA on 16x8x16 tiles, no TF32)
 --                       | "mma_bf16" | "mma_f16" (mma.sync m16n8k16, f32 acc)
 --   d.ck_op_t           C type of the staged operands (float | act_t)
+--   d.ckb_dkq_t, d.ckb_dkq_size  C type and bytes of the chunked backward's
+--                       per-head dk, dq rows (float for f32, else bf16)
 --   d.ck_chunk          chunk length Q of the kernel: the spec's chunk, halved
 --                       while the shared memory would exceed M.CK_SMEM_MAX (the
 --                       chunked form is exact for any Q; only f32 with large
@@ -261,6 +263,13 @@ function M.derive_inference(spec, d)
   d.scan_kernel = d.scan_mode_id == 1 and "chunked" or (d.scan_mode_id == 2 and "auto" or "sequential")
   d.chunk_vs_seq_tol = (d.lowp or d.tf32) and d.check_tol or 1e-5
 
+  -- The chunked backward's per-head dk, dq rows [tokens][H][N], which
+  -- prep_bwd sums over a group's heads: f32 for f32 storage; bf16 for both
+  -- 16-bit dtypes (their largest per-token arrays: 16-bit halves the
+  -- traffic of both kernels; bf16, not f16, for the range a scaled loss's
+  -- gradients need). Their per-tile sums (the bias gradients) stay f32.
+  d.ckb_dkq_t = d.dtype == "f32" and "float" or "__nv_bfloat16"
+  d.ckb_dkq_size = d.dtype == "f32" and 4 or 2
   if d.dtype == "f32" then
     d.ck_engine, d.ck_op_t, d.ck_es = "fma", "float", 4
   elseif d.dtype == "bf16" then

@@ -225,10 +225,17 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
 #endif
         MG_CUDA(model_launch_angles_bwd(c->batch, c->seqlen, c->k, c->q, x->cs, x->dk, x->dq, x->gth, NULL, NULL, st));
     }
-    if (x->parts & BK_PREP_BWD)
+    if (x->parts & BK_PREP_BWD) {
+#if MODEL_HAS_CHUNKED_BWD
+        if (x->chunked)   /* dk, dq in the chunked backward's entry type */
+            MG_CUDA(model_launch_prep_bwd_ck(tokens, c->proj, c->dt, c->lam, c->dt_bias, c->Bnw, c->Cnw, x->dk,
+                                       x->dq, x->dadt, x->ddt, x->dlam, x->gth, x->dproj, x->gdtb, x->gBn,
+                                       x->gCn, st));
+        else
+#endif
         MG_CUDA(model_launch_prep_bwd(tokens, c->proj, c->dt, c->lam, c->dt_bias, c->Bnw, c->Cnw, x->dk, x->dq,
-                                x->chunked ? NULL : x->dv, x->dadt, x->ddt, x->dlam, x->gth, x->dproj, x->gdtb,
-                                x->gBn, x->gCn, st));
+                                x->dv, x->dadt, x->ddt, x->dlam, x->gth, x->dproj, x->gdtb, x->gBn, x->gCn, st));
+    }
     return MG_OK;
 }
 #endif

@@ -41,7 +41,7 @@ struct model_trainer {
     char *dproj;   /* act [MAX_TOKENS][NP] gradient of the in_proj output */
     char *wa;      /* act [WEIGHTS_FLOATS] GEMM weights (LOWP only) */
     float *dh, *dhn, *dg, *dy, *dv;
-    float *dk, *dq;          /* [MAX_TOKENS][H][N] */
+    float *dk, *dq;          /* [MAX_TOKENS][H][N] (f32; the chunked backward's bf16 for 16-bit storage) */
     float *dadt, *ddt, *dlam, *gdtb;   /* [MAX_TOKENS][H] */
     float *gth;              /* [MAX_TOKENS][H][S] */
     float *gBn, *gCn;        /* [MAX_TOKENS][N] */
@@ -514,9 +514,17 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         }
         MG_CUDA(model_launch_reduce_parts(t->part_D, batch, N_HEADS, N_HEADS, gl + L0_D, st));
         /* per-token maps: dproj (B, C, dd_dt, dd_A, trap, angles, and x unless the chunked
-         * backward stored it) and parameter rows */
+         * backward stored it) and parameter rows; after the chunked backward,
+         * dk, dq hold its entry type (bf16 for 16-bit storage) */
+#if HAS_CHUNKED_BWD
+        if (chunked)
+            MG_CUDA(model_launch_prep_bwd_ck(tokens, proj, t->dt, t->lam, lw + L0_DT_BIAS, lw + L0_B_NORM_W,
+                                       lw + L0_C_NORM_W, t->dk, t->dq, t->dadt, t->ddt, t->dlam, t->gth,
+                                       t->dproj, t->gdtb, t->gBn, t->gCn, st));
+        else
+#endif
         MG_CUDA(model_launch_prep_bwd(tokens, proj, t->dt, t->lam, lw + L0_DT_BIAS, lw + L0_B_NORM_W,
-                                lw + L0_C_NORM_W, t->dk, t->dq, chunked ? NULL : t->dv, t->dadt, t->ddt, t->dlam,
+                                lw + L0_C_NORM_W, t->dk, t->dq, t->dv, t->dadt, t->ddt, t->dlam,
                                 t->gth, t->dproj, t->gdtb, t->gBn, t->gCn, st));
         CHECK(colsum(t, tokens, N_HEADS, t->gdtb, gl + L0_DT_BIAS));
         CHECK(colsum(t, tokens, D_STATE, t->gBn, gl + L0_B_NORM_W));

@@ -157,7 +157,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                         const float *__restrict__ Dskip, const float *__restrict__ ckpt,
                         const float *__restrict__ kp0, const float *__restrict__ vp0,
                         const float *__restrict__ dy, const float *__restrict__ cs,
-                        float *__restrict__ dk, float *__restrict__ dq,
+                        dkq_t *__restrict__ dk, dkq_t *__restrict__ dq,
                         act_t *__restrict__ dproj, float *__restrict__ dadt_o, float *__restrict__ ddt_o,
                         float *__restrict__ dlam_o, float *__restrict__ gth, float *__restrict__ part_D,
                         float *__restrict__ part_k, float *__restrict__ part_q,
@@ -543,7 +543,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                                     tile_mma_x<true, true, CKB_LDQ, CKB_LDN>(acc[j], Mm + tb * 16 * CKB_LDQ + m0,
                                                                            Qs + tb * 16 * CKB_LDN + n0 + 8 * j, lane);
                         }
-                        float *out = isq ? dq : dk;
+                        dkq_t *out = isq ? dq : dk;
                         float *pcol = isq ? part_q : part_k;
                         const op_t *stg = isq ? Qs : Ks;   // k', q' as staged (the kq_t values, exactly)
 #pragma unroll
@@ -580,8 +580,8 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                                         o = unrotate_pair(rcs[rr].x, rcs[rr].y, o);
                                         if (isq) gth[th * S + n / 2] = gl;
                                     }
-                                    *reinterpret_cast<float2 *>(out + th * N + n) = o;
-                                    col.x += o.x;
+                                    st2_from_f32(out + th * N + n, o);   // (dkq_t: rounded here)
+                                    col.x += o.x;   // the tile sums from the f32 values
                                     col.y += o.y;
                                 }
                             }

@@ -120,7 +120,7 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
                                                    const float *B_bias, const float *C_bias, const float *dt,
                                                    const float *adt, const float *lam, const float *Dskip,
                                                    const float *ckpt, const float *kp0, const float *vp0,
-                                                   const float *dy, float *dk, float *dq, void *dproj, float *dadt,
+                                                   const float *dy, void *dk, void *dq, void *dproj, float *dadt,
                                                    float *ddt, float *dlam, float *gth, float *part_D,
                                                    float *part_k, float *part_q,
                                                    float *dssm0, float *dkp0, float *dvp0,
@@ -151,11 +151,13 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
     if (start)
         scan_bwd_chunked_kernel<true><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
             seqlen, static_cast<const act_t *>(proj), bld, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
-            dk, dq, static_cast<act_t *>(dproj), dadt, ddt, dlam, gth, part_D, part_k, part_q, dssm0, dkp0, dvp0, start);
+            static_cast<dkq_t *>(dk), static_cast<dkq_t *>(dq), static_cast<act_t *>(dproj), dadt, ddt, dlam, gth,
+            part_D, part_k, part_q, dssm0, dkp0, dvp0, start);
     else
         scan_bwd_chunked_kernel<false><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
             seqlen, static_cast<const act_t *>(proj), bld, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
-            dk, dq, static_cast<act_t *>(dproj), dadt, ddt, dlam, gth, part_D, part_k, part_q, dssm0, dkp0, dvp0, nullptr);
+            static_cast<dkq_t *>(dk), static_cast<dkq_t *>(dq), static_cast<act_t *>(dproj), dadt, ddt, dlam, gth,
+            part_D, part_k, part_q, dssm0, dkp0, dvp0, nullptr);
     return cudaGetLastError();
 }
 
@@ -227,11 +229,28 @@ extern "C" cudaError_t MG_LAUNCH(prep_bwd)(int tokens, const void *proj, const f
                                            const float *dlam, const float *gth, void *dproj, float *gdtb,
                                            float *gBn, float *gCn, cudaStream_t st)
 {
-    prep_bwd_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt, lam, dt_bias,
-                                                     B_norm_w, C_norm_w, dk, dq, dv, dadt, ddt, dlam, gth,
-                                                     static_cast<act_t *>(dproj), gdtb, gBn, gCn);
+    prep_bwd_kernel<float><<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt, lam, dt_bias,
+                                                            B_norm_w, C_norm_w, dk, dq, dv, dadt, ddt, dlam, gth,
+                                                            static_cast<act_t *>(dproj), gdtb, gBn, gCn);
     return cudaGetLastError();
 }
+
+#if MG_M3_CKB
+// prep_bwd after scan_bwd_chunked: dk, dq in its dkq_t, the x columns of
+// dproj written by it already.
+extern "C" cudaError_t MG_LAUNCH(prep_bwd_ck)(int tokens, const void *proj, const float *dt,
+                                              const float *lam, const float *dt_bias, const float *B_norm_w,
+                                              const float *C_norm_w, const void *dk, const void *dq,
+                                              const float *dadt, const float *ddt, const float *dlam,
+                                              const float *gth, void *dproj, float *gdtb, float *gBn, float *gCn,
+                                              cudaStream_t st)
+{
+    prep_bwd_kernel<dkq_t><<<tokens, PREP_THREADS, 0, st>>>(
+        static_cast<const act_t *>(proj), dt, lam, dt_bias, B_norm_w, C_norm_w, static_cast<const dkq_t *>(dk),
+        static_cast<const dkq_t *>(dq), nullptr, dadt, ddt, dlam, gth, static_cast<act_t *>(dproj), gdtb, gBn, gCn);
+    return cudaGetLastError();
+}
+#endif
 
 
 extern "C" cudaError_t MG_LAUNCH(adamw)(float *w, const float *g, float *m, float *v, const float *stat,

@@ -71,8 +71,9 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const v
  * pass: with the (cos, sin) table cs of angles_train, dk and dq come out
  * un-rotated and gth [tokens][H][S] holds the local angle gradients, so
  * angles_bwd_sums (not angles_bwd) follows it. dv goes straight into the
- * x columns of dproj [tokens][NP] (storage dtype; v = x), so prep_bwd
- * follows it with dv = NULL. part_k, part_q (optional,
+ * x columns of dproj [tokens][NP] (storage dtype; v = x), and dk, dq
+ * [tokens][H][N] are f32 for f32 storage and bf16 for 16-bit storage
+ * (the package's dkq_t), so prep_bwd_ck (not prep_bwd) follows it. part_k, part_q (optional,
  * [batch * ceil(seqlen / 16)][H][N]): the sums of dk, dq over each 16-token
  * tile of a sequence, for the B/C bias gradients (reduce_parts over the
  * rows). */
@@ -81,7 +82,7 @@ cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj,
                                         const float *B_bias, const float *C_bias, const float *dt,
                                         const float *adt, const float *lam, const float *Dskip,
                                         const float *ckpt, const float *kp0, const float *vp0,
-                                        const float *dy, float *dk, float *dq, void *dproj, float *dadt,
+                                        const float *dy, void *dk, void *dq, void *dproj, float *dadt,
                                         float *ddt, float *dlam, float *gth, float *part_D,
                                         float *part_k, float *part_q, float *dssm0, float *dkp0,
                                         float *dvp0, const unsigned char *start, cudaStream_t st);
@@ -111,5 +112,12 @@ cudaError_t MG_LAUNCH(prep_bwd)(int tokens, const void *proj, const float *dt, c
                                 const float *dadt, const float *ddt, const float *dlam,
                                 const float *gth, void *dproj, float *gdtb, float *gBn,
                                 float *gCn, cudaStream_t st);
+/* prep_bwd after scan_bwd_chunked: dk, dq in its entry type (dkq_t); the
+ * x columns of dproj are written already. */
+cudaError_t MG_LAUNCH(prep_bwd_ck)(int tokens, const void *proj, const float *dt, const float *lam,
+                                   const float *dt_bias, const float *B_norm_w, const float *C_norm_w,
+                                   const void *dk, const void *dq, const float *dadt, const float *ddt,
+                                   const float *dlam, const float *gth, void *dproj, float *gdtb, float *gBn,
+                                   float *gCn, cudaStream_t st);
 /* wa = the blob in the storage dtype (the trainer's GEMM copy of the weights). */
 cudaError_t MG_LAUNCH(convert_train)(const float *w, void *wa, cudaStream_t st);

@@ -16,11 +16,14 @@
 //   ang_a = pi (1 - tanh^2) sum_h gth[h][a] DT_h
 //   BCNorm per group: dB^ = sum of the group's heads' dk; dB = r w dB^ -
 //   r^3/N B sum(dB^ w B); gBn += dB^ B r (groups in order); the same for C.
+// DK: the type of dk, dq (float from scan_bwd; dkq_t from the chunked
+// backward), summed over the heads in f32.
+template <class DK>
 __global__ void __launch_bounds__(PREP_THREADS)
 prep_bwd_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt,
                 const float *__restrict__ lam, const float *__restrict__ dt_bias,
                 const float *__restrict__ Bnw, const float *__restrict__ Cnw,
-                const float *__restrict__ dk, const float *__restrict__ dq,
+                const DK *__restrict__ dk, const DK *__restrict__ dq,
                 const float *__restrict__ dv, const float *__restrict__ dadt,
                 const float *__restrict__ ddt, const float *__restrict__ dlam,
                 const float *__restrict__ gth, act_t *__restrict__ dproj,
@@ -33,7 +36,7 @@ prep_bwd_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt,
     const size_t tok = blockIdx.x;
     const act_t *pr = proj + tok * NP;
     act_t *dp = dproj + tok * NP;
-    const float *dkt = dk + tok * (size_t)(H * N), *dqt = dq + tok * (size_t)(H * N);
+    const DK *dkt = dk + tok * (size_t)(H * N), *dqt = dq + tok * (size_t)(H * N);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int a = threadIdx.x; a < S; a += PREP_THREADS) stn[a] = tanhf(to_f32(pr[OFF_ANG + a]));
     // BCNorm per group, groups in order. Why this shape: each group's head
@@ -49,8 +52,8 @@ prep_bwd_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt,
         for (int n = threadIdx.x; n < N; n += PREP_THREADS) {
             float gb = 0.0f, gc = 0.0f;
             for (int hh = g * HPG; hh < (g + 1) * HPG; ++hh) {
-                gb += dkt[hh * N + n];
-                gc += dqt[hh * N + n];
+                gb += to_f32(dkt[hh * N + n]);
+                gc += to_f32(dqt[hh * N + n]);
             }
             sgb[n] = gb;
             sgc[n] = gc;
