@@ -114,33 +114,8 @@ __device__ __forceinline__ void ck_decay(float *fs, int warp, int lane)
     float *s_cs = fs + 3 * CK_Q, *s_ecs = fs + 4 * CK_Q, *s_scl = fs + 5 * CK_Q, *s_w = fs + 6 * CK_Q;
     float *s_misc = fs + 7 * CK_Q;
     if (warp != 0) return;
-    float carry = 0.0f;
-    int lcarry = -1;   // STARTS: the last start so far (-1: none)
-    for (int seg = 0; seg < CK_Q; seg += 32) {
-        const int i = seg + lane;
-        float x = i < CK_Q ? s_adt[i] : 0.0f;
-        int ls = -1;
-        if constexpr (STARTS) ls = (i < CK_Q && s_cs[i] != 0.0f) ? i : -1;   // read before s_cs is written
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float yv = __shfl_up_sync(FULL_MASK, x, o);
-            if (lane >= o) x += yv;
-            if constexpr (STARTS) {
-                const int lv = __shfl_up_sync(FULL_MASK, ls, o);
-                if (lane >= o) ls = max(ls, lv);
-            }
-        }
-        x += carry;
-        if (i < CK_Q) s_cs[i] = x;
-        carry = __shfl_sync(FULL_MASK, x, 31);
-        if constexpr (STARTS) {
-            ls = max(ls, lcarry);
-            if (i < CK_Q) s_adt[i] = (float)ls;   // lst_i (A*dt is not read again)
-            lcarry = __shfl_sync(FULL_MASK, ls, 31);
-        }
-    }
-    // carry = cs at the end of the chunk (padding rows add 0); lcarry = the
-    // chunk's last start (padding rows hold none)
+    int lcarry;   // STARTS: the chunk's last start (-1: none)
+    const float carry = ck_cumsum<CK_Q, STARTS>(s_adt, s_cs, lane, lcarry);   // cs at the chunk's end
     for (int i = lane; i < CK_Q; i += 32) {
         const float cs = s_cs[i], sc = s_gam[i] + s_nx[i];
         if constexpr (STARTS) {

@@ -326,31 +326,8 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
         __syncthreads();
         // ---- B: cumulative decay and weights (warp 0, fixed order) ----
         if (warp == 0) {
-            float carry = 0.0f;
-            int lcarry = -1;   // STARTS: the last start so far (-1: none)
-            for (int seg = 0; seg < CKB_Q; seg += 32) {
-                const int i = seg + lane;
-                float x = i < CKB_Q ? s_adt[i] : 0.0f;
-                int ls = -1;
-                if constexpr (STARTS) ls = (i < CKB_Q && s_cs[i] != 0.0f) ? i : -1;   // before s_cs is written
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const float yv = __shfl_up_sync(FULL_MASK, x, o);
-                    if (lane >= o) x += yv;
-                    if constexpr (STARTS) {
-                        const int lv = __shfl_up_sync(FULL_MASK, ls, o);
-                        if (lane >= o) ls = max(ls, lv);
-                    }
-                }
-                x += carry;
-                if (i < CKB_Q) s_cs[i] = x;
-                carry = __shfl_sync(FULL_MASK, x, 31);
-                if constexpr (STARTS) {
-                    ls = max(ls, lcarry);
-                    if (i < CKB_Q) s_adt[i] = (float)ls;   // lst_i (A*dt is not read again)
-                    lcarry = __shfl_sync(FULL_MASK, ls, 31);
-                }
-            }
+            int lcarry;   // STARTS: the chunk's last start (-1: none)
+            const float carry = ck_cumsum<CKB_Q, STARTS>(s_adt, s_cs, lane, lcarry);   // cs at the chunk's end
             for (int i = lane; i < CKB_Q; i += 32) {
                 const float cs = s_cs[i], sc = s_scl[i];
                 if constexpr (STARTS) {

@@ -2,7 +2,8 @@
 // scans (forward and backward), on the tensor cores (mma.sync, bf16/f16
 // operands, f32 accumulate) or as f32 FMA (f32 storage: no TF32). The
 // engine follows the staged operand type op_t of NAME_common.cuh: the
-// overloads below are selected by the operand pointer type.
+// overloads below are selected by the operand pointer type. Also the
+// chunk's cumulative decay (ck_cumsum), the part of phase B both scans share.
 // Included inside the anonymous namespace of the package's .cu files, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
@@ -212,4 +213,43 @@ __device__ __forceinline__ void tile_mma(float c[4], const op_t *a, const op_t *
 __device__ __forceinline__ void tile_mma_rt(float c[4], const op_t *a, const op_t *bt, int lane, int lda, int ldb)
 {
     tile_mma_core<false, false>(c, a, bt, lane, lda, ldb);
+}
+
+// The cumulative decay of a chunk of Q steps, the first half of phase B of
+// both chunked scans (ck_decay of the forward, the backward's phase B), run
+// by warp 0 in a fixed order: cs_i = sum_{j<=i} A*dt_j (s_adt) into s_cs, a
+// shuffle scan per 32 steps plus the carry of the ones before. Returns the
+// chunk's total (cs at its end: padding rows add 0). STARTS: each step's
+// start flag is read from s_cs before it is overwritten, s_adt[i] receives
+// lst_i, the last start at or before i (-1: none; A*dt is not read again),
+// and lcarry the chunk's last start (padding rows hold none).
+template <int Q, bool STARTS>
+__device__ __forceinline__ float ck_cumsum(float *s_adt, float *s_cs, int lane, int &lcarry)
+{
+    float carry = 0.0f;
+    lcarry = -1;
+    for (int seg = 0; seg < Q; seg += 32) {
+        const int i = seg + lane;
+        float x = i < Q ? s_adt[i] : 0.0f;
+        int ls = -1;
+        if constexpr (STARTS) ls = (i < Q && s_cs[i] != 0.0f) ? i : -1;   // read before s_cs is written
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float yv = __shfl_up_sync(FULL_MASK, x, o);
+            if (lane >= o) x += yv;
+            if constexpr (STARTS) {
+                const int lv = __shfl_up_sync(FULL_MASK, ls, o);
+                if (lane >= o) ls = max(ls, lv);
+            }
+        }
+        x += carry;
+        if (i < Q) s_cs[i] = x;
+        carry = __shfl_sync(FULL_MASK, x, 31);
+        if constexpr (STARTS) {
+            ls = max(ls, lcarry);
+            if (i < Q) s_adt[i] = (float)ls;
+            lcarry = __shfl_sync(FULL_MASK, ls, 31);
+        }
+    }
+    return carry;
 }
