@@ -480,7 +480,17 @@ end
 --   d.part_width      widest partial row: max(D, E, H*N, in_dim)
 --   d.red_threads     block of the elementwise / reduction kernels
 --   d.gnorm_blocks    first-stage blocks of the gradient norm and MSE sums
---   d.gate_hpw        heads per warp of the gate backward = ceil(H/gate_warps)
+--   d.gateb_warps, d.gateb_threads  the gate backward's block: two heads a
+--                     warp, clamp(ceil(H/2), gate_warps, 16) warps. With the
+--                     forward gate's 4 warps each warp held ceil(H/4) heads'
+--                     values of every per-token array (mamba3_perf: 8 heads,
+--                     124 registers, a quarter of the SM's threads; 16 warps
+--                     of 2 heads: 48 registers, the kernel -15% on an H100).
+--                     One head a warp was slower where H <= 8 (mamba3_rl: 8
+--                     warps of 1 head +15%), so no fewer than 2 heads a warp
+--                     and no fewer than 4 warps. The heads' arithmetic does
+--                     not depend on the warp that does it.
+--   d.gate_hpw        heads per warp of the gate backward = ceil(H/gateb_warps)
 --   d.layers_begin, d.layers_end   blob range of the layers (floats)
 --   d.adamw_layer, d.adamw_global  tensor ranges {lo, hi, cls, len} (layer-
 --                     relative / absolute); cls 1 = weight matrix
@@ -547,7 +557,9 @@ function M.derive_training(d)
   d.part_width = math.max(d.D, d.E, d.HN, d.in_dim)
   d.red_threads = 256
   d.gnorm_blocks = 256
-  d.gate_hpw = derive.ceil_div(d.H, d.gate_warps)
+  d.gateb_warps = math.min(16, math.max(d.gate_warps, derive.ceil_div(d.H, 2)))
+  d.gateb_threads = 32 * d.gateb_warps
+  d.gate_hpw = derive.ceil_div(d.H, d.gateb_warps)
   derive.training_common(d, MATRIX)
   return d
 end

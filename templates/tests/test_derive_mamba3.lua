@@ -107,7 +107,7 @@ is(rl.bscan_tchunk, 16, "rl: checkpoint every 16 steps (16*1*16 = 256 floats per
 is(rl.bscan_smem_bytes, 4 * (17 * 64 + 16 * 64 + 17 * 32 + 16 * 32 + 8 * 16 + 4 * (3 * 64 + 4)), "rl: backward scan shared memory")
 is(rl.max_ckpts, 16, "rl: 256/16 checkpoints")
 is(rl.part_width, 512, "rl: widest partial row H*N")
-is(rl.gate_hpw, 2, "rl: 8 heads over 4 gate warps")
+is(rl.gateb_warps .. " " .. rl.gate_hpw, "4 2", "rl: the gate backward's 8 heads over 4 warps, 2 a warp")
 is(rl.grad_tol, 1e-4, "rl: f32 gradient tolerance")
 is(#rl.adamw_layer, 10, "rl: 10 tensor ranges per layer")
 is(#rl.adamw_global, 3, "rl: input_proj weight, bias, norm_f")

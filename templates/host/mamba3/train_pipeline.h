@@ -21,7 +21,7 @@ struct model_trainer {
     void *ws;
     /* state of the last forward_train */
     int have_fwd, batch, seqlen;
-    int ssm_in_last;   /* cs, dt, adt, lam, k, q (chunked: rbc) still hold the last layer's SSM inputs (forward_train's) */
+    int ssm_in_last;   /* cs, dt, adt, lam, k, q (chunked: rbc) and g still hold the last layer's (forward_train's) */
     const float *w;
     /* saved activations */
     float *h;      /* [L+1][MAX_TOKENS][D] residual stream at each layer input; [L] = norm_f input */
@@ -429,9 +429,10 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
     const size_t kq_rows = (size_t)batch * ((seqlen + 15) / 16);   /* rows of each half of part_kq */
 #endif
     const unsigned char *start = t->fwd_start;   /* and its episode starts */
-    /* The last layer's SSM inputs are still in the trainer's buffers when
-     * the forward was the last thing to write them: the backward walks
-     * the layers from the last, so that layer skips their recompute. Used
+    /* The last layer's SSM inputs, and its gated output g, are still in
+     * the trainer's buffers when the forward was the last thing to write
+     * them: the backward walks the layers from the last, so that layer
+     * skips their recompute (and the gate backward the store of g). Used
      * once (a second backward, or the next layers, recompute). */
     const int reuse_last = t->ssm_in_last;
     t->ssm_in_last = 0;
@@ -476,7 +477,10 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         /* out_proj and the gate */
         CHECK(mg_linear_dx(t->blas, tokens, D_MODEL, D_INNER, ACT, dhA, D_MODEL, wptr(law, L0_OUT_PROJ_W), D_INNER,
                            MG_F32, t->dg, D_INNER, 0.0f));
-        MG_CUDA(model_launch_gate_bwd(tokens, y_l, proj, ngw, t->dg, t->g, t->dy, t->dproj, t->part_rows, st));
+        /* (the last layer's g is still the forward's when reuse_last: the
+         * gate backward writes the same bits, so it skips them) */
+        MG_CUDA(model_launch_gate_bwd(tokens, y_l, proj, ngw, t->dg, reuse_last && l == N_LAYERS - 1 ? NULL : t->g,
+                                t->dy, t->dproj, t->part_rows, st));
 #if OUTPROJ_NORM
         MG_CUDA(model_launch_reduce_parts(t->part_rows, nrb, E, (int)E, gl + L0_NORM_GATE_W, st));
 #endif

@@ -3,8 +3,11 @@
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
 // Gate backward, NORMB_ROWS tokens per block, warp w handling heads w,
-// w+GATE_WARPS, ... (as the gate forward). Per (token, e), with dg = dL/dg:
-//   g  = y gw silu(z) recomputed with the forward's arithmetic (out_proj's dW input)
+// w+GATEB_WARPS, ... (the forward gate's map with the backward's block of
+// GATEB_WARPS warps: fewer heads a warp, fewer registers; each head's
+// arithmetic is the same whichever warp does it). Per (token, e), with dg = dL/dg:
+//   g  = y gw silu(z) recomputed with the forward's arithmetic (out_proj's dW input;
+//        g NULL: not written, the caller's buffer holds the forward's g already)
 //   dz = dg y gw silu'(z) -> dproj[:, OFF_Z + e]
 //   OUTPROJ_NORM (gw = r w, r = rms factor of the head's y): du = dg silu(z),
 //     dy = r w du - r^3/P y sum_p(du w y);  part_gw[blk][e] += du y r
@@ -22,7 +25,7 @@ __device__ __forceinline__ void warp_sum_each(float (&v)[K])
         for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(FULL_MASK, v[k], o);
 }
 
-__global__ void __launch_bounds__(GATE_THREADS)
+__global__ void __launch_bounds__(GATEB_THREADS)
 gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict__ proj,
                 const float *__restrict__ ngw, const float *__restrict__ dg,
                 act_t *__restrict__ g, float *__restrict__ dy, act_t *__restrict__ dproj,
@@ -34,13 +37,13 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
     // A head of this warp exists for every hi when the warps cover H
     // exactly: no test at all then (it would keep each head's loads behind
     // the previous head's work).
-#define GB_HEAD_OK(h) (H % GATE_WARPS == 0 || (h) < H)
+#define GB_HEAD_OK(h) (H % GATEB_WARPS == 0 || (h) < H)
     float acc[GATE_HPW][GATE_VPL], gwv[GATE_HPW][GATE_VPL];
 #pragma unroll
     for (int hi = 0; hi < GATE_HPW; ++hi)
 #pragma unroll
         for (int i = 0; i < GATE_VPL; ++i) {
-            const int h = warp + hi * GATE_WARPS, p = lane + 32 * i;
+            const int h = warp + hi * GATEB_WARPS, p = lane + 32 * i;
             acc[hi][i] = 0.0f;
             gwv[hi][i] = OUTPROJ_NORM && GB_HEAD_OK(h) && p < P ? ngw[h * P + p] : 0.0f;
         }
@@ -56,7 +59,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
         for (int hi = 0; hi < GATE_HPW; ++hi)
 #pragma unroll
             for (int i = 0; i < GATE_VPL; ++i) {
-                const int h = warp + hi * GATE_WARPS, p = lane + 32 * i;
+                const int h = warp + hi * GATEB_WARPS, p = lane + 32 * i;
                 const bool ok = GB_HEAD_OK(h) && p < P;
                 yh[hi][i] = ok ? yt[h * P + p] : 0.0f;
                 zh[hi][i] = ok ? to_f32(zt[h * P + p]) : 0.0f;
@@ -81,7 +84,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
         float du[GATE_HPW][GATE_VPL], dot[GATE_HPW];
 #pragma unroll
         for (int hi = 0; hi < GATE_HPW; ++hi) {
-            const int h = warp + hi * GATE_WARPS;
+            const int h = warp + hi * GATEB_WARPS;
             const float(&yv)[GATE_VPL] = yh[hi];
             const float r = rh[hi];
             dot[hi] = 0.0f;
@@ -95,7 +98,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
                     const float z = zh[hi][i];
                     const float sz = silu(z);
                     const float dgv = dgh[hi][i];
-                    g[tok * E + e] = from_f32<act_t>(yv[i] * gw * sz);
+                    if (g) g[tok * E + e] = from_f32<act_t>(yv[i] * gw * sz);
                     dproj[tok * NP + OFF_Z + e] = from_f32<act_t>(dgv * (yv[i] * gw) * dsilu(z));
                     du[hi][i] = dgv * sz;
                     if (OUTPROJ_NORM) {
@@ -111,7 +114,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
             warp_sum_each(dot);
 #pragma unroll
             for (int hi = 0; hi < GATE_HPW; ++hi) {
-                const int h = warp + hi * GATE_WARPS;
+                const int h = warp + hi * GATEB_WARPS;
                 const float r = rh[hi];
                 const float c3 = r * r * r * dot[hi] / (float)P;
 #pragma unroll
@@ -128,7 +131,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
     if (OUTPROJ_NORM) {
 #pragma unroll
         for (int hi = 0; hi < GATE_HPW; ++hi) {
-            const int h = warp + hi * GATE_WARPS;
+            const int h = warp + hi * GATEB_WARPS;
             if (!GB_HEAD_OK(h)) break;
 #pragma unroll
             for (int i = 0; i < GATE_VPL; ++i) {

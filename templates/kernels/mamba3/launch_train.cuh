@@ -89,7 +89,7 @@ extern "C" cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const float *y, const voi
                                            void *dproj, float *part_gw, cudaStream_t st)
 {
     const int blocks = (tokens + NORMB_ROWS - 1) / NORMB_ROWS;
-    gate_bwd_kernel<<<blocks, GATE_THREADS, 0, st>>>(tokens, y, static_cast<const act_t *>(proj),
+    gate_bwd_kernel<<<blocks, GATEB_THREADS, 0, st>>>(tokens, y, static_cast<const act_t *>(proj),
                                                      norm_gate_w, dg, static_cast<act_t *>(g), dy,
                                                      static_cast<act_t *>(dproj), part_gw);
     return cudaGetLastError();

@@ -53,6 +53,8 @@ cudaError_t MG_LAUNCH(colsum_part)(int rows, int width, const float *x, float *p
  * part is scratch (overwritten when nparts > RED_PART_GROUP). */
 cudaError_t MG_LAUNCH(reduce_parts)(float *part, int nparts, size_t pstride, int n,
                                     float *out, cudaStream_t st);
+/* The gate's backward: dy, dz (into dproj), the gate norm's partial rows,
+ * and g recomputed for out_proj's weight gradient (g NULL: not written). */
 cudaError_t MG_LAUNCH(gate_bwd)(int tokens, const float *y, const void *proj,
                                 const float *norm_gate_w, const float *dg, void *g, float *dy,
                                 void *dproj, float *part_gw, cudaStream_t st);
