@@ -5,11 +5,13 @@
 # bench_build SPEC DIR: the package of SPEC into DIR and its bench program
 # DIR/NAME_bench built (log in DIR/build.log); on failure says why and
 # returns 1. $BENCH_TEMPLATES, when set, is the template tree to generate
-# from (mamba-gen --templates) instead of the embedded one.
+# from (mamba-gen --templates) instead of the embedded one; $BENCH_NVCCFLAGS,
+# when set, replaces the package's NVCCFLAGS (-O3), e.g. "-O3 -lineinfo".
 bench_build() {
   _name=$(basename "$1" .yaml)
   "$MG" -q ${BENCH_TEMPLATES:+--templates "$BENCH_TEMPLATES"} "$1" -o "$2" || return 1
   if ! make -s -C "$2" "${_name}_bench" NVCC="${NVCC:-nvcc}" CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" \
+       ${BENCH_NVCCFLAGS:+"NVCCFLAGS=$BENCH_NVCCFLAGS"} \
        MG_RUNTIME_CFLAGS="$MG_RUNTIME_CFLAGS" MG_RUNTIME_LIBS="$MG_RUNTIME_LIBS" >"$2/build.log" 2>&1; then
     echo "bench: build of $_name failed:"; tail -30 "$2/build.log"; return 1
   fi

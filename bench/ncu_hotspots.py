@@ -38,6 +38,11 @@ def find(header, *words, avoid=()):
     return -1
 
 
+def reason_name(header):
+    """A per-reason stall column's name without ncu's prefixes ("stall_long_sb" -> "long_sb")."""
+    return re.sub(r"(?i)^(warp )?stall(s)?[_ ]*(sampling)?[_ ]*", "", header).strip(" ()") or header
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--top", type=int, default=25, help="instructions to list (default 25)")
@@ -79,8 +84,7 @@ def main():
         if n <= 0:
             break
         top = sorted(((number(r[i]), header[i]) for i in reasons), reverse=True)[:3]
-        why = ", ".join("%s %d" % (re.sub(r"(?i)^(warp )?stall(s)?[_ ]*(sampling)?[_ ]*", "", h).strip(" ()") or h, v)
-                        for v, h in top if v > 0)
+        why = ", ".join("%s %d" % (reason_name(h), v) for v, h in top if v > 0)
         print("%5.1f%%  %-10s  %-48s  %s" % (100.0 * n / total, r[addr] if addr >= 0 else "", r[src].strip()[:48], why))
     ops = {}
     for r in body:

@@ -19,9 +19,13 @@
 # matching REGEX in each row under `ncu --set full --import-source yes`
 # (every section, PC sampling), kept as $BENCH_OUT/profile-NAME-I.ncu-rep
 # for the Nsight Compute GUI, with two text digests beside it: its details
-# page (-I.details.txt: speed of light, occupancy, warp state, memory) and
+# page (-I.details.txt: speed of light, occupancy, warp state, memory),
 # bench/ncu_hotspots.py over its SASS source page (-I.hotspots.txt: the
-# instructions where the warps wait, and on what).
+# instructions where the warps wait, and on what) and bench/ncu_lines.py
+# over its CUDA source page correlated with the SASS (-I.lines.txt: the
+# samples per source line and per phase, the regions between the kernels'
+# phase marker comments). The bench program is built with -lineinfo for
+# this (line tables only: the same machine code).
 #
 # ROWS: row labels "WHAT bBATCH TSEQLEN" as the bench names them (the CSV's
 # what, batch and seqlen columns), separated by ';' (a label matches where it
@@ -45,7 +49,7 @@ fi
 name=$(basename "$spec" .yaml)
 dir=$out/$name
 mkdir -p "$out"
-bench_build "$spec" "$dir" || exit 1
+BENCH_NVCCFLAGS=${BENCH_NVCCFLAGS:-"-O3 -lineinfo"} bench_build "$spec" "$dir" || exit 1
 bin=$dir/${name}_bench
 # The ceilings of this GPU (the program prints them before any row; no row
 # has this label, so it stops there).
@@ -81,6 +85,10 @@ for row in $rows; do
       echo "-- $PROFILE_KERNEL in '$row': $rep.ncu-rep, $rep.details.txt"
       python3 "$here/ncu_hotspots.py" "$rep.sass.csv" > "$rep.hotspots.txt" 2>&1
       head -n 32 "$rep.hotspots.txt"
+      "$ncu" --import "$rep.ncu-rep" --page source --print-source cuda,sass --csv > "$rep.lines.csv" 2>&1
+      python3 "$here/ncu_lines.py" --src-dir "$dir" "$rep.lines.csv" > "$rep.lines.txt" 2>&1
+      echo "-- by phase and source line ($rep.lines.txt):"
+      head -n 48 "$rep.lines.txt"
     else
       echo "profile: ncu captured no kernel matching '$PROFILE_KERNEL' in row '$row' ($rep.log):"
       tail -n 5 "$rep.log"
