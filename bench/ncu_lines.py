@@ -9,9 +9,11 @@ hundreds of them spread over inlined helpers, so this sums the warp-stall
 samples of every SASS instruction per CUDA source line, and per region:
 the lines from one phase marker comment to the next in the same file.
 
-A marker is a comment line naming a phase, as the kernels write them:
+A marker is a comment line naming a phase by a letter or a number, as the
+kernels write them:
     // ---- A: stage the chunk (rows past the sequence end are zeros) ----
     // B: cumulative decay and weights (warp 0, fixed order). The caller
+    // ---- 4: x_proj: this block's partials, then the cluster's sums ----
 (--marker REGEX overrides the pattern; its last group, or the whole match,
 is the title). Lines before a file's first marker count as "FILE (top)".
 The markers are read from the source files themselves (comments have no
@@ -26,7 +28,9 @@ followed by its SASS rows (first cell empty, then address and instruction,
 then the counters). Only the SASS rows are summed (the source line's own
 row repeats their sums). A page without SASS rows, without a sample
 column or without samples says so and exits 1, so the raw CSV stays the
-record. Standard library only."""
+record. An inlined helper's instructions count where the helper is written
+(its own lines and region), not at the phase that called it. Standard
+library only."""
 
 import argparse
 import csv
@@ -37,7 +41,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ncu_hotspots import find, number, reason_name  # noqa: E402  (one reading of ncu's cells and headers)
 
-MARKER = r"^\s*//\s*(?:-{2,}\s*)?([A-Z][0-9]?:\s*.*?)\s*(?:-{2,})?\s*$"
+MARKER = r"^\s*//\s*(?:-{2,}\s*)?([A-Z0-9][0-9]?:\s*.*?)\s*(?:-{2,})?\s*$"
 
 
 def read_page(path):

@@ -414,7 +414,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     dec_prefetch_step(w, wg, conv_state, ssm_state, batch, b0, ns, e0);
 
     if constexpr (DEC_IN_DIM > 0) {
-        // h = u . input_proj.weight^T + input_proj.bias (f32, every block)
+        // ---- I: h = u . input_proj.weight^T + input_proj.bias (f32, every block) ----
         __shared__ __align__(16) float s_u[SEQS][DEC_IN_COLS];
         for (int i = tid; i < ns * DEC_IN_DIM; i += DEC_THREADS)
             s_u[i / DEC_IN_COLS][i % DEC_IN_COLS] = u[(size_t)b0 * DEC_IN_DIM + i];   // DEC_IN_COLS == DEC_IN_DIM here
@@ -431,7 +431,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     for (int l = 0; l < N_LAYERS; ++l) {
         const float *lw = w + (size_t)l * DOFF_LAYER_STRIDE;
         const act_t *lg = wg + (size_t)l * DOFF_LAYER_STRIDE;
-        // This layer's states of stream b0 (stream b0 + s: + s * the per-stream size)
+        // ---- L: this layer's states of stream b0 (stream b0 + s: + s * the per-stream size) ----
         float *cs = conv_state ? conv_state + ((size_t)l * batch + b0) * ((size_t)E * (K - 1)) : nullptr;
         float *ss = ssm_state ? ssm_state + ((size_t)l * batch + b0) * ((size_t)E * N) : nullptr;
 
@@ -476,7 +476,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             nwv[i] = j < D ? lw[DL0_NORM_W + j] : 0.0f;
         }
 
-        // 1. hn = rmsnorm(h) * norm.weight
+        // ---- 1: hn = rmsnorm(h) * norm.weight ----
         {
             float rs[SEQS];
             dec_rms_scales(s_h, ns, s_red, rs);
@@ -491,10 +491,10 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             }
         }
         __syncthreads();
-        // 2. x | z of the block's channels
+        // ---- 2: x | z of the block's channels ----
         gin.run<D>(&s_hn[0][0], ns, [&](int s, int r, float acc) { s_xz[s][r] = round_act(acc); }, true);
         __syncthreads();
-        // 3. conv step, conv state in place
+        // ---- 3: conv step, conv state in place ----
         float xv[SEQS];
 #pragma unroll
         for (int s = 0; s < SEQS; ++s) {
@@ -514,7 +514,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             }
         }
         __syncthreads();
-        // 4. x_proj: this block's partials, then the cluster's sums in rank order
+        // ---- 4: x_proj: this block's partials, then the cluster's sums in rank order ----
         gx.run<DEC_EC>(&s_xc[0][0], ns, [&](int s, int r, float acc) { s_xpart[s][r] = acc; }, true);
         cluster.sync();
         for (int i = tid; i < ns * XP; i += DEC_THREADS) {
@@ -524,7 +524,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             s_dbl[i / XP][i % XP] = round_act(acc);
         }
         __syncthreads();
-        // 5. dt_proj + softplus, scan step (ssm state in place), gate
+        // ---- 5: dt_proj + softplus, scan step (ssm state in place), gate ----
 #pragma unroll
         for (int s = 0; s < SEQS; ++s) {
             if (s >= ns) continue;
@@ -558,7 +558,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             if (cvalid && lane == 0) s_g[s][cl] = round_act(y * silu(z));
         }
         __syncthreads();
-        // 6. out_proj: this block's partials, then h += the cluster's sums in rank order
+        // ---- 6: out_proj: this block's partials, then h += the cluster's sums in rank order ----
         go.run<DEC_EC>(&s_g[0][0], ns, [&](int s, int r, float acc) { s_pout[s][r] = acc; }, true);
         cluster.sync();
         for (int i = tid; i < ns * D; i += DEC_THREADS) {
@@ -570,7 +570,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         __syncthreads();
     }
 
-    // out = rmsnorm(h) * norm_f.weight (f32), written by rank 0
+    // ---- F: out = rmsnorm(h) * norm_f.weight (f32), written by rank 0 ----
     if (rank == 0) {
         float rs[SEQS];
         dec_rms_scales(s_h, ns, s_red, rs);
