@@ -281,6 +281,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
     for (int c = c_hi - 1; c >= c_lo; --c) {
         const int t0 = c * BCK;
         const int nt = min(BCK, seqlen - t0);
+        // ---- A: stage the chunk (B | C rows; xc, delta, dy, softplus' of the block's channels) ----
         __syncthreads();   // the previous chunk is done reading sBC, sIn
         for (int i = threadIdx.x; i < nt * 2 * N; i += BW_THREADS) {
             const int tt = i / (2 * N), k = i % (2 * N);
@@ -296,7 +297,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
         // computes, so that its staging waits on L2 rather than on memory
         // (prefetch hints: nothing is waited for, no value changes).
         if (c > c_lo) bwd_prefetch_chunk(c - 1, row0, b, nck, xc, dt, dbl, dy, ckpt);
-        // Recompute the chunk's states from its checkpoint (forward arithmetic).
+        // ---- B: recompute the chunk's states from its checkpoint (forward arithmetic) ----
         float s0[BW_NPT], hs[BCK][BW_NPT];
         const float *cp = ckpt + (((b * nck + c) * E + ec) * N) + lane * BW_NPT;
 #pragma unroll
@@ -321,7 +322,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 }
             }
         }
-        // Walk the chunk in reverse.
+        // ---- C: walk the chunk in reverse ----
 #pragma unroll BWD_UNROLL
         for (int k = 0; k < BCK; ++k) if (BCK - 1 - k < nt) {   // steps past a partial chunk's end: none
             const int tt = BCK - 1 - k;
@@ -363,6 +364,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 dxc[row * E + e] = dx + dsk * dyv;
                 ddt[row * E + e] = from_f32<act_t>(draw);
             }
+            // ---- D: the step's dB | dC over the warp ----
             // dB, dC: sum over the warp's channels, then over the block's
             // warps in order. Within the warp a reduce-scatter: at each
             // channel-group offset a thread keeps half of its values, sends
@@ -400,6 +402,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                     }
                 }
             }
+            // ---- E: the group's dB | dC over the block's warps ----
             // The group's warp sums over the block's warps in order, one
             // row per step (the same sums as one step at a time): one
             // barrier per BWD_RED steps; red is double-buffered, so the next
@@ -419,6 +422,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             }
         }
     }
+    // ---- F: the span's partial sums of dA, dD, d dt_bias (and ds at its start) ----
     if (valid) {
         const size_t pa = (pb * E + e) * N + lane * BW_NPT;
         const size_t sb = (b * E + e) * N + lane * BW_NPT;
