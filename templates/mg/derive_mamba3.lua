@@ -480,7 +480,7 @@ end
 --   d.part_width      widest partial row: max(D, E, H*N, in_dim)
 --   d.red_threads     block of the elementwise / reduction kernels
 --   d.gnorm_blocks    first-stage blocks of the gradient norm and MSE sums
---   d.gateb_warps, d.gateb_threads  the gate backward's block: two heads a
+--   d.gateb_warps     the gate backward's block (warps): two heads a
 --                     warp, clamp(ceil(H/2), gate_warps, 16) warps. With the
 --                     forward gate's 4 warps each warp held ceil(H/4) heads'
 --                     values of every per-token array (mamba3_perf: 8 heads,
@@ -558,7 +558,6 @@ function M.derive_training(d)
   d.red_threads = 256
   d.gnorm_blocks = 256
   d.gateb_warps = math.min(16, math.max(d.gate_warps, derive.ceil_div(d.H, 2)))
-  d.gateb_threads = 32 * d.gateb_warps
   d.gate_hpw = derive.ceil_div(d.H, d.gateb_warps)
   derive.training_common(d, MATRIX)
   return d
