@@ -47,6 +47,21 @@ __device__ __forceinline__ double wrap_2pi(double th)
     return th;
 }
 
+// The cosine and sine (f32) of an angle th in [0, 2pi) (wrap_2pi's range),
+// for every rotation of the forward (the angle kernels, the fused chunked
+// kernel, decode; the backward reads the (cos, sin) the forward wrote): th
+// moved to [-pi, pi) in f64 (th - 2pi is exact there, Sterbenz's lemma),
+// rounded once to f32 (error <= 2^-24 pi, 1.9e-7) and taken by sincosf
+// (accurate libm, ~1 ulp). Why not f64 sincos rounded to f32 (error 6e-8):
+// one per (token, head, angle) bound the angle kernels by the f64 pipe, at
+// half the f32 rate on an H100 and far less on other parts; the running
+// angle itself stays f64, so nothing drifts with t (doc/math.md section 5).
+__device__ __forceinline__ void angle_cos_sin(double th, float &c, float &s)
+{
+    const double r = th >= PI_D ? th - TWO_PI_D : th;
+    sincosf((float)r, &s, &c);
+}
+
 // The rotation of one (even, odd) pair by the angle with cosine c, sine s;
 // the one expression of every kernel that rotates (angles_kernel here, the
 // training forward's prep_rot_kernel), so they give the same bits.
@@ -128,7 +143,7 @@ __device__ __forceinline__ double angle_slice_start(double th0, int t0, int t1, 
 // The walk of thread (a, sl)'s slice [t0, t1) from its starting angle th
 // (angle_slice_start): per token, the sum restarts at an episode start
 // (STARTS), adds inc(t) and wraps, and at(t, c, s) gets the angle's cosine
-// and sine (f64 sincos, rounded to f32). Returns the angle after the slice.
+// and sine (angle_cos_sin). Returns the angle after the slice.
 // The angle kernels of inference and training share it.
 template <bool STARTS, class Inc, class IsStart, class At>
 __device__ __forceinline__ double angle_slice_walk(double th, int t0, int t1, Inc inc, IsStart is_start, At at)
@@ -138,9 +153,9 @@ __device__ __forceinline__ double angle_slice_walk(double th, int t0, int t1, In
             if (is_start(t)) th = 0.0;   // a new episode: the sum restarts
         }
         th = wrap_2pi(th + inc(t));
-        double sd, cd;
-        sincos(th, &sd, &cd);
-        at(t, (float)cd, (float)sd);
+        float c, sn;
+        angle_cos_sin(th, c, sn);
+        at(t, c, sn);
     }
     return th;
 }

@@ -384,9 +384,8 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 }
                 th = th + PI_D * (double)s_tanh[i * S + aa] * (double)s_dt[i];
                 if (th < 0.0 || th >= TWO_PI_D) th = wrap_2pi(th);   // fmod is the identity on [0, 2pi)
-                double sd, cd;
-                sincos(th, &sd, &cd);
-                const float c = (float)cd, s = (float)sd;
+                float c, s;
+                angle_cos_sin(th, c, s);
                 op_t *kr = Ks + i * CK_LDN + n, *qr = Qs + i * CK_LDN + n;
                 const float k0 = to_f32(kr[0]) * s_rb[i] * bw0 + bb0, k1 = to_f32(kr[1]) * s_rb[i] * bw1 + bb1;
                 const float q0 = to_f32(qr[0]) * s_rc[i] * cw0 + cb0, q1 = to_f32(qr[1]) * s_rc[i] * cw1 + cb1;
