@@ -29,8 +29,14 @@ then the counters). Only the SASS rows are summed (the source line's own
 row repeats their sums). A page without SASS rows, without a sample
 column or without samples says so and exits 1, so the raw CSV stays the
 record. An inlined helper's instructions count where the helper is written
-(its own lines and region), not at the phase that called it. Standard
-library only."""
+(its own lines and region) in the first table; the second table counts
+them at the phase that called it, read from the code's layout: the SASS
+rows in address order, each row of a marked region sets the current phase
+and every other row (a file's top, a helper file without markers) counts
+for the current one. The compiler lays an inlined call out where it is
+called, so this is right for straight-line phases; a block it moved out of
+line (a cold path placed at the end) counts for the phase before it, which
+is why both tables are printed. Standard library only."""
 
 import argparse
 import csv
@@ -88,15 +94,24 @@ def markers(path, src_dir, pattern):
 
 
 def region(marks, name, line):
-    """The title of the last marker at or above line (the file's top before the first)."""
+    """(title, marked): the last marker at or above line, or the file's top
+    before the first (marked False: a helper's code, not a phase)."""
     if marks is None:
-        return "%s (source not found)" % name
-    title = "%s (top)" % name
+        return "%s (source not found)" % name, False
+    title, marked = "%s (top)" % name, False
     for ln, t in marks:
         if ln > line:
             break
-        title = "%s: %s" % (name, t)
-    return title
+        title, marked = "%s: %s" % (name, t), True
+    return title, marked
+
+
+def address(cell):
+    """An instruction's address (hex as ncu prints it); -1 where unreadable."""
+    try:
+        return int(cell.strip(), 16)
+    except ValueError:
+        return -1
 
 
 def main():
@@ -129,34 +144,50 @@ def main():
         return 1
     reasons = [i for i, name in enumerate(header)
                if i != samples and "stall" in name.lower() and "sampling" not in name.lower()]
+    addr = next((i for i, name in enumerate(header) if name.strip().lower() == "address"), -1)
+
+    def add(table, reasons_of_table, reg, n, r):
+        table[reg] = table.get(reg, 0.0) + n
+        acc = reasons_of_table.setdefault(reg, {})
+        for i in reasons:
+            acc[header[i]] = acc.get(header[i], 0.0) + number(r[i])
     total = sum(number(r[samples]) for _, _, _, r in items)
     if total <= 0:
         print("lines: no warp-stall samples in %s (was the kernel captured with --set full?)" % args.csv)
         return 1
 
-    per_line, per_region, why, marks = {}, {}, {}, {}
+    per_line, per_region, why, marks, placed = {}, {}, {}, {}, []
     for file, line, text, r in items:
         n = number(r[samples])
         key = (file, line)
         per_line[key] = (per_line.get(key, (0.0, text))[0] + n, text)
         if file not in marks:
             marks[file] = markers(file, args.src_dir, pattern)
-        reg = region(marks[file], os.path.basename(file), line)
-        per_region[reg] = per_region.get(reg, 0.0) + n
-        acc = why.setdefault(reg, {})
-        for i in reasons:
-            acc[header[i]] = acc.get(header[i], 0.0) + number(r[i])
+        reg, marked = region(marks[file], os.path.basename(file), line)
+        placed.append((address(r[addr]) if addr >= 0 else -1, reg, marked, r))
+        add(per_region, why, reg, n, r)
+
+    # the second table: every row at the phase whose code it is laid out in
+    per_caller, why_caller, current = {}, {}, "(before the first phase marker)"
+    for _, reg, marked, r in sorted(placed, key=lambda p: p[0]):
+        if marked:
+            current = reg
+        add(per_caller, why_caller, current, number(r[samples]), r)
 
     def reasons_of(acc):
         top = sorted(((v, h) for h, v in acc.items()), reverse=True)[:3]
         return ", ".join("%s %d" % (reason_name(h), v) for v, h in top if v > 0)
 
     print("%d SASS instructions on %d source lines, %d warp-stall samples" % (len(items), len(per_line), total))
-    print("\nper region (from one phase marker to the next):")
-    for reg, n in sorted(per_region.items(), key=lambda kv: -kv[1]):
-        if n <= 0:
-            break
-        print("%5.1f%%  %-72s  %s" % (100.0 * n / total, reg[:72], reasons_of(why[reg])))
+    for title, table, reasons_table in (
+            ("per region (from one phase marker to the next):", per_region, why),
+            ("per phase, inlined code at its caller (SASS in address order; see --help):",
+             per_caller, why_caller)):
+        print("\n" + title)
+        for reg, n in sorted(table.items(), key=lambda kv: -kv[1]):
+            if n <= 0:
+                break
+            print("%5.1f%%  %-72s  %s" % (100.0 * n / total, reg[:72], reasons_of(reasons_table[reg])))
     print("\nper source line:")
     for (file, line), (n, text) in sorted(per_line.items(), key=lambda kv: -kv[1][0])[:args.top]:
         if n <= 0:

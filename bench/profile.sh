@@ -88,7 +88,7 @@ for row in $rows; do
       "$ncu" --import "$rep.ncu-rep" --page source --print-source cuda,sass --csv > "$rep.lines.csv" 2>&1
       python3 "$here/ncu_lines.py" --src-dir "$dir" "$rep.lines.csv" > "$rep.lines.txt" 2>&1
       echo "-- by phase and source line ($rep.lines.txt):"
-      head -n 48 "$rep.lines.txt"
+      head -n 64 "$rep.lines.txt"
     else
       echo "profile: ncu captured no kernel matching '$PROFILE_KERNEL' in row '$row' ($rep.log):"
       tail -n 5 "$rep.log"
