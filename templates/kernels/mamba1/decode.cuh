@@ -104,6 +104,7 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
     const float x = to_f32(xc[b * E + ec]);
     const float delta = softplus(dtv + dt_bias[ec]);
     const float dx = delta * x;
+    const float dl = scan_l2e(delta);
     const float z = to_f32(xz[b * E2 + E + ec]);
     const size_t sb = (b * E + ec) * N + lane * SCAN_NPT;
     float y = 0.0f;
@@ -112,7 +113,7 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
         const int n = lane * SCAN_NPT + j;
         const float A = -expf(A_log[(size_t)ec * N + n]);
         float s = fresh ? 0.0f : state[sb + j];
-        s = expf(delta * A) * s + dx * sdbl[R + n];
+        s = scan_decay(dl, A) * s + dx * sdbl[R + n];
         y += s * sdbl[R + N + n];
         if (state && valid) state[sb + j] = s;
     }
@@ -538,13 +539,14 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             for (int o = DEC_LANES / 2; o > 0; o >>= 1) dtv += __shfl_xor_sync(FULL_MASK, dtv, o);
             const float delta = softplus(round_act(dtv) + dtb);
             const float dx = delta * xv[s];
+            const float dl = scan_l2e(delta);
             const float z = s_xz[s][DEC_EC + cl];
             float y = 0.0f;
 #pragma unroll
             for (int j = 0; j < DEC_NPT; ++j) {
                 const int n = lane * DEC_NPT + j;
                 const float A = -expf(alog[j]);
-                sv[s][j] = expf(delta * A) * sv[s][j] + dx * s_dbl[s][R + n];
+                sv[s][j] = scan_decay(dl, A) * sv[s][j] + dx * s_dbl[s][R + n];
                 y += sv[s][j] * s_dbl[s][R + N + n];
             }
             if (ss && cvalid) {

@@ -27,6 +27,28 @@
 // size_t without <stddef.h> (the tune candidates include no system header).
 typedef decltype(sizeof(0)) mg_size_t;
 
+// ---------------------------------------------------------------------------
+// The decay a = exp(delta A) of every Mamba-1 recurrence (forward scans,
+// combine, backward, decode), written once so that every path computes the
+// same bits: 2^((delta log2 e) A) by the SFU's ex2.approx.ftz.f32 (relative
+// error below 2^-22; a result under 2^-126 is flushed to 0, a decay that
+// small is 0 to f32 state sums anyway). Why not expf: the accurate expf is
+// seven FMA-pipe instructions around its one MUFU.EX2, and the scan issues
+// one decay per (step, channel, state): with d_state 64 those instructions
+// bound the chunked scan's two passes (doc/math.md §5). Why delta log2 e
+// first: it is one multiply per step and channel; the per-state work is one
+// multiply and the ex2. scan_l2e(delta) is that per-step factor; pass it
+// with A (unscaled: the backward needs A itself) to scan_decay.
+// ---------------------------------------------------------------------------
+constexpr float SCAN_LOG2E = 1.4426950408889634f;
+__device__ __forceinline__ float scan_l2e(float delta) { return delta * SCAN_LOG2E; }
+__device__ __forceinline__ float scan_decay(float l2e_delta, float A)
+{
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(l2e_delta * A));
+    return r;
+}
+
 // The most dt_proj columns (dt_rank) a fused-dt scan keeps in registers per
 // thread; mg/derive_mamba1.lua fuses only up to this (SCAN_FDT_RMAX there).
 constexpr int SCAN_FDT_RMAX = 16;
@@ -123,8 +145,9 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
         dg[u] = delta;
         dxg[u] = delta * x;
         zg[u] = OUT ? sBC[tt][2 * N + 2 * ch + c] : 0.0f;   // silu(z)
+        const float dl = scan_l2e(delta);
 #pragma unroll
-        for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) ag[u][j] = expf(delta * A[j]);
+        for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) ag[u][j] = scan_decay(dl, A[j]);
     }
     float yg[U];
 #pragma unroll
@@ -376,7 +399,7 @@ chunk_state_body(int seqlen, int nc, const act_t *__restrict__ xc, const act_t *
 // One step of the chunk-state combine: the state entering chunk c+1 from
 // the one entering chunk c (s), chunk c's sum of delta (ds: +INFINITY when
 // it holds a start, ST) and its local end state (*nx): a s + *nx, a =
-// exp(A ds), or *nx alone after a start. Shared by chunk_combine_body and
+// exp(A ds) (scan_decay), or *nx alone after a start. Shared by chunk_combine_body and
 // the self-combining output blocks (chunk_output_body<SELF>), so both give
 // the same bits.
 template <bool ST>
@@ -384,7 +407,7 @@ __device__ __forceinline__ float combine_step(float s, float A, float ds, const 
 {
     if (ST && ds == __int_as_float(0x7f800000))   // the chunk holds a start
         return *nx;
-    return expf(A * ds) * s + *nx;
+    return scan_decay(scan_l2e(ds), A) * s + *nx;
 }
 
 template <bool ST = false, class Dm>

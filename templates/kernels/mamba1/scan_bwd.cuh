@@ -311,13 +311,14 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 const float x = sIn[tt][0][ci];
                 const float delta = sIn[tt][1][ci];
                 const float dx = delta * x;
+                const float dl = scan_l2e(delta);
                 if (ST && start_at(sw, tt)) {
 #pragma unroll
                     for (int j = 0; j < BW_NPT; ++j) s[j] = 0.0f;
                 }
 #pragma unroll
                 for (int j = 0; j < BW_NPT; ++j) {
-                    s[j] = expf(delta * A[j]) * s[j] + dx * sBC[tt][lane * BW_NPT + j];
+                    s[j] = scan_decay(dl, A[j]) * s[j] + dx * sBC[tt][lane * BW_NPT + j];
                     hs[tt][j] = s[j];
                 }
             }
@@ -332,6 +333,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             const float delta = sIn[tt][1][ci];
             const float dyv = sIn[tt][2][ci];   // 0 for padding channels
             const bool cut = ST && start_at(sw, tt);   // an episode starts at this step
+            const float dl = scan_l2e(delta);
             float dd = 0.0f, dx = 0.0f, cb[BW_NPT], cc[BW_NPT];
 #pragma unroll
             for (int j = 0; j < BW_NPT; ++j) {
@@ -344,7 +346,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 // the constant 0 (gda = 0) and no adjoint is carried to t-1
                 // (one select for both; gda's zero may then carry sprev's sign,
                 // which the sums below, starting from +0, never keep)
-                const float a = cut ? 0.0f : expf(delta * A[j]);
+                const float a = cut ? 0.0f : scan_decay(dl, A[j]);
                 const float gda = dsn * sprev * a * A[j];
                 dd += gda + dsn * Bn * x;
                 gA[j] += gda * delta;
@@ -498,19 +500,20 @@ scan_bwd_span_kernel(int seqlen, const act_t *__restrict__ dt, const act_t *__re
         for (int tt = nt - 1; tt >= 0; --tt) {
             const float delta = softplus(sIn[tt][1][ci] + dtb);
             const float dyv = sIn[tt][2][ci];
+            const float dl = scan_l2e(delta);
             dsum += delta;
             const bool st = ST && start_at(sw, tt);   // a start: the adjoint carried to t-1 is 0
             cut = cut || st;
 #pragma unroll
             for (int j = 0; j < SPAN_NPT; ++j)
-                ds[j] = (ds[j] + dyv * sC[tt][lane * SPAN_NPT + j]) * (st ? 0.0f : expf(delta * A[j]));
+                ds[j] = (ds[j] + dyv * sC[tt][lane * SPAN_NPT + j]) * (st ? 0.0f : scan_decay(dl, A[j]));
         }
     }
     if (valid) {
         const size_t o = (((b * gridDim.z + z) * E) + e) * N + lane * SPAN_NPT;
 #pragma unroll
         for (int j = 0; j < SPAN_NPT; ++j) {
-            span_p[o + j] = (ST && cut) ? 0.0f : expf(A[j] * dsum);
+            span_p[o + j] = (ST && cut) ? 0.0f : scan_decay(scan_l2e(dsum), A[j]);
             span_ds[o + j] = ds[j];
         }
     }
