@@ -3,6 +3,10 @@
 // (NAME_common.cuh). #included by NAME_kernels.cu after its anonymous
 // namespace (C linkage), so it includes nothing itself; the launchers of
 // optional kernels exist with them (MG_M1_* of NAME_common.cuh).
+// A kernel (or launch helper) with an episode-start parameter comes in two
+// instances: `start ? k<true> : k<false>` picks the one for this call and
+// the single launch passes start as given, NULL exactly when the maskless
+// instance runs, so each argument list is written once.
 
 // ===========================================================================
 // Launchers (C linkage, prototypes in NAME.h under NAME_INTERNAL).
@@ -28,9 +32,8 @@ extern "C" cudaError_t MG_LAUNCH(conv)(int batch, int seqlen, const void *xz, co
                                 void *xc, const unsigned char *reset, const unsigned char *start,
                                 cudaStream_t stream)
 {
-    return start ? conv_launch<true>(batch, seqlen, xz, conv_w, conv_b, state_in, state_out, xc, reset, start, stream)
-                 : conv_launch<false>(batch, seqlen, xz, conv_w, conv_b, state_in, state_out, xc, reset, nullptr,
-                                      stream);
+    const auto launch = start ? conv_launch<true> : conv_launch<false>;
+    return launch(batch, seqlen, xz, conv_w, conv_b, state_in, state_out, xc, reset, start, stream);
 }
 
 #if MG_M1_CONV_XPROJ
@@ -57,16 +60,11 @@ extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *xc, co
                                 const unsigned char *start, cudaStream_t stream)
 {
     const dim3 grid(batch, SCAN_BLOCKS);
-    if (start)
-        scan_kernel<true, SCAN_FUSE_DT><<<grid, SCAN_THREADS, 0, stream>>>(
-            seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
-            static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
-            state_in, state_out, static_cast<act_t *>(g), reset, start);
-    else
-        scan_kernel<false, SCAN_FUSE_DT><<<grid, SCAN_THREADS, 0, stream>>>(
-            seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
-            static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
-            state_in, state_out, static_cast<act_t *>(g), reset, nullptr);
+    const auto kernel = start ? scan_kernel<true, SCAN_FUSE_DT> : scan_kernel<false, SCAN_FUSE_DT>;
+    kernel<<<grid, SCAN_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+        static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+        state_in, state_out, static_cast<act_t *>(g), reset, start);
     return cudaGetLastError();
 }
 
@@ -171,10 +169,8 @@ extern "C" cudaError_t MG_LAUNCH(scan_chunk_states)(int batch, int seqlen, const
                                              const float *state_in, float *cstate, float *dsum,
                                              const unsigned char *start, cudaStream_t stream)
 {
-    return start ? chunk_states_launch<true, false>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum,
-                                             nullptr, start, stream)
-                 : chunk_states_launch<false, false>(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum,
-                                              nullptr, nullptr, stream);
+    const auto launch = start ? chunk_states_launch<true, false> : chunk_states_launch<false, false>;
+    return launch(batch, seqlen, xc, dt, dbl, dt_bias, A_log, state_in, cstate, dsum, nullptr, start, stream);
 }
 
 template <bool ST>
@@ -219,9 +215,8 @@ extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void
                                         float *dsum, void *g, const unsigned char *reset,
                                         const unsigned char *start, cudaStream_t stream)
 {
-    return start ? scan_chunked_launch<true>(batch, seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, state_in,
-                                             state_out, cstate, dsum, g, reset, start, stream)
-                 : scan_chunked_launch<false>(batch, seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, state_in,
-                                              state_out, cstate, dsum, g, reset, nullptr, stream);
+    const auto launch = start ? scan_chunked_launch<true> : scan_chunked_launch<false>;
+    return launch(batch, seqlen, xc, dt, dbl, xz, dt_bias, A_log, Dskip, state_in, state_out, cstate, dsum, g, reset,
+                  start, stream);
 }
 #endif

@@ -4,6 +4,10 @@
 // anonymous namespace (C linkage), so it includes nothing itself. (The
 // launchers of the kernels every arch shares stay in
 // templates/common/train_optim.cu.tmpl.)
+// A kernel (or launch helper) with an episode-start parameter comes in two
+// instances: `start ? k<true> : k<false>` picks the one for this call and
+// the single launch passes start as given, NULL exactly when the maskless
+// instance runs, so each argument list is written once.
 
 // Blocks of a grid-stride kernel over n elements (at most 4096).
 static unsigned grid_for(size_t n)
@@ -32,13 +36,9 @@ extern "C" cudaError_t MG_LAUNCH(conv_fwd)(int batch, int seqlen, const void *xz
 {
     const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
     const dim3 grid((unsigned)batch * ntiles, CONV_BLOCKS);
-    if (start)
-        conv_fwd_kernel<true><<<grid, CONV_THREADS, 0, st>>>(
-            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, state, cs0, static_cast<act_t *>(xc), start);
-    else
-        conv_fwd_kernel<false><<<grid, CONV_THREADS, 0, st>>>(
-            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, state, cs0, static_cast<act_t *>(xc),
-            nullptr);
+    const auto kernel = start ? conv_fwd_kernel<true> : conv_fwd_kernel<false>;
+    kernel<<<grid, CONV_THREADS, 0, st>>>(
+        seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, state, cs0, static_cast<act_t *>(xc), start);
     return cudaGetLastError();
 }
 
@@ -62,16 +62,11 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, int chunked, c
     (void)dsum;
 #endif
     const dim3 grid(batch, SCAN_BLOCKS, nc);
-    if (start)
-        scan_fwd_kernel<true><<<grid, SCAN_THREADS, 0, st>>>(
-            seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
-            static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
-            state_in, cstate, state_out, ckpt, static_cast<act_t *>(y), static_cast<act_t *>(g), start);
-    else
-        scan_fwd_kernel<false><<<grid, SCAN_THREADS, 0, st>>>(
-            seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
-            static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
-            state_in, cstate, state_out, ckpt, static_cast<act_t *>(y), static_cast<act_t *>(g), nullptr);
+    const auto kernel = start ? scan_fwd_kernel<true> : scan_fwd_kernel<false>;
+    kernel<<<grid, SCAN_THREADS, 0, st>>>(
+        seqlen, nc, static_cast<const act_t *>(xc), static_cast<const act_t *>(dt),
+        static_cast<const act_t *>(dbl), static_cast<const act_t *>(xz), dt_bias, A_log, Dskip,
+        state_in, cstate, state_out, ckpt, static_cast<act_t *>(y), static_cast<act_t *>(g), start);
     return cudaGetLastError();
 }
 
@@ -153,10 +148,9 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, int nspans, co
                                       float *part_D, float *part_dtb, float *span_p, float *span_ds,
                                       float *dss, const unsigned char *start, cudaStream_t st)
 {
-    return start ? scan_bwd_launch<true>(batch, seqlen, nspans, xc, dt, dbl, dt_bias, A_log, Dskip, ckpt, dy, dxc,
-                                         ddt, part_bc, part_A, part_D, part_dtb, span_p, span_ds, dss, start, st)
-                 : scan_bwd_launch<false>(batch, seqlen, nspans, xc, dt, dbl, dt_bias, A_log, Dskip, ckpt, dy, dxc,
-                                          ddt, part_bc, part_A, part_D, part_dtb, span_p, span_ds, dss, nullptr, st);
+    const auto launch = start ? scan_bwd_launch<true> : scan_bwd_launch<false>;
+    return launch(batch, seqlen, nspans, xc, dt, dbl, dt_bias, A_log, Dskip, ckpt, dy, dxc, ddt, part_bc, part_A, part_D,
+                  part_dtb, span_p, span_ds, dss, start, st);
 }
 
 extern "C" cudaError_t MG_LAUNCH(bc_reduce)(int tokens, const float *part_bc, void *ddbl, cudaStream_t st)
@@ -175,14 +169,10 @@ extern "C" cudaError_t MG_LAUNCH(conv_bwd)(int batch, int seqlen, const void *xz
 {
     const int ntiles = (seqlen + CONV_TILE - 1) / CONV_TILE;
     const dim3 grid((unsigned)batch * ntiles, CONV_BLOCKS);
-    if (start)
-        conv_bwd_kernel<true><<<grid, CONV_THREADS, 0, st>>>(
-            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
-            part_w, part_b, start);
-    else
-        conv_bwd_kernel<false><<<grid, CONV_THREADS, 0, st>>>(
-            seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
-            part_w, part_b, nullptr);
+    const auto kernel = start ? conv_bwd_kernel<true> : conv_bwd_kernel<false>;
+    kernel<<<grid, CONV_THREADS, 0, st>>>(
+        seqlen, ntiles, static_cast<const act_t *>(xz), cw, cb, cs0, dxc, static_cast<act_t *>(dxz), dcs,
+        part_w, part_b, start);
     return cudaGetLastError();
 }
 

@@ -3,6 +3,10 @@
 // them NAME_launch_fn). Argument ranges are checked by the host pipeline
 // before any launch. Included by NAME_kernels.cu after its anonymous
 // namespace (the kernels): it includes nothing itself.
+// A kernel (or launch helper) with an episode-start parameter comes in two
+// instances: `start ? k<true> : k<false>` picks the one for this call and
+// the single launch passes start as given, NULL exactly when the maskless
+// instance runs, so each argument list is written once.
 
 extern "C" cudaError_t MG_LAUNCH(prep)(int tokens, const void *proj, const float *dt_bias,
                                        const float *B_norm_w, const float *C_norm_w, const float *B_bias,
@@ -23,12 +27,9 @@ extern "C" cudaError_t MG_LAUNCH(angles)(int batch, int seqlen, const void *proj
                                          cudaStream_t stream)
 {
     const dim3 grid(ANGLE_BLOCKS, batch);
-    if (start)
-        angles_kernel<true><<<grid, ANGLE_THREADS, 0, stream>>>(
-            seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, nullptr, reset, start);
-    else
-        angles_kernel<false><<<grid, ANGLE_THREADS, 0, stream>>>(
-            seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, nullptr, reset, nullptr);
+    const auto kernel = start ? angles_kernel<true> : angles_kernel<false>;
+    kernel<<<grid, ANGLE_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(proj), dt, angle_in, angle_out, k, q, nullptr, reset, start);
     return cudaGetLastError();
 }
 
@@ -40,14 +41,10 @@ extern "C" cudaError_t MG_LAUNCH(scan)(int batch, int seqlen, const void *proj, 
                                        cudaStream_t stream)
 {
     const dim3 grid(H, batch);
-    if (start)
-        scan_kernel<true><<<grid, SCAN_THREADS, 0, stream>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-            ssm_out, kp_out, vp_out, y, reset, start);
-    else
-        scan_kernel<false><<<grid, SCAN_THREADS, 0, stream>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-            ssm_out, kp_out, vp_out, y, reset, nullptr);
+    const auto kernel = start ? scan_kernel<true> : scan_kernel<false>;
+    kernel<<<grid, SCAN_THREADS, 0, stream>>>(
+        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+        ssm_out, kp_out, vp_out, y, reset, start);
     return cudaGetLastError();
 }
 
@@ -79,14 +76,10 @@ extern "C" cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void
     if (attr != cudaSuccess) return attr;
     if (attr_st != cudaSuccess) return attr_st;
     const dim3 grid(H, batch);
-    if (start)
-        scan_chunked_kernel<true><<<grid, CK_THREADS, CK_SMEM_BYTES, stream>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-            ssm_out, kp_out, vp_out, y, NULL, 0, 0, start);
-    else
-        scan_chunked_kernel<false><<<grid, CK_THREADS, CK_SMEM_BYTES, stream>>>(
-            seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-            ssm_out, kp_out, vp_out, y, NULL, 0, 0, nullptr);
+    const auto kernel = start ? scan_chunked_kernel<true> : scan_chunked_kernel<false>;
+    kernel<<<grid, CK_THREADS, CK_SMEM_BYTES, stream>>>(
+        seqlen, static_cast<const act_t *>(proj), k, q, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+        ssm_out, kp_out, vp_out, y, NULL, 0, 0, start);
     return cudaGetLastError();
 }
 #endif
@@ -173,12 +166,8 @@ extern "C" cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, vo
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     sg.aux = aux;
-    if (start)
-        return fused_launch<true>(batch, seqlen, sg, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip,
-                                  norm_gate_w, ssm_in, kp_in, vp_in, angle_in, ssm_out, kp_out, vp_out, angle_out,
-                                  ga, start, stream);
-    return fused_launch<false>(batch, seqlen, sg, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip,
-                               norm_gate_w, ssm_in, kp_in, vp_in, angle_in, ssm_out, kp_out, vp_out, angle_out,
-                               ga, nullptr, stream);
+    const auto launch = start ? fused_launch<true> : fused_launch<false>;
+    return launch(batch, seqlen, sg, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, ssm_in, kp_in,
+                  vp_in, angle_in, ssm_out, kp_out, vp_out, angle_out, ga, start, stream);
 }
 #endif

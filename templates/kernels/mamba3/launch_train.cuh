@@ -4,6 +4,10 @@
 // twin has the same job end in _train). Arguments are checked by
 // NAME_train.c before any launch. Included by NAME_backward.cu after its
 // anonymous namespace (the kernels): it includes nothing itself.
+// A kernel (or launch helper) with an episode-start parameter comes in two
+// instances: `start ? k<true> : k<false>` picks the one for this call and
+// the single launch passes start as given, NULL exactly when the maskless
+// instance runs, so each argument list is written once.
 // The per-head k', q' buffers (void * in the C prototypes: their element
 // type is kq_t, the storage type) as the kernels take them.
 static inline const kq_t *kq_ptr(const void *p) { return static_cast<const kq_t *>(p); }
@@ -39,12 +43,9 @@ extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void
 {
     // start [batch][seqlen] (NULL: none): the kernels' STARTS instance only
     // when a mask is given, here and below
-    if (start)
-        angles_cs_kernel<true><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
-            seqlen, static_cast<const act_t *>(proj), dt_bias, angle_in, angle_out, cs, start);
-    else
-        angles_cs_kernel<false><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
-            seqlen, static_cast<const act_t *>(proj), dt_bias, angle_in, angle_out, cs, nullptr);
+    const auto kernel = start ? angles_cs_kernel<true> : angles_cs_kernel<false>;
+    kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
+        seqlen, static_cast<const act_t *>(proj), dt_bias, angle_in, angle_out, cs, start);
     return cudaGetLastError();
 }
 
@@ -55,14 +56,10 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *pr
                                            float *kp_out, float *vp_out, float *ckpt, float *y,
                                            const unsigned char *start, cudaStream_t st)
 {
-    if (start)
-        scan_fwd_kernel<true><<<dim3(H, batch), BTHREADS, 0, st>>>(
-            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-            ssm_out, kp_out, vp_out, ckpt, y, start);
-    else
-        scan_fwd_kernel<false><<<dim3(H, batch), BTHREADS, 0, st>>>(
-            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
-            ssm_out, kp_out, vp_out, ckpt, y, nullptr);
+    const auto kernel = start ? scan_fwd_kernel<true> : scan_fwd_kernel<false>;
+    kernel<<<dim3(H, batch), BTHREADS, 0, st>>>(
+        seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ssm_in, kp_in, vp_in,
+        ssm_out, kp_out, vp_out, ckpt, y, start);
     return cudaGetLastError();
 }
 
@@ -103,14 +100,10 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *pr
                                            float *part_D, float *dssm0, float *dkp0, float *dvp0,
                                            const unsigned char *start, cudaStream_t st)
 {
-    if (start)
-        scan_bwd_kernel<true><<<dim3(H, batch), BTHREADS, 0, st>>>(
-            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
-            dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, start);
-    else
-        scan_bwd_kernel<false><<<dim3(H, batch), BTHREADS, 0, st>>>(
-            seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
-            dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, nullptr);
+    const auto kernel = start ? scan_bwd_kernel<true> : scan_bwd_kernel<false>;
+    kernel<<<dim3(H, batch), BTHREADS, 0, st>>>(
+        seqlen, static_cast<const act_t *>(proj), kq_ptr(k), kq_ptr(q), dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, dk, dq,
+        dv, dadt, ddt, dlam, part_D, dssm0, dkp0, dvp0, start);
     return cudaGetLastError();
 }
 
@@ -148,16 +141,11 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
         : cudaSuccess;
     if (carve != cudaSuccess) return carve;
     if (carve_st != cudaSuccess) return carve_st;
-    if (start)
-        scan_bwd_chunked_kernel<true><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), bld, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
-            static_cast<dkq_t *>(dk), static_cast<dkq_t *>(dq), static_cast<act_t *>(dproj), dadt, ddt, dlam, gth,
-            part_D, part_k, part_q, dssm0, dkp0, dvp0, start);
-    else
-        scan_bwd_chunked_kernel<false><<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
-            seqlen, static_cast<const act_t *>(proj), bld, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
-            static_cast<dkq_t *>(dk), static_cast<dkq_t *>(dq), static_cast<act_t *>(dproj), dadt, ddt, dlam, gth,
-            part_D, part_k, part_q, dssm0, dkp0, dvp0, nullptr);
+    const auto kernel = start ? scan_bwd_chunked_kernel<true> : scan_bwd_chunked_kernel<false>;
+    kernel<<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
+        seqlen, static_cast<const act_t *>(proj), bld, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
+        static_cast<dkq_t *>(dk), static_cast<dkq_t *>(dq), static_cast<act_t *>(dproj), dadt, ddt, dlam, gth,
+        part_D, part_k, part_q, dssm0, dkp0, dvp0, start);
     return cudaGetLastError();
 }
 
@@ -182,14 +170,10 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const 
     const kq_build bld = {static_cast<const act_t *>(proj), rbc, cs, B_norm_w, C_norm_w, B_bias, C_bias};
     const int slots = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;   // the sequential path's checkpoint layout
     const dim3 grid(H, batch);
-    if (start)
-        scan_chunked_built_kernel<true, kq_build><<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
-            seqlen, bld, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in, ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE,
-            slots, start);
-    else
-        scan_chunked_built_kernel<false, kq_build><<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
-            seqlen, bld, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in, ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE,
-            slots, nullptr);
+    const auto kernel = start ? scan_chunked_built_kernel<true, kq_build> : scan_chunked_built_kernel<false, kq_build>;
+    kernel<<<grid, ckpt_fwd::CK_THREADS, ckpt_fwd::CK_SMEM_BYTES, st>>>(
+        seqlen, bld, dt, adt, lam, Dskip, ssm_in, kp_in, vp_in, ssm_out, kp_out, vp_out, y, ckpt, CKPT_STRIDE,
+        slots, start);
     return cudaGetLastError();
 }
 #endif
@@ -198,12 +182,9 @@ extern "C" cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const void *
                                              const float *cs, float *dk, float *dq, float *gth,
                                              float *dangle0, const unsigned char *start, cudaStream_t st)
 {
-    if (start)
-        angles_bwd_kernel<true><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, kq_ptr(k), kq_ptr(q), cs, dk, dq,
-                                                                                    gth, dangle0, start);
-    else
-        angles_bwd_kernel<false><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, kq_ptr(k), kq_ptr(q), cs, dk, dq,
-                                                                                     gth, dangle0, nullptr);
+    const auto kernel = start ? angles_bwd_kernel<true> : angles_bwd_kernel<false>;
+    kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, kq_ptr(k), kq_ptr(q), cs, dk, dq,
+        gth, dangle0, start);
     return cudaGetLastError();
 }
 
@@ -213,12 +194,9 @@ extern "C" cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const void *
 extern "C" cudaError_t MG_LAUNCH(angles_bwd_sums)(int batch, int seqlen, float *gth, float *dangle0,
                                                   const unsigned char *start, cudaStream_t st)
 {
-    if (start)
-        angles_bwd_kernel<true, true><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
-            seqlen, nullptr, nullptr, nullptr, nullptr, nullptr, gth, dangle0, start);
-    else
-        angles_bwd_kernel<false, true><<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
-            seqlen, nullptr, nullptr, nullptr, nullptr, nullptr, gth, dangle0, nullptr);
+    const auto kernel = start ? angles_bwd_kernel<true, true> : angles_bwd_kernel<false, true>;
+    kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
+        seqlen, nullptr, nullptr, nullptr, nullptr, nullptr, gth, dangle0, start);
     return cudaGetLastError();
 }
 
