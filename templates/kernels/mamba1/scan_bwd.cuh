@@ -215,7 +215,7 @@ static_assert((BC_HALVE >= 1 && BC_VF <= BW_NPT) || (BC_LEVELS == 0 && BC_VF == 
 //   dss [b][E][N] (optional) = dL/d(initial state), from span 0
 // ST: episode starts, start [batch][seqlen]: the recompute zeroes the state
 // before a start token as the forward did; at a start the state entering
-// the step is the constant 0, so its decay term (gda) is 0 and the adjoint
+// the step is the constant 0, so its decay term (q) is 0 and the adjoint
 // carried to t-1 is 0 (no gradient crosses the start; dss of a sequence
 // starting at t = 0 is 0).
 // The step loops of scan_bwd_kernel: unrolled over the BCK steps of a
@@ -264,7 +264,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
     const int c_lo = z * span_ck;
     const int c_hi = min(nck, c_lo + span_ck);
 
-    float A[BW_NPT], ds[BW_NPT], gA[BW_NPT];
+    float A[BW_NPT], ds[BW_NPT], gA[BW_NPT];   // gA: part_A's sums before their factor A[n] (phase F)
     // Padding threads (valid false) keep ds = 0: with dy = 0 they then add
     // nothing to the block's dB sums.
     const float *dse = (ds_end && valid) ? ds_end + (pb * E + e) * N + lane * BW_NPT : nullptr;
@@ -334,7 +334,16 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
             const float dyv = sIn[tt][2][ci];   // 0 for padding channels
             const bool cut = ST && start_at(sw, tt);   // an episode starts at this step
             const float dl = scan_l2e(delta);
-            float dd = 0.0f, dx = 0.0f, cb[BW_NPT], cc[BW_NPT];
+            // Per state n the step's gradients share factors, so each
+            // (step, state) does the least arithmetic (the sums over n are
+            // then scaled once per step):
+            //   dsn = ds[n] + dy C[n]          (the adjoint of s_t[n])
+            //   q   = dsn s_{t-1}[n] a[n]      (part_A[n] sums q A[n] delta: q delta here, A[n] once in phase F)
+            //   dd  = sum_n q A[n] + x sum_n dsn B[n]      (d delta)
+            //   dx  = delta sum_n dsn B[n]                 (d xc, the scan's part)
+            //   dB[n] = dsn delta x, dC[n] = dy s_t[n], ds[n] <- dsn a[n]
+            const float dxs = delta * x;
+            float dq = 0.0f, tb = 0.0f, cb[BW_NPT], cc[BW_NPT];
 #pragma unroll
             for (int j = 0; j < BW_NPT; ++j) {
                 const int n = lane * BW_NPT + j;
@@ -343,22 +352,23 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 cc[j] = dyv * hs[tt][j];
                 const float dsn = ds[j] + dyv * Cn;
                 // at a start the decay a is 0: the state entering the step is
-                // the constant 0 (gda = 0) and no adjoint is carried to t-1
-                // (one select for both; gda's zero may then carry sprev's sign,
+                // the constant 0 (q = 0) and no adjoint is carried to t-1
+                // (one select for both; q's zero may then carry sprev's sign,
                 // which the sums below, starting from +0, never keep)
                 const float a = cut ? 0.0f : scan_decay(dl, A[j]);
-                const float gda = dsn * sprev * a * A[j];
-                dd += gda + dsn * Bn * x;
-                gA[j] += gda * delta;
-                cb[j] = dsn * delta * x;
-                dx += dsn * delta * Bn;
+                const float q = dsn * sprev * a;
+                dq += q * A[j];
+                gA[j] += q * delta;
+                tb += dsn * Bn;
+                cb[j] = dsn * dxs;
                 ds[j] = dsn * a;
             }
 #pragma unroll
             for (int o = BW_LANES / 2; o > 0; o >>= 1) {
-                dd += __shfl_xor_sync(FULL_MASK, dd, o);
-                dx += __shfl_xor_sync(FULL_MASK, dx, o);
+                dq += __shfl_xor_sync(FULL_MASK, dq, o);
+                tb += __shfl_xor_sync(FULL_MASK, tb, o);
             }
+            const float dd = dq + x * tb, dx = delta * tb;
             const float draw = dd * sIn[tt][3][ci];   // * softplus'(dt + dt_bias)
             gD += dyv * x;
             gdtb += draw;
@@ -430,7 +440,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
         const size_t sb = (b * E + e) * N + lane * BW_NPT;
 #pragma unroll
         for (int j = 0; j < BW_NPT; ++j) {
-            part_A[pa + j] = gA[j];
+            part_A[pa + j] = gA[j] * A[j];
             if (dss && z == 0) dss[sb + j] = ds[j];
         }
         if (lane == 0) {
