@@ -14,6 +14,8 @@
 --            (+ d.scan_lanes_source "default" | "tuned"), d.scan_npt,
 --            d.scan_threads (+ d.scan_threads_source "default" | "tuned"),
 --            d.scan_channels, d.scan_blocks, d.scan_tchunk, d.scan_stage_w,
+--            d.scan_base_lanes, d.scan_base_channels, d.scan_base_blocks (the
+--            shape the scan backward starts from and the auto rule counts),
 --            d.scan_fuse_dt (dt_proj computed inside the inference scan),
 --            d.cxp_fuse, d.cxp_max_tokens, d.cxp_why (the fused conv +
 --            x_proj kernel of prefill: see the comment at d.cxp_fuse)
@@ -143,31 +145,41 @@ function M.derive(spec, d)
   d.cxp_max_tokens = d.cxp_fuse and 2048 or 0
 
   -- Selective scan: scan_lanes threads share one channel, each owning
-  -- scan_npt = N/scan_lanes states in registers. scan_lanes starts at the
-  -- smallest power of two keeping scan_npt <= 16 (register pressure): N=16
-  -- -> 1 lane, N=64 -> 4, N=256 -> 16. It divides 32, so a channel's lanes
-  -- sit in one warp and y = sum_n s*C reduces with shuffles.
-  -- With `chunk_size: auto` and a tune-cache entry that names its lane
-  -- count (mamba-tune sweeps 1x, 2x and 4x this default and verifies each),
-  -- the measured best when the scan body can take it (mg/tune.lua lanes_ok).
+  -- scan_npt = N/scan_lanes states in registers; the lanes divide 32, so a
+  -- channel's lanes sit in one warp and y = sum_n s*C reduces with shuffles.
+  -- Two shapes are derived: the forward scans' (sequential, chunked, the
+  -- training forward, the unfused decode scan) and, as scan_base_*, the
+  -- one the scan backward is built from and the auto rule counts blocks of.
+  --
+  -- Base: the smallest power of two keeping N / lanes <= SCAN_NPT_MAX
+  -- (register pressure: N=16 -> 1 lane, N=64 -> 4, N=256 -> 16), then,
+  -- while the scan would run fewer than SCAN_TARGET_THREADS threads at
+  -- max_batch (times the chunks of a max_seq_len window when every call
+  -- takes the chunked scan), more lanes, down to SCAN_NPT_SPREAD states per
+  -- thread. Why: a narrow model at its largest batch (E = 256, N = 16,
+  -- batch 64: 16K threads of 16 states) filled 6% of the H200's warp slots
+  -- (ncu, bench/results/h200-2026-12-05-profile-mamba1_rl.csv).
   local lanes = 1
   while d.N // lanes > M.SCAN_NPT_MAX do lanes = lanes * 2 end
-  -- Then, while the scan would run fewer than SCAN_TARGET_THREADS threads
-  -- at max_batch (times the chunks of a max_seq_len window when every call
-  -- takes the chunked scan), more lanes per channel, down to
-  -- SCAN_NPT_SPREAD states per thread. Why: each thread walks its
-  -- sequence one step after another, so the scan is bound by that chain's
-  -- latency unless enough warps run side by side; a narrow model at its
-  -- largest batch (E = 256, N = 16, batch 64: 16K threads of 16 states)
-  -- filled 6% of the H200's warp slots and the scan took half of the
-  -- prefill (ncu, bench/results/h200-2026-12-05-profile-mamba1_rl.csv).
-  -- Four lanes of 4 states give 4x the warps for the price of a
-  -- per-lane softplus and two shuffles per step.
   local chunks = spec.scan.mode == "chunked" and derive.ceil_div(d.max_seq_len, d.chunk_size) or 1
-  while lanes * 2 <= 32 and d.N // (lanes * 2) >= M.SCAN_NPT_SPREAD
-        and d.max_batch * chunks * d.E * lanes < M.SCAN_TARGET_THREADS do
-    lanes = lanes * 2
+  local base = lanes
+  while base * 2 <= 32 and d.N // (base * 2) >= M.SCAN_NPT_SPREAD
+        and d.max_batch * chunks * d.E * base < M.SCAN_TARGET_THREADS do
+    base = base * 2
   end
+  -- Forward: SCAN_NPT_SPREAD states per thread whatever the thread count
+  -- (up to 32 lanes). Why: each thread walks its steps one after another,
+  -- and the scan waits on that chain (mamba1_long's chunked output pass:
+  -- 40% of cycles issuing, 31% occupancy, H100 ncu); fewer states per
+  -- thread shorten each step's chain and raise the warps an SM holds.
+  -- mamba-tune on an H100 (bench/results/h100-2026-12-06j-tune-mamba1_long-lanes.csv,
+  -- N = 64): 16 lanes against 4 took the chunked scan from 1.232 to 1.070
+  -- ms at batch 8 x 4096 and from 0.211 to 0.156 ms at batch 1, the
+  -- sequential one from 2.6 to 0.89 ms. The scan backward keeps the base
+  -- shape: it holds a checkpoint chunk's states per thread and picks its
+  -- own lanes from there (derive_training).
+  while lanes * 2 <= 32 and d.N // (lanes * 2) >= M.SCAN_NPT_SPREAD do lanes = lanes * 2 end
+  if lanes < base then lanes = base end
   d.scan_lanes_source = "default"
   local tl = d.tuned and d.tuned.source == "tuned" and d.tuned.scan_lanes
   if tl and M.scan_lanes_ok(d.N, tl) then
@@ -176,19 +188,28 @@ function M.derive(spec, d)
   end
   d.scan_lanes = lanes
   d.scan_npt = d.N // lanes
-  -- Block size: 128 threads (4 warps), halved (down to one warp) while a
-  -- sequence would get fewer than 8 blocks: a small model (E = 256, N = 16:
-  -- 2 blocks of 128) would otherwise leave most SMs idle at small batch,
-  -- and smaller blocks let an SM interleave several of them (one block's
-  -- staging wait is another's compute). With `chunk_size: auto` and a
-  -- tune-cache entry, the block size mamba-tune measured best together with
+  -- Block size, halved (down to one warp) while a sequence would get fewer
+  -- than 8 blocks: a small model (E = 256, N = 16: 2 blocks of 128) would
+  -- otherwise leave most SMs idle at small batch, and smaller blocks let an
+  -- SM interleave several of them (one block's staging wait is another's
+  -- compute). Base: from 128 threads. Forward: from 16 channels' worth
+  -- (16 x lanes), at least 128 and at most 512 threads, so that a block's
+  -- staging of B | C (2N floats a step, shared by its channels) serves as
+  -- many channels as at 4 lanes. With `chunk_size: auto` and a tune-cache
+  -- entry, the forward's block size mamba-tune measured best together with
   -- that chunk (it swept 32..512 and verified each), when it is whole warps
   -- of whole channels.
-  local threads = 128
-  while threads > 32 and threads % (2 * lanes) == 0 and derive.ceil_div(d.E * lanes, threads) < 8 do
-    threads = threads // 2
+  local function halved(threads, l)
+    while threads > 32 and threads % (2 * l) == 0 and derive.ceil_div(d.E * l, threads) < 8 do
+      threads = threads // 2
+    end
+    return threads
   end
-  d.scan_threads = threads
+  local base_threads = halved(128, base)
+  d.scan_base_lanes = base
+  d.scan_base_channels = base_threads // base
+  d.scan_base_blocks = derive.ceil_div(d.E, d.scan_base_channels)
+  d.scan_threads = halved(math.max(128, math.min(512, 16 * lanes)), lanes)
   d.scan_threads_source = "default"
   local tt = d.tuned and d.tuned.source == "tuned" and d.tuned.scan_threads
   if tt and tt >= 32 and tt <= 1024 and tt % 32 == 0 and tt % lanes == 0 then
@@ -230,8 +251,8 @@ end
 --                       this (= 2 chunks), and a call takes it when its
 --                       seqlen reaches this and its sequential scan would
 --                       have fewer than scan_auto_blocks_per_sm blocks per
---                       SM (batch * scan_blocks < that * SMs, the SM count
---                       queried at create). Why both: the sequential scan
+--                       SM (batch * scan_auto_prefill_blocks < that * SMs,
+--                       the SM count queried at create). Why both: the sequential scan
 --                       walks the sequence one step after another per
 --                       block, so it is fast only when enough blocks run
 --                       side by side; the chunked one does the recurrence
@@ -239,6 +260,16 @@ end
 --                       Measured on the H200 (bench, mamba1_rl): batch 1 x
 --                       256 steps is latency-bound sequentially
 --   d.scan_auto_blocks_per_sm  see scan_auto_min_len (2)
+--   d.scan_auto_prefill_blocks  the sequential scan's blocks per sequence
+--                       for the rule, counted in blocks of 4 warps
+--                       (ceil(scan_blocks * scan_threads / 128)). Why
+--                       warps: the rule was set with blocks of at most 128
+--                       threads (mamba1_rl); the forward's wider shape
+--                       (16 lanes, 256 threads at d_state 64) runs 4x the
+--                       warps a sequence of the base shape did, so it fills
+--                       the GPU at a quarter of the batch. The training
+--                       forward and backward count scan_base_blocks (their
+--                       choice follows the scan backward's shape)
 --   d.scan_auto_tuned_len, d.scan_auto_chunk_batch, d.scan_auto_seq_batch
 --                       the measured crossover (mg/tune.lua crossover) of a
 --                       spec tuned with `chunk_size: auto`: a call of at
@@ -338,6 +369,7 @@ function M.derive_inference(spec, d)
   d.scan_chunk = d.chunk_size
   d.scan_auto_min_len = 2 * d.scan_chunk
   d.scan_auto_blocks_per_sm = 2
+  d.scan_auto_prefill_blocks = derive.ceil_div(d.scan_blocks * d.scan_threads, 128)
   local xo = d.tuned and d.tuned.source == "tuned" and d.tuned.crossover
   if type(xo) == "table" and math.tointeger(xo.seqlen) and xo.seqlen >= 1 then
     d.scan_auto_tuned_len = xo.seqlen
@@ -420,7 +452,7 @@ end
 -- Fields:
 --   d.scan_warps      warps of a scan block (= scan_threads/32)
 --   d.bscan_lanes     threads sharing one channel in the scan backward
---                     kernels: the forward's scan_lanes, doubled (up to 32,
+--                     kernels: scan_base_lanes, doubled (up to 32,
 --                     dividing N) while a thread would hold more than
 --                     BSCAN_NPT_MAX states. Why: the backward keeps a
 --                     checkpoint chunk's recomputed states per thread
@@ -432,7 +464,7 @@ end
 --                     in local memory: 43% of its training step (H100,
 --                     bench/results/h100-2026-12-05h-profile-mamba1_long.txt).
 --   d.bscan_npt       states per thread of the scan backward = N / bscan_lanes
---   d.bscan_channels  channels per scan-backward block: scan_channels,
+--   d.bscan_channels  channels per scan-backward block: scan_base_channels,
 --                     halved while the block would exceed 512 threads or its
 --                     shared memory at a checkpoint stride of 8 (see
 --                     bscan_smem_bytes) 40 KiB
@@ -441,7 +473,7 @@ end
 --                     bscan_channels): the dB | dC partials per token
 --   d.bspan_lanes, d.bspan_npt, d.bspan_threads  the block shape of the
 --                     chunked backward's span kernel (scan_bwd_span_kernel):
---                     bscan_channels channels of the forward's scan_lanes
+--                     bscan_channels channels of scan_base_lanes
 --                     (doubled only while the block is not whole warps).
 --                     Why not bscan_lanes: the span kernel holds no
 --                     per-step states, and each lane recomputes its
@@ -536,12 +568,12 @@ local MATRIX = { input_proj_w = true, in_proj_w = true, conv_w = true, x_proj_w 
 M.BSCAN_NPT_MAX = 4
 function M.derive_training(spec, d)
   d.scan_warps = d.scan_threads // 32
-  local bl = d.scan_lanes
+  local bl = d.scan_base_lanes
   while d.N // bl > M.BSCAN_NPT_MAX and bl * 2 <= 32 and d.N % (bl * 2) == 0 do bl = bl * 2 end
   d.bscan_lanes = bl
   d.bscan_npt = d.N // bl
   local function smem_c(t, c, g) return 4 * (2 * t * d.N + 2 * (g or 1) * (c * bl // 32) * 2 * d.N + 4 * t * c) end
-  local ch = d.scan_channels
+  local ch = d.scan_base_channels
   while ch % 2 == 0 and (ch // 2) * bl >= 32 and (ch * bl > 512 or smem_c(8, ch) > 40960) do ch = ch // 2 end
   d.bscan_channels = ch
   d.bscan_threads = ch * bl
@@ -550,7 +582,7 @@ function M.derive_training(spec, d)
   d.bscan_blocks = derive.ceil_div(d.E, ch)
   -- The span kernel of the chunked backward keeps no states per step: the
   -- forward's lanes (raised only until its blocks are whole warps).
-  local sl = d.scan_lanes
+  local sl = d.scan_base_lanes
   while (ch * sl) % 32 ~= 0 and sl < bl do sl = sl * 2 end
   d.bspan_lanes = sl
   d.bspan_npt = d.N // sl

@@ -103,6 +103,8 @@ is(rl.scan_npt, 4, "rl: scan_npt")
 is(rl.scan_threads, 128, "rl: scan_threads (128: 8 blocks per sequence already)")
 is(rl.scan_channels, 32, "rl: scan_channels")
 is(rl.scan_blocks, 8, "rl: scan_blocks")
+is(rl.scan_auto_prefill_blocks, 8, "rl: the auto rule counts 8 blocks of 4 warps a sequence")
+is(rl.scan_base_blocks, 8, "rl: base blocks (training's auto rule) = forward blocks")
 is(rl.scan_tchunk, 32, "rl: scan_tchunk")
 is(rl.E2, 512, "rl: E2")
 is(rl.Km1, 3, "rl: Km1")
@@ -137,21 +139,22 @@ local function lanes_of(N)
   return string.format("%d/%d/%d/%d", d.scan_lanes, d.scan_npt, d.scan_channels, d.scan_tchunk)
 end
 is(lanes_of(1), "1/1/32/32", "N=1: 1 lane, E 256: 32 channels per block (8 blocks)")
--- (batch 8 x E 256: few threads, so the lanes spread down to 4 states, or
--- to 32 lanes)
+-- (the forward spreads a channel down to 4 states a thread, or to 32
+-- lanes; blocks of 16 channels from 8 lanes on, at least 128 threads)
 is(lanes_of(8), "2/4/32/32", "N=8: 2 lanes of 4 states")
 is(lanes_of(32), "8/4/16/32", "N=32: 8 lanes")
-is(lanes_of(64), "16/4/8/32", "N=64: 16 lanes")
-is(lanes_of(128), "32/4/4/32", "N=128: 32 lanes")
-is(lanes_of(256), "32/8/4/16", "N=256: 32 lanes (at most), tchunk 16")
+is(lanes_of(64), "16/4/16/32", "N=64: 16 lanes, 256 threads")
+is(lanes_of(128), "32/4/16/32", "N=128: 32 lanes, 512 threads")
+is(lanes_of(256), "32/8/16/16", "N=256: 32 lanes (at most), tchunk 16")
+-- the base shape (scan backward, auto rule) spreads only while threads are few
 local function lanes_at(N, batch, mode)
   local d = derive.derive(spec1({ d_state = N }, { max_batch = batch, max_seq_len = 1024 },
     { scan = { mode = mode, chunk_size = 64 } }))
-  return d.scan_lanes
+  return string.format("%d/%d", d.scan_base_lanes, d.scan_lanes)
 end
-is(lanes_at(16, 256, "auto"), 1, "N=16 at batch 256: 64K threads of one lane, no spreading")
-is(lanes_at(64, 64, "auto"), 4, "N=64 at batch 64: 4 lanes (the register bound) already give 64K threads")
-is(lanes_at(16, 8, "chunked"), 2, "chunked: 16 chunks per window count: 8 x 16 x 256 = 32K, so 2 lanes")
+is(lanes_at(16, 256, "auto"), "1/4", "N=16 at batch 256: base 1 lane (64K threads), forward 4")
+is(lanes_at(64, 64, "auto"), "4/16", "N=64 at batch 64: base 4 lanes (the register bound) already give 64K threads")
+is(lanes_at(16, 8, "chunked"), "2/4", "chunked: 16 chunks per window count: 8 x 16 x 256 = 32K, so base 2 lanes")
 local big = derive.derive(spec1({ d_model = 8192, expand = 2 }))
 is(big.norm_threads, 1024, "D=8192: norm_threads capped at 1024")
 is(big.norm_iters, 2, "D=8192: norm_iters 2")
@@ -231,15 +234,20 @@ local long = derive.derive(spec1({ d_model = 256, n_layers = 2, d_state = 64 }, 
 is(long.scan_max_chunks, 64, "long: 4096/64 chunks")
 is(long.scan_cstate_floats, 8 * 64 * 512 * 64, "long: chunk-state workspace (64 MiB at max_batch 8)")
 -- training on the long spec: the scan backward takes 16 lanes a channel
--- (the forward's 4 leave 16 states a thread; 4 keep a checkpoint chunk's
--- 16 x 4 recomputed states in registers), blocks of the forward's 32
+-- (the base's 4 leave 16 states a thread; 4 keep a checkpoint chunk's
+-- 16 x 4 recomputed states in registers), blocks of the base's 32
 -- channels = 512 threads; checkpoint stride 16, 256 checkpoints per
 -- sequence at 4096 steps
-is(long.scan_lanes, 4, "long: forward scan lanes")
+is(long.scan_lanes, 16, "long: forward scan lanes (4 states a thread)")
+is(long.scan_threads, 256, "long: forward scan block = 16 channels x 16 lanes")
+is(long.scan_blocks, 32, "long: forward scan blocks per sequence")
+is(long.scan_base_lanes, 4, "long: base lanes (the register bound)")
+is(long.scan_base_blocks, 16, "long: base blocks of 32 channels")
+is(long.scan_auto_prefill_blocks, 64, "long: 32 blocks of 8 warps count as 64 of 4 for the auto rule")
 is(long.bscan_lanes, 16, "long: scan backward lanes (4 states a thread)")
 is(long.bscan_npt, 4, "long: scan backward states per thread")
 is(long.bscan_threads, 512, "long: scan backward block = 32 channels x 16 lanes")
-is(long.bscan_blocks, long.scan_blocks, "long: as many scan backward blocks (dB|dC partials) as forward ones")
+is(long.bscan_blocks, long.scan_base_blocks, "long: as many scan backward blocks (dB|dC partials) as base ones")
 is(long.bscan_tchunk, 16, "long: training checkpoint stride")
 -- dB | dC warp sums per barrier: the long spec's 512-thread blocks fill an
 -- SM's registers alone, so its buffer may take up to 160 KiB: 8 steps of

@@ -43,30 +43,31 @@ end
 local s1 = T.spec("mamba1", T1)
 local d1 = derive.derive(s1)
 local c1 = tune.candidates(s1, d1, {})
-is(#c1, 73, "mamba1: 3 lane counts x 4 block sizes x (5 chunks + sequential) + generic")
+is(#c1, 97, "mamba1: 4 lane counts x 4 block sizes x (5 chunks + sequential) + generic")
 is(count(c1, function(c) return c.generic end), 1, "mamba1: one generic candidate")
 local g1 = c1[#c1]
 is(g1.id, "generic", "mamba1: the generic candidate is last, id generic")
 is(g1.mode, "generic", "mamba1: mode generic")
-is(g1.same_as, "c64_t128", "mamba1: launch shape of the spec's own chunked candidate (chunk 64, 128 threads)")
-is(g1.chunk .. "/" .. g1.threads .. "/" .. g1.channels .. "/" .. g1.blocks, "64/128/32/16",
-  "mamba1: chunk, threads, channels, blocks of c64_t128")
+is(g1.same_as, "c64_t256", "mamba1: launch shape of the spec's own chunked candidate (chunk 64, 256 threads)")
+is(g1.chunk .. "/" .. g1.threads .. "/" .. g1.channels .. "/" .. g1.blocks, "64/256/16/32",
+  "mamba1: chunk, threads, channels, blocks of c64_t256")
 is(g1.smem, d1.scan_smem_bytes, "mamba1: dynamic shared memory = the specialized B/C stage")
 local names = {}
 for i, a in ipairs(g1.args) do names[i] = a.name .. "=" .. a.value end
-is(table.concat(names, " "), "E=512 E2=1024 N=64 R=16 XP=144 lanes=4 npt=16 channels=32 tchunk=32",
+is(table.concat(names, " "), "E=512 E2=1024 N=64 R=16 XP=144 lanes=16 npt=4 channels=16 tchunk=32",
   "mamba1: the kernel's runtime dims, in struct order")
-is(#tune.candidates(s1, d1, { generic = false }), 72, "mamba1: generic = false leaves it out")
+is(#tune.candidates(s1, d1, { generic = false }), 96, "mamba1: generic = false leaves it out")
 
--- lanes per channel: the spec's own count (4 at N = 64) x 1, 2, 4; ids name
+-- lanes per channel: the spec's own count (16 at N = 64) / 4, / 2, x 1, 2; ids name
 -- the others; channels and stage follow; the generic keeps the own count
-is(table.concat(tune.lane_counts(d1), ","), "4,8,16", "mamba1 N=64: lanes 4, 8, 16 by default")
+is(table.concat(tune.lane_counts(d1), ","), "4,8,16,32", "mamba1 N=64: lanes 4, 8, 16, 32 by default")
 is(count(c1, function(c) return c.lanes == 8 end), 24, "mamba1: 24 candidates with 8 lanes")
 local l8 = find(c1, "c64_t128_l8")
 check(l8 ~= nil, "mamba1: id c64_t128_l8 names its lanes")
 is(l8 and (l8.channels .. "/" .. l8.blocks), "16/32", "c64_t128_l8: 16 channels per block, 32 blocks for E = 512")
-check(find(c1, "c64_t128_l4") == nil and find(c1, "c64_t128") ~= nil, "mamba1: the own lane count keeps the old id")
-is(g1.lanes, 4, "mamba1: the generic candidate has the spec's own lanes")
+check(find(c1, "c64_t256_l16") == nil and find(c1, "c64_t256") ~= nil and find(c1, "c64_t256_l4") ~= nil,
+  "mamba1: the own lane count has the plain id, the others name theirs")
+is(g1.lanes, 16, "mamba1: the generic candidate has the spec's own lanes")
 local d16 = derive.derive(T.spec("mamba1", { name = "t16", model = { d_model = 128, n_layers = 1, d_state = 16 },
   shapes = { max_batch = 64, max_seq_len = 256 }, emit = { training = false } }))
 is(table.concat(tune.lane_counts(d16), ","), "1,2,4,8,16", "mamba1 N=16 at batch 64: its 4 lanes / 4, / 2, x 1, 2, 4")
@@ -92,45 +93,45 @@ local c1c = tune.candidates(s1, d1, { chunks = { 128 }, threads = { 64, 128 } })
 is(c1c[#c1c].same_as, "c128_t64", "mamba1: chunk 128 only -> c128_t64")
 
 -- sources: manifest lines, the generic file, determinism
-local f1 = tune.sources(s1, d1, args(s1, { chunks = "64", threads = "128" }))
+local f1 = tune.sources(s1, d1, args(s1, { chunks = "64", threads = "256" }))
 local by1 = files_by_path(f1)
 check(by1["tune_generic.cu"] ~= nil, "mamba1 sources: tune_generic.cu")
 local man1 = by1["manifest.txt"]
-check(man1:find("\ncandidate generic generic 64 128 32 16 tune_generic.cu " .. d1.scan_smem_bytes .. "\n", 1, true) ~= nil,
+check(man1:find("\ncandidate generic generic 64 256 16 32 tune_generic.cu " .. d1.scan_smem_bytes .. "\n", 1, true) ~= nil,
   "mamba1 manifest: candidate generic line (SMEM = the stage)", man1)
-check(man1:find("\ngeneric_same_as c64_t128\n", 1, true) ~= nil, "mamba1 manifest: generic_same_as")
-check(man1:find("\ngeneric_args E=512 E2=1024 N=64 R=16 XP=144 lanes=4 npt=16 channels=32 tchunk=32\n", 1, true) ~= nil,
+check(man1:find("\ngeneric_same_as c64_t256\n", 1, true) ~= nil, "mamba1 manifest: generic_same_as")
+check(man1:find("\ngeneric_args E=512 E2=1024 N=64 R=16 XP=144 lanes=16 npt=4 channels=16 tchunk=32\n", 1, true) ~= nil,
   "mamba1 manifest: generic_args")
-check(man1:find("\ncandidate c64_t128 chunked 64 128 32 16 tune_c64_t128.cu 0\n", 1, true) ~= nil,
+check(man1:find("\ncandidate c64_t256 chunked 64 256 16 32 tune_c64_t256.cu 0\n", 1, true) ~= nil,
   "mamba1 manifest: specialized candidates keep SMEM 0")
 local gsrc = by1["tune_generic.cu"]
 check(gsrc:find("GENERIC VARIANT", 1, true) ~= nil, "generic source: says what it is")
 check(gsrc:find("struct tune_dims {\n    int E;", 1, true) ~= nil, "generic source: struct tune_dims")
 check(gsrc:find("constexpr int E =", 1, true) == nil and gsrc:find("constexpr int N =", 1, true) == nil,
   "generic source: no model dimension is a constant")
-check(gsrc:find("constexpr int SCAN_CHUNK = 64;", 1, true) ~= nil and gsrc:find("constexpr int SCAN_THREADS = 128;", 1, true) ~= nil,
+check(gsrc:find("constexpr int SCAN_CHUNK = 64;", 1, true) ~= nil and gsrc:find("constexpr int SCAN_THREADS = 256;", 1, true) ~= nil,
   "generic source: the launch shape is")
 check(gsrc:find("static constexpr int NPT_MAX = 16;", 1, true) ~= nil and
   gsrc:find("for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt)", 1, true) ~= nil,
   "generic source: state loops to the bound with a runtime guard")
 check(gsrc:find("tune_scan_seq", 1, true) == nil, "generic source: the chunked kernels only")
-local ssrc = by1["tune_c64_t128.cu"]
+local ssrc = by1["tune_c64_t256.cu"]
 check(ssrc:find("    int E;", 1, true) == nil and ssrc:find("GENERIC", 1, true) == nil,
   "specialized source: no trace of the generic variant (its dims policy is constants)")
 check(ssrc:find("constexpr int N = 64;", 1, true) ~= nil, "specialized source: N is a constant")
-local f1b = tune.sources(s1, d1, args(s1, { chunks = "64", threads = "128" }))
+local f1b = tune.sources(s1, d1, args(s1, { chunks = "64", threads = "256" }))
 local same = #f1 == #f1b
 for i = 1, math.min(#f1, #f1b) do same = same and f1[i].path == f1b[i].path and f1[i].content == f1b[i].content end
 check(same, "mamba1 sources: deterministic")
-local f1n = files_by_path(tune.sources(s1, d1, args(s1, { chunks = "64", threads = "128", generic = "0" })))
+local f1n = files_by_path(tune.sources(s1, d1, args(s1, { chunks = "64", threads = "256", generic = "0" })))
 check(f1n["tune_generic.cu"] == nil and not f1n["manifest.txt"]:find("generic", 1, true),
   "mamba1 sources: options.generic = 0 leaves it out")
 
--- bf16, d_state 256 (16 lanes): npt stays within the bound
+-- bf16, d_state 256 (32 lanes): npt stays within the bound
 local sb = T.spec("mamba1", T1, { model = { d_state = 256 }, precision = "bf16" })
 local db = derive.derive(sb)
 local cb = tune.candidates(sb, db, {})
-is(cb[#cb].args[7].name .. "=" .. cb[#cb].args[7].value, "npt=16", "bf16 N 256: npt 16 (<= SCAN_NPT_MAX)")
+is(cb[#cb].args[7].name .. "=" .. cb[#cb].args[7].value, "npt=8", "bf16 N 256: npt 8 (<= SCAN_NPT_MAX)")
 
 -- ------------------------------------------------------------ Mamba-3 SISO
 local s3 = T.spec("mamba3_siso", T3)

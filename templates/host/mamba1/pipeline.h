@@ -209,7 +209,7 @@ static int use_chunked(const model_model *m, int batch, int seqlen)
         if (SCAN_AUTO_SEQ_BATCH > 0 && batch >= SCAN_AUTO_SEQ_BATCH) return 0;
     }
 #endif
-    return (long)batch * SCAN_BLOCKS < (long)SCAN_AUTO_BLOCKS_PER_SM * m->sms;
+    return (long)batch * SCAN_AUTO_SEQ_BLOCKS < (long)SCAN_AUTO_BLOCKS_PER_SM * m->sms;
 #endif
 }
 #endif

@@ -164,7 +164,7 @@ static int bwd_spans(model_trainer *t, int batch, int seqlen)
 #else
         if (!t->sms) t->sms = mg_device_sms();
         chunked = seqlen >= BSCAN_AUTO_MIN_LEN &&
-                  (long)batch * (long)SCAN_BLOCKS < (long)SCAN_AUTO_BLOCKS_PER_SM * t->sms;
+                  (long)batch * (long)SCAN_AUTO_SEQ_BLOCKS < (long)SCAN_AUTO_BLOCKS_PER_SM * t->sms;
 #endif
     }
     return chunked ? (seqlen + BSCAN_SPAN - 1) / BSCAN_SPAN : 1;

@@ -49,9 +49,15 @@ __device__ __forceinline__ float scan_decay(float l2e_delta, float A)
     return r;
 }
 
-// The most dt_proj columns (dt_rank) a fused-dt scan keeps in registers per
-// thread; mg/derive_mamba1.lua fuses only up to this (SCAN_FDT_RMAX there).
+// The most dt_proj columns (dt_rank) a fused-dt scan holds per channel;
+// mg/derive_mamba1.lua fuses only up to this (SCAN_FDT_RMAX there).
 constexpr int SCAN_FDT_RMAX = 16;
+
+// Rows of a fused-dt scan's shared dt_proj weights (scan_span's sWdt): one
+// per channel of the block with FDT (whose dims policy has a constant
+// channel count: the shipped kernels), else a placeholder row.
+template <bool FDT, class Dm> struct scan_fdt_rows { static constexpr int value = 1; };
+template <class Dm> struct scan_fdt_rows<true, Dm> { static constexpr int value = Dm::channels; };
 
 // ---------------------------------------------------------------------------
 // scan_stage: load timesteps [t0, t0 + nt) of what the block's channels read
@@ -72,15 +78,16 @@ constexpr int SCAN_FDT_RMAX = 16;
 // dot product, softplus, silu: most of a step's instructions); here each
 // (step, channel) is computed once, by the thread whose column it is.
 // Element (tt, c) is done by a thread with threadIdx.x % ch == c (the block
-// is ch x lanes threads), whose channel's dt_bias and dt_proj row the
-// caller passes: dtb_s, wdt_s. Channels past E (a partial last block) stage
-// channel E-1, as their threads compute on it.
+// is ch x lanes threads), whose channel's dt_bias and (FDT) dt_proj row the
+// caller passes: dtb_s, and wdt_s, the row in shared memory. Channels past
+// E (a partial last block) stage channel E-1, as their threads compute on
+// it.
 // ---------------------------------------------------------------------------
 template <bool OUT, bool FDT = false, class Dm, class Stage>
 __device__ __forceinline__ void
 scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const act_t *__restrict__ dt,
            const act_t *__restrict__ dbl, const act_t *__restrict__ xz, float dtb_s,
-           const float (&wdt_s)[FDT ? SCAN_FDT_RMAX : 1], Stage sBC, Dm dm)
+           const float *wdt_s, Stage sBC, Dm dm)
 {
     const int E = dm.E, E2 = dm.E2, N = dm.N, R = dm.R, XP = dm.XP, ch = dm.channels;
     // staged dbl columns: B | C (or B)
@@ -91,7 +98,7 @@ scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const a
     }
     const int e0 = blockIdx.y * ch;
     for (int i = threadIdx.x; i < nt * ch; i += SCAN_THREADS) {
-        const int tt = i / ch, c = i % ch;   // c == threadIdx.x % ch: dtb_s, wdt_s are its
+        const int tt = i / ch, c = i % ch;   // c == threadIdx.x % ch: dtb_s, wdt_s are its own
         const mg_size_t row = row0 + t0 + tt;
         const int ee = min(e0 + c, E - 1);
         sBC[tt][2 * N + c] = to_f32(xc[row * E + ee]);
@@ -230,14 +237,23 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
     // decays are kept for the group)
     constexpr int U = Dm::NPT_MAX <= 4 ? 4 : (Dm::NPT_MAX <= 8 ? 2 : 1);
     // The channel whose delta and gate this thread stages (scan_stage):
-    // its dt_bias and (FDT: dt is dt_proj.weight [E][R]) its dt_proj row.
+    // its dt_bias and (FDT: dt is dt_proj.weight [E][R]) its dt_proj row,
+    // which the block loads into shared memory once, a row per channel
+    // (padded to RMAX + 1 floats: the channels of a warp read different
+    // banks). Why not registers: R floats a thread, 16 at mamba1_long,
+    // took the chunked output pass to 94 registers (31% occupancy on an
+    // H100); from shared memory it needs 64. The first pass's barrier
+    // orders the load before the staging reads it.
     const int es = min((int)(blockIdx.y * ch + threadIdx.x % ch), E - 1);
     const float dtb_s = dt_bias[es];
-    float wdt_s[FDT ? SCAN_FDT_RMAX : 1];
+    __shared__ float sWdt[scan_fdt_rows<FDT, Dm>::value][SCAN_FDT_RMAX + 1];
     if (FDT) {
-#pragma unroll
-        for (int r = 0; r < (FDT ? SCAN_FDT_RMAX : 1); ++r) wdt_s[r] = r < dm.R ? to_f32(dt[(mg_size_t)es * dm.R + r]) : 0.0f;
+        for (int i = threadIdx.x; i < ch * dm.R; i += SCAN_THREADS) {
+            const int cc = i / dm.R, r = i % dm.R;
+            sWdt[cc][r] = to_f32(dt[(mg_size_t)min((int)blockIdx.y * ch + cc, E - 1) * dm.R + r]);
+        }
     }
+    const float *wdt_s = FDT ? sWdt[threadIdx.x % ch] : nullptr;
     for (int t0 = t_begin; t0 < t_end; t0 += dm.tchunk) {
         const int nt = min(dm.tchunk, t_end - t0);
         __syncthreads();   // the previous pass is done reading the stage
