@@ -34,6 +34,9 @@ for d in "$before" "$after"; do
   [ -d "$d" ] || { echo "$0: $d: not a directory of templates" >&2; exit 2; }
 done
 mkdir -p "$out" || exit 2
+# absolute: the runs cd into their package before naming their digest
+# directory under $out
+out=$(cd "$out" && pwd) || exit 2
 # build_side SIDE NAME SPEC: generate and build the package of SPEC from
 # SIDE's templates into $out/SIDE/NAME; says what failed, and nothing else
 build_side() {
