@@ -54,7 +54,8 @@ local SECTIONS = {
              "dtype", "act_t", "act_size", "check_tol", "scan_mode_resolved", "chunk_size" },
     launch = { "norm_threads", "norm_iters", "conv_threads", "conv_blocks", "conv_tile",
                "cxp_fuse", "cxp_max_tokens", "scan_lanes", "scan_npt", "scan_threads", "scan_channels",
-               "scan_blocks", "scan_tchunk", "scan_smem_bytes" },
+               "scan_blocks", "scan_tchunk", "scan_smem_bytes", "scan_base_lanes", "scan_base_channels",
+               "scan_base_blocks", "scan_auto_prefill_blocks" },
   },
   mamba3_siso = {
     dims = { "D", "E", "N", "P", "H", "G", "S", "L", "in_proj_out", "input_dim", "in_dim",

@@ -399,6 +399,8 @@ check(text:find("\n    %- {name: backbone%.layers%.0%.mixer%.in_proj%.weight, sh
   "print-spec params row")
 check(text:find("\n  weights_total: 474880\n") ~= nil, "print-spec weights_total")
 check(text:find("\n    scan_lanes: 4\n") ~= nil, "print-spec launch shapes")
+check(text:find("\n    scan_base_lanes: 4\n    scan_base_channels: 32\n    scan_base_blocks: 8\n    scan_auto_prefill_blocks: 8\n") ~= nil,
+  "print-spec: the base shape and the auto rule's block count")
 is(yaml_out.render(spec1(), derive.derive(spec1())), yaml_out.render(spec1(), derive.derive(spec1())), "print-spec is deterministic")
 is(yaml_out.float_text(1.0), "1.0", "yaml float 1.0")
 is(yaml_out.float_text(0.5), "0.5", "yaml float 0.5")
