@@ -459,7 +459,7 @@ end
 --                     ([bscan_tchunk][bscan_npt]); up to 64 floats they stay
 --                     in registers (scan_bwd.cuh BWD_UNROLL), beyond that in
 --                     local memory, reloaded at every step of the reverse
---                     walk. mamba1_long (N = 64, 4 forward lanes of 16
+--                     walk. mamba1_long (N = 64, 4 base lanes of 16
 --                     states) ran its scan backward at 12% occupancy with hs
 --                     in local memory: 43% of its training step (H100,
 --                     bench/results/h100-2026-12-05h-profile-mamba1_long.txt).
@@ -581,7 +581,7 @@ function M.derive_training(spec, d)
   d.bscan_warps = d.bscan_threads // 32
   d.bscan_blocks = derive.ceil_div(d.E, ch)
   -- The span kernel of the chunked backward keeps no states per step: the
-  -- forward's lanes (raised only until its blocks are whole warps).
+  -- base lanes (raised only until its blocks are whole warps).
   local sl = d.scan_base_lanes
   while (ch * sl) % 32 ~= 0 and sl < bl do sl = sl * 2 end
   d.bspan_lanes = sl
