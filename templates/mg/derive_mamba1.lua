@@ -178,8 +178,8 @@ function M.derive(spec, d)
   -- sequential one from 2.6 to 0.89 ms. The scan backward keeps the base
   -- shape: it holds a checkpoint chunk's states per thread and picks its
   -- own lanes from there (derive_training).
+  -- (the base's loop stops under the same bounds or earlier: lanes >= base)
   while lanes * 2 <= 32 and d.N // (lanes * 2) >= M.SCAN_NPT_SPREAD do lanes = lanes * 2 end
-  if lanes < base then lanes = base end
   d.scan_lanes_source = "default"
   local tl = d.tuned and d.tuned.source == "tuned" and d.tuned.scan_lanes
   if tl and M.scan_lanes_ok(d.N, tl) then
