@@ -23,7 +23,12 @@
 # BENCH_AB_AFTER_SPECS (the after side's specs instead of the same ones:
 # one per spec, in order, each with the same file name and `name:`, e.g. a
 # copy with another chunk_size; with BEFORE = this tree's templates it
-# times two spec choices against each other). No CUDA device: exit 77.
+# times two spec choices against each other), BENCH_AB_MORE ("NAME=DIR
+# ...": more sides, each the before side's specs from the templates in DIR,
+# timed in the same rounds after the two sides, before, after, NAME1,
+# NAME2, ..., and each compared with the before side in compare-NAME.txt
+# and compare-NAME.csv, its commit column NAME: one session builds the
+# before side once for several candidate changes). No CUDA device: exit 77.
 set -u
 [ $# -ge 3 ] || { echo "usage: $0 OUTDIR BEFORE_TEMPLATES SPEC.yaml..." >&2; exit 2; }
 out=$1 before=$2; shift 2
@@ -31,6 +36,19 @@ here=$(cd "$(dirname "$0")" && pwd)
 [ -d "$before" ] || { echo "$0: $before: not a directory of templates" >&2; exit 2; }
 after=${BENCH_AB_AFTER:-}
 [ -z "$after" ] || [ -d "$after" ] || { echo "$0: $after: not a directory of templates" >&2; exit 2; }
+# more sides: "NAME=DIR ..." -> names in $more, DIR of each in more_dir_NAME
+more=
+for m in ${BENCH_AB_MORE:-}; do
+  mn=${m%%=*} md=${m#*=}
+  case $m in *=*) ;; *) mn=;; esac
+  case $mn in
+    ''|*[!A-Za-z0-9_]*|before|after) echo "$0: BENCH_AB_MORE: '$m': want NAME=DIR, NAME of letters, digits and _ (not before or after)" >&2; exit 2;;
+  esac
+  [ -d "$md" ] || { echo "$0: BENCH_AB_MORE: $md: not a directory of templates" >&2; exit 2; }
+  case " $more " in *" $mn "*) echo "$0: BENCH_AB_MORE: the side $mn is named twice" >&2; exit 2;; esac
+  more="$more $mn"
+  eval "more_dir_$mn=\$md"
+done
 rounds=${BENCH_AB_ROUNDS:-2}
 case $rounds in ''|*[!0-9]*|0) echo "$0: BENCH_AB_ROUNDS must be a positive integer" >&2; exit 2;; esac
 command -v python3 >/dev/null 2>&1 || { echo "$0: python3 is needed for the comparison" >&2; exit 2; }
@@ -58,7 +76,7 @@ if [ "$after_specs" != "$specs" ]; then
   done
 fi
 mkdir -p "$out" || exit 2
-rm -rf "$out"/before-* "$out"/after-*
+rm -rf "$out"/before-* "$out"/after-* "$out"/more-* "$out"/compare-*
 
 # side NAME TEMPLATES COMMIT ROUND: one side's bench of every spec
 side() {
@@ -78,13 +96,17 @@ side() {
 }
 i=1
 while [ "$i" -le "$rounds" ]; do
-  for s in before after; do
-    if [ $s = before ]; then tpl=$before c=$before_commit sp=$specs; else tpl=$after c=$after_commit sp=$after_specs; fi
+  for s in before after $more; do
+    case $s in
+      before) sd=before tpl=$before c=$before_commit sp=$specs;;
+      after) sd=after tpl=$after c=$after_commit sp=$after_specs;;
+      *) sd=more-$s c=$s sp=$specs; eval "tpl=\$more_dir_$s";;
+    esac
     # shellcheck disable=SC2086
-    side $s "$tpl" "$c" "$i" $sp
+    side $sd "$tpl" "$c" "$i" $sp
     st=$?
     if [ $st = 77 ]; then echo "bench-ab: no CUDA device; nothing measured"; exit 77; fi
-    if [ $st != 0 ]; then echo "bench-ab: the $s side of round $i failed (see $out/$s-$i.log):"; tail -20 "$out/$s-$i.log"; exit 1; fi
+    if [ $st != 0 ]; then echo "bench-ab: the $s side of round $i failed (see $out/$sd-$i.log):"; tail -20 "$out/$sd-$i.log"; exit 1; fi
     echo "bench-ab: round $i, $s: done"
   done
   i=$((i + 1))
@@ -96,3 +118,13 @@ while [ "$i" -le "$rounds" ]; do bl="$bl $out/before-$i/results.csv" al="$al $ou
 python3 "$here/compare.py" --before $bl --after $al --csv "$out/compare.csv" > "$out/compare.txt" || exit 1
 cat "$out/compare.txt"
 echo "CSV: $out/compare.csv"
+for s in $more; do
+  ml=
+  i=1
+  while [ "$i" -le "$rounds" ]; do ml="$ml $out/more-$s-$i/results.csv"; i=$((i + 1)); done
+  echo "== $s against before"
+  # shellcheck disable=SC2086
+  python3 "$here/compare.py" --before $bl --after $ml --csv "$out/compare-$s.csv" > "$out/compare-$s.txt" || exit 1
+  cat "$out/compare-$s.txt"
+  echo "CSV: $out/compare-$s.csv"
+done
