@@ -111,20 +111,17 @@ while [ "$i" -le "$rounds" ]; do
   done
   i=$((i + 1))
 done
-bl= al=
-i=1
-while [ "$i" -le "$rounds" ]; do bl="$bl $out/before-$i/results.csv" al="$al $out/after-$i/results.csv"; i=$((i + 1)); done
-# shellcheck disable=SC2086
-python3 "$here/compare.py" --before $bl --after $al --csv "$out/compare.csv" > "$out/compare.txt" || exit 1
-cat "$out/compare.txt"
-echo "CSV: $out/compare.csv"
+# results SD: the results files of side SD, one per round
+results() { r=1; while [ "$r" -le "$rounds" ]; do printf ' %s' "$out/$1-$r/results.csv"; r=$((r + 1)); done; }
+# compare SD NAME: side SD's runs against the before side's, into NAME.txt and NAME.csv
+compare() {
+  # shellcheck disable=SC2046
+  python3 "$here/compare.py" --before $(results before) --after $(results "$1") --csv "$out/$2.csv" > "$out/$2.txt" || exit 1
+  cat "$out/$2.txt"
+  echo "CSV: $out/$2.csv"
+}
+compare after compare
 for s in $more; do
-  ml=
-  i=1
-  while [ "$i" -le "$rounds" ]; do ml="$ml $out/more-$s-$i/results.csv"; i=$((i + 1)); done
   echo "== $s against before"
-  # shellcheck disable=SC2086
-  python3 "$here/compare.py" --before $bl --after $ml --csv "$out/compare-$s.csv" > "$out/compare-$s.txt" || exit 1
-  cat "$out/compare-$s.txt"
-  echo "CSV: $out/compare-$s.csv"
+  compare "more-$s" "compare-$s"
 done
