@@ -233,29 +233,42 @@ struct DecGemv {
             }
         }
     }
-    // out(s, r, acc) for the pass's rows and every stream.
+    // out(s, r, acc) for the pass's rows and every stream. Streams one after
+    // another, the pass's U rows side by side: their U butterflies are
+    // independent, so their shuffles overlap instead of each row's waiting
+    // for the previous row's (at batch 1 the step is a chain of such
+    // latencies). Each row's sum is the same as row by row: per lane in
+    // column order, then the butterfly.
     template <int XS, typename OutF>
     __device__ __forceinline__ void compute(int p, const float *x, int ns, OutF out)
     {
         const int grp = threadIdx.x / GL, gl = threadIdx.x % GL;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int r = grp + (p * U + u) * NG;
 #pragma unroll 1
-            for (int s = 0; s < ns; ++s) {
-                const float *xs = x + s * XS;
-                float acc = 0.0f;
+        for (int s = 0; s < ns; ++s) {
+            const float *xs = x + s * XS;
+            float acc[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int r = grp + (p * U + u) * NG;
+                acc[u] = 0.0f;
 #pragma unroll
                 for (int v = 0; v < VPL; ++v) {
                     const int vi = gl + v * GL;
                     if (r < NR && vi < NV) {
 #pragma unroll
-                        for (int q = 0; q < VW; ++q) acc += to_f32(w[u][v].v[q]) * xs[vi * VW + q];
+                        for (int q = 0; q < VW; ++q) acc[u] += to_f32(w[u][v].v[q]) * xs[vi * VW + q];
                     }
                 }
+            }
 #pragma unroll
-                for (int o = GL / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
-                if (gl == 0 && r < NR) out(s, r, acc);
+            for (int o = GL / 2; o > 0; o >>= 1) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) acc[u] += __shfl_xor_sync(FULL_MASK, acc[u], o);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int r = grp + (p * U + u) * NG;
+                if (gl == 0 && r < NR) out(s, r, acc[u]);
             }
         }
     }
