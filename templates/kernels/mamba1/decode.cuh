@@ -155,6 +155,9 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
 //      place), g = (C.s + D x) silu(z) (rounded);
 //   6. out_proj partial over the block's channels -> s_pout [D];
 //      cluster.sync; h += sum of the partials in rank order.
+// The layer's new conv and ssm states are stored after the barrier of step
+// 6 (a barrier's arrive releases every earlier store: one just before it
+// would hold the block until the store reached memory).
 // 2 cluster barriers per layer (for all the cluster's streams at once) plus
 // one before exit (no block may leave while another still reads its shared
 // memory). The buffers a remote block reads (s_xpart, s_pout) are rewritten
@@ -508,7 +511,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         // ---- 2: x | z of the block's channels ----
         gin.run<D>(&s_hn[0][0], ns, [&](int s, int r, float acc) { s_xz[s][r] = round_act(acc); }, true);
         __syncthreads();
-        // ---- 3: conv step, conv state in place ----
+        // ---- 3: conv step (the new conv state is stored after step 6) ----
         float xv[SEQS];
 #pragma unroll
         for (int s = 0; s < SEQS; ++s) {
@@ -519,13 +522,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
 #pragma unroll
             for (int k = 0; k < K; ++k) cacc += cw[k] * win[s][k];
             xv[s] = round_act(silu(cacc));
-            if (cvalid && lane == 0) {
-                s_xc[s][cl] = xv[s];
-                if (cs) {
-#pragma unroll
-                    for (int k = 0; k < K - 1; ++k) cs[(size_t)s * E * (K - 1) + (size_t)e * (K - 1) + k] = win[s][k + 1];
-                }
-            }
+            if (cvalid && lane == 0) s_xc[s][cl] = xv[s];
         }
         __syncthreads();
         // ---- 4: x_proj: this block's partials, then the cluster's sums in rank order ----
@@ -538,7 +535,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             s_dbl[i / XP][i % XP] = round_act(acc);
         }
         __syncthreads();
-        // ---- 5: dt_proj + softplus, scan step (ssm state in place), gate ----
+        // ---- 5: dt_proj + softplus, scan step (the new ssm state is stored after step 6), gate ----
 #pragma unroll
         for (int s = 0; s < SEQS; ++s) {
             if (s >= ns) continue;
@@ -562,11 +559,6 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
                 sv[s][j] = scan_decay(dl, A) * sv[s][j] + dx * s_dbl[s][R + n];
                 y += sv[s][j] * s_dbl[s][R + N + n];
             }
-            if (ss && cvalid) {
-#pragma unroll
-                for (int j = 0; j < DEC_NPT; ++j)
-                    ss[(size_t)s * E * N + (size_t)e * N + lane * DEC_NPT + j] = sv[s][j];
-            }
 #pragma unroll
             for (int o = DEC_LANES / 2; o > 0; o >>= 1) y += __shfl_xor_sync(FULL_MASK, y, o);
             y += dsk * xv[s];
@@ -576,6 +568,24 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         // ---- 6: out_proj: this block's partials, then h += the cluster's sums in rank order ----
         go.run<DEC_EC>(&s_g[0][0], ns, [&](int s, int r, float acc) { s_pout[s][r] = acc; }, true);
         cluster.sync();
+        // The layer's new conv and ssm states (computed in phases 3 and 5),
+        // stored only now: a cluster barrier's arrive releases every store
+        // before it, so a state store issued just before the barriers of
+        // phases 4 and 6 held the block there until it reached memory;
+        // issued here, they complete while the rest of this layer and the
+        // next layer's first phases run. Same values as where computed.
+#pragma unroll
+        for (int s = 0; s < SEQS; ++s) {
+            if (s >= ns || !cvalid) continue;
+            if (cs && lane == 0) {
+#pragma unroll
+                for (int k = 0; k < K - 1; ++k) cs[(size_t)s * E * (K - 1) + (size_t)e * (K - 1) + k] = win[s][k + 1];
+            }
+            if (ss) {
+#pragma unroll
+                for (int j = 0; j < DEC_NPT; ++j) ss[(size_t)s * E * N + (size_t)e * N + lane * DEC_NPT + j] = sv[s][j];
+            }
+        }
         for (int i = tid; i < ns * D; i += DEC_THREADS) {
             float acc = 0.0f;
 #pragma unroll
