@@ -444,24 +444,37 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     }
     __syncthreads();
 
-#pragma unroll 1
-    for (int l = 0; l < N_LAYERS; ++l) {
+    // ---- L: a layer's parameters and states in registers ----
+    // load_layer(l) issues every load of layer l that does not depend on h:
+    // its GEMV weights (when they fit the registers: DecGemv::ONE_PASS), the
+    // channels' conv / dt / A / D parameters, the norm weight and the
+    // streams' conv and ssm states (stream b0 + s at + s * the per-stream
+    // size; zeros for a fresh stream). Layer 0's before the loop, layer l +
+    // 1's between the arrive and the wait of layer l's last cluster barrier,
+    // so that their latency overlaps the wait for the other blocks.
+    const auto conv_state_of = [&](int l) {
+        return conv_state ? conv_state + ((size_t)l * batch + b0) * ((size_t)E * (K - 1)) : nullptr;
+    };
+    const auto ssm_state_of = [&](int l) {
+        return ssm_state ? ssm_state + ((size_t)l * batch + b0) * ((size_t)E * N) : nullptr;
+    };
+    DecGemv<2 * DEC_EC, D, 4, D, DEC_EC, act_t> gin(nullptr, nullptr);
+    DecGemv<XP, DEC_EC, DEC_VW, E, XP, act_t> gx(nullptr, nullptr);
+    DecGemv<D, DEC_EC, DEC_VW, E, D, act_t> go(nullptr, nullptr);
+    float cw[K], win[SEQS][K], sv[SEQS][DEC_NPT], alog[DEC_NPT], nwv[DEC_DPT];
+    act_t dtw[DEC_RPL];
+    float cb, dtb, dsk;
+    const auto load_layer = [&](int l) {
         const float *lw = w + (size_t)l * DOFF_LAYER_STRIDE;
         const act_t *lg = wg + (size_t)l * DOFF_LAYER_STRIDE;
-        // ---- L: this layer's states of stream b0 (stream b0 + s: + s * the per-stream size) ----
-        float *cs = conv_state ? conv_state + ((size_t)l * batch + b0) * ((size_t)E * (K - 1)) : nullptr;
-        float *ss = ssm_state ? ssm_state + ((size_t)l * batch + b0) * ((size_t)E * N) : nullptr;
-
-        // Loads of this layer that do not depend on h, issued first.
-        DecGemv<2 * DEC_EC, D, 4, D, DEC_EC, act_t> gin(lg + DL0_IN_PROJ_W + (size_t)e0 * D,
-                                                        lg + DL0_IN_PROJ_W + (size_t)(E + e0) * D);
-        DecGemv<XP, DEC_EC, DEC_VW, E, XP, act_t> gx(lg + DL0_X_PROJ_W + e0, nullptr);
-        DecGemv<D, DEC_EC, DEC_VW, E, D, act_t> go(lg + DL0_OUT_PROJ_W + e0, nullptr);
+        const float *cs = conv_state_of(l), *ss = ssm_state_of(l);
+        gin.b0 = lg + DL0_IN_PROJ_W + (size_t)e0 * D;
+        gin.b1 = lg + DL0_IN_PROJ_W + (size_t)(E + e0) * D;
+        gx.b0 = lg + DL0_X_PROJ_W + e0;
+        go.b0 = lg + DL0_OUT_PROJ_W + e0;
         gin.prefetch();
         gx.prefetch();
         go.prefetch();
-        float cw[K], win[SEQS][K], sv[SEQS][DEC_NPT], alog[DEC_NPT];
-        act_t dtw[DEC_RPL];
 #pragma unroll
         for (int k = 0; k < K; ++k) cw[k] = lw[DL0_CONV_W + (size_t)e * K + k];
 #pragma unroll
@@ -471,7 +484,9 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             for (int k = 0; k < K - 1; ++k)
                 win[s][k] = load ? cs[(size_t)s * E * (K - 1) + (size_t)e * (K - 1) + k] : 0.0f;
         }
-        const float cb = lw[DL0_CONV_B + e], dtb = lw[DL0_DT_PROJ_B + e], dsk = lw[DL0_D + e];
+        cb = lw[DL0_CONV_B + e];
+        dtb = lw[DL0_DT_PROJ_B + e];
+        dsk = lw[DL0_D + e];
 #pragma unroll
         for (int j = 0; j < DEC_NPT; ++j) alog[j] = lw[DL0_A_LOG + (size_t)e * N + lane * DEC_NPT + j];
 #pragma unroll
@@ -486,12 +501,17 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             const int r = lane + q * DEC_LANES;
             dtw[q] = r < R ? lg[DL0_DT_PROJ_W + (size_t)e * R + r] : from_f32<act_t>(0.0f);
         }
-        float nwv[DEC_DPT];
 #pragma unroll
         for (int i = 0; i < DEC_DPT; ++i) {
             const int j = tid + i * DEC_THREADS;
             nwv[i] = j < D ? lw[DL0_NORM_W + j] : 0.0f;
         }
+    };
+    load_layer(0);
+
+#pragma unroll 1
+    for (int l = 0; l < N_LAYERS; ++l) {
+        float *cs = conv_state_of(l), *ss = ssm_state_of(l);
 
         // ---- 1: hn = rmsnorm(h) * norm.weight ----
         {
@@ -567,13 +587,14 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         __syncthreads();
         // ---- 6: out_proj: this block's partials, then h += the cluster's sums in rank order ----
         go.run<DEC_EC>(&s_g[0][0], ns, [&](int s, int r, float acc) { s_pout[s][r] = acc; }, true);
-        cluster.sync();
+        cluster.barrier_arrive();   // s_pout released to the cluster
         // The layer's new conv and ssm states (computed in phases 3 and 5),
-        // stored only now: a cluster barrier's arrive releases every store
+        // stored only now, after the arrive: an arrive releases every store
         // before it, so a state store issued just before the barriers of
         // phases 4 and 6 held the block there until it reached memory;
-        // issued here, they complete while the rest of this layer and the
-        // next layer's first phases run. Same values as where computed.
+        // issued here, they complete while the next layer runs. Same values
+        // as where computed. Then the next layer's loads (load_layer), and
+        // only then the wait for the other blocks' partials.
 #pragma unroll
         for (int s = 0; s < SEQS; ++s) {
             if (s >= ns || !cvalid) continue;
@@ -586,6 +607,8 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
                 for (int j = 0; j < DEC_NPT; ++j) ss[(size_t)s * E * N + (size_t)e * N + lane * DEC_NPT + j] = sv[s][j];
             }
         }
+        if (l + 1 < N_LAYERS) load_layer(l + 1);
+        cluster.barrier_wait();
         for (int i = tid; i < ns * D; i += DEC_THREADS) {
             float acc = 0.0f;
 #pragma unroll
