@@ -428,30 +428,21 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     const bool cvalid = tid / DEC_LANES < DEC_EC;
     const int cl = cvalid ? tid / DEC_LANES : DEC_EC - 1;
     const int e = e0 + cl;
+    // input_proj's weights (when they fit the registers) requested first:
+    // the step's first product waits on them.
+    DecGemv<D, DEC_IN_COLS, DEC_IN_VW, DEC_IN_COLS, D, float> gi(w + DOFF_INPUT_PROJ_W, nullptr);
+    if constexpr (DEC_IN_DIM > 0) gi.prefetch();
     dec_prefetch_step(w, wg, conv_state, ssm_state, batch, b0, ns, e0);
-
-    if constexpr (DEC_IN_DIM > 0) {
-        // ---- I: h = u . input_proj.weight^T + input_proj.bias (f32, every block) ----
-        __shared__ __align__(16) float s_u[SEQS][DEC_IN_COLS];
-        for (int i = tid; i < ns * DEC_IN_DIM; i += DEC_THREADS)
-            s_u[i / DEC_IN_COLS][i % DEC_IN_COLS] = u[(size_t)b0 * DEC_IN_DIM + i];   // DEC_IN_COLS == DEC_IN_DIM here
-        __syncthreads();
-        DecGemv<D, DEC_IN_COLS, DEC_IN_VW, DEC_IN_COLS, D, float> gi(w + DOFF_INPUT_PROJ_W, nullptr);
-        const float *bias = w + DOFF_INPUT_PROJ_B;
-        gi.run<DEC_IN_COLS>(&s_u[0][0], ns, [&](int s, int r, float acc) { s_h[s][r] = acc + bias[r]; }, false);
-    } else {
-        for (int i = tid; i < ns * D; i += DEC_THREADS) s_h[i / D][i % D] = u[(size_t)b0 * D + i];
-    }
-    __syncthreads();
 
     // ---- L: a layer's parameters and states in registers ----
     // load_layer(l) issues every load of layer l that does not depend on h:
     // its GEMV weights (when they fit the registers: DecGemv::ONE_PASS), the
     // channels' conv / dt / A / D parameters, the norm weight and the
     // streams' conv and ssm states (stream b0 + s at + s * the per-stream
-    // size; zeros for a fresh stream). Layer 0's before the loop, layer l +
-    // 1's between the arrive and the wait of layer l's last cluster barrier,
-    // so that their latency overlaps the wait for the other blocks.
+    // size; zeros for a fresh stream). Layer 0's before the input projection
+    // (after its own weights), layer l + 1's between the arrive and the wait
+    // of layer l's last cluster barrier, so that their latency overlaps the
+    // input projection and the wait for the other blocks.
     const auto conv_state_of = [&](int l) {
         return conv_state ? conv_state + ((size_t)l * batch + b0) * ((size_t)E * (K - 1)) : nullptr;
     };
@@ -508,6 +499,20 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         }
     };
     load_layer(0);
+
+    if constexpr (DEC_IN_DIM > 0) {
+        // ---- I: h = u . input_proj.weight^T + input_proj.bias (f32, every block) ----
+        __shared__ __align__(16) float s_u[SEQS][DEC_IN_COLS];
+        for (int i = tid; i < ns * DEC_IN_DIM; i += DEC_THREADS)
+            s_u[i / DEC_IN_COLS][i % DEC_IN_COLS] = u[(size_t)b0 * DEC_IN_DIM + i];   // DEC_IN_COLS == DEC_IN_DIM here
+        __syncthreads();
+        const float *bias = w + DOFF_INPUT_PROJ_B;
+        gi.run<DEC_IN_COLS>(&s_u[0][0], ns, [&](int s, int r, float acc) { s_h[s][r] = acc + bias[r]; }, true);
+    } else {
+        for (int i = tid; i < ns * D; i += DEC_THREADS) s_h[i / D][i % D] = u[(size_t)b0 * D + i];
+    }
+    __syncthreads();
+
 
 #pragma unroll 1
     for (int l = 0; l < N_LAYERS; ++l) {
