@@ -122,6 +122,47 @@ scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const a
 }
 
 // ---------------------------------------------------------------------------
+// L2 prefetch hints (prefetch.global.L2: nothing is waited for, no register
+// is written, no value changes) of what scan_stage loads for the next pass
+// of scan_span: per step its dbl columns (B | C, or B; with FDT the dt_low
+// columns before them too) and the block's channels of xc, dt (without FDT)
+// and z (OUT), a thread per (step, array), each issuing the 128-byte lines
+// that cover its range (none past it). Why: a pass's staging waits for all
+// of its loads before the walk starts, and where a few blocks share an SM
+// (mamba1_long's sequential scan at batch 8: two blocks of 256 threads)
+// nothing hides that wait: 40% of its stall samples sat in the staging
+// (H100, bench/results/h100-2026-12-07-profile-mamba1_long.txt). Issued
+// once the pass is staged, the next pass's lines come into L2 while this
+// one computes. scan_prefetch_range is also the scan backward's
+// (scan_bwd.cuh).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void scan_prefetch_range(const void *p, mg_size_t bytes)
+{
+    const mg_size_t a = reinterpret_cast<mg_size_t>(p);
+    for (mg_size_t l = a & ~(mg_size_t)127; l < a + bytes; l += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const void *>(l)));
+}
+template <bool OUT, bool FDT, class Dm>
+__device__ __forceinline__ void scan_prefetch_pass(int t0, int nt, mg_size_t row0, const act_t *xc,
+                                                   const act_t *dt, const act_t *dbl, const act_t *xz,
+                                                   Dm dm)
+{
+    const int E = dm.E, E2 = dm.E2, N = dm.N, R = dm.R, XP = dm.XP, ch = dm.channels;
+    const int W = OUT ? 2 * N : N;
+    const int e0 = blockIdx.y * ch;
+    const mg_size_t ne = (mg_size_t)min(ch, E - e0);
+    for (int i = threadIdx.x; i < nt * 4; i += SCAN_THREADS) {
+        const mg_size_t row = row0 + t0 + i / 4;
+        switch (i % 4) {
+        case 0: scan_prefetch_range(dbl + row * XP + (FDT ? 0 : R), (mg_size_t)(FDT ? R + W : W) * sizeof(act_t)); break;
+        case 1: scan_prefetch_range(xc + row * E + e0, ne * sizeof(act_t)); break;
+        case 2: if (!FDT) scan_prefetch_range(dt + row * E + e0, ne * sizeof(act_t)); break;
+        default: if (OUT) scan_prefetch_range(xz + row * E2 + E + e0, ne * sizeof(act_t)); break;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // scan_group: steps [tt0, tt0 + U) of a staged pass of scan_span (below:
 // what a group computes and why), for the thread's channel c (within the
 // block; e in the model, valid: e < E) and its states s; sw: the pass's
@@ -268,6 +309,9 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
         }
         __syncthreads();
         const unsigned sw = ST ? *sst : 0u;   // bit tt: a start at t0 + tt
+        if (t0 + dm.tchunk < t_end)   // the next pass into L2 while this one computes (hints only)
+            scan_prefetch_pass<OUT, FDT>(t0 + dm.tchunk, min(dm.tchunk, t_end - t0 - dm.tchunk), row0, xc, dt, dbl,
+                                         xz, dm);
         // The pass in groups of U steps: first what each step computes
         // without the state (dt, delta, the decays exp(delta A), the gate),
         // then the recurrence of the U steps, then their outputs. Why: the

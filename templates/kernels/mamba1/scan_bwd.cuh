@@ -132,14 +132,8 @@ __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act
 // for checkpoint chunk c of sequence b: per step its B | C row of dbl and
 // the block's channels of xc, dt and dy, and the chunk's checkpoint rows of
 // the block's channels: the 128-byte lines covering each range (none past
-// it), a thread per (step, array), the block's threads dealing the
-// checkpoint's lines.
-__device__ __forceinline__ void bwd_prefetch_range(const void *p, size_t bytes)
-{
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    for (uintptr_t l = a & ~(uintptr_t)127; l < a + bytes; l += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const void *>(l)));
-}
+// it: scan_prefetch_range of mg_m1_scan_body.cuh), a thread per (step,
+// array), the block's threads dealing the checkpoint's lines.
 __device__ __forceinline__ void bwd_prefetch_chunk(int c, size_t row0, size_t b, int nck,
                                                    const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                                                    const act_t *__restrict__ dbl, const float *__restrict__ dy,
@@ -151,10 +145,10 @@ __device__ __forceinline__ void bwd_prefetch_chunk(int c, size_t row0, size_t b,
     for (int i = threadIdx.x; i < BCK * 4; i += BW_THREADS) {
         const size_t row = row0 + t0 + i / 4;
         switch (i % 4) {
-        case 0: bwd_prefetch_range(dbl + row * XP + R, 2 * N * sizeof(act_t)); break;
-        case 1: bwd_prefetch_range(xc + row * E + e0, ne * sizeof(act_t)); break;
-        case 2: bwd_prefetch_range(dt + row * E + e0, ne * sizeof(act_t)); break;
-        default: bwd_prefetch_range(dy + row * E + e0, ne * sizeof(float)); break;
+        case 0: scan_prefetch_range(dbl + row * XP + R, 2 * N * sizeof(act_t)); break;
+        case 1: scan_prefetch_range(xc + row * E + e0, ne * sizeof(act_t)); break;
+        case 2: scan_prefetch_range(dt + row * E + e0, ne * sizeof(act_t)); break;
+        default: scan_prefetch_range(dy + row * E + e0, ne * sizeof(float)); break;
         }
     }
     const uintptr_t cp = reinterpret_cast<uintptr_t>(ckpt + ((b * nck + c) * E + e0) * N);
