@@ -155,8 +155,8 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
 //      place), g = (C.s + D x) silu(z) (rounded);
 //   6. out_proj partial over the block's channels -> s_pout [D];
 //      cluster.sync; h += sum of the partials in rank order.
-// The layer's new conv and ssm states are stored after the barrier of step
-// 6 (a barrier's arrive releases every earlier store: one just before it
+// The layer's new conv and ssm states are stored after the arrive of step
+// 6's barrier (an arrive releases every earlier store: one just before it
 // would hold the block until the store reached memory).
 // 2 cluster barriers per layer (for all the cluster's streams at once) plus
 // one before exit (no block may leave while another still reads its shared
@@ -170,9 +170,10 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
 // a stream's results do not depend on the streams it shares a cluster with.
 // Every block first hints its whole step's reads into L2
 // (dec_prefetch_step). The per-channel parameters of a layer and the
-// states are loaded into registers at the start of the layer, and the GEMV
-// weights too when they fit the register budget (DecGemv::ONE_PASS), so
-// their latency overlaps the norm. NULL states: zeros in, nothing written (graph warm-up); reset
+// states are loaded into registers, and the GEMV weights too when they fit
+// the register budget (DecGemv::ONE_PASS), while the previous layer waits
+// at its last cluster barrier (layer 0's: during the input projection):
+// load_layer. NULL states: zeros in, nothing written (graph warm-up); reset
 // [batch] (NULL: none) as in the fused kernels above.
 // ---------------------------------------------------------------------------
 namespace cg = cooperative_groups;
