@@ -322,28 +322,17 @@ __device__ __forceinline__ void dec_block_sums(float (&v)[SEQS], int ns, float (
     }
 }
 
-// L2 prefetch hints (prefetch.global.L2: no register written, nothing
-// waited for) of the 128-byte lines of [p, p + bytes), the block's threads
-// taking every DEC_THREADS-th line, or (rows) of `rows` ranges of `bytes`
-// at stride `ld` elements, a thread per row.
-__device__ __forceinline__ void dec_pf_line(const void *p)
-{
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
+// L2 prefetch hints (the line walks of mg_m1_scan_body.cuh) of [p, p +
+// bytes), its lines dealt over the block's threads, or (rows) of `rows`
+// ranges of `bytes` at stride `ld` elements, a thread per row.
 __device__ __forceinline__ void dec_pf_range(const void *p, size_t bytes)
 {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    const uintptr_t first = a & ~(uintptr_t)127, last = (a + bytes - 1) & ~(uintptr_t)127;
-    for (uintptr_t l = first + (uintptr_t)threadIdx.x * 128; l <= last; l += (uintptr_t)DEC_THREADS * 128)
-        dec_pf_line(reinterpret_cast<const void *>(l));
+    scan_prefetch_block(p, bytes, DEC_THREADS);
 }
 template <typename T>
 __device__ __forceinline__ void dec_pf_rows(const T *p, int rows, size_t ld, size_t bytes)
 {
-    for (int r = threadIdx.x; r < rows; r += DEC_THREADS) {
-        const uintptr_t a = reinterpret_cast<uintptr_t>(p + (size_t)r * ld);
-        for (uintptr_t l = a & ~(uintptr_t)127; l < a + bytes; l += 128) dec_pf_line(reinterpret_cast<const void *>(l));
-    }
+    for (int r = threadIdx.x; r < rows; r += DEC_THREADS) scan_prefetch_range(p + (size_t)r * ld, bytes);
 }
 
 // Everything block `rank` of a cluster will read from global memory in the

@@ -133,14 +133,27 @@ scan_stage(int t0, int nt, mg_size_t row0, const act_t *__restrict__ xc, const a
 // nothing hides that wait: 40% of its stall samples sat in the staging
 // (H100, bench/results/h100-2026-12-07-profile-mamba1_long.txt). Issued
 // once the pass is staged, the next pass's lines come into L2 while this
-// one computes. scan_prefetch_range is also the scan backward's
-// (scan_bwd.cuh).
+// one computes.
+// The two line walks are also the scan backward's (scan_bwd.cuh) and the
+// decode step's (decode.cuh): scan_prefetch_range issues the 128-byte lines
+// covering [p, p + bytes) (none past it) from the calling thread alone,
+// scan_prefetch_block the same lines dealt over the block's nt threads
+// (thread i every nt-th line from the i-th).
 // ---------------------------------------------------------------------------
+__device__ __forceinline__ void scan_prefetch_line(mg_size_t l)
+{
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const void *>(l)));
+}
 __device__ __forceinline__ void scan_prefetch_range(const void *p, mg_size_t bytes)
 {
     const mg_size_t a = reinterpret_cast<mg_size_t>(p);
-    for (mg_size_t l = a & ~(mg_size_t)127; l < a + bytes; l += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const void *>(l)));
+    for (mg_size_t l = a & ~(mg_size_t)127; l < a + bytes; l += 128) scan_prefetch_line(l);
+}
+__device__ __forceinline__ void scan_prefetch_block(const void *p, mg_size_t bytes, int nt)
+{
+    const mg_size_t a = reinterpret_cast<mg_size_t>(p);
+    for (mg_size_t l = (a & ~(mg_size_t)127) + (mg_size_t)threadIdx.x * 128; l < a + bytes; l += (mg_size_t)nt * 128)
+        scan_prefetch_line(l);
 }
 template <bool OUT, bool FDT, class Dm>
 __device__ __forceinline__ void scan_prefetch_pass(int t0, int nt, mg_size_t row0, const act_t *xc,

@@ -133,7 +133,8 @@ __device__ __forceinline__ void bwd_stage(int t0, int nt, size_t row0, const act
 // the block's channels of xc, dt and dy, and the chunk's checkpoint rows of
 // the block's channels: the 128-byte lines covering each range (none past
 // it: scan_prefetch_range of mg_m1_scan_body.cuh), a thread per (step,
-// array), the block's threads dealing the checkpoint's lines.
+// array), the block's threads dealing the checkpoint's lines
+// (scan_prefetch_block).
 __device__ __forceinline__ void bwd_prefetch_chunk(int c, size_t row0, size_t b, int nck,
                                                    const act_t *__restrict__ xc, const act_t *__restrict__ dt,
                                                    const act_t *__restrict__ dbl, const float *__restrict__ dy,
@@ -151,10 +152,7 @@ __device__ __forceinline__ void bwd_prefetch_chunk(int c, size_t row0, size_t b,
         default: scan_prefetch_range(dy + row * E + e0, ne * sizeof(float)); break;
         }
     }
-    const uintptr_t cp = reinterpret_cast<uintptr_t>(ckpt + ((b * nck + c) * E + e0) * N);
-    const uintptr_t ce = cp + ne * N * sizeof(float);
-    for (uintptr_t l = (cp & ~(uintptr_t)127) + (uintptr_t)threadIdx.x * 128; l < ce; l += (uintptr_t)BW_THREADS * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const void *>(l)));
+    scan_prefetch_block(ckpt + ((b * nck + c) * E + e0) * N, ne * N * sizeof(float), BW_THREADS);
 }
 
 // Gate backward, per (token, e): g = y silu(z) (recomputed: out_proj's dW input),
