@@ -341,6 +341,14 @@ end
 --                       time doubled from batch 32 to 64 at 4 streams per
 --                       cluster (a second wave). More streams per cluster
 --                       only raise the most a call may pick
+--   d.decode_push       true when the 1-stream instance (the latency case)
+--                       hands its x_proj and out_proj partials to the other
+--                       blocks by push: st.async into every block's receive
+--                       slots, whose mbarrier counts the bytes, instead of a
+--                       cluster barrier and reads of the others' shared memory
+--                       (a barrier's arrive also waits for every earlier store
+--                       to reach memory; a push is one trip, a pull two)
+--   d.decode_push_smem_bytes  its shared memory (<= 48 KiB when decode_push)
 --   d.decode_min_blocks  __launch_bounds__ minimum blocks per SM: 1 when
 --                       ceil(max_batch / decode_seqs) * decode_cluster blocks
 --                       fit one per SM of d.sms SMs (132, H100/H200 SXM,
@@ -443,6 +451,11 @@ function M.derive_inference(spec, d)
   end
   d.decode_persistent = why == ""
   d.decode_persistent_why = why
+  -- The 1-stream instance exchanges the blocks' partials by push (st.async
+  -- into every block's receive slots, an mbarrier counting the bytes) when
+  -- the slots fit beside the rest: [cluster][XP] and [cluster][D] floats.
+  d.decode_push_smem_bytes = smem(1) + 4 * cs * (d.XP + d.D) + 16
+  d.decode_push = d.decode_persistent and d.decode_push_smem_bytes <= 48 * 1024
   return d
 end
 

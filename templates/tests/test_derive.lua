@@ -325,6 +325,10 @@ is(rl.decode_smem_bytes, 4 * 8 * (3 * 128 + 64 + 4 * 32 + 2 * 40 + 8), "rl: deco
 is(long.decode_persistent, true, "long: single-launch decode emitted")
 is(long.decode_min_blocks, 1, "long: 8 x 8 blocks fit one per SM")
 is(long.decode_seqs, 1, "long: 8 streams fit 8 clusters: one stream per cluster")
+is(rl.decode_push, true, "rl: the 1-stream decode pushes its partials")
+is(rl.decode_push_smem_bytes, 4 * (3 * 128 + 64 + 4 * 32 + 2 * 40 + 8) + 4 * 8 * (40 + 128) + 16,
+   "rl: push shared memory = the 1-stream arrays + [8][XP] + [8][D] slots + 2 mbarriers")
+is(long.decode_push, true, "long: the 1-stream decode pushes its partials")
 -- The SM count behind decode_min_blocks: DEFAULT_SMS (132), or with
 -- `chunk_size: auto` the GPU's as mg/tune.lua resolve queried it (opts.tuned.sms).
 -- max_batch 16: 16 x 8 = 128 blocks, one per SM on 132 or 170 SMs, not on 80.
@@ -353,6 +357,7 @@ is(bf.decode_weight_bytes, bf.L * (2 * bf.E * bf.D + bf.XP * bf.E + bf.E * bf.R 
   "bf16: GEMV weights in bf16, input_proj f32")
 local a80 = derive.derive(spec1(nil, nil, { target = "sm_80" }))
 is(a80.decode_persistent, false, "sm_80: no clusters, no single-launch decode")
+is(a80.decode_push, false, "sm_80: no push exchange either")
 local n256 = derive.derive(spec1({ d_state = 256 }))
 -- N = 256: the scan backward at 32 lanes (8 states a thread), its blocks
 -- halved while the dB/dC buffer (2 x warps x 2N floats) would pass 40 KiB

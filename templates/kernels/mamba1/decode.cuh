@@ -155,6 +155,9 @@ decode_scan_kernel(const float *__restrict__ part, const act_t *__restrict__ xc,
 //      place), g = (C.s + D x) silu(z) (rounded);
 //   6. out_proj partial over the block's channels -> s_pout [D];
 //      cluster.sync; h += sum of the partials in rank order.
+// With DEC_PUSH, the 1-stream instance exchanges the partials of steps 4
+// and 6 by push instead (dec_push_all below: st.async into every block's
+// slots, an mbarrier per exchange; the same sums in the same order).
 // The layer's new conv and ssm states are stored after the arrive of step
 // 6's barrier (an arrive releases every earlier store: one just before it
 // would hold the block until the store reached memory).
@@ -387,6 +390,69 @@ __device__ __forceinline__ void dec_rms_scales(const float (*h)[D], int ns, floa
     for (int s = 0; s < SEQS; ++s) rs[s] = 1.0f / sqrtf(rs[s] / (float)D + EPS);
 }
 
+// Push exchange of the blocks' partial sums (DEC_PUSH, the 1-stream
+// instance). Each block writes its partial vector into slot [its rank] of
+// every block's receive buffer with st.async, whose completion counts the
+// bytes on the receiving block's mbarrier; a block waits on its own
+// mbarrier (one phase per layer) and sums the slots in rank order: the
+// sums of the pull exchange, bit for bit. Why: the pull needs a cluster
+// barrier (whose arrive also waits for every earlier store of the block to
+// reach memory) and then a round trip to each remote block; a push is one
+// trip, and nothing waits for unrelated stores. A slot is rewritten one
+// layer later only after its reader has passed the exchange that follows
+// its read (the receiver's next push is what the writer waits for), so one
+// buffer per exchange suffices.
+__device__ __forceinline__ uint32_t dec_smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+// The address of the same shared variable in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t dec_remote(uint32_t a, int rank)
+{
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void dec_push(uint32_t remote_addr, float v, uint32_t remote_bar)
+{
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(remote_addr), "r"(__float_as_uint(v)), "r"(remote_bar) : "memory");
+}
+__device__ __forceinline__ void dec_bar_init(uint64_t *bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(dec_smem_addr(bar)) : "memory");
+}
+// This block's one arrival of the phase, with the bytes the phase waits for.
+__device__ __forceinline__ void dec_bar_expect(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(dec_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+// Until the phase of parity `parity` has completed (acquire at cluster
+// scope: the pushed data is then visible).
+__device__ __forceinline__ void dec_bar_wait(uint64_t *bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(dec_smem_addr(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// Every thread: the block's partial `part` [n] into slot `rank` of `slots`
+// ([DEC_CLUSTER][n]) of every block of the cluster, counted on `bar`.
+__device__ __forceinline__ void dec_push_all(const float *part, int n, float *slots, uint64_t *bar, int rank)
+{
+    const uint32_t s0 = dec_smem_addr(slots + (size_t)rank * n), b = dec_smem_addr(bar);
+    for (int k = threadIdx.x; k < DEC_CLUSTER * n; k += DEC_THREADS) {
+        const int q = k / n, i = k % n;
+        dec_push(dec_remote(s0 + 4u * (uint32_t)i, q), part[i], dec_remote(b, q));
+    }
+}
+
 template <int SEQS>
 __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
 decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float *__restrict__ out,
@@ -410,6 +476,12 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     __shared__ __align__(16) float s_xpart[SEQS][XP];      // this block's x_proj partial
     __shared__ __align__(16) float s_dbl[SEQS][XP];        // dt_low | B | C, rounded
     __shared__ float s_red[SEQS][DEC_WARPS];
+    // Push exchange (DEC_PUSH, 1-stream instance): receive slots and their
+    // mbarriers ([0]: x_proj partials, [1]: out_proj partials).
+    constexpr bool PUSH = DEC_PUSH && SEQS == 1;
+    __shared__ __align__(16) float s_xin[PUSH ? DEC_CLUSTER : 1][PUSH ? XP : 1];
+    __shared__ __align__(16) float s_pin[PUSH ? DEC_CLUSTER : 1][PUSH ? D : 1];
+    __shared__ __align__(8) uint64_t s_bar[2];
     const int tid = threadIdx.x;
     // conv / dt / scan phase: DEC_LANES threads per channel; threads past the
     // block's channels shadow its last channel (they join the shuffles) and
@@ -423,6 +495,16 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     DecGemv<D, DEC_IN_COLS, DEC_IN_VW, DEC_IN_COLS, D, float> gi(w + DOFF_INPUT_PROJ_W, nullptr);
     if constexpr (DEC_IN_DIM > 0) gi.prefetch();
     dec_prefetch_step(w, wg, conv_state, ssm_state, batch, b0, ns, e0);
+    if constexpr (PUSH) {
+        // The mbarriers, initialised before any block may push into this
+        // one: the cluster's arrive here, its wait before the first push.
+        if (tid == 0) {
+            dec_bar_init(&s_bar[0]);
+            dec_bar_init(&s_bar[1]);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        cluster.barrier_arrive();
+    }
 
     // ---- L: a layer's parameters and states in registers ----
     // load_layer(l) issues every load of layer l that does not depend on h:
@@ -504,9 +586,17 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     __syncthreads();
 
 
+    if constexpr (PUSH) cluster.barrier_wait();   // every block's mbarriers initialised
+
 #pragma unroll 1
     for (int l = 0; l < N_LAYERS; ++l) {
         float *cs = conv_state_of(l), *ss = ssm_state_of(l);
+        if (PUSH && tid == 0) {
+            // This layer's phase of both exchanges: one arrival (this
+            // block's) and the bytes of every block's partial.
+            dec_bar_expect(&s_bar[0], 4u * DEC_CLUSTER * XP);
+            dec_bar_expect(&s_bar[1], 4u * DEC_CLUSTER * D);
+        }
 
         // ---- 1: hn = rmsnorm(h) * norm.weight ----
         {
@@ -542,12 +632,24 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         __syncthreads();
         // ---- 4: x_proj: this block's partials, then the cluster's sums in rank order ----
         gx.run<DEC_EC>(&s_xc[0][0], ns, [&](int s, int r, float acc) { s_xpart[s][r] = acc; }, true);
-        cluster.sync();
-        for (int i = tid; i < ns * XP; i += DEC_THREADS) {
-            float acc = 0.0f;
+        if constexpr (PUSH) {
+            __syncthreads();
+            dec_push_all(&s_xpart[0][0], XP, &s_xin[0][0], &s_bar[0], rank);
+            dec_bar_wait(&s_bar[0], (uint32_t)l & 1u);
+            for (int i = tid; i < XP; i += DEC_THREADS) {
+                float acc = 0.0f;
 #pragma unroll
-            for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(&s_xpart[0][0], q)[i];
-            s_dbl[i / XP][i % XP] = round_act(acc);
+                for (int q = 0; q < DEC_CLUSTER; ++q) acc += s_xin[q][i];
+                s_dbl[0][i] = round_act(acc);
+            }
+        } else {
+            cluster.sync();
+            for (int i = tid; i < ns * XP; i += DEC_THREADS) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(&s_xpart[0][0], q)[i];
+                s_dbl[i / XP][i % XP] = round_act(acc);
+            }
         }
         __syncthreads();
         // ---- 5: dt_proj + softplus, scan step (the new ssm state is stored after step 6), gate ----
@@ -582,7 +684,12 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         __syncthreads();
         // ---- 6: out_proj: this block's partials, then h += the cluster's sums in rank order ----
         go.run<DEC_EC>(&s_g[0][0], ns, [&](int s, int r, float acc) { s_pout[s][r] = acc; }, true);
-        cluster.barrier_arrive();   // s_pout released to the cluster
+        if constexpr (PUSH) {
+            __syncthreads();
+            dec_push_all(&s_pout[0][0], D, &s_pin[0][0], &s_bar[1], rank);
+        } else {
+            cluster.barrier_arrive();   // s_pout released to the cluster
+        }
         // The layer's new conv and ssm states (computed in phases 3 and 5),
         // stored only now, after the arrive: an arrive releases every store
         // before it, so a state store issued just before the barriers of
@@ -603,12 +710,22 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             }
         }
         if (l + 1 < N_LAYERS) load_layer(l + 1);
-        cluster.barrier_wait();
-        for (int i = tid; i < ns * D; i += DEC_THREADS) {
-            float acc = 0.0f;
+        if constexpr (PUSH) {
+            dec_bar_wait(&s_bar[1], (uint32_t)l & 1u);
+            for (int i = tid; i < D; i += DEC_THREADS) {
+                float acc = 0.0f;
 #pragma unroll
-            for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(&s_pout[0][0], q)[i];
-            s_h[i / D][i % D] += acc;
+                for (int q = 0; q < DEC_CLUSTER; ++q) acc += s_pin[q][i];
+                s_h[0][i] += acc;
+            }
+        } else {
+            cluster.barrier_wait();
+            for (int i = tid; i < ns * D; i += DEC_THREADS) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(&s_pout[0][0], q)[i];
+                s_h[i / D][i % D] += acc;
+            }
         }
         __syncthreads();
     }
@@ -624,6 +741,6 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             for (int j = tid; j < D; j += DEC_THREADS) out[(size_t)(b0 + s) * D + j] = s_h[s][j] * rs[s] * nf[j];
         }
     }
-    cluster.sync();   // the other blocks may still be reading s_pout
+    cluster.sync();   // the other blocks may still be reading s_pout (or pushing)
 }
 #endif // MG_M1_DECODE_PERSISTENT
