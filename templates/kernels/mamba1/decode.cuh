@@ -240,42 +240,51 @@ struct DecGemv {
             }
         }
     }
-    // out(s, r, acc) for the pass's rows and every stream. Streams one after
-    // another, the pass's U rows side by side: their U butterflies are
-    // independent, so their shuffles overlap instead of each row's waiting
-    // for the previous row's (at batch 1 the step is a chain of such
-    // latencies). Each row's sum is the same as row by row: per lane in
-    // column order, then the butterfly.
-    template <int XS, typename OutF>
+    // out(s, r, acc) for the pass's rows and every stream. SP streams at a
+    // time (the last group may have fewer), the pass's U rows side by side:
+    // their SP x U butterflies are independent, so their shuffles overlap
+    // instead of each row's waiting for the previous row's (at batch 1 the
+    // step is a chain of such latencies). Each (stream, row) sum is the same
+    // as row by row: per lane in column order, then the butterfly.
+    template <int XS, int SP, typename OutF>
     __device__ __forceinline__ void compute(int p, const float *x, int ns, OutF out)
     {
         const int grp = threadIdx.x / GL, gl = threadIdx.x % GL;
 #pragma unroll 1
-        for (int s = 0; s < ns; ++s) {
-            const float *xs = x + s * XS;
-            float acc[U];
+        for (int s0 = 0; s0 < ns; s0 += SP) {
+            float acc[SP][U];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int r = grp + (p * U + u) * NG;
-                acc[u] = 0.0f;
+            for (int j = 0; j < SP; ++j) {
+                const float *xs = x + (s0 + j) * XS;
 #pragma unroll
-                for (int v = 0; v < VPL; ++v) {
-                    const int vi = gl + v * GL;
-                    if (r < NR && vi < NV) {
+                for (int u = 0; u < U; ++u) {
+                    const int r = grp + (p * U + u) * NG;
+                    acc[j][u] = 0.0f;
+                    if (s0 + j >= ns) continue;
 #pragma unroll
-                        for (int q = 0; q < VW; ++q) acc[u] += to_f32(w[u][v].v[q]) * xs[vi * VW + q];
+                    for (int v = 0; v < VPL; ++v) {
+                        const int vi = gl + v * GL;
+                        if (r < NR && vi < NV) {
+#pragma unroll
+                            for (int q = 0; q < VW; ++q) acc[j][u] += to_f32(w[u][v].v[q]) * xs[vi * VW + q];
+                        }
                     }
                 }
             }
 #pragma unroll
             for (int o = GL / 2; o > 0; o >>= 1) {
 #pragma unroll
-                for (int u = 0; u < U; ++u) acc[u] += __shfl_xor_sync(FULL_MASK, acc[u], o);
+                for (int j = 0; j < SP; ++j)
+#pragma unroll
+                    for (int u = 0; u < U; ++u) acc[j][u] += __shfl_xor_sync(FULL_MASK, acc[j][u], o);
             }
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int r = grp + (p * U + u) * NG;
-                if (gl == 0 && r < NR) out(s, r, acc[u]);
+            for (int j = 0; j < SP; ++j) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int r = grp + (p * U + u) * NG;
+                    if (gl == 0 && r < NR && s0 + j < ns) out(s0 + j, r, acc[j][u]);
+                }
             }
         }
     }
@@ -285,15 +294,15 @@ struct DecGemv {
         if constexpr (ONE_PASS) load(0);
     }
     // Every pass (pass 0 from registers after prefetch(): prefetched = true).
-    template <int XS, typename OutF>
+    template <int XS, int SP = 1, typename OutF>
     __device__ __forceinline__ void run(const float *x, int ns, OutF out, bool prefetched)
     {
         const int first = (ONE_PASS && prefetched) ? 1 : 0;
-        if (first == 1) compute<XS>(0, x, ns, out);
+        if (first == 1) compute<XS, SP>(0, x, ns, out);
 #pragma unroll 1
         for (int p = first; p < PASSES; ++p) {
             load(p);
-            compute<XS>(p, x, ns, out);
+            compute<XS, SP>(p, x, ns, out);
         }
     }
 };
@@ -479,6 +488,8 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     // Push exchange (DEC_PUSH, 1-stream instance): receive slots and their
     // mbarriers ([0]: x_proj partials, [1]: out_proj partials).
     constexpr bool PUSH = DEC_PUSH && SEQS == 1;
+    // Streams whose GEMV rows are reduced side by side (register budget).
+    constexpr int DEC_SP = SEQS > 1 ? 2 : 1;
     __shared__ __align__(16) float s_xin[PUSH ? DEC_CLUSTER : 1][PUSH ? XP : 1];
     __shared__ __align__(16) float s_pin[PUSH ? DEC_CLUSTER : 1][PUSH ? D : 1];
     __shared__ __align__(8) uint64_t s_bar[2];
@@ -579,7 +590,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             s_u[i / DEC_IN_COLS][i % DEC_IN_COLS] = u[(size_t)b0 * DEC_IN_DIM + i];   // DEC_IN_COLS == DEC_IN_DIM here
         __syncthreads();
         const float *bias = w + DOFF_INPUT_PROJ_B;
-        gi.run<DEC_IN_COLS>(&s_u[0][0], ns, [&](int s, int r, float acc) { s_h[s][r] = acc + bias[r]; }, true);
+        gi.run<DEC_IN_COLS, DEC_SP>(&s_u[0][0], ns, [&](int s, int r, float acc) { s_h[s][r] = acc + bias[r]; }, true);
     } else {
         for (int i = tid; i < ns * D; i += DEC_THREADS) s_h[i / D][i % D] = u[(size_t)b0 * D + i];
     }
@@ -614,7 +625,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         }
         __syncthreads();
         // ---- 2: x | z of the block's channels ----
-        gin.run<D>(&s_hn[0][0], ns, [&](int s, int r, float acc) { s_xz[s][r] = round_act(acc); }, true);
+        gin.run<D, DEC_SP>(&s_hn[0][0], ns, [&](int s, int r, float acc) { s_xz[s][r] = round_act(acc); }, true);
         __syncthreads();
         // ---- 3: conv step (the new conv state is stored after step 6) ----
         float xv[SEQS];
@@ -631,7 +642,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         }
         __syncthreads();
         // ---- 4: x_proj: this block's partials, then the cluster's sums in rank order ----
-        gx.run<DEC_EC>(&s_xc[0][0], ns, [&](int s, int r, float acc) { s_xpart[s][r] = acc; }, true);
+        gx.run<DEC_EC, DEC_SP>(&s_xc[0][0], ns, [&](int s, int r, float acc) { s_xpart[s][r] = acc; }, true);
         if constexpr (PUSH) {
             __syncthreads();
             dec_push_all(&s_xpart[0][0], XP, &s_xin[0][0], &s_bar[0], rank);
@@ -683,7 +694,7 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         }
         __syncthreads();
         // ---- 6: out_proj: this block's partials, then h += the cluster's sums in rank order ----
-        go.run<DEC_EC>(&s_g[0][0], ns, [&](int s, int r, float acc) { s_pout[s][r] = acc; }, true);
+        go.run<DEC_EC, DEC_SP>(&s_g[0][0], ns, [&](int s, int r, float acc) { s_pout[s][r] = acc; }, true);
         if constexpr (PUSH) {
             __syncthreads();
             dec_push_all(&s_pout[0][0], D, &s_pin[0][0], &s_bar[1], rank);
