@@ -462,6 +462,18 @@ __device__ __forceinline__ void dec_push_all(const float *part, int n, float *sl
     }
 }
 
+// The sum of one entry over the cluster's DEC_CLUSTER partials, in rank
+// order: part(q) reads block q's value (a push slot, or the block's own
+// partial through distributed shared memory). Both exchanges, both forms.
+template <class Part>
+__device__ __forceinline__ float dec_rank_sum(Part part)
+{
+    float acc = 0.0f;
+#pragma unroll
+    for (int q = 0; q < DEC_CLUSTER; ++q) acc += part(q);
+    return acc;
+}
+
 template <int SEQS>
 __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
 decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float *__restrict__ out,
@@ -596,7 +608,6 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     }
     __syncthreads();
 
-
     if constexpr (PUSH) cluster.barrier_wait();   // every block's mbarriers initialised
 
 #pragma unroll 1
@@ -647,20 +658,13 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
             __syncthreads();
             dec_push_all(&s_xpart[0][0], XP, &s_xin[0][0], &s_bar[0], rank);
             dec_bar_wait(&s_bar[0], (uint32_t)l & 1u);
-            for (int i = tid; i < XP; i += DEC_THREADS) {
-                float acc = 0.0f;
-#pragma unroll
-                for (int q = 0; q < DEC_CLUSTER; ++q) acc += s_xin[q][i];
-                s_dbl[0][i] = round_act(acc);
-            }
+            for (int i = tid; i < XP; i += DEC_THREADS)
+                s_dbl[0][i] = round_act(dec_rank_sum([&](int q) { return s_xin[q][i]; }));
         } else {
             cluster.sync();
-            for (int i = tid; i < ns * XP; i += DEC_THREADS) {
-                float acc = 0.0f;
-#pragma unroll
-                for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(&s_xpart[0][0], q)[i];
-                s_dbl[i / XP][i % XP] = round_act(acc);
-            }
+            for (int i = tid; i < ns * XP; i += DEC_THREADS)
+                s_dbl[i / XP][i % XP] =
+                    round_act(dec_rank_sum([&](int q) { return cluster.map_shared_rank(&s_xpart[0][0], q)[i]; }));
         }
         __syncthreads();
         // ---- 5: dt_proj + softplus, scan step (the new ssm state is stored after step 6), gate ----
@@ -723,20 +727,11 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         if (l + 1 < N_LAYERS) load_layer(l + 1);
         if constexpr (PUSH) {
             dec_bar_wait(&s_bar[1], (uint32_t)l & 1u);
-            for (int i = tid; i < D; i += DEC_THREADS) {
-                float acc = 0.0f;
-#pragma unroll
-                for (int q = 0; q < DEC_CLUSTER; ++q) acc += s_pin[q][i];
-                s_h[0][i] += acc;
-            }
+            for (int i = tid; i < D; i += DEC_THREADS) s_h[0][i] += dec_rank_sum([&](int q) { return s_pin[q][i]; });
         } else {
             cluster.barrier_wait();
-            for (int i = tid; i < ns * D; i += DEC_THREADS) {
-                float acc = 0.0f;
-#pragma unroll
-                for (int q = 0; q < DEC_CLUSTER; ++q) acc += cluster.map_shared_rank(&s_pout[0][0], q)[i];
-                s_h[i / D][i % D] += acc;
-            }
+            for (int i = tid; i < ns * D; i += DEC_THREADS)
+                s_h[i / D][i % D] += dec_rank_sum([&](int q) { return cluster.map_shared_rank(&s_pout[0][0], q)[i]; });
         }
         __syncthreads();
     }
