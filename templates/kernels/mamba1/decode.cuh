@@ -398,6 +398,17 @@ __device__ __forceinline__ void dec_rms_scales(const float (*h)[D], int ns, floa
 #pragma unroll
     for (int s = 0; s < SEQS; ++s) rs[s] = 1.0f / sqrtf(rs[s] / (float)D + EPS);
 }
+// The same scale of one stream when the per-warp sums of h^2 are already in
+// s_red[0] (the push path folds them into its h update: the same thread
+// sums the same entries in the same order, then the same butterfly), after
+// a __syncthreads: the warps' sums in index order, as dec_block_sums.
+__device__ __forceinline__ float dec_rms_folded(const float (*s_red)[DEC_WARPS])
+{
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DEC_WARPS; ++i) t += s_red[0][i];
+    return 1.0f / sqrtf(t / (float)D + EPS);
+}
 
 // Push exchange of the blocks' partial sums (DEC_PUSH, the 1-stream
 // instance). Each block writes its partial vector into slot [its rank] of
@@ -623,7 +634,10 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         // ---- 1: hn = rmsnorm(h) * norm.weight ----
         {
             float rs[SEQS];
-            dec_rms_scales(s_h, ns, s_red, rs);
+            if (PUSH && l > 0)
+                rs[0] = dec_rms_folded(s_red);   // (summed in the previous layer's h update)
+            else
+                dec_rms_scales(s_h, ns, s_red, rs);
 #pragma unroll
             for (int s = 0; s < SEQS; ++s) {
                 if (s >= ns) continue;
@@ -727,7 +741,19 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
         if (l + 1 < N_LAYERS) load_layer(l + 1);
         if constexpr (PUSH) {
             dec_bar_wait(&s_bar[1], (uint32_t)l & 1u);
-            for (int i = tid; i < D; i += DEC_THREADS) s_h[0][i] += dec_rank_sum([&](int q) { return s_pin[q][i]; });
+            // h += the partials, and this thread's sum of the new h^2 for the
+            // next RMSNorm (dec_rms_scales' entries, order and butterfly; the
+            // warps' sums in s_red, read after the barrier below).
+            float sq = 0.0f;
+            for (int i = tid; i < D; i += DEC_THREADS) {
+                const float acc = dec_rank_sum([&](int q) { return s_pin[q][i]; });
+                const float hv = s_h[0][i] + acc;
+                s_h[0][i] = hv;
+                sq += hv * hv;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(FULL_MASK, sq, o);
+            if ((tid & 31) == 0) s_red[0][tid >> 5] = sq;
         } else {
             cluster.barrier_wait();
             for (int i = tid; i < ns * D; i += DEC_THREADS)
@@ -739,7 +765,10 @@ decode_persistent_kernel(int batch, int spc, const float *__restrict__ u, float 
     // ---- F: out = rmsnorm(h) * norm_f.weight (f32), written by rank 0 ----
     if (rank == 0) {
         float rs[SEQS];
-        dec_rms_scales(s_h, ns, s_red, rs);
+        if constexpr (PUSH)
+            rs[0] = dec_rms_folded(s_red);   // (summed in the last layer's h update)
+        else
+            dec_rms_scales(s_h, ns, s_red, rs);
         const float *nf = w + DOFF_NORM_F_W;
 #pragma unroll
         for (int s = 0; s < SEQS; ++s) {
