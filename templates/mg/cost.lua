@@ -69,22 +69,22 @@ function M.mamba3(d)
   local gate_bytes = E * 4 + E * a + E * a                                    -- y, z in; g out
   local core_split_bytes = prep_bytes + angles_bytes + scan_bytes + gate_bytes
   -- The training's SSM core, kernel by kernel (the bench's "ssm core
-  -- fwd+bwd" rows and their parts): k', q' in the storage dtype, the (cos,
-  -- sin) table cs [H][S][2] f32, the checkpoints one state [H][P][N] f32
+  -- fwd+bwd" rows and their parts): k', q' in the storage dtype, the
+  -- rotary angle table rot [H][S] f32, the checkpoints one state [H][P][N] f32
   -- per bscan_tchunk steps (sequential) or per chunk (chunked).
   local HN, HS = H * N, H * S
   local dkq = d.ckb_dkq_size or 4                                  -- the chunked backward's dk, dq entries
   local ck_seq = H * P * N * 4 // (d.bscan_tchunk or 16)          -- checkpoint bytes per token, sequential
   local ck_ck = H * P * N * 4 // (d.ck_chunk or 64)               -- and chunked
-  local t_angles = S * a + H * a + 8 * HS                          -- angle and dt columns in; cs out
-  local t_prep = (2 * G * N + 3 * H) * a + 8 * HS + 3 * H * 4 + 2 * HN * a   -- B, C, scalars, cs in; dt, adt, lam, k', q' out
+  local t_angles = S * a + H * a + 4 * HS                          -- angle and dt columns in; rot out
+  local t_prep = (2 * G * N + 3 * H) * a + 4 * HS + 3 * H * 4 + 2 * HN * a   -- B, C, scalars, rot in; dt, adt, lam, k', q' out
   local t_scan_in = 2 * HN * a + E * a + 3 * H * 4                -- k', q', v, scalars in
   -- the chunked path builds k', q' in its scans (no per-head rows): its
   -- prep writes the scalars and the 1/rms of B and C only, its scans read
   -- the group's B and C (once a token from DRAM, the other heads from L2),
-  -- the 1/rms and the (cos, sin) table instead of k', q'
+  -- the 1/rms and the angle table instead of k', q'
   local t_prep_ck = (2 * G * N + 3 * H) * a + 3 * H * 4 + 2 * G * 4   -- B, C, scalars in; dt, adt, lam, rbc out
-  local t_scan_in_ck = 8 * HS + 2 * G * N * a + 2 * G * 4 + E * a + 3 * H * 4   -- cs, B, C, rbc, v, scalars in
+  local t_scan_in_ck = 4 * HS + 2 * G * N * a + 2 * G * 4 + E * a + 3 * H * 4   -- rot, B, C, rbc, v, scalars in
   local t_fscan_seq = t_scan_in + E * 4 + ck_seq                  -- y and the checkpoints out
   local t_fscan_ck = t_scan_in_ck + E * 4 + ck_ck
   local t_gate_bwd = E * 4 + E * a + E * 4 + E * a + E * 4 + E * a -- y, z, dg in; g, dy, dz out
@@ -92,7 +92,7 @@ function M.mamba3(d)
     + 2 * HN * 4 + E * 4 + 3 * H * 4                              -- dk, dq, dv, dadt, ddt, dlam out
   local t_bscan_ck = t_scan_in_ck + ck_ck + E * 4                -- the forward's inputs (cs among them), checkpoints, dy in
     + 2 * HN * dkq + E * a + 3 * H * 4 + HS * 4 + 2 * HN * 4 // 16   -- dk, dq, dv (into dproj), scalars, gth, tile sums out
-  local t_angles_bwd = 2 * HN * a + 8 * HS + 2 * 2 * HN * 4 + HS * 4   -- k', q', cs, dk, dq in; dk, dq, gth out
+  local t_angles_bwd = 2 * HN * a + 4 * HS + 2 * 2 * HN * 4 + HS * 4   -- k', q', rot, dk, dq in; dk, dq, gth out
   local t_angles_sums = 2 * HS * 4                                -- gth in place
   local t_prep_bwd_ck = (2 * G * N + 3 * H) * a + 2 * H * 4 + 2 * HN * dkq + 3 * H * 4 + HS * 4
     + (2 * G * N + 3 * H + S) * a + H * 4 + 2 * N * 4              -- proj, dt, lam, dk, dq, scalar and angle grads in; dproj, sums out

@@ -194,9 +194,9 @@ is(c.core_prep_bytes_per_token + c.core_angles_bytes_per_token + c.core_scan_byt
    + c.core_gate_bytes_per_token, c.core_split_bytes_per_token, "perf: the split kernels' bytes sum to the split total")
 is(c.core_prep_bytes_per_token, (2 * 128 + 3 * 32 + 32) * 2 + 3 * 32 * 4 + 2 * 32 * 128 * 4, "perf: prep bytes per token")
 is(c.core_gate_bytes_per_token, 2048 * (4 + 2 + 2), "perf: gate bytes per token (y f32, z, g)")
-is(c.tcore_fscan_ck_bytes_per_token, 8 * 32 * 32 + 2 * 128 * 2 + 2 * 4 + 2048 * 2 + 3 * 32 * 4 + 2048 * 4
+is(c.tcore_fscan_ck_bytes_per_token, 4 * 32 * 32 + 2 * 128 * 2 + 2 * 4 + 2048 * 2 + 3 * 32 * 4 + 2048 * 4
    + 32 * 64 * 128 * 4 // perf.ck_chunk,
-   "perf: the chunked training forward scan's bytes: k', q' built from cs, B, C and 1/rms; one checkpoint per chunk")
+   "perf: the chunked training forward scan's bytes: k', q' built from the angle table (f32 per pair), B, C and 1/rms; one checkpoint per chunk")
 is(c.tcore_prep_ck_bytes_per_token, (2 * 128 + 3 * 32) * 2 + 3 * 32 * 4 + 2 * 4,
    "perf: the chunked path's prep: scalars and the 1/rms of B and C out, no per-head k', q'")
 check(c.tcore_fscan_seq_bytes_per_token > c.tcore_fscan_ck_bytes_per_token,

@@ -143,7 +143,7 @@ static mg_status run_core(void *p, cudaStream_t st)
 typedef struct {
     core_ctx *c;
     int chunked, parts;   /* parts: the kernels to run, BK_* bits (BK_ALL: the whole op) */
-    float *cs, *rbc, *ckpt, *dg, *dy, *dk, *dq, *dv, *dadt, *ddt, *dlam, *partD, *partgw, *gth, *gdtb, *gBn, *gCn;
+    float *rot, *rbc, *ckpt, *dg, *dy, *dk, *dq, *dv, *dadt, *ddt, *dlam, *partD, *partgw, *gth, *gdtb, *gBn, *gCn;
     void *dproj;
 } core_bwd_ctx;
 
@@ -174,7 +174,7 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
     core_ctx *c = x->c;
     const int tokens = c->batch * c->seqlen;
     if (x->parts & BK_ANGLES)
-        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, c->ang, NULL, x->cs, NULL, st));
+        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, c->ang, NULL, x->rot, NULL, st));
     if (x->parts & BK_PREP) {
         /* the chunked path's prep writes the scalars and the 1/rms of B, C
          * only: its scans build k', q' (as the trainer runs it) */
@@ -183,13 +183,13 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
             MG_CUDA(model_launch_prep_scalars_train(tokens, c->proj, c->dt_bias, c->dt, c->adt, c->lam, x->rbc, st));
         else
 #endif
-        MG_CUDA(model_launch_prep_train(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, x->cs, c->dt,
+        MG_CUDA(model_launch_prep_train(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, x->rot, c->dt,
                             c->adt, c->lam, c->k, c->q, st));
     }
     if (x->parts & BK_SCAN) {
 #if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)
-            MG_CUDA(model_launch_scan_fwd_chunked(c->batch, c->seqlen, c->proj, x->rbc, x->cs, c->Bnw, c->Cnw, c->Bb,
+            MG_CUDA(model_launch_scan_fwd_chunked(c->batch, c->seqlen, c->proj, x->rbc, x->rot, c->Bnw, c->Cnw, c->Bb,
                                             c->Cb, c->dt, c->adt, c->lam, c->Dsk, c->ssm, c->kp, c->vp, NULL, NULL,
                                             NULL, x->ckpt, c->y, NULL, st));
         else
@@ -204,7 +204,7 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
     if (x->parts & BK_SCAN_BWD) {
 #if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)
-            MG_CUDA(model_launch_scan_bwd_chunked(c->batch, c->seqlen, c->proj, x->rbc, x->cs, c->Bnw, c->Cnw, c->Bb,
+            MG_CUDA(model_launch_scan_bwd_chunked(c->batch, c->seqlen, c->proj, x->rbc, x->rot, c->Bnw, c->Cnw, c->Bb,
                                             c->Cb, c->dt, c->adt, c->lam, c->Dsk, x->ckpt, c->kp, c->vp, x->dy,
                                             x->dk, x->dq, x->dproj,
                                             x->dadt, x->ddt, x->dlam, x->gth, x->partD, NULL, NULL, NULL, NULL,
@@ -223,7 +223,7 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
             MG_CUDA(model_launch_angles_bwd_sums(c->batch, c->seqlen, x->gth, NULL, NULL, st));
         else
 #endif
-        MG_CUDA(model_launch_angles_bwd(c->batch, c->seqlen, c->k, c->q, x->cs, x->dk, x->dq, x->gth, NULL, NULL, st));
+        MG_CUDA(model_launch_angles_bwd(c->batch, c->seqlen, c->k, c->q, x->rot, x->dk, x->dq, x->gth, NULL, NULL, st));
     }
     if (x->parts & BK_PREP_BWD) {
 #if MODEL_HAS_CHUNKED_BWD
@@ -380,7 +380,7 @@ int main(int argc, char **argv)
             c.batch = B;
             c.seqlen = T;
             const double tok = (double)B * T;
-            x.cs = dalloc(sizeof(float) * maxtok * N_HEADS * MODEL_N_ANGLES * 2);
+            x.rot = dalloc(sizeof(float) * maxtok * N_HEADS * MODEL_N_ANGLES);
             x.ckpt = dalloc(sizeof(float) * (size_t)B * N_HEADS * MODEL_MAX_CKPTS * MODEL_HEADDIM * D_STATE);
             x.dg = drandom(maxtok * D_INNER, 8, -1e-2f, 1e-2f);
             x.dy = dalloc(sizeof(float) * maxtok * D_INNER);
@@ -429,7 +429,7 @@ int main(int argc, char **argv)
                 if (time_row(runs[r].what, B, T, stream, run_core_bwd, &x, &o, &st))
                     report(runs[r].what, B, T, &st, tok, tok * core_bwd_bytes(runs[r].parts, runs[r].chunked), 0.0);
             }
-            mg_dev_free(x.cs); mg_dev_free(x.ckpt); mg_dev_free(x.dg); mg_dev_free(x.dy); mg_dev_free(x.dk);
+            mg_dev_free(x.rot); mg_dev_free(x.ckpt); mg_dev_free(x.dg); mg_dev_free(x.dy); mg_dev_free(x.dk);
             mg_dev_free(x.dq); mg_dev_free(x.dv); mg_dev_free(x.dadt); mg_dev_free(x.ddt); mg_dev_free(x.dlam);
             mg_dev_free(x.partD); mg_dev_free(x.partgw); mg_dev_free(x.gth); mg_dev_free(x.gdtb);
             mg_dev_free(x.gBn); mg_dev_free(x.gCn); mg_dev_free(x.dproj); mg_dev_free(x.rbc);

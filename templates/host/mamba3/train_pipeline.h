@@ -21,7 +21,7 @@ struct model_trainer {
     void *ws;
     /* state of the last forward_train */
     int have_fwd, batch, seqlen;
-    int ssm_in_last;   /* cs, dt, adt, lam, k, q (chunked: rbc) and g still hold the last layer's (forward_train's) */
+    int ssm_in_last;   /* rot, dt, adt, lam, k, q (chunked: rbc) and g still hold the last layer's (forward_train's) */
     const float *w;
     /* saved activations */
     float *h;      /* [L+1][MAX_TOKENS][D] residual stream at each layer input; [L] = norm_f input */
@@ -34,7 +34,7 @@ struct model_trainer {
     /* scratch */
     float *dt, *adt, *lam;   /* [MAX_TOKENS][H] per-head SSM inputs */
     char *k, *q;             /* act [MAX_TOKENS][H][N] rotated k', q' (the storage dtype) */
-    float *cs;               /* [MAX_TOKENS][H][S][2] rotary cos, sin */
+    float *rot;              /* [MAX_TOKENS][H][S] rotary angles (reduced) */
     float *rbc;              /* [MAX_TOKENS][2G] 1/rms of the raw B, C rows (chunked path: k', q' built in the scans) */
     char *g;       /* act [MAX_TOKENS][E]: out_proj input (forward and backward) */
     char *dh_act;  /* act [MAX_TOKENS][D] (LOWP only) */
@@ -103,7 +103,7 @@ static size_t carve(model_trainer *t, char *p)
     TAKE(lam, float *, MT * H, 4);
     TAKE(k, char *, MT * HN_DIM, ACT_SIZE);
     TAKE(q, char *, MT * HN_DIM, ACT_SIZE);
-    TAKE(cs, float *, MT * HS_DIM * 2, 4);
+    TAKE(rot, float *, MT * HS_DIM, 4);
     TAKE(rbc, float *, HAS_CHUNKED_BWD ? MT * 2 * N_GROUPS : 1, 4);
     TAKE(g, char *, MT * E, ACT_SIZE);
     TAKE(dh_act, char *, LOWP ? MT * D_MODEL : 1, ACT_SIZE);
@@ -212,7 +212,7 @@ static mg_status colsum(const model_trainer *t, int tokens, int width, const flo
 }
 
 /* The per-token SSM inputs of a layer (weights lw, in_proj output proj),
- * after angles_train has written cs: forward_train's and the backward's
+ * after angles_train has written rot: forward_train's and the backward's
  * recompute (the same kernels: the same bits). The chunked SSM gets dt,
  * A*dt, lambda and rbc (prep_scalars_train: its scans build k', q' in their
  * stage), the sequential one also the per-head k', q' rows (prep_train). */
@@ -228,7 +228,7 @@ static mg_status ssm_prep(const model_trainer *t, int chunked, int tokens, const
     (void)chunked;
 #endif
     MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
-                                    lw + L0_B_BIAS, lw + L0_C_BIAS, t->cs, t->dt, t->adt, t->lam, t->k, t->q,
+                                    lw + L0_B_BIAS, lw + L0_C_BIAS, t->rot, t->dt, t->adt, t->lam, t->k, t->q,
                                     t->stream));
     return MG_OK;
 }
@@ -295,13 +295,13 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
             MG_CUDA(cudaMemsetAsync(vp0, 0, (size_t)batch * VPREV_PER_SEQ * sizeof(float), st));
             MG_CUDA(cudaMemsetAsync(ang0, 0, (size_t)batch * ANGLE_PER_SEQ * sizeof(float), st));
         }
-        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, ang_l, t->cs, start, st));
+        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, ang_l, t->rot, start, st));
         CHECK(ssm_prep(t, chunked, tokens, proj, lw));
 #if HAS_CHUNKED_BWD
-        /* chunked: the scan builds k', q' in its stage from proj, rbc and cs
+        /* chunked: the scan builds k', q' in its stage from proj, rbc and rot
          * (the values prep_train writes, to the bit): no per-head rows */
         if (chunked)
-            MG_CUDA(model_launch_scan_fwd_chunked(batch, seqlen, proj, t->rbc, t->cs, lw + L0_B_NORM_W,
+            MG_CUDA(model_launch_scan_fwd_chunked(batch, seqlen, proj, t->rbc, t->rot, lw + L0_B_NORM_W,
                                             lw + L0_C_NORM_W, lw + L0_B_BIAS, lw + L0_C_BIAS, t->dt, t->adt,
                                             t->lam, lw + L0_D, ssm_l, kp0, vp0, ssm_l, kp_l, vp_l, ckpt, y_l,
                                             start, st));
@@ -489,7 +489,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         /* recompute the SSM inputs (forward arithmetic), with the rotary
          * cos/sin (the same kernels as the forward: the same bits) */
         if (!(reuse_last && l == N_LAYERS - 1)) {
-            MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, NULL, t->cs, start, st));
+            MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, NULL, t->rot, start, st));
             CHECK(ssm_prep(t, chunked, tokens, proj, lw));
         }
         /* the SSM, in reverse from the checkpoints */
@@ -499,7 +499,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
          * itself (only the suffix sums are left), the sequential one leaves
          * all of it to angles_bwd */
         if (chunked) {
-            MG_CUDA(model_launch_scan_bwd_chunked(batch, seqlen, proj, t->rbc, t->cs, lw + L0_B_NORM_W,
+            MG_CUDA(model_launch_scan_bwd_chunked(batch, seqlen, proj, t->rbc, t->rot, lw + L0_B_NORM_W,
                                             lw + L0_C_NORM_W, lw + L0_B_BIAS, lw + L0_C_BIAS, t->dt, t->adt,
                                             t->lam, lw + L0_D, ckpt, kp0, vp0, t->dy, t->dk, t->dq, t->dproj,
                                             t->dadt, t->ddt, t->dlam, t->gth, t->part_D, t->part_kq,
@@ -513,7 +513,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
             MG_CUDA(model_launch_scan_bwd(batch, seqlen, proj, t->k, t->q, t->dt, t->adt, t->lam, lw + L0_D, ckpt,
                                     kp0, vp0, t->dy, t->dk, t->dq, t->dv, t->dadt, t->ddt, t->dlam, t->part_D,
                                     dssm_l, dkp_l, dvp_l, start, st));
-            MG_CUDA(model_launch_angles_bwd(batch, seqlen, t->k, t->q, t->cs, t->dk, t->dq, t->gth, dang_l, start,
+            MG_CUDA(model_launch_angles_bwd(batch, seqlen, t->k, t->q, t->rot, t->dk, t->dq, t->gth, dang_l, start,
                                       st));
         }
         MG_CUDA(model_launch_reduce_parts(t->part_D, batch, N_HEADS, N_HEADS, gl + L0_D, st));

@@ -48,18 +48,27 @@ __device__ __forceinline__ double wrap_2pi(double th)
 }
 
 // The cosine and sine (f32) of an angle th in [0, 2pi) (wrap_2pi's range),
-// for every rotation of the forward (the angle kernels, the fused chunked
-// kernel, decode; the backward reads the (cos, sin) the forward wrote): th
-// moved to [-pi, pi) in f64 (th - 2pi is exact there, Sterbenz's lemma),
-// rounded once to f32 (error <= 2^-24 pi, 1.9e-7) and taken by sincosf
-// (accurate libm, ~1 ulp). Why not f64 sincos rounded to f32 (error 6e-8):
-// one per (token, head, angle) bound the angle kernels by the f64 pipe, at
-// half the f32 rate on an H100 and far less on other parts; the running
-// angle itself stays f64, so nothing drifts with t (doc/math.md section 5).
-__device__ __forceinline__ void angle_cos_sin(double th, float &c, float &s)
+// for every rotation (the angle kernels, the fused chunked kernel, decode;
+// training's kernels take them of the table of reduced angles that
+// angles_cs_kernel writes, mg_m3_prep_rot.cuh): th moved to [-pi, pi) in f64 (th - 2pi is exact
+// there, Sterbenz's lemma), rounded once to f32 (error <= 2^-24 pi,
+// 1.9e-7; angle_reduced) and taken by sincosf (accurate libm, ~1 ulp;
+// rot_cos_sin). Why not f64 sincos rounded to f32 (error 6e-8): one per
+// (token, head, angle) bound the angle kernels by the f64 pipe, at half the
+// f32 rate on an H100 and far less on other parts; the running angle
+// itself stays f64, so nothing drifts with t (doc/math.md section 5).
+__device__ __forceinline__ float angle_reduced(double th)
 {
     const double r = th >= PI_D ? th - TWO_PI_D : th;
-    sincosf((float)r, &s, &c);
+    return (float)r;
+}
+__device__ __forceinline__ void rot_cos_sin(float r, float &c, float &s)
+{
+    sincosf(r, &s, &c);
+}
+__device__ __forceinline__ void angle_cos_sin(double th, float &c, float &s)
+{
+    rot_cos_sin(angle_reduced(th), c, s);
 }
 
 // The rotation of one (even, odd) pair by the angle with cosine c, sine s;
@@ -142,8 +151,8 @@ __device__ __forceinline__ double angle_slice_start(double th0, int t0, int t1, 
 
 // The walk of thread (a, sl)'s slice [t0, t1) from its starting angle th
 // (angle_slice_start): per token, the sum restarts at an episode start
-// (STARTS), adds inc(t) and wraps, and at(t, c, s) gets the angle's cosine
-// and sine (angle_cos_sin). Returns the angle after the slice.
+// (STARTS), adds inc(t) and wraps, and at(t, th) gets the wrapped angle
+// (for angle_cos_sin or angle_reduced). Returns the angle after the slice.
 // The angle kernels of inference and training share it.
 template <bool STARTS, class Inc, class IsStart, class At>
 __device__ __forceinline__ double angle_slice_walk(double th, int t0, int t1, Inc inc, IsStart is_start, At at)
@@ -153,9 +162,7 @@ __device__ __forceinline__ double angle_slice_walk(double th, int t0, int t1, In
             if (is_start(t)) th = 0.0;   // a new episode: the sum restarts
         }
         th = wrap_2pi(th + inc(t));
-        float c, sn;
-        angle_cos_sin(th, c, sn);
-        at(t, c, sn);
+        at(t, th);
     }
     return th;
 }
@@ -185,7 +192,9 @@ angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restric
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle, rotating k and q.
     double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, inc, is_start);
-    th = angle_slice_walk<STARTS>(th, t0, t1, inc, is_start, [&](int t, float c, float s) {
+    th = angle_slice_walk<STARTS>(th, t0, t1, inc, is_start, [&](int t, double tht) {
+        float c, s;
+        angle_cos_sin(tht, c, s);
         const size_t tok = row0 + t;
         float2 *kp = reinterpret_cast<float2 *>(k + (tok * H + h) * N + 2 * a);
         float2 *qp = reinterpret_cast<float2 *>(q + (tok * H + h) * N + 2 * a);

@@ -27,12 +27,12 @@
 // token. dangle0 is then 0 for a stream whose first token is a start.
 // GIVEN: the chunked SSM backward (mg_m3_chunked_bwd.cuh, phase D) has
 // already un-rotated dk, dq and written g_t into gth; pass 1 only reads it
-// (k, q, cs, dk, dq are not touched and may be null).
+// (k, q, rot, dk, dq are not touched and may be null).
 // ---------------------------------------------------------------------------
 template <bool STARTS, bool GIVEN = false>
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_bwd_kernel(int seqlen, const kq_t *__restrict__ k, const kq_t *__restrict__ q,
-                  const float *__restrict__ cs, float *__restrict__ dk, float *__restrict__ dq,
+                  const float *__restrict__ rot, float *__restrict__ dk, float *__restrict__ dq,
                   float *__restrict__ gth, float *__restrict__ dangle0, const unsigned char *__restrict__ start)
 {
     __shared__ float part[ANGLE_SLICES][S];
@@ -61,10 +61,11 @@ angles_bwd_kernel(int seqlen, const kq_t *__restrict__ k, const kq_t *__restrict
             const float2 qq = ld2_f32(q + base);
             const float2 g = *reinterpret_cast<const float2 *>(dk + base);
             const float2 f = *reinterpret_cast<const float2 *>(dq + base);
-            const float2 r = reinterpret_cast<const float2 *>(cs)[(tok * H + h) * S + a];
+            float rc, rs;
+            rot_cos_sin(rot[(tok * H + h) * S + a], rc, rs);
             gl = -g.x * kk.y + g.y * kk.x - f.x * qq.y + f.y * qq.x;
-            *reinterpret_cast<float2 *>(dk + base) = unrotate_pair(r.x, r.y, g);
-            *reinterpret_cast<float2 *>(dq + base) = unrotate_pair(r.x, r.y, f);
+            *reinterpret_cast<float2 *>(dk + base) = unrotate_pair(rc, rs, g);
+            *reinterpret_cast<float2 *>(dq + base) = unrotate_pair(rc, rs, f);
             gth[(tok * H + h) * S + a] = gl;
         }
         if constexpr (STARTS) {

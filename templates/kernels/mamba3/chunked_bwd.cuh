@@ -156,7 +156,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                         const float *__restrict__ adt, const float *__restrict__ lam,
                         const float *__restrict__ Dskip, const float *__restrict__ ckpt,
                         const float *__restrict__ kp0, const float *__restrict__ vp0,
-                        const float *__restrict__ dy, const float *__restrict__ cs,
+                        const float *__restrict__ dy, const float *__restrict__ rot,
                         dkq_t *__restrict__ dk, dkq_t *__restrict__ dq,
                         act_t *__restrict__ dproj, float *__restrict__ dadt_o, float *__restrict__ ddt_o,
                         float *__restrict__ dlam_o, float *__restrict__ gth, float *__restrict__ part_D,
@@ -253,7 +253,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
             s_dg[i] = 0.0f;
         }
         // q', k' built from the in_proj rows, the token's 1/rms and the
-        // (cos, sin) table (kq_stage_build: prep_rot_kernel's values), the
+        // angle table (kq_stage_build: prep_rot_kernel's values), the
         // forward's stage to the bit
         kq_stage_build(bld, Qs, Ks, CKB_LDN, row0 + c0, len, h, tid, CKB_Q, CKB_THREADS);
         // v and dy, and dy_t . v_t (f32) in partials over warp-wide row
@@ -390,7 +390,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
         // A dK + dQ item computes dk' then dq' for the same rows and columns,
         // so that the rotary backward (mg_m3_angles_bwd.cuh) happens here, in
         // registers: each lane holds both columns (2a, 2a+1) of a rotated
-        // pair, un-rotates them (R(theta)^T, cs [tok][H][S]) before the
+        // pair, un-rotates them (R(theta)^T, rot [tok][H][S]) before the
         // store, and sums the local angle gradient
         //   g_t = -dk'0 k'1 + dk'1 k'0 - dq'0 q'1 + dq'1 q'0
         // (k', q' as staged) into gth [tok][H][S]; angles_bwd_kernel<.., true>
@@ -527,18 +527,21 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                         for (int j = 0; j < CKB_CW / 8; ++j) {
                             const int n = n0 + 8 * j + cc;
                             float2 col = make_float2(0.0f, 0.0f);   // the item's column sums, rows in order
-                            // (cos, sin) of both rows' pair, the two loads
+                            // the angle of both rows' pair, the two loads
                             // issued before either is used (at the store, each
-                            // had waited for its load); a row past the end
-                            // reads the chunk's first row and is not stored
+                            // had waited for its load), then their (cos, sin);
+                            // a row past the end reads the chunk's first row
+                            // and is not stored
                             float2 rcs[2] = {make_float2(1.0f, 0.0f), make_float2(1.0f, 0.0f)};
                             if (n < 2 * S) {
+                                float ra[2];
 #pragma unroll
                                 for (int rr = 0; rr < 2; ++rr) {
                                     const int tr = m0 + g + 8 * rr;
-                                    rcs[rr] = reinterpret_cast<const float2 *>(
-                                        cs)[((row0 + c0 + (tr < len ? tr : 0)) * H + h) * S + n / 2];
+                                    ra[rr] = rot[((row0 + c0 + (tr < len ? tr : 0)) * H + h) * S + n / 2];
                                 }
+#pragma unroll
+                                for (int rr = 0; rr < 2; ++rr) rot_cos_sin(ra[rr], rcs[rr].x, rcs[rr].y);
                             }
 #pragma unroll
                             for (int rr = 0; rr < 2; ++rr) {

@@ -21,11 +21,11 @@ extern "C" cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, i
 
 extern "C" cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias,
                                              const float *B_norm_w, const float *C_norm_w, const float *B_bias,
-                                             const float *C_bias, const float *cs, float *dt, float *adt,
+                                             const float *C_bias, const float *rot, float *dt, float *adt,
                                              float *lam, void *k, void *q, cudaStream_t st)
 {
     prep_rot_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt_bias, B_norm_w,
-                                                     C_norm_w, B_bias, C_bias, cs, dt, adt, lam,
+                                                     C_norm_w, B_bias, C_bias, rot, dt, adt, lam,
                                                      static_cast<kq_t *>(k), static_cast<kq_t *>(q));
     return cudaGetLastError();
 }
@@ -38,14 +38,14 @@ extern "C" cudaError_t MG_LAUNCH(prep_scalars_train)(int tokens, const void *pro
 }
 
 extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
-                                               const float *angle_in, float *angle_out, float *cs,
+                                               const float *angle_in, float *angle_out, float *rot,
                                                const unsigned char *start, cudaStream_t st)
 {
     // start [batch][seqlen] (NULL: none): the kernels' STARTS instance only
     // when a mask is given, here and below
     const auto kernel = start ? angles_cs_kernel<true> : angles_cs_kernel<false>;
     kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(proj), dt_bias, angle_in, angle_out, cs, start);
+        seqlen, static_cast<const act_t *>(proj), dt_bias, angle_in, angle_out, rot, start);
     return cudaGetLastError();
 }
 
@@ -109,7 +109,7 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *pr
 
 #if MG_M3_CKB
 extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const float *rbc,
-                                                   const float *cs, const float *B_norm_w, const float *C_norm_w,
+                                                   const float *rot, const float *B_norm_w, const float *C_norm_w,
                                                    const float *B_bias, const float *C_bias, const float *dt,
                                                    const float *adt, const float *lam, const float *Dskip,
                                                    const float *ckpt, const float *kp0, const float *vp0,
@@ -119,7 +119,7 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
                                                    float *dssm0, float *dkp0, float *dvp0,
                                                    const unsigned char *start, cudaStream_t st)
 {
-    const kq_build bld = {static_cast<const act_t *>(proj), rbc, cs, B_norm_w, C_norm_w, B_bias, C_bias};
+    const kq_build bld = {static_cast<const act_t *>(proj), rbc, rot, B_norm_w, C_norm_w, B_bias, C_bias};
     // Dynamic shared memory above 48 KiB needs the opt-in, once per process.
     const cudaFuncAttribute fa = cudaFuncAttributeMaxDynamicSharedMemorySize;
     static const cudaError_t attr = CKB_SMEM_BYTES > 48 * 1024
@@ -143,14 +143,14 @@ extern "C" cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const 
     if (carve_st != cudaSuccess) return carve_st;
     const auto kernel = start ? scan_bwd_chunked_kernel<true> : scan_bwd_chunked_kernel<false>;
     kernel<<<dim3(H, batch), CKB_THREADS, CKB_SMEM_BYTES, st>>>(
-        seqlen, static_cast<const act_t *>(proj), bld, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, cs,
+        seqlen, static_cast<const act_t *>(proj), bld, dt, adt, lam, Dskip, ckpt, kp0, vp0, dy, rot,
         static_cast<dkq_t *>(dk), static_cast<dkq_t *>(dq), static_cast<act_t *>(dproj), dadt, ddt, dlam, gth,
         part_D, part_k, part_q, dssm0, dkp0, dvp0, start);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const float *rbc,
-                                                   const float *cs, const float *B_norm_w, const float *C_norm_w,
+                                                   const float *rot, const float *B_norm_w, const float *C_norm_w,
                                                    const float *B_bias, const float *C_bias, const float *dt,
                                                    const float *adt, const float *lam, const float *Dskip,
                                                    const float *ssm_in, const float *kp_in, const float *vp_in,
@@ -167,7 +167,7 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const 
         : cudaSuccess;
     if (attr != cudaSuccess) return attr;
     if (attr_st != cudaSuccess) return attr_st;
-    const kq_build bld = {static_cast<const act_t *>(proj), rbc, cs, B_norm_w, C_norm_w, B_bias, C_bias};
+    const kq_build bld = {static_cast<const act_t *>(proj), rbc, rot, B_norm_w, C_norm_w, B_bias, C_bias};
     const int slots = (seqlen + CKPT_STRIDE - 1) / CKPT_STRIDE;   // the sequential path's checkpoint layout
     const dim3 grid(H, batch);
     const auto kernel = start ? scan_chunked_built_kernel<true, kq_build> : scan_chunked_built_kernel<false, kq_build>;
@@ -179,11 +179,11 @@ extern "C" cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const 
 #endif
 
 extern "C" cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const void *k, const void *q,
-                                             const float *cs, float *dk, float *dq, float *gth,
+                                             const float *rot, float *dk, float *dq, float *gth,
                                              float *dangle0, const unsigned char *start, cudaStream_t st)
 {
     const auto kernel = start ? angles_bwd_kernel<true> : angles_bwd_kernel<false>;
-    kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, kq_ptr(k), kq_ptr(q), cs, dk, dq,
+    kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(seqlen, kq_ptr(k), kq_ptr(q), rot, dk, dq,
         gth, dangle0, start);
     return cudaGetLastError();
 }

@@ -16,23 +16,24 @@ cudaError_t MG_LAUNCH(bias_rows_train)(float *h, const float *bias, int rows, cu
  * of h (the next layer's residual stream, before out_proj adds to it). */
 cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int out_f32,
                                    float *rstd, float *hcopy, int rows, cudaStream_t st);
-/* The SSM inputs of the training forward: angles_train first (the (cos, sin)
- * table cs [tokens][H][S][2] of the rotary angles, and the final angle),
- * then prep_train (dt, A*dt, lambda and the per-head k, q, rotated by cs
- * as they are written). The launchers with a start argument take the
+/* The SSM inputs of the training forward: angles_train first (the table rot
+ * [tokens][H][S] f32 of the rotary angles, each reduced to [-pi, pi) as the
+ * f32 its cosine and sine are taken of, and the final angle), then
+ * prep_train (dt, A*dt, lambda and the per-head k, q, rotated by rot's
+ * angles as they are written). The launchers with a start argument take the
  * episode-start mask [batch][seqlen] (uint8, NULL: none; doc/math.md
  * section 9): the forward restarts every recurrence at a start, the
  * backward passes no gradient across one. */
 cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
-                                    const float *angle_in, float *angle_out, float *cs,
+                                    const float *angle_in, float *angle_out, float *rot,
                                     const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias, const float *B_norm_w,
                                   const float *C_norm_w, const float *B_bias, const float *C_bias,
-                                  const float *cs, float *dt, float *adt, float *lam, void *k, void *q,
+                                  const float *rot, float *dt, float *adt, float *lam, void *k, void *q,
                                   cudaStream_t st);
 /* The chunked path's prep instead (prep_train's dt, A*dt, lambda, and rbc
  * [tokens][2G] f32, the 1/rms of each group's raw B then C row): the
- * chunked scans build k', q' from the in_proj rows, rbc and cs themselves,
+ * chunked scans build k', q' from the in_proj rows, rbc and rot themselves,
  * the values prep_train would have written to the bit, so no per-head k, q
  * row is written or read on that path. */
 cudaError_t MG_LAUNCH(prep_scalars_train)(int tokens, const void *proj, const float *dt_bias, float *dt,
@@ -67,10 +68,10 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const v
                                 cudaStream_t st);
 /* The chunked SSM backward (chunks of CKB_Q steps; defined when the model has
  * it, MG_M3_CKB): the arguments, outputs and layouts of scan_bwd (k', q'
- * built from proj, rbc of prep_scalars_train, cs and the layer's B/C norm
+ * built from proj, rbc of prep_scalars_train, rot and the layer's B/C norm
  * weights and biases, as in scan_fwd_chunked), with the
  * checkpoints of scan_fwd_chunked, and the rotary backward done in the same
- * pass: with the (cos, sin) table cs of angles_train, dk and dq come out
+ * pass: with the angle table rot of angles_train, dk and dq come out
  * un-rotated and gth [tokens][H][S] holds the local angle gradients, so
  * angles_bwd_sums (not angles_bwd) follows it. dv goes straight into the
  * x columns of dproj [tokens][NP] (storage dtype; v = x), and dk, dq
@@ -80,7 +81,7 @@ cudaError_t MG_LAUNCH(scan_bwd)(int batch, int seqlen, const void *proj, const v
  * tile of a sequence, for the B/C bias gradients (reduce_parts over the
  * rows). */
 cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj, const float *rbc,
-                                        const float *cs, const float *B_norm_w, const float *C_norm_w,
+                                        const float *rot, const float *B_norm_w, const float *C_norm_w,
                                         const float *B_bias, const float *C_bias, const float *dt,
                                         const float *adt, const float *lam, const float *Dskip,
                                         const float *ckpt, const float *kp0, const float *vp0,
@@ -93,20 +94,20 @@ cudaError_t MG_LAUNCH(scan_bwd_chunked)(int batch, int seqlen, const void *proj,
 cudaError_t MG_LAUNCH(angles_bwd_sums)(int batch, int seqlen, float *gth, float *dangle0,
                                        const unsigned char *start, cudaStream_t st);
 /* The chunked forward for training: scan_fwd's arguments, but k', q' built
- * in the kernel's stage from proj, rbc (prep_scalars_train), cs
+ * in the kernel's stage from proj, rbc (prep_scalars_train), rot
  * (angles_train) and the layer's B/C norm weights and biases, instead of
  * read from per-head rows; ckpt receives the state entering every chunk
  * (the shifted form of the chunked scan) at slot chunk_start / CKPT_STRIDE,
  * for scan_bwd_chunked. */
 cudaError_t MG_LAUNCH(scan_fwd_chunked)(int batch, int seqlen, const void *proj, const float *rbc,
-                                        const float *cs, const float *B_norm_w, const float *C_norm_w,
+                                        const float *rot, const float *B_norm_w, const float *C_norm_w,
                                         const float *B_bias, const float *C_bias, const float *dt,
                                         const float *adt, const float *lam, const float *Dskip,
                                         const float *ssm_in, const float *kp_in, const float *vp_in,
                                         float *ssm_out, float *kp_out, float *vp_out, float *ckpt, float *y,
                                         const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(angles_bwd)(int batch, int seqlen, const void *k, const void *q,
-                                  const float *cs, float *dk, float *dq, float *gth,
+                                  const float *rot, float *dk, float *dq, float *gth,
                                   float *dangle0, const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_bwd)(int tokens, const void *proj, const float *dt, const float *lam,
                                 const float *dt_bias, const float *B_norm_w, const float *C_norm_w,

@@ -4,11 +4,16 @@
 // unrotated (prep_kernel) and rotates them in place (angles_kernel): at the
 // training shapes that read and write of k and q is most of the two kernels'
 // memory traffic (4 f32 streams of tokens x H x N), so training takes the
-// angles first, as a (cos, sin) table, and rotates in prep.
+// angles first, as a table of reduced angles, and rotates in prep.
 // The chunked training scans go one step further: they build k', q' in
 // their stage from the in_proj row, the token's 1/rms (prep_scalars_kernel)
-// and the (cos, sin) table (kq_build4 below), so no per-head row is written
-// or read at all on that path.
+// and the angle table (kq_build4 below), so no per-head row is written or
+// read at all on that path.
+// The table, rot [tok][H][S] f32, holds each rotation's angle as the f32 in
+// [-pi, pi) its cosine and sine are taken of (angle_reduced): a reader
+// takes them with rot_cos_sin, the same bits as angle_cos_sin of the f64
+// angle. Why not the (cos, sin) pairs: half the bytes (written once, read
+// by both chunked scans, the backward twice), for one sincosf per use.
 // Included inside the anonymous namespace of NAME_backward.cu after
 // mg_m3_prep.cuh and mg_m3_angles.cuh (whose helpers it uses), before the
 // chunked scans (which use kq_build4).
@@ -25,7 +30,8 @@ __device__ __forceinline__ float bc_entry(float x, float r, float w, float b) { 
 // grid, thread map, f64 slice sums and wrapped f64 walk: the same angles to
 // the bit) with dt_t[h] = softplus(dd_dt + dt_bias) taken from the in_proj
 // row (head_scalars' expression: prep's dt to the bit), writing the (cos,
-// sin) of every rotation into cs [tok][H][S][2] instead of rotating k and q.
+// sin) of every rotation's reduced angle into rot [tok][H][S] (angle_reduced)
+// instead of rotating k and q.
 // angle_out (optional) may alias angle_in, as in angles_kernel. STARTS:
 // start [batch][seqlen] restarts the sum, as in angles_kernel.
 // ---------------------------------------------------------------------------
@@ -37,7 +43,7 @@ __device__ __forceinline__ float row_head_dt(const act_t *pr, int h, float dtb)
 template <bool STARTS>
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
-                 const float *angle_in, float *angle_out, float *__restrict__ cs,
+                 const float *angle_in, float *angle_out, float *__restrict__ rot,
                  const unsigned char *__restrict__ start)
 {
     __shared__ double part[ANGLE_SLICES][S];
@@ -57,13 +63,10 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
         return PI_D * (double)tanhf(to_f32(pr[OFF_ANG + a])) * (double)row_head_dt(pr, h, dtb);
     };
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
-    // Walk the slice from its starting angle; one (cos, sin) per token.
+    // Walk the slice from its starting angle; one reduced angle per token.
     double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, inc, is_start);
-    th = angle_slice_walk<STARTS>(th, t0, t1, inc, is_start, [&](int t, float c, float s) {
-        float2 v;
-        v.x = c;
-        v.y = s;
-        reinterpret_cast<float2 *>(cs)[((row0 + t) * H + h) * S + a] = v;
+    th = angle_slice_walk<STARTS>(th, t0, t1, inc, is_start, [&](int t, double tht) {
+        rot[((row0 + t) * H + h) * S + a] = angle_reduced(tht);
     });
     if (angle_out && t1 == seqlen && t1 > t0) angle_out[st] = (float)th;
 }
@@ -72,7 +75,8 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
 // prep_rot_kernel: prep_kernel (one block of PREP_THREADS per token, the same
 // per-head scalars and BCNorm'd k, q) with the rotation of angles_kernel
 // applied before the store: thread pairs (2a, 2a+1) of a head, pair a < S
-// rotated by cs[tok][h][a] (rotate_pair: angles_kernel's expression), the
+// rotated by rot[tok][h][a] (rot_cos_sin, rotate_pair: angles_kernel's
+// expressions), the
 // rest stored as they are, in kq_t (mg_m3_train_util.cuh: the storage type).
 // Each thread stores a pair, consecutive threads on consecutive pairs
 // (coalesced).
@@ -81,7 +85,7 @@ __global__ void __launch_bounds__(PREP_THREADS)
 prep_rot_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
                 const float *__restrict__ Bnw, const float *__restrict__ Cnw,
                 const float *__restrict__ Bbias, const float *__restrict__ Cbias,
-                const float *__restrict__ cs, float *__restrict__ dt, float *__restrict__ adt,
+                const float *__restrict__ rot, float *__restrict__ dt, float *__restrict__ adt,
                 float *__restrict__ lam, kq_t *__restrict__ k, kq_t *__restrict__ q)
 {
     __shared__ float rB[G], rC[G];
@@ -91,7 +95,7 @@ prep_rot_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bia
     __syncthreads();
     kq_t *kt = k + tok * (size_t)(H * N);
     kq_t *qt = q + tok * (size_t)(H * N);
-    const float2 *ct = reinterpret_cast<const float2 *>(cs) + tok * (size_t)(H * S);
+    const float *rt = rot + tok * (size_t)(H * S);
     for (int i = threadIdx.x; i < H * N / 2; i += PREP_THREADS) {
         const int h = i / (N / 2), a = i % (N / 2), n = 2 * a, g = h / HPG;
         const int e = h * N + n;
@@ -101,9 +105,10 @@ prep_rot_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bia
         qv.x = bc_entry(to_f32(pr[OFF_C + g * N + n]), rC[g], Cnw[n], Cbias[e]);
         qv.y = bc_entry(to_f32(pr[OFF_C + g * N + n + 1]), rC[g], Cnw[n + 1], Cbias[e + 1]);
         if (a < S) {
-            const float2 r = ct[h * S + a];
-            kv = rotate_pair(r.x, r.y, kv);
-            qv = rotate_pair(r.x, r.y, qv);
+            float c, sn;
+            rot_cos_sin(rt[h * S + a], c, sn);
+            kv = rotate_pair(c, sn, kv);
+            qv = rotate_pair(c, sn, qv);
         }
         st2_from_f32(kt + 2 * i, kv);
         st2_from_f32(qt + 2 * i, qv);
@@ -134,26 +139,26 @@ prep_scalars_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt
 // The 128-byte lines kq_build4 reads for a token and head (the table's row,
 // the group's B and C entries): KQB_LINES of them, line w given by
 // kq_build_line, for the chunked scans' prefetch of the next chunk.
-constexpr int KQB_LCS = S * 8 / 128 > 0 ? S * 8 / 128 : 1;
+constexpr int KQB_LCS = S * 4 / 128 > 0 ? S * 4 / 128 : 1;
 constexpr int KQB_LBC = N * (int)sizeof(act_t) / 128 > 0 ? N * (int)sizeof(act_t) / 128 : 1;
 constexpr int KQB_LINES = KQB_LCS + 2 * KQB_LBC;
 
 // What the chunked training scans build k', q' from (kq_build4): the
-// in_proj rows, prep_scalars_kernel's rbc, angles_cs_kernel's table and the
+// in_proj rows, prep_scalars_kernel's rbc, angles_cs_kernel's angle table and the
 // layer's BCNorm weights and per-head biases.
 struct kq_build {
     static constexpr bool BUILD = true;   // (mg_m3_chunked_body.cuh's source policy)
     static constexpr int LINES = KQB_LINES;
     const act_t *proj;                        // [tok][NP]
     const float *rbc;                         // [tok][2G]
-    const float *cs;                          // [tok][H][S][2]
+    const float *rot;                         // [tok][H][S] reduced angles
     const float *Bnw, *Cnw, *Bbias, *Cbias;   // [N], [N], [H][N], [H][N]
 };
 
 __device__ __forceinline__ const char *kq_build_line(const kq_build &s, size_t tok, int h, int w)
 {
     const int g = h / HPG;
-    if (w < KQB_LCS) return reinterpret_cast<const char *>(s.cs + (tok * H + h) * (2 * S)) + 128 * w;
+    if (w < KQB_LCS) return reinterpret_cast<const char *>(s.rot + (tok * H + h) * S) + 128 * w;
     const int off = w < KQB_LCS + KQB_LBC ? OFF_B : OFF_C;
     const int l = w < KQB_LCS + KQB_LBC ? w - KQB_LCS : w - KQB_LCS - KQB_LBC;
     return reinterpret_cast<const char *>(s.proj + tok * NP + off + g * N) + 128 * l;
@@ -161,18 +166,19 @@ __device__ __forceinline__ const char *kq_build_line(const kq_build &s, size_t t
 
 // What kq_stage_build reads for one item (token, head, entries n..n+3),
 // loaded before any of it is used: the group's raw B and C entries, the
-// token's two 1/rms and the (cos, sin) of pairs n/2, n/2 + 1. Whole
-// vectors where the layout allows (KQB_VEC_BC: a token's row and the B, C
-// offsets multiples of 4 entries; KQB_VEC_CS: S even, so that the two
-// pairs are both rotated or both not and their table entries are 16-byte
-// aligned), else entry by entry; a pair at or past S loads a valid entry
-// (pair S - 1 or S - 2) that kqb_make does not use: no load waits on a
-// condition.
+// token's two 1/rms and the reduced angles of pairs n/2, n/2 + 1 (their
+// cosines and sines are taken in kqb_make). Whole vectors where the layout
+// allows (KQB_VEC_BC: a token's row and the B, C offsets multiples of 4
+// entries; KQB_VEC_CS: S even, so that the two pairs are both rotated or
+// both not and their table entries are 8-byte aligned), else entry by
+// entry; a pair at or past S loads a valid entry (pair S - 1 or S - 2)
+// that kqb_make does not use: no load waits on a condition.
 constexpr bool KQB_VEC_BC = N % 4 == 0 && NP % 4 == 0 && OFF_B % 4 == 0 && OFF_C % 4 == 0;
 constexpr bool KQB_VEC_CS = S % 2 == 0;
 static_assert(S >= 1 && (!KQB_VEC_CS || S >= 2), "kqb_load: a valid pair to load");
 struct kqb_in {
-    float4 b, c, cs;   // cs: (cos, sin) of pair n/2, then of pair n/2 + 1
+    float4 b, c;
+    float2 ra;         // the reduced angles of pairs n/2 and n/2 + 1
     float rb, rc;
 };
 __device__ __forceinline__ kqb_in kqb_load(const kq_build &s, size_t tok, int h, int n)
@@ -191,12 +197,11 @@ __device__ __forceinline__ kqb_in kqb_load(const kq_build &s, size_t tok, int h,
     }
     x.rb = s.rbc[tok * (2 * G) + g];
     x.rc = s.rbc[tok * (2 * G) + G + g];
-    const float2 *ct = reinterpret_cast<const float2 *>(s.cs) + (tok * H + h) * S;
+    const float *rt = s.rot + (tok * H + h) * S;
     if constexpr (KQB_VEC_CS) {
-        x.cs = *reinterpret_cast<const float4 *>(ct + min(n / 2, S - 2));
+        x.ra = *reinterpret_cast<const float2 *>(rt + min(n / 2, S - 2));
     } else {
-        const float2 c0 = ct[min(n / 2, S - 1)], c1 = ct[min(n / 2 + 1, S - 1)];
-        x.cs = make_float4(c0.x, c0.y, c1.x, c1.y);
+        x.ra = make_float2(rt[min(n / 2, S - 1)], rt[min(n / 2 + 1, S - 1)]);
     }
     return x;
 }
@@ -216,12 +221,16 @@ __device__ __forceinline__ void kqb_make(const kq_build &s, const kqb_in &x, int
     qv[0] = make_float2(bc_entry(x.c.x, x.rc, cw.x, cb.x), bc_entry(x.c.y, x.rc, cw.y, cb.y));
     qv[1] = make_float2(bc_entry(x.c.z, x.rc, cw.z, cb.z), bc_entry(x.c.w, x.rc, cw.w, cb.w));
     if (n / 2 < S) {
-        kv[0] = rotate_pair(x.cs.x, x.cs.y, kv[0]);
-        qv[0] = rotate_pair(x.cs.x, x.cs.y, qv[0]);
+        float c, sn;
+        rot_cos_sin(x.ra.x, c, sn);
+        kv[0] = rotate_pair(c, sn, kv[0]);
+        qv[0] = rotate_pair(c, sn, qv[0]);
     }
     if (n / 2 + 1 < S) {
-        kv[1] = rotate_pair(x.cs.z, x.cs.w, kv[1]);
-        qv[1] = rotate_pair(x.cs.z, x.cs.w, qv[1]);
+        float c, sn;
+        rot_cos_sin(x.ra.y, c, sn);
+        kv[1] = rotate_pair(c, sn, kv[1]);
+        qv[1] = rotate_pair(c, sn, qv[1]);
     }
     k4 = make_float4(kv[0].x, kv[0].y, kv[1].x, kv[1].y);
     q4 = make_float4(qv[0].x, qv[0].y, qv[1].x, qv[1].y);
@@ -230,7 +239,7 @@ __device__ __forceinline__ void kqb_make(const kq_build &s, const kqb_in &x, int
 // k' and q' entries n..n+3 (n a multiple of 4: two rotation pairs) of token
 // tok, head h, in f32: prep_rot_kernel's values before its store rounds
 // them to kq_t (the same expressions on the same inputs: bc_entry, then
-// rotate_pair by the table's (cos, sin) for a pair a < S). A stage of the
+// rotate_pair by the cosine and sine of the table's angle for a pair a < S). A stage of the
 // storage type (op_t == kq_t) holding them rounded holds exactly the rows
 // prep_rot_kernel would have written.
 __device__ __forceinline__ void kq_build4(const kq_build &s, size_t tok, int h, int n, float4 &k4, float4 &q4)
