@@ -282,7 +282,11 @@ __device__ __forceinline__ void ck_state_init(const Dm dm, float (&hs)[Dm::NW_MA
 }
 
 // This warp's tile of a P x N f32 state into dst (the final state, or a
-// training checkpoint).
+// training checkpoint; 8-byte aligned: the API's states are 16-byte
+// aligned, N even). A lane's two columns (cc, cc + 1) of a row go as one
+// 8-byte store: half the store instructions of one entry at a time (the
+// per-chunk checkpoint's scalar stores throttled the training forward's
+// load/store unit).
 template <class Dm>
 __device__ __forceinline__ void ck_state_store(const Dm dm, const float (&hs)[Dm::NW_MAX / 8][4], float *dst,
                                                int p0s, int n0s, int lane)
@@ -292,8 +296,9 @@ __device__ __forceinline__ void ck_state_store(const Dm dm, const float (&hs)[Dm
 #pragma unroll
     for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-            dst[(p0s + g + 8 * (r >> 1)) * N + n0s + 8 * j + cc + (r & 1)] = hs[j][r];
+        for (int rr = 0; rr < 2; ++rr)
+            *reinterpret_cast<float2 *>(dst + (p0s + g + 8 * rr) * N + n0s + 8 * j + cc) =
+                make_float2(hs[j][2 * rr], hs[j][2 * rr + 1]);
 }
 
 // ---- The chunked scan (design above), one block per (head, sequence):
