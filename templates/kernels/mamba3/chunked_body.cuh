@@ -254,8 +254,8 @@ __device__ __forceinline__ void ck_state_step(const Dm dm, float (&hs)[Dm::NW_MA
 #pragma unroll
     for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-            Hb[(p0s + g + 8 * (r >> 1)) * CK_LDN + n0s + 8 * j + cc + (r & 1)] = from_f32<op_t>(hs[j][r]);
+        for (int rr = 0; rr < 2; ++rr)   // (a lane's columns cc, cc + 1: one paired store, each rounded alone)
+            st2_from_f32(Hb + (p0s + g + 8 * rr) * CK_LDN + n0s + 8 * j + cc, make_float2(hs[j][2 * rr], hs[j][2 * rr + 1]));
 }
 
 // The initial state of this warp's tile: Hs_init + (1-lam_0) dt_0 v_prev

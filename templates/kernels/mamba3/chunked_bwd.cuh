@@ -314,11 +314,14 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
             for (int j = 0; j < CKB_NW / 8; ++j)
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
-                    const int p = p0s + g + 8 * (r >> 1), n = n0s + 8 * j + cc + (r & 1);
                     const float e = (r & 1) ? hv[j][r >> 1].y : hv[j][r >> 1].x;
-                    Hc[p * CKB_LDN + n] = from_f32<op_t>(e);
                     wdot += ga[j][r] * e;
                 }
+#pragma unroll
+            for (int j = 0; j < CKB_NW / 8; ++j)   // (a lane's columns cc, cc + 1: one paired store)
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr)
+                    st2_from_f32(Hc + (p0s + g + 8 * rr) * CKB_LDN + n0s + 8 * j + cc, hv[j][rr]);
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) wdot += __shfl_xor_sync(FULL_MASK, wdot, o);
             if (lane == 0) s_wp[warp] = wdot;
@@ -717,10 +720,11 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                     tile_mma_x<true, true, CKB_LDP, CKB_LDN>(ga[j], Ye + kt * CKB_LDP + p0s,
                                                            Qs + kt * CKB_LDN + n0s + 8 * j, lane);
 #pragma unroll
-            for (int j = 0; j < CKB_NW / 8; ++j)
+            for (int j = 0; j < CKB_NW / 8; ++j)   // (a lane's columns cc, cc + 1: one paired store)
 #pragma unroll
-                for (int r = 0; r < 4; ++r)
-                    Gs[(p0s + g + 8 * (r >> 1)) * CKB_LDN + n0s + 8 * j + cc + (r & 1)] = from_f32<op_t>(ga[j][r]);
+                for (int rr = 0; rr < 2; ++rr)
+                    st2_from_f32(Gs + (p0s + g + 8 * rr) * CKB_LDN + n0s + 8 * j + cc,
+                                 make_float2(ga[j][2 * rr], ga[j][2 * rr + 1]));
         }
     }
     // ---- The initial state: Hc_0 = Hs_init + w0 v_prev k_prev^T ----
