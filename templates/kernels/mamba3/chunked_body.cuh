@@ -71,13 +71,15 @@
 
 // The tile products with the staged N-wide operands (row stride ldn): a
 // template argument when the policy is fixed, a runtime one otherwise.
-template <class Dm>
-__device__ __forceinline__ void ck_mma_ldn(float c[4], const op_t *a, const op_t *bt, int lane, const Dm dm)
+// A row of nj such tiles sharing A (tile_mma_row: A's fragment loaded once).
+template <class Dm, int NJ>
+__device__ __forceinline__ void ck_mma_row_ldn(const Dm dm, float (&c)[NJ][4], int nj, const op_t *a, const op_t *bt,
+                                               int lane)
 {
     if constexpr (Dm::FIXED)
-        tile_mma<Dm::ldn, Dm::ldn>(c, a, bt, lane);
+        tile_mma_row<false, false, Dm::ldn, Dm::ldn>(c, a, bt, lane);
     else
-        tile_mma_rt(c, a, bt, lane, dm.ldn, dm.ldn);
+        tile_mma_row_core<false, false>(c, nj, a, bt, lane, dm.ldn, dm.ldn);
 }
 
 // ---- Episode starts (STARTS; doc/math.md section 9). With a start mask
@@ -176,9 +178,7 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
         // inter-chunk: exp(cs_t) * (Q' Hs^T)[t][p]
 #pragma unroll 2
         for (int ks = 0; ks < N; ks += 16)
-#pragma unroll
-            for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
-                ck_mma_ldn(acc[j], Qs + t0 * CK_LDN + ks, Hb + (p0 + 8 * j) * CK_LDN + ks, lane, dm);
+            ck_mma_row_ldn(dm, acc, CK_PW / 8, Qs + t0 * CK_LDN + ks, Hb + p0 * CK_LDN + ks, lane);
         {
             const float e0 = s_ecs[t0 + g], e1 = s_ecs[t0 + g + 8];
 #pragma unroll
@@ -198,9 +198,7 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
             for (int jj = 0; jj < 2; ++jj) sq[jj][0] = sq[jj][1] = sq[jj][2] = sq[jj][3] = 0.0f;
 #pragma unroll 2
             for (int ks = 0; ks < N; ks += 16)
-#pragma unroll
-                for (int jj = 0; jj < 2; ++jj)
-                    ck_mma_ldn(sq[jj], Qs + t0 * CK_LDN + ks, Ks + (s0 + 8 * jj) * CK_LDN + ks, lane, dm);
+                ck_mma_row_ldn(dm, sq, 2, Qs + t0 * CK_LDN + ks, Ks + s0 * CK_LDN + ks, lane);
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj)
 #pragma unroll
@@ -214,9 +212,7 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
                     Ww[(g + 8 * (r >> 1)) * CK_LDW + 8 * jj + cc + (r & 1)] = from_f32<op_t>(wv);
                 }
             __syncwarp();
-#pragma unroll
-            for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8)
-                tile_mma<CK_LDW, CK_LDQ>(acc[j], Ww, Vt + (p0 + 8 * j) * CK_LDQ + s0, lane);
+            tile_mma_row_core<false, false>(acc, CK_PW / 8, Ww, Vt + p0 * CK_LDQ + s0, lane, CK_LDW, CK_LDQ);
             __syncwarp();
         }
         // + D v_t; hand the rows inside the sequence to the sink (pairs of p)
@@ -248,9 +244,8 @@ __device__ __forceinline__ void ck_state_step(const Dm dm, float (&hs)[Dm::NW_MA
     }
 #pragma unroll 2
     for (int ks = 0; ks < CK_Q; ks += 16)
-#pragma unroll
-        for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
-            tile_mma<CK_LDQ, CK_LDQ>(hs[j], Vt + p0s * CK_LDQ + ks, Kw + (n0s + 8 * j) * CK_LDQ + ks, lane);
+        tile_mma_row_core<false, false>(hs, CK_NW / 8, Vt + p0s * CK_LDQ + ks, Kw + n0s * CK_LDQ + ks, lane, CK_LDQ,
+                                        CK_LDQ);
 #pragma unroll
     for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
 #pragma unroll

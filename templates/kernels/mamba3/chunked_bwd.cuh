@@ -76,16 +76,20 @@ __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *
     for (int jj = 0; jj < 2; ++jj)
 #pragma unroll
         for (int r = 0; r < 4; ++r) qk[jj][r] = dv[jj][r] = 0.0f;
+    // (each tile with its own A load: one A for both raised the kernel's
+    // register pressure into spills)
 #pragma unroll 2
     for (int ks = 0; ks < N; ks += 16)
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj)
-            tile_mma<CKB_LDN, CKB_LDN>(qk[jj], Qs + t0 * CKB_LDN + ks, Ks + (s0 + 8 * jj) * CKB_LDN + ks, lane);
+            tile_mma_core<false, false>(qk[jj], Qs + t0 * CKB_LDN + ks, Ks + (s0 + 8 * jj) * CKB_LDN + ks, lane, CKB_LDN,
+                                        CKB_LDN);
 #pragma unroll 2
     for (int ks = 0; ks < P; ks += 16)
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj)
-            tile_mma<CKB_LDP, CKB_LDP>(dv[jj], Ys + t0 * CKB_LDP + ks, Vs + (s0 + 8 * jj) * CKB_LDP + ks, lane);
+            tile_mma_core<false, false>(dv[jj], Ys + t0 * CKB_LDP + ks, Vs + (s0 + 8 * jj) * CKB_LDP + ks, lane, CKB_LDP,
+                                        CKB_LDP);
     float rsum[2], csum[2][2], ssum[2][2];   // rows g, g+8: sum over s of R; [jj][col cc / cc+1]:
 #pragma unroll                                // sums over t of R and of the dscale terms
     for (int e = 0; e < 2; ++e) {
@@ -409,20 +413,16 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                     // dv_s = w_s (G k_s)[p] + sum_{t>=s} W[t][s] dy_t + D dy_s
                     const int ms = it % CKB_T, s0 = ms * 16, p0 = (it / CKB_T) * CKB_CW;
                     for (int kn = 0; kn < N; kn += 16)
-#pragma unroll
-                        for (int j = 0; j < CKB_CW / 8; ++j)
-                            tile_mma_x<false, false, CKB_LDN, CKB_LDN>(acc[j], Ks + s0 * CKB_LDN + kn,
-                                                                     Gs + (p0 + 8 * j) * CKB_LDN + kn, lane);
+                        tile_mma_row<false, false, CKB_LDN, CKB_LDN>(acc, Ks + s0 * CKB_LDN + kn,
+                                                                   Gs + p0 * CKB_LDN + kn, lane);
                     const float w0 = s_w[s0 + g], w1 = s_w[s0 + g + 8];
 #pragma unroll
                     for (int j = 0; j < CKB_CW / 8; ++j) {
                         acc[j][0] *= w0; acc[j][1] *= w0; acc[j][2] *= w1; acc[j][3] *= w1;
                     }
                     for (int tb = ms; tb < CKB_T; ++tb)
-#pragma unroll
-                        for (int j = 0; j < CKB_CW / 8; ++j)
-                            tile_mma_x<true, true, CKB_LDQ, CKB_LDP>(acc[j], Wm + tb * 16 * CKB_LDQ + s0,
-                                                                   Ys + tb * 16 * CKB_LDP + p0 + 8 * j, lane);
+                        tile_mma_row<true, true, CKB_LDQ, CKB_LDP>(acc, Wm + tb * 16 * CKB_LDQ + s0,
+                                                                 Ys + tb * 16 * CKB_LDP + p0, lane);
 #pragma unroll
                     for (int j = 0; j < CKB_CW / 8; ++j) {
                         // dy_s of both rows: one 8-byte load each (p even and
@@ -471,10 +471,8 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                         const op_t *A1 = isq ? Ys : Vs;
                         const op_t *B1 = isq ? Hc : Gs;
                         for (int kp = 0; kp < P; kp += 16)
-#pragma unroll
-                            for (int j = 0; j < CKB_CW / 8; ++j)
-                                tile_mma_x<false, true, CKB_LDP, CKB_LDN>(acc[j], A1 + m0 * CKB_LDP + kp,
-                                                                        B1 + kp * CKB_LDN + n0 + 8 * j, lane);
+                            tile_mma_row<false, true, CKB_LDP, CKB_LDN>(acc, A1 + m0 * CKB_LDP + kp,
+                                                                      B1 + kp * CKB_LDN + n0, lane);
                         // its row dot with q'_t (dq': dy_t.(Hc q_t)) or k'_s (dk': dw_s), f32;
                         // q', k' read from the stage, which holds the kq_t
                         // values exactly (not again from global memory)
@@ -511,17 +509,13 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                         if (isq) {
                             // + M K: sum over s <= t
                             for (int sb = 0; sb <= m0 / 16; ++sb)
-#pragma unroll
-                                for (int j = 0; j < CKB_CW / 8; ++j)
-                                    tile_mma_x<false, true, CKB_LDQ, CKB_LDN>(acc[j], Mm + m0 * CKB_LDQ + sb * 16,
-                                                                            Ks + sb * 16 * CKB_LDN + n0 + 8 * j, lane);
+                                tile_mma_row<false, true, CKB_LDQ, CKB_LDN>(acc, Mm + m0 * CKB_LDQ + sb * 16,
+                                                                          Ks + sb * 16 * CKB_LDN + n0, lane);
                         } else {
                             // + M^T Q: sum over t >= s
                             for (int tb = m0 / 16; tb < CKB_T; ++tb)
-#pragma unroll
-                                for (int j = 0; j < CKB_CW / 8; ++j)
-                                    tile_mma_x<true, true, CKB_LDQ, CKB_LDN>(acc[j], Mm + tb * 16 * CKB_LDQ + m0,
-                                                                           Qs + tb * 16 * CKB_LDN + n0 + 8 * j, lane);
+                                tile_mma_row<true, true, CKB_LDQ, CKB_LDN>(acc, Mm + tb * 16 * CKB_LDQ + m0,
+                                                                         Qs + tb * 16 * CKB_LDN + n0, lane);
                         }
                         dkq_t *out = isq ? dq : dk;
                         float *pcol = isq ? part_q : part_k;
@@ -715,10 +709,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                 ga[j][0] *= ech; ga[j][1] *= ech; ga[j][2] *= ech; ga[j][3] *= ech;
             }
             for (int kt = 0; kt < CKB_Q; kt += 16)
-#pragma unroll
-                for (int j = 0; j < CKB_NW / 8; ++j)
-                    tile_mma_x<true, true, CKB_LDP, CKB_LDN>(ga[j], Ye + kt * CKB_LDP + p0s,
-                                                           Qs + kt * CKB_LDN + n0s + 8 * j, lane);
+                tile_mma_row<true, true, CKB_LDP, CKB_LDN>(ga, Ye + kt * CKB_LDP + p0s, Qs + kt * CKB_LDN + n0s, lane);
 #pragma unroll
             for (int j = 0; j < CKB_NW / 8; ++j)   // (a lane's columns cc, cc + 1: one paired store)
 #pragma unroll

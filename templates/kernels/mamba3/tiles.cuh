@@ -105,7 +105,7 @@ __device__ __forceinline__ void stage4(op_t *dst, const KQ *src, bool in)
 // The transposed forms let the backward multiply by a staged matrix's
 // transpose without staging a second copy. k runs 0..15 in order for every
 // form (fixed summation order).
-// The row strides LDA, LDB are arguments of the core forms (tile_mma_x
+// The row strides LDA, LDB are arguments of the core forms (tile_mma_row
 // below passes its template arguments; the generic tune candidate runtime
 // values). f32 operands: FMA from shared memory.
 template <bool AT, bool BK>
@@ -169,50 +169,78 @@ __device__ __forceinline__ void mma_16816(float c[4], unsigned a0, unsigned a1, 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// 16-bit operands (T = __nv_bfloat16 or __half): ldmatrix + mma.sync.
-template <bool AT, bool BK, typename T>
-__device__ __forceinline__ void tile_mma_core(float c[4], const T *a, const T *b, int lane, int LDA, int LDB)
+// 16-bit operands (T = __nv_bfloat16 or __half): ldmatrix + mma.sync. The
+// two fragment loads are separate helpers so that a row of tiles sharing A
+// (tile_mma_row) loads A's once.
+template <bool AT, typename T>
+__device__ __forceinline__ void frag_a(unsigned (&f)[4], const T *a, int lane, int LDA)
 {
     const int r = lane & 7, i = lane >> 3;
-    unsigned a0, a1, a2, a3, b0, b1;
     if (!AT) {   // stored [m][k]: block i at rows 8*(i&1), k 8*(i>>1)
         const unsigned pa = smem_u32(a + (r + 8 * (i & 1)) * LDA + 8 * (i >> 1));
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(pa) : "memory");
+                     : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3]) : "r"(pa) : "memory");
     } else {     // stored [k][m]: block i at k 8*(i>>1), rows 8*(i&1), transposed
         const unsigned pa = smem_u32(a + (r + 8 * (i >> 1)) * LDA + 8 * (i & 1));
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(pa) : "memory");
+                     : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3]) : "r"(pa) : "memory");
     }
+}
+template <bool BK, typename T>
+__device__ __forceinline__ void frag_b(unsigned (&f)[2], const T *b, int lane, int LDB)
+{
+    const int r = lane & 7, i = lane >> 3;
     if (!BK) {   // stored [n][k]: block i (lanes 0-15) at k 8*i
         const unsigned pb = smem_u32(b + r * LDB + 8 * (i & 1));
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
-                     : "=r"(b0), "=r"(b1) : "r"(pb) : "memory");
+                     : "=r"(f[0]), "=r"(f[1]) : "r"(pb) : "memory");
     } else {     // stored [k][n]: block i at k 8*i, transposed
         const unsigned pb = smem_u32(b + (r + 8 * (i & 1)) * LDB);
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 { %0, %1 }, [%2];\n"
-                     : "=r"(b0), "=r"(b1) : "r"(pb) : "memory");
+                     : "=r"(f[0]), "=r"(f[1]) : "r"(pb) : "memory");
     }
-    mma_16816(c, a0, a1, a2, a3, b0, b1, a);
+}
+template <bool AT, bool BK, typename T>
+__device__ __forceinline__ void tile_mma_core(float c[4], const T *a, const T *b, int lane, int LDA, int LDB)
+{
+    unsigned fa[4], fb[2];
+    frag_a<AT>(fa, a, lane, LDA);
+    frag_b<BK>(fb, b, lane, LDB);
+    mma_16816(c, fa[0], fa[1], fa[2], fa[3], fb[0], fb[1], a);
 }
 
-template <bool AT, bool BK, int LDA, int LDB, typename T>
-__device__ __forceinline__ void tile_mma_x(float c[4], const T *a, const T *b, int lane)
+// A row of tiles sharing A: c[j] += A . B_j for j < nj (NJ the bound of c),
+// B_j the j-th block of 8 columns (b + 8 j rows of B^T when !BK, b + 8 j
+// columns of B when BK): tile_mma_core of each, in j order, with A's
+// fragment loaded once for the row (as a loop of tile_mma calls, each
+// loaded it again: the loads are volatile asm). The same products in the
+// same order: the same bits. f32 operands: tile_mma_core of each.
+template <bool AT, bool BK, int NJ, typename T>
+__device__ __forceinline__ void tile_mma_row_core(float (&c)[NJ][4], int nj, const T *a, const T *b, int lane,
+                                                  int LDA, int LDB)
+{
+    const int bstep = BK ? 8 : 8 * LDB;
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+            if (j < nj) tile_mma_core<AT, BK>(c[j], a, b + j * bstep, lane, LDA, LDB);
+    } else {
+        unsigned fa[4];
+        frag_a<AT>(fa, a, lane, LDA);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+            if (j < nj) {
+                unsigned fb[2];
+                frag_b<BK>(fb, b + j * bstep, lane, LDB);
+                mma_16816(c[j], fa[0], fa[1], fa[2], fa[3], fb[0], fb[1], a);
+            }
+    }
+}
+template <bool AT, bool BK, int LDA, int LDB, int NJ, typename T>
+__device__ __forceinline__ void tile_mma_row(float (&c)[NJ][4], const T *a, const T *b, int lane)
 {
     static_assert(sizeof(T) == 4 || (LDA % 8 == 0 && LDB % 8 == 0), "ldmatrix rows are 16-byte aligned");
-    tile_mma_core<AT, BK>(c, a, b, lane, LDA, LDB);
-}
-
-// The forward's form: A [m][k], B^T [n][k].
-template <int LDA, int LDB>
-__device__ __forceinline__ void tile_mma(float c[4], const op_t *a, const op_t *bt, int lane)
-{
-    tile_mma_x<false, false, LDA, LDB>(c, a, bt, lane);
-}
-// ... with the row strides as runtime values (the generic tune candidate).
-__device__ __forceinline__ void tile_mma_rt(float c[4], const op_t *a, const op_t *bt, int lane, int lda, int ldb)
-{
-    tile_mma_core<false, false>(c, a, bt, lane, lda, ldb);
+    tile_mma_row_core<AT, BK>(c, NJ, a, b, lane, LDA, LDB);
 }
 
 // The cumulative decay of a chunk of Q steps, the first half of phase B of
