@@ -383,8 +383,9 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
             s_adt[i] = a; s_gam[i] = ga; s_nx[i] = nx;
         }
         if constexpr (Bld::BUILD) {
-            // q', k' built from the in_proj rows (kq_stage_build)
-            kq_stage_build(bld, Qs, Ks, CK_LDN, row0 + c0, len, h, tid, CK_Q, CK_THREADS);
+            // q', k' built from the in_proj rows (kq_stage_build, three
+            // items in flight a thread: four spilled)
+            kq_stage_build(bld, Qs, Ks, CK_LDN, row0 + c0, len, h, tid, CK_Q, CK_THREADS, 3);
         } else {
             // q', k' rows (stage4: where it copies, all copies in flight at
             // once; waited for before the barrier below)

@@ -251,33 +251,40 @@ __device__ __forceinline__ void kq_build4(const kq_build &s, size_t tok, int h, 
 // stride ldn, op_t, the storage type): cq rows from token row on, the rows
 // at or past len zeros (they build the chunk's first token, a valid one,
 // and store 0), nt threads; the store rounds as prep_rot_kernel's does.
-// A thread takes its items two at a time, both items' loads issued before
-// either is used (kqb_load), so that each pair waits on memory once.
-// (cq, nt are the callers' constants, arguments rather than template
-// arguments so that the body's call, dependent on its source type, needs
-// no declaration in the inference file.)
+// A thread takes its items `inflight` at a time (1..KQB_INFLIGHT_MAX), all
+// their loads issued before any is used (kqb_load), so that each group
+// waits on memory once: 2 in the backward (more, and it spilled), 3 in the
+// forward (the stage is most of its stall time; 4 spilled).
+// (cq, nt, inflight are the callers' constants, arguments rather than
+// template arguments so that the body's call, dependent on its source type,
+// needs no declaration in the inference file.)
+constexpr int KQB_INFLIGHT_MAX = 4;
 __device__ __forceinline__ void kq_stage_build(const kq_build &s, op_t *Qs, op_t *Ks, int ldn, size_t row, int len,
-                                               int h, int tid, int cq, int nt)
+                                               int h, int tid, int cq, int nt, int inflight = 2)
 {
     static_assert(N % 4 == 0, "the stage is built four entries at a time");
     const int items = cq * (N / 4);
-#pragma unroll 1   // (two items in flight; more, and the backward spilled)
-    for (int idx = tid; idx < items; idx += 2 * nt) {
-        const int idx1 = idx + nt < items ? idx + nt : idx;   // (a lone last item: built twice, stored once)
-        const int i0 = idx / (N / 4), n0 = 4 * (idx % (N / 4));
-        const int i1 = idx1 / (N / 4), n1 = 4 * (idx1 % (N / 4));
-        const kqb_in x0 = kqb_load(s, row + (i0 < len ? i0 : 0), h, n0);
-        const kqb_in x1 = kqb_load(s, row + (i1 < len ? i1 : 0), h, n1);
-        float4 k4, q4;
-        kqb_make(s, x0, h, n0, k4, q4);
-        if (i0 >= len) k4 = q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        op_st4(Qs + i0 * ldn + n0, q4);
-        op_st4(Ks + i0 * ldn + n0, k4);
-        if (idx1 != idx) {
-            kqb_make(s, x1, h, n1, k4, q4);
-            if (i1 >= len) k4 = q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            op_st4(Qs + i1 * ldn + n1, q4);
-            op_st4(Ks + i1 * ldn + n1, k4);
+#pragma unroll 1
+    for (int idx = tid; idx < items; idx += inflight * nt) {
+        kqb_in x[KQB_INFLIGHT_MAX];
+        int id[KQB_INFLIGHT_MAX];
+#pragma unroll
+        for (int u = 0; u < KQB_INFLIGHT_MAX; ++u) {
+            if (u >= inflight) continue;
+            // (an item past the end: the group's first built again, stored once)
+            id[u] = idx + u * nt < items ? idx + u * nt : idx;
+            const int i = id[u] / (N / 4), n = 4 * (id[u] % (N / 4));
+            x[u] = kqb_load(s, row + (i < len ? i : 0), h, n);
+        }
+#pragma unroll
+        for (int u = 0; u < KQB_INFLIGHT_MAX; ++u) {
+            if (u >= inflight || (u > 0 && id[u] == idx)) continue;
+            const int i = id[u] / (N / 4), n = 4 * (id[u] % (N / 4));
+            float4 k4, q4;
+            kqb_make(s, x[u], h, n, k4, q4);
+            if (i >= len) k4 = q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            op_st4(Qs + i * ldn + n, q4);
+            op_st4(Ks + i * ldn + n, k4);
         }
     }
 }
