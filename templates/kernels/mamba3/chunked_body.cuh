@@ -383,9 +383,17 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
             s_adt[i] = a; s_gam[i] = ga; s_nx[i] = nx;
         }
         if constexpr (Bld::BUILD) {
-            // q', k' built from the in_proj rows (kq_stage_build, three
-            // items in flight a thread: four spilled)
-            kq_stage_build(bld, Qs, Ks, CK_LDN, row0 + c0, len, h, tid, CK_Q, CK_THREADS, 3);
+            if constexpr (Bld::raw_fits(CK_Q, CK_LDQ)) {
+                // the raw rows, angles and 1/rms copied (Kw's tile, free
+                // until phase C, holds the angles and 1/rms); q', k' built
+                // from them in place after the barrier below
+                kq_stage_raw(bld, Qs, Ks, CK_LDN, reinterpret_cast<float *>(Kw), row0 + c0, len, h, tid, CK_Q,
+                             CK_THREADS);
+            } else {
+                // q', k' built from the in_proj rows (kq_stage_build, three
+                // items in flight a thread: four spilled)
+                kq_stage_build(bld, Qs, Ks, CK_LDN, row0 + c0, len, h, tid, CK_Q, CK_THREADS, 3);
+            }
         } else {
             // q', k' rows (stage4: where it copies, all copies in flight at
             // once; waited for before the barrier below)
@@ -419,6 +427,11 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
         }
         cp_async_wait_all();
         __syncthreads();
+        if constexpr (Bld::BUILD) {
+            if constexpr (Bld::raw_fits(CK_Q, CK_LDQ))   // (the barrier after B covers it)
+                kq_stage_finish(bld, Qs, Ks, CK_LDN, reinterpret_cast<const float *>(Kw), len, h, tid, CK_Q,
+                                CK_THREADS);
+        }
         // ---- B: cumulative decay and weights ----
         ck_decay<STARTS>(fs, warp, lane);
         __syncthreads();

@@ -146,9 +146,20 @@ constexpr int KQB_LINES = KQB_LCS + 2 * KQB_LBC;
 // What the chunked training scans build k', q' from (kq_build4): the
 // in_proj rows, prep_scalars_kernel's rbc, angles_cs_kernel's angle table and the
 // layer's BCNorm weights and per-head biases.
+// (KQB_VEC_BC: a token's row and the B, C offsets are multiples of 4
+// entries, so 4-entry vectors of them are aligned; kqb_load below)
+constexpr bool KQB_VEC_BC = N % 4 == 0 && NP % 4 == 0 && OFF_B % 4 == 0 && OFF_C % 4 == 0;
 struct kq_build {
     static constexpr bool BUILD = true;   // (mg_m3_chunked_body.cuh's source policy)
     static constexpr int LINES = KQB_LINES;
+    // Whether a stage of cq rows (row stride ldq of its Kw tile) takes the
+    // raw form (kq_stage_raw, kq_stage_finish): the raw B and C rows in
+    // 4-entry copies, and the angles and 1/rms, (S + 2) floats a row, in
+    // the Kw tile, which is free during the stage.
+    __host__ __device__ static constexpr bool raw_fits(int cq, int ldq)
+    {
+        return KQB_VEC_BC && cq * (S + 2) * 4 <= N * ldq * (int)sizeof(op_t);
+    }
     const act_t *proj;                        // [tok][NP]
     const float *rbc;                         // [tok][2G]
     const float *rot;                         // [tok][H][S] reduced angles
@@ -173,7 +184,6 @@ __device__ __forceinline__ const char *kq_build_line(const kq_build &s, size_t t
 // both not and their table entries are 8-byte aligned), else entry by
 // entry; a pair at or past S loads a valid entry (pair S - 1 or S - 2)
 // that kqb_make does not use: no load waits on a condition.
-constexpr bool KQB_VEC_BC = N % 4 == 0 && NP % 4 == 0 && OFF_B % 4 == 0 && OFF_C % 4 == 0;
 constexpr bool KQB_VEC_CS = S % 2 == 0;
 static_assert(S >= 1 && (!KQB_VEC_CS || S >= 2), "kqb_load: a valid pair to load");
 struct kqb_in {
@@ -286,5 +296,69 @@ __device__ __forceinline__ void kq_stage_build(const kq_build &s, op_t *Qs, op_t
             op_st4(Qs + i * ldn + n, q4);
             op_st4(Ks + i * ldn + n, k4);
         }
+    }
+}
+
+// The raw form of the stage build, for a kernel with room for it
+// (kq_build::raw_fits): kq_stage_raw copies, without passing through
+// registers (cp.async), the group's raw B rows into Ks and C rows into Qs
+// (rows at or past len zero-filled), and head h's angles [cq][S] and the
+// token's two 1/rms [cq][2] into scr; after cp_async_wait_all and a
+// barrier, kq_stage_finish turns each item (token, four entries) into
+// k', q' in place (kqb_make on the copied values: kq_stage_build's
+// values, bit for bit; rows at or past len stay the zeros it stores).
+// Why: every load of the stage is then in flight at once, where the build
+// waits on memory once per group of items it holds in registers.
+__device__ __forceinline__ void cp_async_f32(float *dst, const float *src, bool in)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(in ? 4 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void kq_stage_raw(const kq_build &s, op_t *Qs, op_t *Ks, int ldn, float *scr, size_t row,
+                                             int len, int h, int tid, int cq, int nt)
+{
+    static_assert(sizeof(act_t) == sizeof(op_t), "the raw rows are copied in the storage type");
+    const int g = h / HPG;
+#pragma unroll 4
+    for (int idx = tid; idx < cq * (N / 4); idx += nt) {
+        const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
+        const bool in = i < len;
+        const op_t *pr = reinterpret_cast<const op_t *>(s.proj) + (row + (in ? i : 0)) * NP + g * N + n;
+        cp_async4(Ks + i * ldn + n, pr + OFF_B, in);
+        cp_async4(Qs + i * ldn + n, pr + OFF_C, in);
+    }
+#pragma unroll 4
+    for (int idx = tid; idx < cq * S; idx += nt) {
+        const int i = idx / S, a = idx % S;
+        const bool in = i < len;
+        cp_async_f32(scr + idx, s.rot + ((row + (in ? i : 0)) * H + h) * S + a, in);
+    }
+    for (int idx = tid; idx < cq * 2; idx += nt) {
+        const int i = idx / 2, w = idx % 2;
+        const bool in = i < len;
+        cp_async_f32(scr + cq * S + idx, s.rbc + (row + (in ? i : 0)) * (2 * G) + w * G + g, in);
+    }
+}
+__device__ __forceinline__ void kq_stage_finish(const kq_build &s, op_t *Qs, op_t *Ks, int ldn, const float *scr,
+                                                int len, int h, int tid, int cq, int nt)
+{
+    for (int idx = tid; idx < len * (N / 4); idx += nt) {
+        const int i = idx / (N / 4), n = 4 * (idx % (N / 4));
+        kqb_in x;
+        x.b = ld4_f32(Ks + i * ldn + n);
+        x.c = ld4_f32(Qs + i * ldn + n);
+        x.rb = scr[cq * S + 2 * i];
+        x.rc = scr[cq * S + 2 * i + 1];
+        const float *rt = scr + i * S;
+        if constexpr (KQB_VEC_CS) {
+            const int m = min(n / 2, S - 2);
+            x.ra = make_float2(rt[m], rt[m + 1]);
+        } else {
+            x.ra = make_float2(rt[min(n / 2, S - 1)], rt[min(n / 2 + 1, S - 1)]);
+        }
+        float4 k4, q4;
+        kqb_make(s, x, h, n, k4, q4);
+        op_st4(Qs + i * ldn + n, q4);
+        op_st4(Ks + i * ldn + n, k4);
     }
 }
