@@ -154,6 +154,10 @@ __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *
     }
 }
 
+// The raw form of the stage build (kq_stage_raw) where its scratch fits the
+// M and W tiles, which are free during the stage.
+constexpr bool CKB_RAW = kq_build::raw_fits_bytes(CKB_Q, 2 * CKB_Q * CKB_LDQ * (int)sizeof(op_t));
+
 template <bool STARTS>
 __global__ void __launch_bounds__(CKB_THREADS, CKB_MIN_BLOCKS)
 scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_build bld, const float *__restrict__ dt,
@@ -258,8 +262,15 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
         }
         // q', k' built from the in_proj rows, the token's 1/rms and the
         // angle table (kq_stage_build: prep_rot_kernel's values), the
-        // forward's stage to the bit
-        kq_stage_build(bld, Qs, Ks, CKB_LDN, row0 + c0, len, h, tid, CKB_Q, CKB_THREADS);
+        // forward's stage to the bit; where it fits (CKB_RAW) as the
+        // forward does it: the raw rows, angles and 1/rms copied
+        // (kq_stage_raw; the M and W tiles, free until phase C, hold the
+        // angles and 1/rms), built in place after the barrier below
+        if constexpr (CKB_RAW)
+            kq_stage_raw(bld, Qs, Ks, CKB_LDN, reinterpret_cast<float *>(Mm), row0 + c0, len, h, tid, CKB_Q,
+                         CKB_THREADS);
+        else
+            kq_stage_build(bld, Qs, Ks, CKB_LDN, row0 + c0, len, h, tid, CKB_Q, CKB_THREADS);
         // v and dy, and dy_t . v_t (f32) in partials over warp-wide row
         // slices: a warp's lanes cover min(P, 32) consecutive p of a row
         // (CKB_THREADS and P are multiples of 32 and 16), summed by a fixed
@@ -330,7 +341,10 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
             for (int o = 16; o > 0; o >>= 1) wdot += __shfl_xor_sync(FULL_MASK, wdot, o);
             if (lane == 0) s_wp[warp] = wdot;
         }
+        if constexpr (CKB_RAW) cp_async_wait_all();
         __syncthreads();
+        if constexpr (CKB_RAW)   // (the barrier after B covers it)
+            kq_stage_finish(bld, Qs, Ks, CKB_LDN, reinterpret_cast<const float *>(Mm), len, h, tid, CKB_Q, CKB_THREADS);
         // ---- B: cumulative decay and weights (warp 0, fixed order) ----
         if (warp == 0) {
             int lcarry;   // STARTS: the chunk's last start (-1: none)

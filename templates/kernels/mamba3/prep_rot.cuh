@@ -158,7 +158,12 @@ struct kq_build {
     // the Kw tile, which is free during the stage.
     __host__ __device__ static constexpr bool raw_fits(int cq, int ldq)
     {
-        return KQB_VEC_BC && cq * (S + 2) * 4 <= N * ldq * (int)sizeof(op_t);
+        return raw_fits_bytes(cq, N * ldq * (int)sizeof(op_t));
+    }
+    // ... in `bytes` of scratch (the backward's M and W tiles)
+    __host__ __device__ static constexpr bool raw_fits_bytes(int cq, int bytes)
+    {
+        return KQB_VEC_BC && cq * (S + 2) * 4 <= bytes;
     }
     const act_t *proj;                        // [tok][NP]
     const float *rbc;                         // [tok][2G]
