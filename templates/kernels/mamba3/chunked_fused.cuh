@@ -106,6 +106,13 @@ template <int V> __device__ __forceinline__ void avec_st(act_t *p, const avec<V>
 {
     *reinterpret_cast<avec<V> *>(p) = v;
 }
+// 16 bytes of a row into the stage by cp.async (zeros when !in; src is then
+// not read but must be a valid address).
+__device__ __forceinline__ void fused_cp16(act_t *dst, const act_t *src, bool in)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(in ? 16 : 0)
+                 : "memory");
+}
 template <int V> __device__ __forceinline__ avec<V> avec_zero()
 {
     avec<V> v;
@@ -281,17 +288,30 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 if (i < CK_Q) s_sf[i] = c0 + i < seqlen && start[row0 + c0 + i] ? 1.0f : 0.0f;
             }
         }
-#pragma unroll 4
-        for (int idx = tid; idx < CK_Q * (N / FV); idx += CK_THREADS) {
-            const int i = idx / (N / FV), n = FV * (idx % (N / FV));
-            avec<FV> bv = avec_zero<FV>(), cv = bv;
-            if (i < len) {
-                const act_t *pr = pc + (size_t)i * NP + grp * N + n;
-                bv = avec_ld<FV>(pr + OFF_B);
-                cv = avec_ld<FV>(pr + OFF_C);
+        if constexpr (FV * (int)sizeof(act_t) == 16) {
+            // 16-byte rows: copied without passing through registers
+            // (cp.async, rows past len zero-filled), every copy in flight at
+            // once; waited for before the barrier that ends A1
+            for (int idx = tid; idx < CK_Q * (N / FV); idx += CK_THREADS) {
+                const int i = idx / (N / FV), n = FV * (idx % (N / FV));
+                const bool in = i < len;
+                const act_t *pr = pc + (size_t)(in ? i : 0) * NP + grp * N + n;
+                fused_cp16(Ks + i * CK_LDN + n, pr + OFF_B, in);
+                fused_cp16(Qs + i * CK_LDN + n, pr + OFF_C, in);
             }
-            avec_st(Ks + i * CK_LDN + n, bv);
-            avec_st(Qs + i * CK_LDN + n, cv);
+        } else {
+#pragma unroll 4
+            for (int idx = tid; idx < CK_Q * (N / FV); idx += CK_THREADS) {
+                const int i = idx / (N / FV), n = FV * (idx % (N / FV));
+                avec<FV> bv = avec_zero<FV>(), cv = bv;
+                if (i < len) {
+                    const act_t *pr = pc + (size_t)i * NP + grp * N + n;
+                    bv = avec_ld<FV>(pr + OFF_B);
+                    cv = avec_ld<FV>(pr + OFF_C);
+                }
+                avec_st(Ks + i * CK_LDN + n, bv);
+                avec_st(Qs + i * CK_LDN + n, cv);
+            }
         }
 #pragma unroll 4
         for (int idx = tid; idx < CK_Q * (P / FV); idx += CK_THREADS) {
@@ -310,6 +330,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
             for (int idx = tid; idx < len * S; idx += CK_THREADS)
                 s_tanh[idx] = ar[(size_t)(idx / S) * AUX_W + 2 * G + idx % S];
         }
+        if constexpr (FV * (int)sizeof(act_t) == 16) cp_async_wait_all();
         __syncthreads();
         // ---- A2: step weights, the angle slices' sums ----
         for (int i = tid; i < CK_Q; i += CK_THREADS) {
