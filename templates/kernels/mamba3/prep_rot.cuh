@@ -332,11 +332,23 @@ __device__ __forceinline__ void kq_stage_raw(const kq_build &s, op_t *Qs, op_t *
         cp_async4(Ks + i * ldn + n, pr + OFF_B, in);
         cp_async4(Qs + i * ldn + n, pr + OFF_C, in);
     }
+    if constexpr (S % 4 == 0) {
+        // (a token's S angles are 16-byte aligned: four at a time)
 #pragma unroll 4
-    for (int idx = tid; idx < cq * S; idx += nt) {
-        const int i = idx / S, a = idx % S;
-        const bool in = i < len;
-        cp_async_f32(scr + idx, s.rot + ((row + (in ? i : 0)) * H + h) * S + a, in);
+        for (int idx = tid; idx < cq * (S / 4); idx += nt) {
+            const int i = idx / (S / 4), a = 4 * (idx % (S / 4));
+            const bool in = i < len;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(scr + i * S + a)),
+                         "l"(s.rot + ((row + (in ? i : 0)) * H + h) * S + a), "r"(in ? 16 : 0)
+                         : "memory");
+        }
+    } else {
+#pragma unroll 4
+        for (int idx = tid; idx < cq * S; idx += nt) {
+            const int i = idx / S, a = idx % S;
+            const bool in = i < len;
+            cp_async_f32(scr + idx, s.rot + ((row + (in ? i : 0)) * H + h) * S + a, in);
+        }
     }
     for (int idx = tid; idx < cq * 2; idx += nt) {
         const int i = idx / 2, w = idx % 2;
