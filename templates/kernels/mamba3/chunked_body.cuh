@@ -160,7 +160,9 @@ __device__ __forceinline__ void ck_weighted_k(const Dm dm, const op_t *Ks, op_t 
 // inter- and intra-chunk terms plus D v). Reads Qs, Ks, Vt, Hb; each warp
 // uses its own W tile Ww. The caller synchronises the block after it (Kw
 // complete, every read of Hb done).
-template <bool STARTS = false, class Dm, class Sink>
+// VLD > 0: v staged in its natural layout [CK_Q][VLD] instead (ck_fwd_body,
+// the training's forward), read through the transposed tile forms.
+template <bool STARTS = false, int VLD = 0, class Dm, class Sink>
 __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op_t *Ks, op_t *Kw, const op_t *Vt,
                                            const op_t *Hb, op_t *Ww, const float *fs, float dsk, int len,
                                            int tid, int warp, int lane, Sink sink)
@@ -212,7 +214,10 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
                     Ww[(g + 8 * (r >> 1)) * CK_LDW + 8 * jj + cc + (r & 1)] = from_f32<op_t>(wv);
                 }
             __syncwarp();
-            tile_mma_row_core<false, false>(acc, CK_PW / 8, Ww, Vt + p0 * CK_LDQ + s0, lane, CK_LDW, CK_LDQ);
+            if constexpr (VLD > 0)
+                tile_mma_row_core<false, true>(acc, CK_PW / 8, Ww, Vt + s0 * VLD + p0, lane, CK_LDW, VLD);
+            else
+                tile_mma_row_core<false, false>(acc, CK_PW / 8, Ww, Vt + p0 * CK_LDQ + s0, lane, CK_LDW, CK_LDQ);
             __syncwarp();
         }
         // + D v_t; hand the rows inside the sequence to the sink (pairs of p)
@@ -222,15 +227,15 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
             for (int rr = 0; rr < 2; ++rr) {
                 const int tr = t0 + g + 8 * rr, p = p0 + 8 * j + cc;
                 if (tr < len)
-                    sink(tr, p, acc[j][2 * rr] + dsk * to_f32(Vt[p * CK_LDQ + tr]),
-                         acc[j][2 * rr + 1] + dsk * to_f32(Vt[(p + 1) * CK_LDQ + tr]));
+                    sink(tr, p, acc[j][2 * rr] + dsk * to_f32(VLD > 0 ? Vt[tr * VLD + p] : Vt[p * CK_LDQ + tr]),
+                         acc[j][2 * rr + 1] + dsk * to_f32(VLD > 0 ? Vt[tr * VLD + p + 1] : Vt[(p + 1) * CK_LDQ + tr]));
             }
     }
 }
 
 // D: Hs <- exp(cs_end) Hs + V^T Kw (this warp's tile hs, rows p0s..,
 // columns n0s..), and stage it in Hb for the next chunk's outputs.
-template <class Dm>
+template <int VLD = 0, class Dm>   // (VLD: as in ck_outputs)
 __device__ __forceinline__ void ck_state_step(const Dm dm, float (&hs)[Dm::NW_MAX / 8][4], const op_t *Vt,
                                               const op_t *Kw, op_t *Hb, const float *fs, int p0s, int n0s,
                                               int lane)
@@ -244,8 +249,12 @@ __device__ __forceinline__ void ck_state_step(const Dm dm, float (&hs)[Dm::NW_MA
     }
 #pragma unroll 2
     for (int ks = 0; ks < CK_Q; ks += 16)
-        tile_mma_row_core<false, false>(hs, CK_NW / 8, Vt + p0s * CK_LDQ + ks, Kw + n0s * CK_LDQ + ks, lane, CK_LDQ,
-                                        CK_LDQ);
+        if constexpr (VLD > 0)
+            tile_mma_row_core<true, false>(hs, CK_NW / 8, Vt + ks * VLD + p0s, Kw + n0s * CK_LDQ + ks, lane, VLD,
+                                           CK_LDQ);
+        else
+            tile_mma_row_core<false, false>(hs, CK_NW / 8, Vt + p0s * CK_LDQ + ks, Kw + n0s * CK_LDQ + ks, lane,
+                                            CK_LDQ, CK_LDQ);
 #pragma unroll
     for (int j = 0; j < Dm::NW_MAX / 8; ++j) if (j < CK_NW / 8)
 #pragma unroll
@@ -307,6 +316,16 @@ __device__ __forceinline__ void ck_state_store(const Dm dm, const float (&hs)[Dm
 // kq_build (mg_m3_prep_rot.cuh, the training's chunked path, fixed dims):
 // built in the stage from bld by kq_build4, k and q unused; the stage then
 // holds the values prep_rot_kernel's rows would have held, bit for bit.
+// The natural layout of v in the stage (VLD of ck_outputs and
+// ck_state_step), where the source allows it (kq_build::vnat_ld: the
+// training's forward with 16-bit storage, rows that copy as 4-entry
+// vectors, P >= CK_Q so that [CK_Q][P + pad] fits [P][CK_Q + pad]): 0 else.
+template <class Bld, class Dm, bool B = Bld::BUILD> struct ck_vnat {
+    static constexpr int LD = 0;
+};
+template <class Bld, class Dm> struct ck_vnat<Bld, Dm, true> {
+    static constexpr int LD = Bld::vnat_ld(CK_Q, Dm::P);
+};
 struct ck_kq_rows {
     static constexpr bool BUILD = false;
     static constexpr int LINES = 0;   // (kq_build: the 128-byte lines a token's k', q' are built from)
@@ -327,7 +346,9 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
     op_t *Qs = reinterpret_cast<op_t *>(ck_smem);   // [CK_Q][CK_LDN]  q'_t
     op_t *Ks = Qs + CK_Q * CK_LDN;                    // [CK_Q][CK_LDN]  k'_s
     op_t *Kw = Ks + CK_Q * CK_LDN;                    // [N][CK_LDQ]     w_s k'_s[n] (transposed)
-    op_t *Vt = Kw + N * CK_LDQ;                       // [P][CK_LDQ]     v_s[p] (transposed)
+    // v_s[p] transposed, [P][CK_LDQ]; or (VLD > 0, ck_vnat) natural, [CK_Q][VLD]
+    op_t *Vt = Kw + N * CK_LDQ;
+    constexpr int VLD = ck_vnat<Bld, Dm>::LD;
     op_t *Hb = Vt + P * CK_LDQ;                       // [P][CK_LDN]     state entering the chunk
     op_t *Wt = Hb + P * CK_LDN;                       // [CK_WARPS][16][CK_LDW]  per-warp W tile
     float *fs = reinterpret_cast<float *>(Wt + CK_WARPS * 16 * CK_LDW);
@@ -406,23 +427,35 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
                 stage4(Ks + i * CK_LDN + n, k + o, in);
             }
         }
-        // v, transposed: a thread's items in batches of 8, the batch's loads
-        // first (in flight together), then its stores. The loads are
-        // unconditional (an item past the chunk's rows reads the chunk's
-        // first row, then stores 0 or nothing): a load under its condition
-        // was converted inside the branch, each waiting for the one before.
-        for (int idx0 = tid; idx0 < CK_Q * P; idx0 += 8 * CK_THREADS) {
-            act_t v[8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const int idx = idx0 + u * CK_THREADS, i = idx / P, p = idx % P;
-                const int r = idx < CK_Q * P && i < len ? i : 0;
-                v[u] = proj[(row0 + c0 + r) * NP + OFF_X + h * P + p];
+        if constexpr (VLD > 0) {
+            // v in its natural layout, copied row by row (cp.async, 4
+            // entries a copy, rows past len zero-filled): with the raw
+            // stage's copies, every load of the stage in flight at once
+            for (int idx = tid; idx < CK_Q * (P / 4); idx += CK_THREADS) {
+                const int i = idx / (P / 4), p = 4 * (idx % (P / 4));
+                const bool in = i < len;
+                const op_t *src = reinterpret_cast<const op_t *>(proj) + (row0 + c0 + (in ? i : 0)) * NP + OFF_X;
+                cp_async4(Vt + i * VLD + p, src + h * P + p, in);
             }
+        } else {
+            // v, transposed: a thread's items in batches of 8, the batch's loads
+            // first (in flight together), then its stores. The loads are
+            // unconditional (an item past the chunk's rows reads the chunk's
+            // first row, then stores 0 or nothing): a load under its condition
+            // was converted inside the branch, each waiting for the one before.
+            for (int idx0 = tid; idx0 < CK_Q * P; idx0 += 8 * CK_THREADS) {
+                act_t v[8];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const int idx = idx0 + u * CK_THREADS, i = idx / P, p = idx % P;
-                if (idx < CK_Q * P) Vt[p * CK_LDQ + i] = from_f32<op_t>(i < len ? to_f32(v[u]) : 0.0f);
+                for (int u = 0; u < 8; ++u) {
+                    const int idx = idx0 + u * CK_THREADS, i = idx / P, p = idx % P;
+                    const int r = idx < CK_Q * P && i < len ? i : 0;
+                    v[u] = proj[(row0 + c0 + r) * NP + OFF_X + h * P + p];
+                }
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    const int idx = idx0 + u * CK_THREADS, i = idx / P, p = idx % P;
+                    if (idx < CK_Q * P) Vt[p * CK_LDQ + i] = from_f32<op_t>(i < len ? to_f32(v[u]) : 0.0f);
+                }
             }
         }
         cp_async_wait_all();
@@ -464,7 +497,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
         }
         // ---- C: Kw and the outputs (f32 y, pairs of p) ----
         float *yc = y + (row0 + c0) * E + h * P;
-        ck_outputs<STARTS>(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
+        ck_outputs<STARTS, VLD>(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
                    [&](int tr, int p, float o0, float o1) {
                        float2 o;
                        o.x = o0;
@@ -473,7 +506,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
                    });
         __syncthreads();   // Kw is complete; every read of Hb is done
         // ---- D: the state update, staged for the next chunk ----
-        ck_state_step(dm, hs, Vt, Kw, Hb, fs, p0s, n0s, lane);
+        ck_state_step<VLD>(dm, hs, Vt, Kw, Hb, fs, p0s, n0s, lane);
     }
     // Final state. Every read of the initial state happened before the first
     // barrier of the loop, so out may alias in.

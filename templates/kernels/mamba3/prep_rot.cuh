@@ -160,6 +160,14 @@ struct kq_build {
     {
         return raw_fits_bytes(cq, N * ldq * (int)sizeof(op_t));
     }
+    // The row stride of v staged in its natural layout [cq][P + pad] by the
+    // chunked forward (ck_vnat), or 0 where it does not take it: 16-bit
+    // storage (the transposed tile forms are ldmatrix.trans; f32's are
+    // scalar loads), rows of 4-entry vectors, p >= cq.
+    __host__ __device__ static constexpr int vnat_ld(int cq, int p)
+    {
+        return sizeof(op_t) == 2 && p >= cq && p % 8 == 0 && NP % 4 == 0 && OFF_X % 4 == 0 ? p + 8 : 0;
+    }
     // ... in `bytes` of scratch (the backward's M and W tiles)
     __host__ __device__ static constexpr bool raw_fits_bytes(int cq, int bytes)
     {
