@@ -480,7 +480,21 @@ end
 --   d.bscan_channels  channels per scan-backward block: scan_base_channels,
 --                     halved while the block would exceed 512 threads or its
 --                     shared memory at a checkpoint stride of 8 (see
---                     bscan_smem_bytes) 40 KiB
+--                     bscan_smem_bytes) 40 KiB; then doubled while a token
+--                     would get more than BSCAN_MAX_PARTS dB | dC partials
+--                     (one per block, bscan_blocks), the doubled block
+--                     stays within those bounds and the sequential backward
+--                     at max_batch still has a block for each of d.sms
+--                     SMs (the larger blocks hold an SM's registers alone
+--                     or half of them). Why: every partial is a
+--                     row of 2N floats per token written by the scan
+--                     backward and read back by the dB | dC reduction
+--                     (bc_reduce_kernel); where the base shape is narrow
+--                     (mamba1_long in auto mode: 16 lanes, 8 channels, 64
+--                     blocks) those rows were 1.07 GB a layer at batch 8 x
+--                     4096 and their reduction 5% of the training step at
+--                     95% of the copy ceiling (H100,
+--                     bench/results/h100-2026-12-07-profile-mamba1_long.txt)
 --   d.bscan_threads   = bscan_channels * bscan_lanes; d.bscan_warps = /32
 --   d.bscan_blocks    scan-backward blocks per sequence = ceil(E /
 --                     bscan_channels): the dB | dC partials per token
@@ -512,12 +526,14 @@ end
 --                     the largest power of two <= bscan_tchunk whose
 --                     double-buffered buffer (2*bscan_red_steps*bscan_warps*2N
 --                     floats, dynamic shared memory: d.bscan_red_bytes) keeps
---                     the kernel's shared memory within 40 KiB, or within
---                     160 KiB (and the target's limit per block,
---                     derive.SMEM_BLOCK_MAX: 97 KiB on sm_86/89/120) for
---                     blocks of 512+ threads (at the 128-register bound they
---                     fill an SM's registers alone, so the shared memory of
---                     other blocks is not at stake).
+--                     the kernel's shared memory within its share of an
+--                     SM: at the 128-register bound 512 / bscan_threads
+--                     blocks fill an SM's registers, so each may take 160
+--                     KiB / that count (40 KiB at 128 threads, 80 KiB at
+--                     256, 160 KiB from 512 on; at least 40 KiB; and within
+--                     the target's limit per block, derive.SMEM_BLOCK_MAX:
+--                     97 KiB on sm_86/89/120); more shared memory than that
+--                     would take the place of another block.
 --                     Why: a barrier per step held every warp of the block
 --                     to the slowest one at every step of the reverse walk.
 --   d.bscan_red_bytes = 4*2*bscan_red_steps*bscan_warps*2N
@@ -579,6 +595,7 @@ end
 local MATRIX = { input_proj_w = true, in_proj_w = true, conv_w = true, x_proj_w = true,
                  dt_proj_w = true, out_proj_w = true }
 M.BSCAN_NPT_MAX = 4
+M.BSCAN_MAX_PARTS = 16
 function M.derive_training(spec, d)
   d.scan_warps = d.scan_threads // 32
   local bl = d.scan_base_lanes
@@ -588,6 +605,10 @@ function M.derive_training(spec, d)
   local function smem_c(t, c, g) return 4 * (2 * t * d.N + 2 * (g or 1) * (c * bl // 32) * 2 * d.N + 4 * t * c) end
   local ch = d.scan_base_channels
   while ch % 2 == 0 and (ch // 2) * bl >= 32 and (ch * bl > 512 or smem_c(8, ch) > 40960) do ch = ch // 2 end
+  while derive.ceil_div(d.E, ch) > M.BSCAN_MAX_PARTS and ch * 2 * bl <= 512 and smem_c(8, ch * 2) <= 40960
+        and derive.ceil_div(d.E, ch * 2) * d.max_batch >= d.sms do
+    ch = ch * 2
+  end
   d.bscan_channels = ch
   d.bscan_threads = ch * bl
   assert(d.bscan_threads % 32 == 0 and d.bscan_threads <= 1024, "derive_mamba1: scan backward block")
@@ -606,8 +627,8 @@ function M.derive_training(spec, d)
   while bt > 1 and smem(bt) > 40960 do bt = bt // 2 end
   d.bscan_tchunk = bt
   local g = 1
-  local budget = d.bscan_threads >= 512
-    and math.min(160 * 1024, derive.SMEM_BLOCK_MAX[d.sm] or derive.SMEM_BLOCK_MAX[80]) or 40960
+  local budget = math.min(math.max(40960, math.min(160 * 1024, 160 * 1024 * d.bscan_threads // 512)),
+                          derive.SMEM_BLOCK_MAX[d.sm] or derive.SMEM_BLOCK_MAX[80])
   while g * 2 <= bt and smem_c(bt, ch, g * 2) <= budget do g = g * 2 end
   d.bscan_red_steps = g
   d.bscan_red_bytes = 4 * 2 * g * d.bscan_warps * 2 * d.N

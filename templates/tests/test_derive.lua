@@ -256,6 +256,23 @@ is(long.bscan_tchunk, 16, "long: training checkpoint stride")
 -- within 40 KiB
 is(long.bscan_red_steps, 8, "long: 8 steps of dB | dC sums per barrier")
 is(long.bscan_red_bytes, 4 * 2 * 8 * 16 * 2 * 64, "long: their double buffer (dynamic shared memory)")
+-- auto mode (the shipped mamba1_long): the base shape spreads to 16 lanes,
+-- 8 channels; the scan backward then doubles its channels while a token
+-- gets more than 16 dB | dC partials and the sequential backward at
+-- max_batch keeps a block per SM: 16 channels (32 blocks x batch 8 = 256
+-- >= 132; 32 channels would give 128), its 256 threads taking 80 KiB of
+-- shared memory (half an SM's share) for 8 steps of sums per barrier
+local function long_auto(mb) return derive.derive(spec1({ d_model = 256, n_layers = 2, d_state = 64 },
+  { max_seq_len = 4096, max_batch = mb }, { scan = { mode = "auto", chunk_size = 64 } })) end
+local la = long_auto(8)
+is(la.scan_base_channels, 8, "long, auto: base blocks of 8 channels x 16 lanes")
+is(la.bscan_channels, 16, "long, auto: scan backward doubled to 16 channels (32 partials a token)")
+is(la.bscan_threads, 256, "long, auto: scan backward block of 256 threads")
+is(la.bscan_blocks, 32, "long, auto: 32 scan backward blocks a sequence")
+is(la.bscan_red_steps, 8, "long, auto: 8 steps of dB | dC sums per barrier (80 KiB budget)")
+is(la.bscan_smem_bytes <= 80 * 1024, true, "long, auto: within half an SM's 160 KiB")
+is(long_auto(4).bscan_channels, 8, "long, auto, max_batch 4: no doubling (64 blocks of 16 channels < 132 SMs)")
+is(long_auto(16).bscan_channels, 32, "long, auto, max_batch 16: 32 channels (16 partials a token)")
 local long86 = derive.derive(spec1({ d_model = 256, n_layers = 2, d_state = 64 }, { max_seq_len = 4096 },
   { scan = { mode = "chunked", chunk_size = 64 }, target = "sm_86" }))
 is(long86.bscan_red_steps, 4, "long on sm_86: 4 steps per barrier (97 KiB a block at most)")
