@@ -58,7 +58,7 @@
 //      zero state (the chunk loop without outputs) and its decay (the
 //      product of the chunks' exp(cs_end)), its angle starting from the
 //      input angle plus the sums of the segments before it;
-//   3. seg_combine_kernel, grid (H, batch): the state entering every
+//   3. seg_combine_kernel, grid (H, batch, CMB_BLOCKS): the state entering every
 //      segment, E_0 = the initial state (with the k_prev/v_prev term),
 //      E_s = decay_{s-1} E_{s-1} + local_{s-1}, in segment order, and the
 //      angles entering them;
@@ -537,12 +537,29 @@ seg_angle_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
         if (threadIdx.x < S) sg.th[(bh * sg.nseg + seg) * S + a] = m >= 0 ? 1.0 : 0.0;   // the flag (launch 2, 3)
     }
     if (sl < CK_ASL) {
+        // SEGA_U steps' two inputs loaded at once, then summed in step
+        // order (the loads of one step at a time left this launch waiting
+        // on memory once per step)
+        constexpr int SEGA_U = 8;
         double sum = 0.0;
-        for (int t = t0 + sl; t < t1; t += CK_ASL) {
-            if (STARTS && t < tl) continue;
-            const act_t *pr = proj + (b * (size_t)seqlen + t) * NP;
-            const float d = softplus(to_f32(pr[OFF_DT + h]) + dtb);
-            sum += PI_D * (double)tanhf(to_f32(pr[OFF_ANG + a])) * (double)d;
+        for (int t = t0 + sl; t < t1; t += SEGA_U * CK_ASL) {
+            act_t xd[SEGA_U], xa[SEGA_U];
+#pragma unroll
+            for (int j = 0; j < SEGA_U; ++j) {
+                const int tj = t + j * CK_ASL;
+                if (tj < t1) {
+                    const act_t *pr = proj + (b * (size_t)seqlen + tj) * NP;
+                    xd[j] = pr[OFF_DT + h];
+                    xa[j] = pr[OFF_ANG + a];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < SEGA_U; ++j) {
+                const int tj = t + j * CK_ASL;
+                if (tj >= t1 || (STARTS && tj < tl)) continue;
+                const float d = softplus(to_f32(xd[j]) + dtb);
+                sum += PI_D * (double)tanhf(to_f32(xa[j])) * (double)d;
+            }
         }
         part[sl][a] = sum;
     }
@@ -555,11 +572,22 @@ seg_angle_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
 }
 
 // ---- Launch 3: the state and angle entering every segment, grid (H,
-// batch), CK_THREADS threads; thread i owns state entries i, i +
-// CK_THREADS, ... and walks the segments in order, turning the local states
-// into entering states in place (E_s = decay_{s-1} E_{s-1} + local_{s-1}).
+// batch, CMB_BLOCKS), CMB_THREADS threads; thread i of block z owns state
+// entry z * CMB_THREADS + i and walks the segments in order, turning the
+// local states into entering states in place (E_s = decay_{s-1} E_{s-1} +
+// local_{s-1}). Why this shape: the walk is a chain of dependent steps per
+// entry, so its speed is the number of entries in flight. One block per
+// (b, h) walking every entry (as this kernel first did) kept 256 chains in
+// flight per head: 36% of a one-sequence prefill at 8 segments (ncu).
+// Here every entry has its own thread, and each thread issues the loads
+// of CMB_SEGS segments' local states at once before it walks them (the
+// same products in the same order: the same bits). Block z = 0 also
+// writes the angles entering the segments.
+constexpr int CMB_THREADS = 256;
+constexpr int CMB_BLOCKS = (P * N + CMB_THREADS - 1) / CMB_THREADS;
+constexpr int CMB_SEGS = 8;   // local states loaded at once per thread
 template <bool STARTS>
-__global__ void __launch_bounds__(CK_THREADS)
+__global__ void __launch_bounds__(CMB_THREADS)
 seg_combine_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
                    const float *ssm_in, const float *kp_in, const float *vp_in, const float *ang_in, fused_seg sg,
                    const unsigned char *__restrict__ start)
@@ -569,24 +597,38 @@ seg_combine_kernel(int seqlen, const act_t *__restrict__ proj, const float *__re
     if constexpr (STARTS) {
         if (start[b * (size_t)seqlen]) ssm_in = kp_in = vp_in = nullptr;   // a start at t = 0: no state in
     }
-    float w0 = 0.0f;
-    if (kp_in && vp_in) {   // the first token's (1-lam) dt, as the whole-sequence kernel
-        float d0, adt0, lam0;
-        row_head_scalars(proj + b * (size_t)seqlen * NP, h, dt_bias[h], d0, adt0, lam0);
-        w0 = (1.0f - lam0) * d0;
-    }
-    for (int e = threadIdx.x; e < P * N; e += CK_THREADS) {
+    const int e = blockIdx.z * CMB_THREADS + threadIdx.x;
+    if (e < P * N) {
+        float w0 = 0.0f;
+        if (kp_in && vp_in) {   // the first token's (1-lam) dt, as the whole-sequence kernel
+            float d0, adt0, lam0;
+            row_head_scalars(proj + b * (size_t)seqlen * NP, h, dt_bias[h], d0, adt0, lam0);
+            w0 = (1.0f - lam0) * d0;
+        }
         const int p = e / N, n = e % N;
         float v = ssm_in ? ssm_in[bh * (size_t)(P * N) + e] : 0.0f;
         if (kp_in && vp_in) v += w0 * vp_in[bh * P + p] * kp_in[bh * N + n];
-        for (int s = 0; s < sg.nseg; ++s) {
-            float *cell = sg.state + (bh * sg.nseg + s) * (size_t)(P * N) + e;
-            const float loc = *cell;
-            *cell = v;
-            v = sg.dec[bh * sg.nseg + s] * v + loc;
+        float *cell = sg.state + bh * sg.nseg * (size_t)(P * N) + e;
+        const float *dec = sg.dec + bh * sg.nseg;
+        for (int s0 = 0; s0 < sg.nseg; s0 += CMB_SEGS) {
+            const int ns = min(CMB_SEGS, sg.nseg - s0);
+            float loc[CMB_SEGS], dc[CMB_SEGS];
+#pragma unroll
+            for (int j = 0; j < CMB_SEGS; ++j)
+                if (j < ns) {
+                    loc[j] = cell[(size_t)(s0 + j) * (P * N)];
+                    dc[j] = dec[s0 + j];
+                }
+#pragma unroll
+            for (int j = 0; j < CMB_SEGS; ++j)
+                if (j < ns) {
+                    cell[(size_t)(s0 + j) * (P * N)] = v;
+                    v = dc[j] * v + loc[j];
+                }
         }
     }
-    for (int a = threadIdx.x; a < S; a += CK_THREADS) {
+    if (blockIdx.z != 0) return;
+    for (int a = threadIdx.x; a < S; a += CMB_THREADS) {
         if constexpr (STARTS) {
             // last segment first: seg_angle_start(s) reads the flags of the
             // segments before s, which share sg.th

@@ -124,7 +124,7 @@ static cudaError_t fused_launch(int batch, int seqlen, const fused_seg &sg, cons
     scan_fused_kernel<FUSED_LOCAL, STARTS><<<grid, CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
         seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, nullptr, nullptr, nullptr,
         angle_in, nullptr, nullptr, nullptr, nullptr, ga, sg, start);
-    seg_combine_kernel<STARTS><<<dim3(H, batch), CK_THREADS, 0, stream>>>(seqlen, pj, dt_bias, ssm_in, kp_in,
+    seg_combine_kernel<STARTS><<<dim3(H, batch, CMB_BLOCKS), CMB_THREADS, 0, stream>>>(seqlen, pj, dt_bias, ssm_in, kp_in,
                                                                            vp_in, angle_in, sg, start);
     scan_fused_kernel<FUSED_SEGMENT, STARTS><<<grid, CK_THREADS, CK_FUSED_SMEM_BYTES, stream>>>(
         seqlen, pj, dt_bias, B_norm_w, C_norm_w, B_bias, C_bias, Dskip, norm_gate_w, nullptr, nullptr, nullptr,
