@@ -22,7 +22,9 @@
 # DIGEST_PARALLEL (3, the default: a spec's two packages build side by
 # side and a program's three runs run side by side on the GPU, each with
 # its own digest, so the comparison waits for the slowest run rather than
-# the sum of three; 1: one after another).
+# the sum of three; 1: one after another), DIGEST_AHEAD (with 3: how many
+# later specs' packages build while a spec's programs run, default 2, so
+# that the GPU runs and the CPU builds overlap instead of alternating).
 set -u
 [ $# -ge 4 ] || { echo "usage: $0 OUTDIR BEFORE_TEMPLATES AFTER_TEMPLATES SPEC.yaml..." >&2; exit 2; }
 out=$1 before=$2 after=$3; shift 3
@@ -30,6 +32,8 @@ mg=${MG:-./mamba-gen}
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 par=${DIGEST_PARALLEL:-3}
 case $par in 1|3) ;; *) echo "$0: DIGEST_PARALLEL=$par: expected 1 or 3" >&2; exit 2;; esac
+ahead=${DIGEST_AHEAD:-2}
+case $ahead in ''|*[!0-9]*) echo "$0: DIGEST_AHEAD=$ahead: expected a count" >&2; exit 2;; esac
 for d in "$before" "$after"; do
   [ -d "$d" ] || { echo "$0: $d: not a directory of templates" >&2; exit 2; }
 done
@@ -58,29 +62,64 @@ run_prog() {
   (cd "$out/$side/$2" && MG_DIGEST_DIR=$(cd "$out/dig-$1" && pwd) "./$3" > "../../$1-$3.tap" 2>&1)
   echo $? > "$out/$1-$3.rc"
 }
-# par_run CMD...: CMD in the background when side by side (then `wait`),
-# else now
-par_run() {
-  if [ "$par" = 3 ]; then "$@" & else "$@"; fi
-}
-status=0
-for spec in "$@"; do
-  name=$(basename "$spec" .yaml)
+# The specs, numbered: spec_1 .. spec_$n
+n=0
+for spec in "$@"; do n=$((n + 1)); eval "spec_$n=\$spec"; done
+# build_spec K: both packages of spec K (side by side with DIGEST_PARALLEL
+# 3), their messages into $out/SIDE-NAME.msg
+build_spec() {
+  eval "bs=\$spec_$1"
+  bn=$(basename "$bs" .yaml)
   for side in before after; do
-    par_run build_side $side "$name" "$spec" > "$out/$side-$name.msg" 2>&1
+    if [ "$par" = 3 ]; then
+      build_side $side "$bn" "$bs" > "$out/$side-$bn.msg" 2>&1 &
+    else
+      build_side $side "$bn" "$bs" > "$out/$side-$bn.msg" 2>&1
+    fi
   done
   wait
+}
+# start_builds K: the builds of every spec up to K not started yet, in
+# the background with DIGEST_PARALLEL 3 (bpid_I: spec I's), else now
+started=0
+start_builds() {
+  while [ $started -lt "$1" ] && [ $started -lt $n ]; do
+    started=$((started + 1))
+    if [ "$par" = 3 ]; then
+      build_spec $started &
+      eval "bpid_$started=\$!"
+    else
+      build_spec $started
+    fi
+  done
+}
+status=0
+k=0
+while [ $k -lt $n ]; do
+  k=$((k + 1))
+  eval "spec=\$spec_$k"
+  name=$(basename "$spec" .yaml)
+  start_builds $((k + ahead))
+  [ "$par" = 3 ] && eval "wait \$bpid_$k"
   if [ -s "$out/before-$name.msg" ] || [ -s "$out/after-$name.msg" ]; then
     cat "$out/before-$name.msg" "$out/after-$name.msg"; status=1; continue
   fi
   for prog in "${name}_test" "${name}_train_test"; do
     [ -x "$out/after/$name/$prog" ] || continue
+    # the three runs (side by side with DIGEST_PARALLEL 3: waited for by
+    # their own ids, as later specs may be building in the background)
+    pids=
     for run in before after after2; do
       mkdir -p "$out/dig-$run"
       rm -f "$out/dig-$run/$prog.digest" "$out/$run-$prog.rc"   # nothing of an earlier run is compared
-      par_run run_prog $run "$name" "$prog"
+      if [ "$par" = 3 ]; then
+        run_prog $run "$name" "$prog" &
+        pids="$pids $!"
+      else
+        run_prog $run "$name" "$prog"
+      fi
     done
-    wait
+    for p in $pids; do wait "$p"; done
     for run in before after after2; do
       rc=$(cat "$out/$run-$prog.rc" 2>/dev/null || echo '?')
       if [ "$rc" != 0 ]; then
@@ -95,9 +134,10 @@ for spec in "$@"; do
     elif cmp -s "$a" "$b"; then
       echo "$prog: same ($(wc -l < "$b") results)"
     else
-      k=$(cmp "$a" "$b" 2>/dev/null | sed -n 's/.* line \([0-9]*\).*/\1/p')
-      echo "$prog: DIFFERS (first at line ${k:-?}: $(sed -n "${k:-1}p" "$b" 2>/dev/null))"; status=1
+      k2=$(cmp "$a" "$b" 2>/dev/null | sed -n 's/.* line \([0-9]*\).*/\1/p')
+      echo "$prog: DIFFERS (first at line ${k2:-?}: $(sed -n "${k2:-1}p" "$b" 2>/dev/null))"; status=1
     fi
   done
 done
+wait   # (builds of specs past a failure are not left running)
 exit $status
