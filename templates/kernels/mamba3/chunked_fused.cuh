@@ -106,13 +106,6 @@ template <int V> __device__ __forceinline__ void avec_st(act_t *p, const avec<V>
 {
     *reinterpret_cast<avec<V> *>(p) = v;
 }
-// 16 bytes of a row into the stage by cp.async (zeros when !in; src is then
-// not read but must be a valid address).
-__device__ __forceinline__ void fused_cp16(act_t *dst, const act_t *src, bool in)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(in ? 16 : 0)
-                 : "memory");
-}
 template <int V> __device__ __forceinline__ avec<V> avec_zero()
 {
     avec<V> v;
@@ -296,8 +289,8 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 const int i = idx / (N / FV), n = FV * (idx % (N / FV));
                 const bool in = i < len;
                 const act_t *pr = pc + (size_t)(in ? i : 0) * NP + grp * N + n;
-                fused_cp16(Ks + i * CK_LDN + n, pr + OFF_B, in);
-                fused_cp16(Qs + i * CK_LDN + n, pr + OFF_C, in);
+                cp_async_cg16(Ks + i * CK_LDN + n, pr + OFF_B, in);
+                cp_async_cg16(Qs + i * CK_LDN + n, pr + OFF_C, in);
             }
         } else {
 #pragma unroll 4

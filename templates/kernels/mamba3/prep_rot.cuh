@@ -322,11 +322,6 @@ __device__ __forceinline__ void kq_stage_build(const kq_build &s, op_t *Qs, op_t
 // values, bit for bit; rows at or past len stay the zeros it stores).
 // Why: every load of the stage is then in flight at once, where the build
 // waits on memory once per group of items it holds in registers.
-__device__ __forceinline__ void cp_async_f32(float *dst, const float *src, bool in)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(in ? 4 : 0)
-                 : "memory");
-}
 __device__ __forceinline__ void kq_stage_raw(const kq_build &s, op_t *Qs, op_t *Ks, int ldn, float *scr, size_t row,
                                              int len, int h, int tid, int cq, int nt)
 {
@@ -346,22 +341,20 @@ __device__ __forceinline__ void kq_stage_raw(const kq_build &s, op_t *Qs, op_t *
         for (int idx = tid; idx < cq * (S / 4); idx += nt) {
             const int i = idx / (S / 4), a = 4 * (idx % (S / 4));
             const bool in = i < len;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(scr + i * S + a)),
-                         "l"(s.rot + ((row + (in ? i : 0)) * H + h) * S + a), "r"(in ? 16 : 0)
-                         : "memory");
+            cp_async_cg16(scr + i * S + a, s.rot + ((row + (in ? i : 0)) * H + h) * S + a, in);
         }
     } else {
 #pragma unroll 4
         for (int idx = tid; idx < cq * S; idx += nt) {
             const int i = idx / S, a = idx % S;
             const bool in = i < len;
-            cp_async_f32(scr + idx, s.rot + ((row + (in ? i : 0)) * H + h) * S + a, in);
+            cp_async_ca<4>(scr + idx, s.rot + ((row + (in ? i : 0)) * H + h) * S + a, in);
         }
     }
     for (int idx = tid; idx < cq * 2; idx += nt) {
         const int i = idx / 2, w = idx % 2;
         const bool in = i < len;
-        cp_async_f32(scr + cq * S + idx, s.rbc + (row + (in ? i : 0)) * (2 * G) + w * G + g, in);
+        cp_async_ca<4>(scr + cq * S + idx, s.rbc + (row + (in ? i : 0)) * (2 * G) + w * G + g, in);
     }
 }
 __device__ __forceinline__ void kq_stage_finish(const kq_build &s, op_t *Qs, op_t *Ks, int ldn, const float *scr,

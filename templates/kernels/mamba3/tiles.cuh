@@ -74,12 +74,23 @@ __device__ __forceinline__ unsigned smem_u32(const void *p)
 // copies are all issued before any is waited on (cp_async_wait_all, then
 // a barrier, before the stage is read). The bits are the source's, as the
 // f32 round trip of ld4_f32 and op_st4 gave for the same type.
-__device__ __forceinline__ void cp_async4(op_t *dst, const op_t *src, bool in)
+// The copies themselves: B bytes (4, 8 or 16) through L1 (cp.async.ca),
+// or 16 bytes around it (cp.async.cg: the stage is read from shared memory
+// only), zeros when !in. Every cp.async of the kernels goes through these.
+template <int B> __device__ __forceinline__ void cp_async_ca(void *dst, const void *src, bool in)
 {
-    constexpr int B = 4 * (int)sizeof(op_t);
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_u32(dst)), "l"(src), "n"(B),
                  "r"(in ? B : 0)
                  : "memory");
+}
+__device__ __forceinline__ void cp_async_cg16(void *dst, const void *src, bool in)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(in ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(op_t *dst, const op_t *src, bool in)
+{
+    cp_async_ca<4 * (int)sizeof(op_t)>(dst, src, in);
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
