@@ -109,6 +109,21 @@ template <class D> struct ang_raw {
     D dt;
 };
 
+// Tokens t .. t + ANGLE_U - 1 (those before t1) of a slice walk: their
+// inputs x[j] = ld(t + j) and (STARTS) start flags st[j], every load
+// issued before any is used.
+template <bool STARTS, class Ld, class IsStart, class X>
+__device__ __forceinline__ void angle_ld_batch(int t, int t1, Ld ld, IsStart is_start, X (&x)[ANGLE_U],
+                                               bool (&st)[ANGLE_U])
+{
+#pragma unroll
+    for (int j = 0; j < ANGLE_U; ++j)
+        if (t + j < t1) {
+            x[j] = ld(t + j);
+            if constexpr (STARTS) st[j] = is_start(t + j);
+        }
+}
+
 // The starting angle of thread (a, sl)'s time slice [t0, t1): pass 1 sums
 // the slice's increments inc(ld(t)) in f64, one thread per angle turns the
 // slice sums into exclusive prefixes in slice order (deterministic), and
@@ -129,12 +144,7 @@ __device__ __forceinline__ double angle_slice_start(double th0, int t0, int t1, 
     for (int t = t0; t < t1; t += ANGLE_U) {
         decltype(ld(t)) x[ANGLE_U];
         bool st[ANGLE_U];
-#pragma unroll
-        for (int j = 0; j < ANGLE_U; ++j)
-            if (t + j < t1) {
-                x[j] = ld(t + j);
-                if constexpr (STARTS) st[j] = is_start(t + j);
-            }
+        angle_ld_batch<STARTS>(t, t1, ld, is_start, x, st);
 #pragma unroll
         for (int j = 0; j < ANGLE_U; ++j)
             if (t + j < t1) {
@@ -189,12 +199,7 @@ __device__ __forceinline__ double angle_slice_walk(double th, int t0, int t1, Ld
     for (int t = t0; t < t1; t += ANGLE_U) {
         decltype(ld(t)) x[ANGLE_U];
         bool st[ANGLE_U];
-#pragma unroll
-        for (int j = 0; j < ANGLE_U; ++j)
-            if (t + j < t1) {
-                x[j] = ld(t + j);
-                if constexpr (STARTS) st[j] = is_start(t + j);
-            }
+        angle_ld_batch<STARTS>(t, t1, ld, is_start, x, st);
 #pragma unroll
         for (int j = 0; j < ANGLE_U; ++j)
             if (t + j < t1) {
