@@ -109,19 +109,25 @@ template <class D> struct ang_raw {
     D dt;
 };
 
-// Tokens t .. t + ANGLE_U - 1 (those before t1) of a slice walk: their
-// inputs x[j] = ld(t + j) and (STARTS) start flags st[j], every load
-// issued before any is used.
-template <bool STARTS, class Ld, class IsStart, class X>
-__device__ __forceinline__ void angle_ld_batch(int t, int t1, Ld ld, IsStart is_start, X (&x)[ANGLE_U],
-                                               bool (&st)[ANGLE_U])
+// The tokens [t0, t1) of a slice in order: step(t, x, st) with x = ld(t)
+// and (STARTS) st = is_start(t), the inputs of ANGLE_U tokens loaded before
+// the first of them is stepped.
+template <bool STARTS, class Ld, class IsStart, class Step>
+__device__ __forceinline__ void angle_slice_steps(int t0, int t1, Ld ld, IsStart is_start, Step step)
 {
+    for (int t = t0; t < t1; t += ANGLE_U) {
+        decltype(ld(t)) x[ANGLE_U];
+        bool st[ANGLE_U];
 #pragma unroll
-    for (int j = 0; j < ANGLE_U; ++j)
-        if (t + j < t1) {
-            x[j] = ld(t + j);
-            if constexpr (STARTS) st[j] = is_start(t + j);
-        }
+        for (int j = 0; j < ANGLE_U; ++j)
+            if (t + j < t1) {
+                x[j] = ld(t + j);
+                st[j] = STARTS && is_start(t + j);
+            }
+#pragma unroll
+        for (int j = 0; j < ANGLE_U; ++j)
+            if (t + j < t1) step(t + j, x[j], st[j]);
+    }
 }
 
 // The starting angle of thread (a, sl)'s time slice [t0, t1): pass 1 sums
@@ -141,22 +147,13 @@ __device__ __forceinline__ double angle_slice_start(double th0, int t0, int t1, 
 {
     double sum = 0.0;
     bool fl = false;
-    for (int t = t0; t < t1; t += ANGLE_U) {
-        decltype(ld(t)) x[ANGLE_U];
-        bool st[ANGLE_U];
-        angle_ld_batch<STARTS>(t, t1, ld, is_start, x, st);
-#pragma unroll
-        for (int j = 0; j < ANGLE_U; ++j)
-            if (t + j < t1) {
-                if constexpr (STARTS) {
-                    if (st[j]) {
-                        sum = 0.0;
-                        fl = true;
-                    }
-                }
-                sum += inc(x[j]);
-            }
-    }
+    angle_slice_steps<STARTS>(t0, t1, ld, is_start, [&](int, const decltype(ld(t0)) &x, bool st) {
+        if (st) {
+            sum = 0.0;
+            fl = true;
+        }
+        sum += inc(x);
+    });
     part[sl][a] = sum;
     if constexpr (STARTS) pflag[sl][a] = fl;
     __syncthreads();
@@ -196,20 +193,11 @@ template <bool STARTS, class Ld, class Inc, class IsStart, class At>
 __device__ __forceinline__ double angle_slice_walk(double th, int t0, int t1, Ld ld, Inc inc, IsStart is_start,
                                                    At at)
 {
-    for (int t = t0; t < t1; t += ANGLE_U) {
-        decltype(ld(t)) x[ANGLE_U];
-        bool st[ANGLE_U];
-        angle_ld_batch<STARTS>(t, t1, ld, is_start, x, st);
-#pragma unroll
-        for (int j = 0; j < ANGLE_U; ++j)
-            if (t + j < t1) {
-                if constexpr (STARTS) {
-                    if (st[j]) th = 0.0;   // a new episode: the sum restarts
-                }
-                th = wrap_2pi(th + inc(x[j]));
-                at(t + j, th);
-            }
-    }
+    angle_slice_steps<STARTS>(t0, t1, ld, is_start, [&](int t, const decltype(ld(t0)) &x, bool st) {
+        if (st) th = 0.0;   // a new episode: the sum restarts
+        th = wrap_2pi(th + inc(x));
+        at(t, th);
+    });
     return th;
 }
 
