@@ -476,6 +476,32 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                     float ga_loc[CKB_CW / 8][2];   // local angle gradient per (pair j, row rr)
 #pragma unroll
                     for (int j = 0; j < CKB_CW / 8; ++j) ga_loc[j][0] = ga_loc[j][1] = 0.0f;
+                    // the (cos, sin) of this lane's rotated pairs, both rows,
+                    // taken once for the dk' and dq' passes (the angle loads
+                    // issued before any is used); a row past the end reads
+                    // the chunk's first row and is not stored
+                    float2 rcs_j[CKB_CW / 8][2];
+#pragma unroll
+                    for (int j = 0; j < CKB_CW / 8; ++j) {
+                        const int n = n0 + 8 * j + cc;
+                        rcs_j[j][0] = rcs_j[j][1] = make_float2(1.0f, 0.0f);
+                        if (n < 2 * S) {
+#pragma unroll
+                            for (int rr = 0; rr < 2; ++rr) {
+                                const int tr = m0 + g + 8 * rr;
+                                rcs_j[j][rr].x = rot[((row0 + c0 + (tr < len ? tr : 0)) * H + h) * S + n / 2];
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < CKB_CW / 8; ++j)
+                        if (n0 + 8 * j + cc < 2 * S) {
+#pragma unroll
+                            for (int rr = 0; rr < 2; ++rr) {
+                                const float ra = rcs_j[j][rr].x;
+                                rot_cos_sin(ra, rcs_j[j][rr].x, rcs_j[j][rr].y);
+                            }
+                        }
 #pragma unroll 1
                     for (int pass = 0; pass < 2; ++pass) {   // dk' first, then dq'
                         const bool isq = pass == 1;
@@ -538,22 +564,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                         for (int j = 0; j < CKB_CW / 8; ++j) {
                             const int n = n0 + 8 * j + cc;
                             float2 col = make_float2(0.0f, 0.0f);   // the item's column sums, rows in order
-                            // the angle of both rows' pair, the two loads
-                            // issued before either is used (at the store, each
-                            // had waited for its load), then their (cos, sin);
-                            // a row past the end reads the chunk's first row
-                            // and is not stored
-                            float2 rcs[2] = {make_float2(1.0f, 0.0f), make_float2(1.0f, 0.0f)};
-                            if (n < 2 * S) {
-                                float ra[2];
-#pragma unroll
-                                for (int rr = 0; rr < 2; ++rr) {
-                                    const int tr = m0 + g + 8 * rr;
-                                    ra[rr] = rot[((row0 + c0 + (tr < len ? tr : 0)) * H + h) * S + n / 2];
-                                }
-#pragma unroll
-                                for (int rr = 0; rr < 2; ++rr) rot_cos_sin(ra[rr], rcs[rr].x, rcs[rr].y);
-                            }
+                            const float2 *rcs = rcs_j[j];
 #pragma unroll
                             for (int rr = 0; rr < 2; ++rr) {
                                 const int tr = m0 + g + 8 * rr;
