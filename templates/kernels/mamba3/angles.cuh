@@ -93,8 +93,45 @@ __device__ __forceinline__ float2 unrotate_pair(float c, float s, float2 v)
     return o;
 }
 
+// The slice walks below take a token's increment in two steps: ld(t)
+// loads its inputs (a small struct, from device memory) and inc(x) turns
+// them into theta_t - theta_{t-1} (f64). Why: the walk's sum is a chain,
+// but the loads are not; loading ANGLE_U tokens' inputs before adding any
+// keeps ANGLE_U loads in flight per thread, where a load per step waited
+// out the memory latency once per token (ncu: angles_cs_kernel and
+// seg_angle_kernel bound by long scoreboard stalls). The sums are formed
+// in the same order: the same bits.
+constexpr int ANGLE_U = 4;
+// A token's inputs to its increment: the angle input (storage dtype) and
+// dt (f32, or its raw in_proj entry before softplus: D).
+template <class D> struct ang_raw {
+    act_t ang;
+    D dt;
+};
+
+// The tokens [t0, t1) of a slice in order: step(t, x, st) with x = ld(t)
+// and (STARTS) st = is_start(t), the inputs of ANGLE_U tokens loaded before
+// the first of them is stepped.
+template <bool STARTS, class Ld, class IsStart, class Step>
+__device__ __forceinline__ void angle_slice_steps(int t0, int t1, Ld ld, IsStart is_start, Step step)
+{
+    for (int t = t0; t < t1; t += ANGLE_U) {
+        decltype(ld(t)) x[ANGLE_U];
+        bool st[ANGLE_U];
+#pragma unroll
+        for (int j = 0; j < ANGLE_U; ++j)
+            if (t + j < t1) {
+                x[j] = ld(t + j);
+                st[j] = STARTS && is_start(t + j);
+            }
+#pragma unroll
+        for (int j = 0; j < ANGLE_U; ++j)
+            if (t + j < t1) step(t + j, x[j], st[j]);
+    }
+}
+
 // The starting angle of thread (a, sl)'s time slice [t0, t1): pass 1 sums
-// the slice's increments inc(t) in f64, one thread per angle turns the
+// the slice's increments inc(ld(t)) in f64, one thread per angle turns the
 // slice sums into exclusive prefixes in slice order (deterministic), and
 // the start is th0 plus the prefix, wrapped. part: the block's
 // [ANGLE_SLICES][S] shared scratch. Every thread of the block calls it
@@ -103,22 +140,20 @@ __device__ __forceinline__ float2 unrotate_pair(float c, float s, float2 v)
 // block's [ANGLE_SLICES][S] shared flags (unused without STARTS). A slice
 // sums from its last start on; the prefix restarts at a slice that holds a
 // start, and th0 is added only while no start came before the slice.
-template <bool STARTS, class Inc, class IsStart>
+template <bool STARTS, class Ld, class Inc, class IsStart>
 __device__ __forceinline__ double angle_slice_start(double th0, int t0, int t1, int a, int sl,
-                                                    double (*part)[S], unsigned char (*pflag)[S], Inc inc,
+                                                    double (*part)[S], unsigned char (*pflag)[S], Ld ld, Inc inc,
                                                     IsStart is_start)
 {
     double sum = 0.0;
     bool fl = false;
-    for (int t = t0; t < t1; ++t) {
-        if constexpr (STARTS) {
-            if (is_start(t)) {
-                sum = 0.0;
-                fl = true;
-            }
+    angle_slice_steps<STARTS>(t0, t1, ld, is_start, [&](int, const decltype(ld(t0)) &x, bool st) {
+        if (st) {
+            sum = 0.0;
+            fl = true;
         }
-        sum += inc(t);
-    }
+        sum += inc(x);
+    });
     part[sl][a] = sum;
     if constexpr (STARTS) pflag[sl][a] = fl;
     __syncthreads();
@@ -151,19 +186,18 @@ __device__ __forceinline__ double angle_slice_start(double th0, int t0, int t1, 
 
 // The walk of thread (a, sl)'s slice [t0, t1) from its starting angle th
 // (angle_slice_start): per token, the sum restarts at an episode start
-// (STARTS), adds inc(t) and wraps, and at(t, th) gets the wrapped angle
-// (for angle_cos_sin or angle_reduced). Returns the angle after the slice.
-// The angle kernels of inference and training share it.
-template <bool STARTS, class Inc, class IsStart, class At>
-__device__ __forceinline__ double angle_slice_walk(double th, int t0, int t1, Inc inc, IsStart is_start, At at)
+// (STARTS), adds inc(ld(t)) and wraps, and at(t, th) gets the wrapped
+// angle (for angle_cos_sin or angle_reduced). Returns the angle after the
+// slice. The angle kernels of inference and training share it.
+template <bool STARTS, class Ld, class Inc, class IsStart, class At>
+__device__ __forceinline__ double angle_slice_walk(double th, int t0, int t1, Ld ld, Inc inc, IsStart is_start,
+                                                   At at)
 {
-    for (int t = t0; t < t1; ++t) {
-        if constexpr (STARTS) {
-            if (is_start(t)) th = 0.0;   // a new episode: the sum restarts
-        }
-        th = wrap_2pi(th + inc(t));
+    angle_slice_steps<STARTS>(t0, t1, ld, is_start, [&](int t, const decltype(ld(t0)) &x, bool st) {
+        if (st) th = 0.0;   // a new episode: the sum restarts
+        th = wrap_2pi(th + inc(x));
         at(t, th);
-    }
+    });
     return th;
 }
 
@@ -185,14 +219,17 @@ angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restric
     const int t0 = min(seqlen, sl * len), t1 = min(seqlen, t0 + len);
     const size_t row0 = b * (size_t)seqlen;
 
-    const auto inc = [&](int t) {   // theta_t - theta_{t-1} before the wrap
+    const auto ld = [&](int t) {   // the angle input and dt of token t
         const size_t tok = row0 + t;
-        return PI_D * (double)tanhf(to_f32(proj[tok * NP + OFF_ANG + a])) * (double)dt[tok * H + h];
+        return ang_raw<float>{proj[tok * NP + OFF_ANG + a], dt[tok * H + h]};
+    };
+    const auto inc = [](const ang_raw<float> &x) {   // theta_t - theta_{t-1} before the wrap
+        return PI_D * (double)tanhf(to_f32(x.ang)) * (double)x.dt;
     };
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle, rotating k and q.
-    double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, inc, is_start);
-    th = angle_slice_walk<STARTS>(th, t0, t1, inc, is_start, [&](int t, double tht) {
+    double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, ld, inc, is_start);
+    th = angle_slice_walk<STARTS>(th, t0, t1, ld, inc, is_start, [&](int t, double tht) {
         float c, s;
         angle_cos_sin(tht, c, s);
         const size_t tok = row0 + t;

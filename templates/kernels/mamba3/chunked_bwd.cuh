@@ -157,6 +157,15 @@ __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *
 // The raw form of the stage build (kq_stage_raw) where its scratch fits the
 // M and W tiles, which are free during the stage.
 constexpr bool CKB_RAW = kq_build::raw_fits_bytes(CKB_Q, 2 * CKB_Q * CKB_LDQ * (int)sizeof(op_t));
+// Phase A's v and dy staged 8 entries a thread (16-byte vectors of v's
+// in_proj columns and of dy): the rows' v columns 16-byte aligned, P a
+// multiple of 8 with 8-entry groups inside a 32-lane slice, and whole warps
+// of items (so every lane reaches each shuffle).
+constexpr bool CKB_VDY = (NP * (int)sizeof(act_t)) % 16 == 0 && (OFF_X * (int)sizeof(act_t)) % 16 == 0 &&
+                         P % 8 == 0 && (CKB_Q * P / 8) % 32 == 0;
+struct alignas(16) avec8 {
+    act_t e[8];
+};
 
 template <bool STARTS>
 __global__ void __launch_bounds__(CKB_THREADS, CKB_MIN_BLOCKS)
@@ -283,7 +292,39 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
         // was converted inside its branch, so each waited for the one
         // before (Nsight Compute on an H100: a quarter of the kernel's stall
         // samples at mamba3_perf's b8 T4096, after the q', k' copies).
-        {
+        if constexpr (CKB_VDY) {
+            // 8 consecutive p a thread (16-byte loads of v, two of dy), the
+            // products summed in the thread as the butterfly's first three
+            // levels pair them ((x0+x1)+(x2+x3))+((x4+x5)+(x6+x7)), then
+            // the remaining levels across the slice's SEG/8 threads: the
+            // tree of the 32-lane butterfly, pair for pair (rounded
+            // products and adds, no contraction), so the same bits with an
+            // eighth of its shuffles. Rows past the end as below.
+            constexpr int SEG = P < 32 ? P : 32;
+            constexpr int NV8 = CKB_Q * P / 8;   // 8-entry items (whole warps: see CKB_VDY)
+            for (int vi = tid; vi < NV8; vi += CKB_THREADS) {
+                const int i = vi / (P / 8), p = 8 * (vi % (P / 8));
+                const size_t tok = row0 + c0 + (i < len ? i : 0);
+                const avec8 vr = *reinterpret_cast<const avec8 *>(proj + tok * NP + OFF_X + h * P + p);
+                const float4 g0 = *reinterpret_cast<const float4 *>(dy + tok * E + h * P + p);
+                const float4 g1 = *reinterpret_cast<const float4 *>(dy + tok * E + h * P + p + 4);
+                const float gy[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+                float x[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const float v = i < len ? to_f32(vr.e[j]) : 0.0f;
+                    const float gj = i < len ? gy[j] : 0.0f;
+                    Vs[i * CKB_LDP + p + j] = from_f32<op_t>(v);
+                    Ys[i * CKB_LDP + p + j] = from_f32<op_t>(gj);
+                    x[j] = __fmul_rn(v, gj);
+                }
+                float yv = __fadd_rn(__fadd_rn(__fadd_rn(x[0], x[1]), __fadd_rn(x[2], x[3])),
+                                     __fadd_rn(__fadd_rn(x[4], x[5]), __fadd_rn(x[6], x[7])));
+#pragma unroll
+                for (int o = 1; o < SEG / 8; o <<= 1) yv = __fadd_rn(yv, __shfl_xor_sync(FULL_MASK, yv, o));
+                if (p % SEG == 0) s_yvp[i * CKB_YVP + p / SEG] = yv;
+            }
+        } else {
             constexpr int SEG = P < 32 ? P : 32;
             constexpr int VI = CKB_Q * P / CKB_THREADS;   // items per thread
             constexpr int VB = VI < 8 ? VI : 8;
@@ -476,6 +517,32 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                     float ga_loc[CKB_CW / 8][2];   // local angle gradient per (pair j, row rr)
 #pragma unroll
                     for (int j = 0; j < CKB_CW / 8; ++j) ga_loc[j][0] = ga_loc[j][1] = 0.0f;
+                    // the (cos, sin) of this lane's rotated pairs, both rows,
+                    // taken once for the dk' and dq' passes (the angle loads
+                    // issued before any is used); a row past the end reads
+                    // the chunk's first row and is not stored
+                    float2 rcs_j[CKB_CW / 8][2];
+#pragma unroll
+                    for (int j = 0; j < CKB_CW / 8; ++j) {
+                        const int n = n0 + 8 * j + cc;
+                        rcs_j[j][0] = rcs_j[j][1] = make_float2(1.0f, 0.0f);
+                        if (n < 2 * S) {
+#pragma unroll
+                            for (int rr = 0; rr < 2; ++rr) {
+                                const int tr = m0 + g + 8 * rr;
+                                rcs_j[j][rr].x = rot[((row0 + c0 + (tr < len ? tr : 0)) * H + h) * S + n / 2];
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < CKB_CW / 8; ++j)
+                        if (n0 + 8 * j + cc < 2 * S) {
+#pragma unroll
+                            for (int rr = 0; rr < 2; ++rr) {
+                                const float ra = rcs_j[j][rr].x;
+                                rot_cos_sin(ra, rcs_j[j][rr].x, rcs_j[j][rr].y);
+                            }
+                        }
 #pragma unroll 1
                     for (int pass = 0; pass < 2; ++pass) {   // dk' first, then dq'
                         const bool isq = pass == 1;
@@ -538,22 +605,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
                         for (int j = 0; j < CKB_CW / 8; ++j) {
                             const int n = n0 + 8 * j + cc;
                             float2 col = make_float2(0.0f, 0.0f);   // the item's column sums, rows in order
-                            // the angle of both rows' pair, the two loads
-                            // issued before either is used (at the store, each
-                            // had waited for its load), then their (cos, sin);
-                            // a row past the end reads the chunk's first row
-                            // and is not stored
-                            float2 rcs[2] = {make_float2(1.0f, 0.0f), make_float2(1.0f, 0.0f)};
-                            if (n < 2 * S) {
-                                float ra[2];
-#pragma unroll
-                                for (int rr = 0; rr < 2; ++rr) {
-                                    const int tr = m0 + g + 8 * rr;
-                                    ra[rr] = rot[((row0 + c0 + (tr < len ? tr : 0)) * H + h) * S + n / 2];
-                                }
-#pragma unroll
-                                for (int rr = 0; rr < 2; ++rr) rot_cos_sin(ra[rr], rcs[rr].x, rcs[rr].y);
-                            }
+                            const float2 *rcs = rcs_j[j];
 #pragma unroll
                             for (int rr = 0; rr < 2; ++rr) {
                                 const int tr = m0 + g + 8 * rr;

@@ -29,16 +29,14 @@ __device__ __forceinline__ float bc_entry(float x, float r, float w, float b) { 
 // angles_cs_kernel: angles_kernel's walk (doc/math.md steps 6-7, the same
 // grid, thread map, f64 slice sums and wrapped f64 walk: the same angles to
 // the bit) with dt_t[h] = softplus(dd_dt + dt_bias) taken from the in_proj
-// row (head_scalars' expression: prep's dt to the bit), writing the (cos,
-// sin) of every rotation's reduced angle into rot [tok][H][S] (angle_reduced)
-// instead of rotating k and q.
+// row (head_scalars' expression: prep's dt to the bit), writing every
+// rotation's reduced angle into rot [tok][H][S] (angle_reduced) instead of
+// rotating k and q.
 // angle_out (optional) may alias angle_in, as in angles_kernel. STARTS:
 // start [batch][seqlen] restarts the sum, as in angles_kernel.
 // ---------------------------------------------------------------------------
-__device__ __forceinline__ float row_head_dt(const act_t *pr, int h, float dtb)
-{
-    return softplus(to_f32(pr[OFF_DT + h]) + dtb);
-}
+// dt of a head from its raw in_proj entry x (head_scalars' expression).
+__device__ __forceinline__ float row_dt_of(act_t x, float dtb) { return softplus(to_f32(x) + dtb); }
 
 template <bool STARTS>
 __global__ void __launch_bounds__(ANGLE_THREADS)
@@ -58,14 +56,17 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
     const int t0 = min(seqlen, sl * len), t1 = min(seqlen, t0 + len);
     const size_t row0 = b * (size_t)seqlen;
 
-    const auto inc = [&](int t) {   // theta_t - theta_{t-1} before the wrap
+    const auto ld = [&](int t) {   // the angle input and the raw dt entry of token t
         const act_t *pr = proj + (row0 + t) * NP;
-        return PI_D * (double)tanhf(to_f32(pr[OFF_ANG + a])) * (double)row_head_dt(pr, h, dtb);
+        return ang_raw<act_t>{pr[OFF_ANG + a], pr[OFF_DT + h]};
+    };
+    const auto inc = [&](const ang_raw<act_t> &x) {   // theta_t - theta_{t-1} before the wrap
+        return PI_D * (double)tanhf(to_f32(x.ang)) * (double)row_dt_of(x.dt, dtb);
     };
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle; one reduced angle per token.
-    double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, inc, is_start);
-    th = angle_slice_walk<STARTS>(th, t0, t1, inc, is_start, [&](int t, double tht) {
+    double th = angle_slice_start<STARTS>(th0, t0, t1, a, sl, part, pflag, ld, inc, is_start);
+    th = angle_slice_walk<STARTS>(th, t0, t1, ld, inc, is_start, [&](int t, double tht) {
         rot[((row0 + t) * H + h) * S + a] = angle_reduced(tht);
     });
     if (angle_out && t1 == seqlen && t1 > t0) angle_out[st] = (float)th;
