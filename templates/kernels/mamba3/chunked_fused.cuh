@@ -116,6 +116,29 @@ template <int V> __device__ __forceinline__ avec<V> avec_zero()
 static_assert(FV == 1 || (OFF_B % FV == 0 && OFF_C % FV == 0 && OFF_X % FV == 0 && OFF_Z % FV == 0 &&
                           N % FV == 0 && P % FV == 0 && CK_LDN % FV == 0), "aligned row vectors");
 
+// V consecutive f32 weights (norm weights, biases) from p: 16-byte loads when
+// V is a multiple of 4 (p is then 16-byte aligned: every weight tensor
+// starts 256-byte aligned, the launcher checks the pointers, and the
+// offsets used are multiples of 4), else one at a time. The same values;
+// a quarter of the load instructions (ncu: the fused kernel's k', q'
+// build and its gate were issue-bound on these scalar loads).
+template <int V> __device__ __forceinline__ void f32_row_ld(const float *__restrict__ p, float (&v)[V])
+{
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < V / 4; ++k) {
+            const float4 t = *reinterpret_cast<const float4 *>(p + 4 * k);
+            v[4 * k] = t.x;
+            v[4 * k + 1] = t.y;
+            v[4 * k + 2] = t.z;
+            v[4 * k + 3] = t.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = p[j];
+    }
+}
+
 // The segment workspace (launches 1-4), slot (b * H + h) * nseg + s.
 struct fused_seg {
     int nseg, seg_chunks;   // segments per sequence, chunks per segment
@@ -363,10 +386,15 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
             avec<FVU> kb = avec_ld<FVU>(Ks + i * CK_LDN + n), qb = avec_ld<FVU>(Qs + i * CK_LDN + n);
             const float rb = s_rb[i], rc = s_rc[i];
             const bool last = kp_out && c0 + i == seqlen - 1;
+            float bw[FVU], bbi[FVU], cw[FVU], cbi[FVU];
+            f32_row_ld(Bnw + n, bw);
+            f32_row_ld(Bbias + h * N + n, bbi);
+            f32_row_ld(Cnw + n, cw);
+            f32_row_ld(Cbias + h * N + n, cbi);
 #pragma unroll
             for (int j = 0; j < FVU; ++j) {
-                const float kv = to_f32(kb.e[j]) * rb * Bnw[n + j] + Bbias[h * N + n + j];
-                const float qv = to_f32(qb.e[j]) * rc * Cnw[n + j] + Cbias[h * N + n + j];
+                const float kv = to_f32(kb.e[j]) * rb * bw[j] + bbi[j];
+                const float qv = to_f32(qb.e[j]) * rc * cw[j] + cbi[j];
                 if (last) kp_out[bh * N + n + j] = kv;
                 kb.e[j] = from_f32<op_t>(kv);
                 qb.e[j] = from_f32<op_t>(qv);
@@ -470,10 +498,12 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 const int i = idx / (P / FV), p = FV * (idx % (P / FV)), e = h * P + p;
                 const avec<FV> zv = avec_ld<FV>(pc + (size_t)i * NP + OFF_Z + e);
                 const float r = s_rb[i];
+                float nw[FV];
+                if constexpr (OUTPROJ_NORM) f32_row_ld(ngw + e, nw);
                 avec<FV> gv;
 #pragma unroll
                 for (int j = 0; j < FV; ++j) {
-                    const float gw = OUTPROJ_NORM ? r * ngw[e + j] : 1.0f;
+                    const float gw = OUTPROJ_NORM ? r * nw[j] : 1.0f;
                     gv.e[j] = from_f32<act_t>(Ys[i * CK_LDY + p + j] * gw * silu(to_f32(zv.e[j])));
                 }
                 avec_st(gout + (row0 + c0 + i) * E + e, gv);
