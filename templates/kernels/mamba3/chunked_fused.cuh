@@ -22,7 +22,8 @@
 // flight per thread, nothing waits on a previous token), and the per-token
 // reductions and the angle walk then read shared memory only.
 //   A1 (flat loads) the group's raw B and C rows into the k' and q' stage
-//      (op_t is the storage type: exact), v transposed, tanh of the
+//      (op_t is the storage type: exact), v (natural or transposed:
+//      FUSED_VLD), tanh of the
 //      angle inputs (f32, the value angles_kernel takes) and the 1/rms of
 //      the raw B and C rows (bc_rms, prep_kernel's order), both from the
 //      token prologue's rows (token_prologue_kernel, one launch before,
@@ -139,6 +140,18 @@ template <int V> __device__ __forceinline__ void f32_row_ld(const float *__restr
     }
 }
 
+// v staged in its natural layout [CK_Q][FUSED_VLD] by cp.async and read
+// through the transposed tile forms (ldmatrix.trans: the same fragments,
+// as the training's forward, ck_vnat), where the transposed copy went
+// through registers with 2-byte stores: 16-bit storage (f32's transposed
+// tile forms are scalar loads) copied as 16-byte row vectors, P >= CK_Q so
+// that [CK_Q][P + 8] fits the [P][CK_LDQ] tile. 0: the transposed copy.
+constexpr int FUSED_VLD =
+    sizeof(op_t) == 2 && sizeof(op_t) == sizeof(act_t) && FV * (int)sizeof(act_t) == 16 && P >= CK_Q && P % 8 == 0
+        ? P + 8
+        : 0;
+static_assert(FUSED_VLD == 0 || CK_Q * FUSED_VLD <= P * CK_LDQ, "natural v in the Vt tile");
+
 // The segment workspace (launches 1-4), slot (b * H + h) * nseg + s.
 struct fused_seg {
     int nseg, seg_chunks;   // segments per sequence, chunks per segment
@@ -221,7 +234,8 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
     op_t *Qs = reinterpret_cast<op_t *>(ck_smem);   // [CK_Q][CK_LDN]  q'_t
     op_t *Ks = Qs + CK_Q * CK_LDN;                    // [CK_Q][CK_LDN]  k'_s
     op_t *Kw = Ks + CK_Q * CK_LDN;                    // [N][CK_LDQ]     w_s k'_s[n] (transposed)
-    op_t *Vt = Kw + N * CK_LDQ;                       // [P][CK_LDQ]     v_s[p] (transposed)
+    op_t *Vt = Kw + N * CK_LDQ;                       // [P][CK_LDQ]     v_s[p] (transposed), or
+                                                      // [CK_Q][FUSED_VLD] v_s (natural)
     op_t *Hb = Vt + P * CK_LDQ;                       // [P][CK_LDN]     state entering the chunk
     op_t *Wt = Hb + P * CK_LDN;                       // [CK_WARPS][16][CK_LDW]  per-warp W tile
     float *fs = reinterpret_cast<float *>(Wt + CK_WARPS * 16 * CK_LDW);   // 7 CK_Q + 4 step scalars
@@ -291,19 +305,8 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         const act_t *pc = proj + (row0 + c0) * NP;   // the chunk's first in_proj row
         __syncthreads();   // the previous chunk is done with the stage, Y and s_th; Hb is written
         // ---- A1: flat loads of the chunk's rows ----
-        for (int i = tid; i <= CK_Q; i += CK_THREADS) {
-            float d = 0.0f, a = 0.0f, l = 0.0f;
-            if (c0 + i < seqlen) {
-                const act_t *pr = pc + (size_t)i * NP;
-                row_head_scalars(pr, h, dtb, d, a, l);
-            }
-            s_dt[i] = d;
-            s_lam[i] = l;
-            if (i < CK_Q) s_adt[i] = a;
-            if constexpr (STARTS) {
-                if (i < CK_Q) s_sf[i] = c0 + i < seqlen && start[row0 + c0 + i] ? 1.0f : 0.0f;
-            }
-        }
+        // (the cp.async copies first, so that they fly while the per-row
+        // scalars below wait for their loads)
         if constexpr (FV * (int)sizeof(act_t) == 16) {
             // 16-byte rows: copied without passing through registers
             // (cp.async, rows past len zero-filled), every copy in flight at
@@ -329,12 +332,34 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 avec_st(Qs + i * CK_LDN + n, cv);
             }
         }
+        if constexpr (FUSED_VLD > 0) {
+            // v in its natural layout, 16-byte copies (rows past len zero-filled)
+            for (int idx = tid; idx < CK_Q * (P / FV); idx += CK_THREADS) {
+                const int i = idx / (P / FV), p = FV * (idx % (P / FV));
+                const bool in = i < len;
+                cp_async_cg16(Vt + i * FUSED_VLD + p, pc + (size_t)(in ? i : 0) * NP + OFF_X + h * P + p, in);
+            }
+        } else {
 #pragma unroll 4
-        for (int idx = tid; idx < CK_Q * (P / FV); idx += CK_THREADS) {
-            const int i = idx / (P / FV), p = FV * (idx % (P / FV));
-            const avec<FV> xv = i < len ? avec_ld<FV>(pc + (size_t)i * NP + OFF_X + h * P + p) : avec_zero<FV>();
+            for (int idx = tid; idx < CK_Q * (P / FV); idx += CK_THREADS) {
+                const int i = idx / (P / FV), p = FV * (idx % (P / FV));
+                const avec<FV> xv = i < len ? avec_ld<FV>(pc + (size_t)i * NP + OFF_X + h * P + p) : avec_zero<FV>();
 #pragma unroll
-            for (int j = 0; j < FV; ++j) Vt[(p + j) * CK_LDQ + i] = xv.e[j];
+                for (int j = 0; j < FV; ++j) Vt[(p + j) * CK_LDQ + i] = xv.e[j];
+            }
+        }
+        for (int i = tid; i <= CK_Q; i += CK_THREADS) {
+            float d = 0.0f, a = 0.0f, l = 0.0f;
+            if (c0 + i < seqlen) {
+                const act_t *pr = pc + (size_t)i * NP;
+                row_head_scalars(pr, h, dtb, d, a, l);
+            }
+            s_dt[i] = d;
+            s_lam[i] = l;
+            if (i < CK_Q) s_adt[i] = a;
+            if constexpr (STARTS) {
+                if (i < CK_Q) s_sf[i] = c0 + i < seqlen && start[row0 + c0 + i] ? 1.0f : 0.0f;
+            }
         }
         {   // the token prologue's rows: the group's 1/rms of B and C, tanh of the angle inputs
             const float *ar = sg.aux + (row0 + c0) * AUX_W;
@@ -475,7 +500,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
             ck_weighted_k(dm, Ks, Kw, fs, tid);
             if (tid == 0) dec *= fs[7 * CK_Q];
         } else {
-            ck_outputs<STARTS>(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
+            ck_outputs<STARTS, FUSED_VLD>(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
                        [&](int tr, int p, float o0, float o1) {
                            float2 o;
                            o.x = o0;
@@ -485,7 +510,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         }
         __syncthreads();   // Kw and Y are complete; every read of Hb is done
         // ---- D: the state step; the gate of the chunk's rows ----
-        ck_state_step(dm, hs, Vt, Kw, Hb, fs, p0s, n0s, lane);
+        ck_state_step<FUSED_VLD>(dm, hs, Vt, Kw, Hb, fs, p0s, n0s, lane);
         if (MODE != FUSED_LOCAL) {
             for (int i = warp; i < len; i += CK_WARPS) {   // the gate's per-head scale of each row
                 float yv[GATE_VPL];
