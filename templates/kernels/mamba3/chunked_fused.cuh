@@ -256,7 +256,6 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const size_t bh = b * H + h;
     const size_t row0 = b * (size_t)seqlen;   // first token of the sequence
-    op_t *Ww = Wt + warp * 16 * CK_LDW;
     const float dtb = dt_bias[h], dsk = Dskip[h];
     // The angle thread: angle a over slice sl (threads past CK_ASL slices idle).
     const int aa = tid % S, asl = tid / S;
@@ -500,7 +499,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
             ck_weighted_k(dm, Ks, Kw, fs, tid);
             if (tid == 0) dec *= fs[7 * CK_Q];
         } else {
-            ck_outputs<STARTS, FUSED_VLD>(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
+            ck_outputs<STARTS, FUSED_VLD>(dm, Qs, Ks, Kw, Vt, Hb, Wt, fs, dsk, len, tid, warp, lane,
                        [&](int tr, int p, float o0, float o1) {
                            float2 o;
                            o.x = o0;
