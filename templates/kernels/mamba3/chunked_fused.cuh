@@ -511,10 +511,21 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         // ---- D: the state step; the gate of the chunk's rows ----
         ck_state_step<FUSED_VLD>(dm, hs, Vt, Kw, Hb, fs, p0s, n0s, lane);
         if (MODE != FUSED_LOCAL) {
-            for (int i = warp; i < len; i += CK_WARPS) {   // the gate's per-head scale of each row
-                float yv[GATE_VPL];
-                const float r = gate_head_load(Ys + i * CK_LDY, 0, lane, yv);
-                if (lane == 0) s_rb[i] = r;
+            // the gate's per-head scale of each row, GATE_ROWS rows of a
+            // warp at once (their loads and butterflies side by side: one
+            // row at a time waited out each shuffle in turn); a row past
+            // len repeats row len - 1 and is not stored
+            constexpr int GATE_ROWS = 4;
+            for (int i0 = warp; i0 < len; i0 += GATE_ROWS * CK_WARPS) {
+                float yv[GATE_ROWS][GATE_VPL];
+#pragma unroll
+                for (int u = 0; u < GATE_ROWS; ++u)
+                    gate_head_vals(Ys + min(i0 + u * CK_WARPS, len - 1) * CK_LDY, 0, lane, yv[u]);
+#pragma unroll
+                for (int u = 0; u < GATE_ROWS; ++u) {
+                    const float r = gate_head_rms(yv[u]);
+                    if (lane == 0 && i0 + u * CK_WARPS < len) s_rb[i0 + u * CK_WARPS] = r;
+                }
             }
             __syncthreads();
 #pragma unroll 2
