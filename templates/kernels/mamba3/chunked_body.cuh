@@ -155,18 +155,41 @@ __device__ __forceinline__ void ck_weighted_k(const Dm dm, const op_t *Ks, op_t 
     }
 }
 
+// A barrier of the `threads` threads (whole warps) that use barrier `id`
+// (1..15; 0 is __syncthreads'), with the ordering of shared memory that
+// __syncthreads gives among them.
+__device__ __forceinline__ void ck_group_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // C: Kw = w_s k'_s (transposed), and the outputs of the chunk's len rows:
 // sink(tr, p, o0, o1) receives rows tr < len, columns p and p+1 (the
-// inter- and intra-chunk terms plus D v). Reads Qs, Ks, Vt, Hb; each warp
-// uses its own W tile Ww. The caller synchronises the block after it (Kw
-// complete, every read of Hb done).
+// inter- and intra-chunk terms plus D v). Reads Qs, Ks, Vt, Hb; Wt holds a
+// 16 x CK_LDW W tile per warp. The caller synchronises the block after it
+// (Kw complete, every read of Hb done).
 // VLD > 0: v staged in its natural layout [CK_Q][VLD] instead (ck_fwd_body,
 // the training's forward), read through the transposed tile forms.
+// The intra-chunk W blocks (16 x 16, rows t0.., columns s0..; s0 <= t0)
+// do not depend on the item's columns p: with one item per warp (CK_NY ==
+// CK_WARPS), the kp warps of row tile mt (its P / CK_PW column parts)
+// share them. In rounds of kp blocks, warp of part ph computes block
+// r0 + ph into its tile, the group meets at barrier 1 + mt, and each warp
+// then multiplies every block of the round, in block order, from the tile
+// of the warp that computed it. Why: each warp computed all mt + 1 blocks
+// itself, so the two warps of a row tile computed the same blocks twice,
+// and the warps of the last row tile did about twice the work of the first
+// while the others waited at the barrier after this phase (the fused
+// kernel's profile: 7.5% of its stall samples at that barrier). Each
+// output's sums keep their order and each W entry its expression: the same
+// bits. Otherwise (several items per warp, or a chunk of one row tile)
+// each warp computes its own.
 template <bool STARTS = false, int VLD = 0, class Dm, class Sink>
 __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op_t *Ks, op_t *Kw, const op_t *Vt,
-                                           const op_t *Hb, op_t *Ww, const float *fs, float dsk, int len,
+                                           const op_t *Hb, op_t *Wt, const float *fs, float dsk, int len,
                                            int tid, int warp, int lane, Sink sink)
 {
+    op_t *Ww = Wt + warp * 16 * CK_LDW;   // this warp's W tile
     const int N = dm.N;
     const int CK_PW = dm.pw, CK_NY = dm.ny, CK_LDN = dm.ldn;
     const int g = lane >> 2, cc = (lane & 3) * 2;
@@ -193,8 +216,8 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
         const float gam0 = s_gam[t0 + g], gam1 = s_gam[t0 + g + 8];
         // STARTS: lst of the two rows (ck_decay, over s_adt): s < lst_t crosses a start
         const int lst0 = STARTS ? (int)fs[t0 + g] : -1, lst1 = STARTS ? (int)fs[t0 + g + 8] : -1;
-        for (int sb = 0; sb <= mt; ++sb) {
-            const int s0 = sb * 16;
+        // the W block of columns s0.. into the tile W
+        const auto w_block = [&](int s0, op_t *W) {
             float sq[2][4];
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) sq[jj][0] = sq[jj][1] = sq[jj][2] = sq[jj][3] = 0.0f;
@@ -211,14 +234,33 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
                         wv = sq[jj][r] * expf(((r >> 1) ? cst1 : cst0) - s_cs[sc]) * s_scl[sc];
                     else if (sc == tr)
                         wv = sq[jj][r] * ((r >> 1) ? gam1 : gam0);
-                    Ww[(g + 8 * (r >> 1)) * CK_LDW + 8 * jj + cc + (r & 1)] = from_f32<op_t>(wv);
+                    W[(g + 8 * (r >> 1)) * CK_LDW + 8 * jj + cc + (r & 1)] = from_f32<op_t>(wv);
                 }
-            __syncwarp();
+        };
+        // acc += the W block of columns s0.. (tile W) times V's rows s0..
+        const auto w_times_v = [&](int s0, const op_t *W) {
             if constexpr (VLD > 0)
-                tile_mma_row_core<false, true>(acc, CK_PW / 8, Ww, Vt + s0 * VLD + p0, lane, CK_LDW, VLD);
+                tile_mma_row_core<false, true>(acc, CK_PW / 8, W, Vt + s0 * VLD + p0, lane, CK_LDW, VLD);
             else
-                tile_mma_row_core<false, false>(acc, CK_PW / 8, Ww, Vt + p0 * CK_LDQ + s0, lane, CK_LDW, CK_LDQ);
-            __syncwarp();
+                tile_mma_row_core<false, false>(acc, CK_PW / 8, W, Vt + p0 * CK_LDQ + s0, lane, CK_LDW, CK_LDQ);
+        };
+        constexpr int T = CK_Q / 16;   // row tiles; barrier ids 1..T
+        static_assert(T <= 15, "named barriers");
+        if (T > 1 && CK_NY == CK_WARPS) {   // (one row tile: one block, nothing to share)
+            const int kp = CK_NY / T, ph = it / T;   // the row tile's warps (it = warp) and this one's part
+            for (int r0 = 0; r0 <= mt; r0 += kp) {
+                if (r0 + ph <= mt) w_block((r0 + ph) * 16, Ww);
+                ck_group_sync(1 + mt, 32 * kp);   // the round's blocks are written
+                for (int j = 0; j < kp && r0 + j <= mt; ++j) w_times_v((r0 + j) * 16, Wt + (mt + j * T) * 16 * CK_LDW);
+                if (r0 + kp <= mt) ck_group_sync(1 + mt, 32 * kp);   // read before the next round's writes
+            }
+        } else {
+            for (int sb = 0; sb <= mt; ++sb) {
+                w_block(sb * 16, Ww);
+                __syncwarp();
+                w_times_v(sb * 16, Ww);
+                __syncwarp();
+            }
         }
         // + D v_t; hand the rows inside the sequence to the sink (pairs of p)
 #pragma unroll
@@ -360,7 +402,6 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const size_t bh = b * H + h;
     const size_t row0 = b * (size_t)seqlen;   // first token of the sequence
-    op_t *Ww = Wt + warp * 16 * CK_LDW;
 
     // This warp's state tile: rows p0s.., columns n0s..; hs[j][r] holds
     // (p0s + g + 8*(r/2), n0s + 8j + cc + r%2).
@@ -497,7 +538,7 @@ ck_fwd_body(int seqlen, const act_t *__restrict__ proj, const KQ *__restrict__ k
         }
         // ---- C: Kw and the outputs (f32 y, pairs of p) ----
         float *yc = y + (row0 + c0) * E + h * P;
-        ck_outputs<STARTS, VLD>(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
+        ck_outputs<STARTS, VLD>(dm, Qs, Ks, Kw, Vt, Hb, Wt, fs, dsk, len, tid, warp, lane,
                    [&](int tr, int p, float o0, float o1) {
                        float2 o;
                        o.x = o0;

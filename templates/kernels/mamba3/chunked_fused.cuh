@@ -22,7 +22,8 @@
 // flight per thread, nothing waits on a previous token), and the per-token
 // reductions and the angle walk then read shared memory only.
 //   A1 (flat loads) the group's raw B and C rows into the k' and q' stage
-//      (op_t is the storage type: exact), v transposed, tanh of the
+//      (op_t is the storage type: exact), v (natural or transposed:
+//      FUSED_VLD), tanh of the
 //      angle inputs (f32, the value angles_kernel takes) and the 1/rms of
 //      the raw B and C rows (bc_rms, prep_kernel's order), both from the
 //      token prologue's rows (token_prologue_kernel, one launch before,
@@ -116,6 +117,41 @@ template <int V> __device__ __forceinline__ avec<V> avec_zero()
 static_assert(FV == 1 || (OFF_B % FV == 0 && OFF_C % FV == 0 && OFF_X % FV == 0 && OFF_Z % FV == 0 &&
                           N % FV == 0 && P % FV == 0 && CK_LDN % FV == 0), "aligned row vectors");
 
+// V consecutive f32 weights (norm weights, biases) from p: 16-byte loads when
+// V is a multiple of 4 (p is then 16-byte aligned: every weight tensor
+// starts 256-byte aligned, the launcher checks the pointers, and the
+// offsets used are multiples of 4), else one at a time. The same values;
+// a quarter of the load instructions (ncu: the fused kernel's k', q'
+// build and its gate were issue-bound on these scalar loads).
+template <int V> __device__ __forceinline__ void f32_row_ld(const float *__restrict__ p, float (&v)[V])
+{
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < V / 4; ++k) {
+            const float4 t = *reinterpret_cast<const float4 *>(p + 4 * k);
+            v[4 * k] = t.x;
+            v[4 * k + 1] = t.y;
+            v[4 * k + 2] = t.z;
+            v[4 * k + 3] = t.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = p[j];
+    }
+}
+
+// v staged in its natural layout [CK_Q][FUSED_VLD] by cp.async and read
+// through the transposed tile forms (ldmatrix.trans: the same fragments,
+// as the training's forward, ck_vnat), where the transposed copy went
+// through registers with 2-byte stores: 16-bit storage (f32's transposed
+// tile forms are scalar loads) copied as 16-byte row vectors, P >= CK_Q so
+// that [CK_Q][P + 8] fits the [P][CK_LDQ] tile. 0: the transposed copy.
+constexpr int FUSED_VLD =
+    sizeof(op_t) == 2 && sizeof(op_t) == sizeof(act_t) && FV * (int)sizeof(act_t) == 16 && P >= CK_Q && P % 8 == 0
+        ? P + 8
+        : 0;
+static_assert(FUSED_VLD == 0 || CK_Q * FUSED_VLD <= P * CK_LDQ, "natural v in the Vt tile");
+
 // The segment workspace (launches 1-4), slot (b * H + h) * nseg + s.
 struct fused_seg {
     int nseg, seg_chunks;   // segments per sequence, chunks per segment
@@ -198,7 +234,8 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
     op_t *Qs = reinterpret_cast<op_t *>(ck_smem);   // [CK_Q][CK_LDN]  q'_t
     op_t *Ks = Qs + CK_Q * CK_LDN;                    // [CK_Q][CK_LDN]  k'_s
     op_t *Kw = Ks + CK_Q * CK_LDN;                    // [N][CK_LDQ]     w_s k'_s[n] (transposed)
-    op_t *Vt = Kw + N * CK_LDQ;                       // [P][CK_LDQ]     v_s[p] (transposed)
+    op_t *Vt = Kw + N * CK_LDQ;                       // [P][CK_LDQ]     v_s[p] (transposed), or
+                                                      // [CK_Q][FUSED_VLD] v_s (natural)
     op_t *Hb = Vt + P * CK_LDQ;                       // [P][CK_LDN]     state entering the chunk
     op_t *Wt = Hb + P * CK_LDN;                       // [CK_WARPS][16][CK_LDW]  per-warp W tile
     float *fs = reinterpret_cast<float *>(Wt + CK_WARPS * 16 * CK_LDW);   // 7 CK_Q + 4 step scalars
@@ -219,7 +256,6 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const size_t bh = b * H + h;
     const size_t row0 = b * (size_t)seqlen;   // first token of the sequence
-    op_t *Ww = Wt + warp * 16 * CK_LDW;
     const float dtb = dt_bias[h], dsk = Dskip[h];
     // The angle thread: angle a over slice sl (threads past CK_ASL slices idle).
     const int aa = tid % S, asl = tid / S;
@@ -268,19 +304,8 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         const act_t *pc = proj + (row0 + c0) * NP;   // the chunk's first in_proj row
         __syncthreads();   // the previous chunk is done with the stage, Y and s_th; Hb is written
         // ---- A1: flat loads of the chunk's rows ----
-        for (int i = tid; i <= CK_Q; i += CK_THREADS) {
-            float d = 0.0f, a = 0.0f, l = 0.0f;
-            if (c0 + i < seqlen) {
-                const act_t *pr = pc + (size_t)i * NP;
-                row_head_scalars(pr, h, dtb, d, a, l);
-            }
-            s_dt[i] = d;
-            s_lam[i] = l;
-            if (i < CK_Q) s_adt[i] = a;
-            if constexpr (STARTS) {
-                if (i < CK_Q) s_sf[i] = c0 + i < seqlen && start[row0 + c0 + i] ? 1.0f : 0.0f;
-            }
-        }
+        // (the cp.async copies first, so that they fly while the per-row
+        // scalars below wait for their loads)
         if constexpr (FV * (int)sizeof(act_t) == 16) {
             // 16-byte rows: copied without passing through registers
             // (cp.async, rows past len zero-filled), every copy in flight at
@@ -306,12 +331,34 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 avec_st(Qs + i * CK_LDN + n, cv);
             }
         }
+        if constexpr (FUSED_VLD > 0) {
+            // v in its natural layout, 16-byte copies (rows past len zero-filled)
+            for (int idx = tid; idx < CK_Q * (P / FV); idx += CK_THREADS) {
+                const int i = idx / (P / FV), p = FV * (idx % (P / FV));
+                const bool in = i < len;
+                cp_async_cg16(Vt + i * FUSED_VLD + p, pc + (size_t)(in ? i : 0) * NP + OFF_X + h * P + p, in);
+            }
+        } else {
 #pragma unroll 4
-        for (int idx = tid; idx < CK_Q * (P / FV); idx += CK_THREADS) {
-            const int i = idx / (P / FV), p = FV * (idx % (P / FV));
-            const avec<FV> xv = i < len ? avec_ld<FV>(pc + (size_t)i * NP + OFF_X + h * P + p) : avec_zero<FV>();
+            for (int idx = tid; idx < CK_Q * (P / FV); idx += CK_THREADS) {
+                const int i = idx / (P / FV), p = FV * (idx % (P / FV));
+                const avec<FV> xv = i < len ? avec_ld<FV>(pc + (size_t)i * NP + OFF_X + h * P + p) : avec_zero<FV>();
 #pragma unroll
-            for (int j = 0; j < FV; ++j) Vt[(p + j) * CK_LDQ + i] = xv.e[j];
+                for (int j = 0; j < FV; ++j) Vt[(p + j) * CK_LDQ + i] = xv.e[j];
+            }
+        }
+        for (int i = tid; i <= CK_Q; i += CK_THREADS) {
+            float d = 0.0f, a = 0.0f, l = 0.0f;
+            if (c0 + i < seqlen) {
+                const act_t *pr = pc + (size_t)i * NP;
+                row_head_scalars(pr, h, dtb, d, a, l);
+            }
+            s_dt[i] = d;
+            s_lam[i] = l;
+            if (i < CK_Q) s_adt[i] = a;
+            if constexpr (STARTS) {
+                if (i < CK_Q) s_sf[i] = c0 + i < seqlen && start[row0 + c0 + i] ? 1.0f : 0.0f;
+            }
         }
         {   // the token prologue's rows: the group's 1/rms of B and C, tanh of the angle inputs
             const float *ar = sg.aux + (row0 + c0) * AUX_W;
@@ -363,10 +410,15 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
             avec<FVU> kb = avec_ld<FVU>(Ks + i * CK_LDN + n), qb = avec_ld<FVU>(Qs + i * CK_LDN + n);
             const float rb = s_rb[i], rc = s_rc[i];
             const bool last = kp_out && c0 + i == seqlen - 1;
+            float bw[FVU], bbi[FVU], cw[FVU], cbi[FVU];
+            f32_row_ld(Bnw + n, bw);
+            f32_row_ld(Bbias + h * N + n, bbi);
+            f32_row_ld(Cnw + n, cw);
+            f32_row_ld(Cbias + h * N + n, cbi);
 #pragma unroll
             for (int j = 0; j < FVU; ++j) {
-                const float kv = to_f32(kb.e[j]) * rb * Bnw[n + j] + Bbias[h * N + n + j];
-                const float qv = to_f32(qb.e[j]) * rc * Cnw[n + j] + Cbias[h * N + n + j];
+                const float kv = to_f32(kb.e[j]) * rb * bw[j] + bbi[j];
+                const float qv = to_f32(qb.e[j]) * rc * cw[j] + cbi[j];
                 if (last) kp_out[bh * N + n + j] = kv;
                 kb.e[j] = from_f32<op_t>(kv);
                 qb.e[j] = from_f32<op_t>(qv);
@@ -447,7 +499,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
             ck_weighted_k(dm, Ks, Kw, fs, tid);
             if (tid == 0) dec *= fs[7 * CK_Q];
         } else {
-            ck_outputs<STARTS>(dm, Qs, Ks, Kw, Vt, Hb, Ww, fs, dsk, len, tid, warp, lane,
+            ck_outputs<STARTS, FUSED_VLD>(dm, Qs, Ks, Kw, Vt, Hb, Wt, fs, dsk, len, tid, warp, lane,
                        [&](int tr, int p, float o0, float o1) {
                            float2 o;
                            o.x = o0;
@@ -457,12 +509,23 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
         }
         __syncthreads();   // Kw and Y are complete; every read of Hb is done
         // ---- D: the state step; the gate of the chunk's rows ----
-        ck_state_step(dm, hs, Vt, Kw, Hb, fs, p0s, n0s, lane);
+        ck_state_step<FUSED_VLD>(dm, hs, Vt, Kw, Hb, fs, p0s, n0s, lane);
         if (MODE != FUSED_LOCAL) {
-            for (int i = warp; i < len; i += CK_WARPS) {   // the gate's per-head scale of each row
-                float yv[GATE_VPL];
-                const float r = gate_head_load(Ys + i * CK_LDY, 0, lane, yv);
-                if (lane == 0) s_rb[i] = r;
+            // the gate's per-head scale of each row, GATE_ROWS rows of a
+            // warp at once (their loads and butterflies side by side: one
+            // row at a time waited out each shuffle in turn); a row past
+            // len repeats row len - 1 and is not stored
+            constexpr int GATE_ROWS = 4;
+            for (int i0 = warp; i0 < len; i0 += GATE_ROWS * CK_WARPS) {
+                float yv[GATE_ROWS][GATE_VPL];
+#pragma unroll
+                for (int u = 0; u < GATE_ROWS; ++u)
+                    gate_head_vals(Ys + min(i0 + u * CK_WARPS, len - 1) * CK_LDY, 0, lane, yv[u]);
+#pragma unroll
+                for (int u = 0; u < GATE_ROWS; ++u) {
+                    const float r = gate_head_rms(yv[u]);
+                    if (lane == 0 && i0 + u * CK_WARPS < len) s_rb[i0 + u * CK_WARPS] = r;
+                }
             }
             __syncthreads();
 #pragma unroll 2
@@ -470,10 +533,12 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 const int i = idx / (P / FV), p = FV * (idx % (P / FV)), e = h * P + p;
                 const avec<FV> zv = avec_ld<FV>(pc + (size_t)i * NP + OFF_Z + e);
                 const float r = s_rb[i];
+                float nw[FV];
+                if constexpr (OUTPROJ_NORM) f32_row_ld(ngw + e, nw);
                 avec<FV> gv;
 #pragma unroll
                 for (int j = 0; j < FV; ++j) {
-                    const float gw = OUTPROJ_NORM ? r * ngw[e + j] : 1.0f;
+                    const float gw = OUTPROJ_NORM ? r * nw[j] : 1.0f;
                     gv.e[j] = from_f32<act_t>(Ys[i * CK_LDY + p + j] * gw * silu(to_f32(zv.e[j])));
                 }
                 avec_st(gout + (row0 + c0 + i) * E + e, gv);

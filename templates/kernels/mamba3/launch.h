@@ -62,7 +62,10 @@ cudaError_t MG_LAUNCH(scan_chunked)(int batch, int seqlen, const void *proj, con
  * (batch x seqlen <= MAX_TOKENS) and the segment form's slots: nseg > 1
  * splits each sequence in up to nseg segments run side by side (four
  * launches), for batches too small to fill the GPU. No workspace, or more
- * tokens than it holds: cudaErrorInvalidValue, nothing launched. */
+ * tokens than it holds: cudaErrorInvalidValue, nothing launched. The norm
+ * weights and biases are read as 16-byte vectors (every tensor of the
+ * weight blob is 256-byte aligned): a pointer among them that is not
+ * 16-byte aligned gives cudaErrorMisalignedAddress, nothing launched. */
 cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, void *seg_ws, const void *proj,
                                   const float *dt_bias,
                                   const float *B_norm_w, const float *C_norm_w, const float *B_bias,

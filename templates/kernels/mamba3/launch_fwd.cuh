@@ -144,6 +144,10 @@ extern "C" cudaError_t MG_LAUNCH(scan_fused)(int batch, int seqlen, int nseg, vo
     act_t *ga = static_cast<act_t *>(g);
     const size_t tokens = (size_t)batch * (size_t)seqlen;
     if (!seg_ws || batch < 1 || seqlen < 1 || tokens > AUX_TOKENS) return cudaErrorInvalidValue;
+    // the weights are read as 16-byte vectors (f32_row_ld)
+    const uintptr_t wa = (uintptr_t)B_norm_w | (uintptr_t)C_norm_w | (uintptr_t)B_bias | (uintptr_t)C_bias |
+                         (uintptr_t)norm_gate_w;
+    if (wa % 16 != 0) return cudaErrorMisalignedAddress;
     const int nchunks = (seqlen + CK_Q - 1) / CK_Q;
     if (nseg > nchunks / 2) nseg = nchunks / 2;
     if (nseg > SEG_SLOTS / (batch * H)) nseg = SEG_SLOTS / (batch * H);
