@@ -245,8 +245,11 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
                 tile_mma_row_core<false, false>(acc, CK_PW / 8, W, Vt + p0 * CK_LDQ + s0, lane, CK_LDW, CK_LDQ);
         };
         constexpr int T = CK_Q / 16;   // row tiles; barrier ids 1..T
-        static_assert(T <= 15, "named barriers");
-        if (T > 1 && CK_NY == CK_WARPS) {   // (one row tile: one block, nothing to share)
+        // Shared W blocks need one named barrier per row tile (ids 1..T; 0 is
+        // __syncthreads, 16 in all): a chunk of 256 rows (T = 16) takes the
+        // per-warp form. One row tile: one block, nothing to share.
+        constexpr bool W_SHARE = T > 1 && T <= 15;
+        if (W_SHARE && CK_NY == CK_WARPS) {
             const int kp = CK_NY / T, ph = it / T;   // the row tile's warps (it = warp) and this one's part
             for (int r0 = 0; r0 <= mt; r0 += kp) {
                 if (r0 + ph <= mt) w_block((r0 + ph) * 16, Ww);
