@@ -200,6 +200,50 @@ static void cmp_final_states(const char *prefix, int B, float *const got[NST], d
     }
 }
 
+/* dt_bias's gradient under push_ranges' weights with the gated RMSNorm
+ * (outproj_norm), in two parts. The heads whose DT stays in the init range:
+ * rel_l2 over their entries within GRAD_TOL. The heads at DT ~ 22
+ * (mg_ref_mamba3_pushed_dt_head): there the head's y is nearly linear in DT
+ * (the state forgets within a step, gamma = lambda DT), and the per-head
+ * RMSNorm divides that scale out, so dL/dDT is a near-total cancellation:
+ * in the f64 reference at d_state 16 the head's gradient is 1e-7 to 1e-9 of
+ * the sum of the magnitudes of the terms that form it (~0.6), where without
+ * the norm it is O(0.1) and those terms sum to 25-50x it. No f32 evaluation
+ * gets such a value to better than ~eps x those terms, which against the
+ * tensor's norm (the other heads') can be ~1e-4: on an H100 the d_state 16
+ * variant missed one rel_l2 over both heads by that (1.42e-4 against 1e-4).
+ * So their error is measured against the whole tensor's norm and held to
+ * MG_REF_M3_ANGLE_FAST_TOL (1e-3): a wrong term there is of the order of the
+ * terms (~1 of that norm) and still fails. */
+static void cmp_dt_bias_pushed(const char *what, const float *got, const double *ref, size_t n)
+{
+    double e2[2] = { 0.0, 0.0 }, r2[2] = { 0.0, 0.0 }, emax[2] = { 0.0, 0.0 };
+    size_t cnt[2] = { 0, 0 }, bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const int pt = mg_ref_mamba3_pushed_dt_head((int)(i % (size_t)dims.nheads));
+        const double d = (double)got[i] - ref[i];
+        if (!isfinite(got[i])) ++bad;
+        e2[pt] += d * d;
+        r2[pt] += ref[i] * ref[i];
+        emax[pt] = fmax(emax[pt], fabs(d));
+        ++cnt[pt];
+    }
+    const double rel_init = r2[0] > 0.0 ? sqrt(e2[0] / r2[0]) : sqrt(e2[0]);
+    const double all = sqrt(r2[0] + r2[1]);
+    const double rel_fast = all > 0.0 ? sqrt(e2[1]) / all : sqrt(e2[1]);
+    mg_tap_diag("%s (heads at init-range DT): max_abs=%.3e rel_l2=%.3e (n=%zu)", what, emax[0], rel_init, cnt[0]);
+    mg_tap_ok(bad == 0 && rel_init <= GRAD_TOL, "%s (heads at init-range DT): rel_l2 <= %g", what, GRAD_TOL);
+    mg_tap_diag("%s (heads at DT ~ 22): max_abs=%.3e, l2 error / the tensor's l2 norm = %.3e (n=%zu)", what, emax[1],
+                rel_fast, cnt[1]);
+    if (cnt[1])
+        mg_tap_ok(bad == 0 && rel_fast <= MG_REF_M3_ANGLE_FAST_TOL,
+                  "%s (heads at DT ~ 22): l2 error <= %g of the tensor's norm", what, MG_REF_M3_ANGLE_FAST_TOL);
+    for (size_t h = 0; h < n && h < 16; ++h)
+        mg_tap_diag("%s: head %zu (%s): got %.9e, reference %.9e", what, h,
+                    mg_ref_mamba3_pushed_dt_head((int)(h % (size_t)dims.nheads)) ? "DT ~ 22" : "DT in the init range",
+                    (double)got[h], ref[h]);
+}
+
 /* Appended to the names of test_grads' checks (which SSM was forced). */
 static const char *grads_tag = "";
 
@@ -215,15 +259,10 @@ static void cmp_run(const char *prefix, int B, int T, const run_out *r, const do
     if (rst) cmp_final_states(prefix, B, r->st, rst, NULL, FWD_TOL);
     for (int i = 0; i < n_tens; ++i) {
         snprintf(what, sizeof what, "%s: grad %s", prefix, tens[i].name);
-        const int ok = cmp_ref(what, r->grads + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
-        /* Under push_ranges' weights, a dt_bias gradient that misses says
-         * head by head where (push_ranges raises the DT of some heads to
-         * ~22 and clamps others' A at a_floor): one number per head. */
-        if (!ok && weights_tag[0] && strcmp(tens[i].key, "dt_bias") == 0)
-            for (size_t h = 0; h < tens[i].numel && h < 16; ++h)
-                mg_tap_diag("%s: head %zu (%s): got %.9e, reference %.9e", what, h,
-                            mg_ref_mamba3_pushed_dt_head((int)h) ? "DT ~ 22" : "DT in the init range",
-                            (double)r->grads[tens[i].offset + h], rg[tens[i].offset + h]);
+        if (weights_tag[0] && dims.outproj_norm && strcmp(tens[i].key, "dt_bias") == 0)
+            cmp_dt_bias_pushed(what, r->grads + tens[i].offset, rg + tens[i].offset, tens[i].numel);
+        else
+            cmp_ref(what, r->grads + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
     }
     snprintf(what, sizeof what, "%s: du", prefix);
     cmp_ref(what, r->du, rdu, n_u(B, T), GRAD_TOL);
