@@ -213,8 +213,9 @@ static void cmp_final_states(const char *prefix, int B, float *const got[NST], d
  * tensor's norm (the other heads') can be ~1e-4: on an H100 the d_state 16
  * variant missed one rel_l2 over both heads by that (1.42e-4 against 1e-4).
  * So their error is measured against the whole tensor's norm and held to
- * MG_REF_M3_ANGLE_FAST_TOL (1e-3): a wrong term there is of the order of the
- * terms (~1 of that norm) and still fails. */
+ * the larger of GRAD_TOL and MG_REF_M3_ANGLE_FAST_TOL (1e-3; never tighter
+ * than the one check over both parts was): a wrong term there is of the
+ * order of the terms (~1 of that norm) and still fails. */
 static void cmp_dt_bias_pushed(const char *what, const float *got, const double *ref, size_t n)
 {
     double e2[2] = { 0.0, 0.0 }, r2[2] = { 0.0, 0.0 }, emax[2] = { 0.0, 0.0 };
@@ -235,9 +236,10 @@ static void cmp_dt_bias_pushed(const char *what, const float *got, const double 
     mg_tap_ok(bad == 0 && rel_init <= GRAD_TOL, "%s (heads at init-range DT): rel_l2 <= %g", what, GRAD_TOL);
     mg_tap_diag("%s (heads at DT ~ 22): max_abs=%.3e, l2 error / the tensor's l2 norm = %.3e (n=%zu)", what, emax[1],
                 rel_fast, cnt[1]);
+    const double tfast = GRAD_TOL > MG_REF_M3_ANGLE_FAST_TOL ? GRAD_TOL : MG_REF_M3_ANGLE_FAST_TOL;
     if (cnt[1])
-        mg_tap_ok(bad == 0 && rel_fast <= MG_REF_M3_ANGLE_FAST_TOL,
-                  "%s (heads at DT ~ 22): l2 error <= %g of the tensor's norm", what, MG_REF_M3_ANGLE_FAST_TOL);
+        mg_tap_ok(bad == 0 && rel_fast <= tfast, "%s (heads at DT ~ 22): l2 error <= %g of the tensor's norm", what,
+                  tfast);
     for (size_t h = 0; h < n && h < 16; ++h)
         mg_tap_diag("%s: head %zu (%s): got %.9e, reference %.9e", what, h,
                     mg_ref_mamba3_pushed_dt_head((int)(h % (size_t)dims.nheads)) ? "DT ~ 22" : "DT in the init range",
