@@ -93,6 +93,13 @@ __device__ __forceinline__ float2 unrotate_pair(float c, float s, float2 v)
     return o;
 }
 
+// A token's angle increment theta_t - theta_{t-1} before the wrap: pi
+// tanh(angle input) dt, in f64 from the f32 tanh and dt (doc/math.md step
+// 6). The one expression of every angle walk and sum (the angle kernels,
+// the fused kernel's walk and segment sums, decode), so they give the same
+// bits.
+__device__ __forceinline__ double angle_inc(float tanh_in, float dt) { return PI_D * (double)tanh_in * (double)dt; }
+
 // The slice walks below take a token's increment in two steps: ld(t)
 // loads its inputs (a small struct, from device memory) and inc(x) turns
 // them into theta_t - theta_{t-1} (f64). Why: the walk's sum is a chain,
@@ -224,7 +231,7 @@ angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restric
         return ang_raw<float>{proj[tok * NP + OFF_ANG + a], dt[tok * H + h]};
     };
     const auto inc = [](const ang_raw<float> &x) {   // theta_t - theta_{t-1} before the wrap
-        return PI_D * (double)tanhf(to_f32(x.ang)) * (double)x.dt;
+        return angle_inc(tanhf(to_f32(x.ang)), x.dt);
     };
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle, rotating k and q.

@@ -393,7 +393,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 if constexpr (STARTS) {
                     if (s_sf[i] != 0.0f) sum = 0.0;   // the slice's sum from its last start
                 }
-                sum += PI_D * (double)s_tanh[i * S + aa] * (double)s_dt[i];
+                sum += angle_inc(s_tanh[i * S + aa], s_dt[i]);
             }
             s_part[asl * S + aa] = sum;
             th_start = s_th[aa];
@@ -448,7 +448,7 @@ scan_fused_kernel(int seqlen, const act_t *__restrict__ proj, const float *__res
                 if constexpr (STARTS) {
                     if (s_sf[i] != 0.0f) th = 0.0;   // a new episode: the sum restarts
                 }
-                th = th + PI_D * (double)s_tanh[i * S + aa] * (double)s_dt[i];
+                th = th + angle_inc(s_tanh[i * S + aa], s_dt[i]);
                 if (th < 0.0 || th >= TWO_PI_D) th = wrap_2pi(th);   // fmod is the identity on [0, 2pi)
                 float c, s;
                 angle_cos_sin(th, c, s);
@@ -616,7 +616,7 @@ seg_angle_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
                 const int tj = t + j * CK_ASL;
                 if (tj >= t1 || (STARTS && tj < tl)) continue;
                 const float d = softplus(to_f32(xd[j]) + dtb);
-                sum += PI_D * (double)tanhf(to_f32(xa[j])) * (double)d;
+                sum += angle_inc(tanhf(to_f32(xa[j])), d);
             }
         }
         part[sl][a] = sum;

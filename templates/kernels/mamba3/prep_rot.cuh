@@ -61,7 +61,7 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
         return ang_raw<act_t>{pr[OFF_ANG + a], pr[OFF_DT + h]};
     };
     const auto inc = [&](const ang_raw<act_t> &x) {   // theta_t - theta_{t-1} before the wrap
-        return PI_D * (double)tanhf(to_f32(x.ang)) * (double)row_dt_of(x.dt, dtb);
+        return angle_inc(tanhf(to_f32(x.ang)), row_dt_of(x.dt, dtb));
     };
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle; one reduced angle per token.
