@@ -52,11 +52,17 @@ __device__ __forceinline__ double wrap_2pi(double th)
 // training's kernels take them of the table of reduced angles that
 // angles_cs_kernel writes, mg_m3_prep_rot.cuh): th moved to [-pi, pi) in f64 (th - 2pi is exact
 // there, Sterbenz's lemma), rounded once to f32 (error <= 2^-24 pi,
-// 1.9e-7; angle_reduced) and taken by sincosf (accurate libm, ~1 ulp;
-// rot_cos_sin). Why not f64 sincos rounded to f32 (error 6e-8): one per
-// (token, head, angle) bound the angle kernels by the f64 pipe, at half the
-// f32 rate on an H100 and far less on other parts; the running angle
-// itself stays f64, so nothing drifts with t (doc/math.md section 5).
+// 1.9e-7; angle_reduced) and taken by the hardware's sin.approx and
+// cos.approx (__sincosf: absolute error at most 2^-21.41, 3.6e-7, on
+// [-pi, pi]; rot_cos_sin). Why not f64 sincos rounded to f32 (error 6e-8):
+// one per (token, head, angle) bound the angle kernels by the f64 pipe, at
+// half the f32 rate on an H100 and far less on other parts. Why not the
+// accurate sincosf (~1 ulp): its range checks and polynomials were 12% of
+// the chunked backward's stall samples (mamba3_perf on an H100) for an
+// error below the 1.9e-7 of the angle's own rounding, which the hardware
+// form only doubles. Every rotation takes this one function, so the
+// kernels agree bit for bit; the running angle itself stays f64, so
+// nothing drifts with t (doc/math.md section 5).
 __device__ __forceinline__ float angle_reduced(double th)
 {
     const double r = th >= PI_D ? th - TWO_PI_D : th;
@@ -64,7 +70,7 @@ __device__ __forceinline__ float angle_reduced(double th)
 }
 __device__ __forceinline__ void rot_cos_sin(float r, float &c, float &s)
 {
-    sincosf(r, &s, &c);
+    __sincosf(r, &s, &c);
 }
 __device__ __forceinline__ void angle_cos_sin(double th, float &c, float &s)
 {

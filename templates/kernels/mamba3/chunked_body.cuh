@@ -231,7 +231,7 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
                     const int tr = t0 + g + 8 * (r >> 1), sc = s0 + 8 * jj + cc + (r & 1);
                     float wv = 0.0f;
                     if (sc < tr && (!STARTS || sc >= ((r >> 1) ? lst1 : lst0)))
-                        wv = sq[jj][r] * expf(((r >> 1) ? cst1 : cst0) - s_cs[sc]) * s_scl[sc];
+                        wv = sq[jj][r] * ck_wdecay(((r >> 1) ? cst1 : cst0) - s_cs[sc]) * s_scl[sc];
                     else if (sc == tr)
                         wv = sq[jj][r] * ((r >> 1) ? gam1 : gam0);
                     W[(g + 8 * (r >> 1)) * CK_LDW + 8 * jj + cc + (r & 1)] = from_f32<op_t>(wv);

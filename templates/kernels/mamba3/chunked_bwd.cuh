@@ -107,7 +107,7 @@ __device__ __forceinline__ void ckb_block(int tb, int sb, int lane, const op_t *
                 // contracts a product into a sum must not depend on the
                 // STARTS branch around it (an all-zero mask gives the
                 // maskless bits)
-                const float lm = expf(s_cs[tr] - s_cs[sc]);
+                const float lm = ck_wdecay(s_cs[tr] - s_cs[sc]);
                 const float L = __fmul_rn(lm, s_scl[sc]);
                 const float rr = __fmul_rn(dv[jj][r], qk[jj][r]);
                 const float rl = __fmul_rn(rr, L);

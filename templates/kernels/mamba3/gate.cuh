@@ -3,9 +3,16 @@
 // Included inside the anonymous namespace of the package's .cu files, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
+// The gated RMSNorm's scale of a head from its sum of squares ss:
+// 1/sqrt(ss/P + eps) by rsqrtf (2 ulp), where 1/sqrtf (a rounded root, then
+// an IEEE division) was 2.7% of the fused chunked kernel's stall samples
+// (mamba3_perf prefill on an H100). The gate's forward, the fused kernel and
+// the gate backward take it from here, so they see the same bits.
+__device__ __forceinline__ float gate_rms_scale(float ss) { return rsqrtf(ss / (float)P + EPS); }
+
 // Loads head h of the token's y (yt) into yv (lane's entries p = lane + 32*i,
 // 0 past P) and returns the head's scale r = 1/sqrt(mean(y^2) + eps) under
-// OUTPROJ_NORM (the same in every lane: fixed butterfly), else 1. The
+// OUTPROJ_NORM (the same in every lane: fixed butterfly; rsqrtf), else 1. The
 // gate's forward and backward (mg_m3_gate_bwd.cuh) share it, so both see the
 // same bits.
 // The scale r of a head whose values yv are already loaded (gate_head_load
@@ -19,7 +26,7 @@ __device__ __forceinline__ float gate_head_rms(const float (&yv)[GATE_VPL])
     if (OUTPROJ_NORM) {
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
-        r = 1.0f / sqrtf(ss / (float)P + EPS);
+        r = gate_rms_scale(ss);
     }
     return r;
 }

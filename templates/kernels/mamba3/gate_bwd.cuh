@@ -80,7 +80,7 @@ gate_bwd_kernel(int tokens, const float *__restrict__ y, const act_t *__restrict
         }
         if (OUTPROJ_NORM) warp_sum_each(rh);
 #pragma unroll
-        for (int hi = 0; hi < GATE_HPW; ++hi) rh[hi] = OUTPROJ_NORM ? 1.0f / sqrtf(rh[hi] / (float)P + EPS) : 1.0f;
+        for (int hi = 0; hi < GATE_HPW; ++hi) rh[hi] = OUTPROJ_NORM ? gate_rms_scale(rh[hi]) : 1.0f;
         float du[GATE_HPW][GATE_VPL], dot[GATE_HPW];
 #pragma unroll
         for (int hi = 0; hi < GATE_HPW; ++hi) {

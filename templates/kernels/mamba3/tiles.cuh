@@ -7,6 +7,17 @@
 // Included inside the anonymous namespace of the package's .cu files, after
 // NAME_common.cuh (whose constants it uses): it includes nothing itself.
 
+// The decay exp(x) of an intra-chunk weight (x = cs_t - cs_s <= 0: the W
+// entries of the chunked forward scans, the L entries of the backward):
+// __expf, the hardware's ex2.approx of x log2 e (error 2 + 1.2|x| ulp; at
+// x < -20 the weight is below 2e-9 of its row), where expf's range handling
+// around the same ex2 was 4.5% of the fused kernel's and 4.8% of the
+// training forward's stall samples (H100 profiles of mamba3_perf; one per
+// entry, Q^2/2 a chunk). Forward and backward take it from here, so the
+// backward differentiates the weights the forward used. The per-row decays
+// (exp of cs, of carry - cs) keep expf.
+__device__ __forceinline__ float ck_wdecay(float x) { return __expf(x); }
+
 // The staged operands have the storage type (op_t == act_t: f32, bf16 or
 // f16), converted with to_f32 / from_f32. Four consecutive values into a
 // staged row (16-byte aligned for f32, 8-byte for 16-bit types):
