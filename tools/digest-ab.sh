@@ -14,8 +14,10 @@
 #   git archive REV templates | tar -x -C /tmp/old   # BEFORE = /tmp/old/templates
 #
 # Prints one line per test program: "NAME_test: same" or "NAME_test: DIFFERS
-# (first at line K)"; exit 0 when every program is the same, 1 when one
-# differs or fails to build or run, 2 on usage errors.
+# (first at line K)"; a run that exits non-zero is named with its status and
+# its first failed checks ("not ok" lines, each after the line before it);
+# exit 0 when every program is the same, 1 when one differs or fails to
+# build or run, 2 on usage errors.
 # Env: MG (the mamba-gen binary, default ./mamba-gen), NVCC, CUDA_HOME,
 # MG_RUNTIME_CFLAGS, MG_RUNTIME_LIBS (as for the emitted Makefile; `make
 # check`'s environment has them), JOBS (make -j, default nproc),
@@ -124,6 +126,10 @@ while [ $k -lt $n ]; do
       rc=$(cat "$out/$run-$prog.rc" 2>/dev/null || echo '?')
       if [ "$rc" != 0 ]; then
         echo "$prog ($run): exit $rc (see $out/$run-$prog.tap)"; status=1
+        # its failed checks, each with the diagnostic line before it, so
+        # that the log says which check failed (the TAP file stays on the
+        # machine that ran it)
+        grep -B1 '^not ok' "$out/$run-$prog.tap" 2>/dev/null | grep -v '^--$' | head -n 12 | sed 's/^/    /'
       fi
     done
     a=$out/dig-before/$prog.digest b=$out/dig-after/$prog.digest c=$out/dig-after2/$prog.digest
