@@ -615,7 +615,7 @@ seg_angle_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
             for (int j = 0; j < SEGA_U; ++j) {
                 const int tj = t + j * CK_ASL;
                 if (tj >= t1 || (STARTS && tj < tl)) continue;
-                const float d = softplus(to_f32(xd[j]) + dtb);
+                const float d = row_dt_of(xd[j], dtb);
                 sum += angle_inc(tanhf(to_f32(xa[j])), d);
             }
         }

@@ -31,6 +31,10 @@ __device__ __forceinline__ void head_scalars(float ddt, float dda, float trap, f
     adt = A * d;
     lam = sigmoid(trap);
 }
+// dt alone, of a head from its raw in_proj entry x (head_scalars'
+// expression): the angle walks that need only dt (angles_cs_kernel,
+// seg_angle_kernel) take it from here.
+__device__ __forceinline__ float row_dt_of(act_t x, float dtb) { return softplus(to_f32(x) + dtb); }
 // ... of head h from the token's in_proj row pr.
 __device__ __forceinline__ void row_head_scalars(const act_t *pr, int h, float dtb, float &d, float &adt, float &lam)
 {

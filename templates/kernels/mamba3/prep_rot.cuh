@@ -35,9 +35,6 @@ __device__ __forceinline__ float bc_entry(float x, float r, float w, float b) { 
 // angle_out (optional) may alias angle_in, as in angles_kernel. STARTS:
 // start [batch][seqlen] restarts the sum, as in angles_kernel.
 // ---------------------------------------------------------------------------
-// dt of a head from its raw in_proj entry x (head_scalars' expression).
-__device__ __forceinline__ float row_dt_of(act_t x, float dtb) { return softplus(to_f32(x) + dtb); }
-
 template <bool STARTS>
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
