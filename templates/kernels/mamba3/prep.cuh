@@ -41,6 +41,11 @@ __device__ __forceinline__ void row_head_scalars(const act_t *pr, int h, float d
     head_scalars(to_f32(pr[OFF_DT + h]), to_f32(pr[OFF_A + h]), to_f32(pr[OFF_TRAP + h]), dtb, d, adt, lam);
 }
 
+// The BCNorm scale 1/rms of a B or C row from its sum of squares ss over
+// N: bc_rms below and the prep backward (mg_m3_prep_bwd.cuh) take it from
+// here, so the backward differentiates the scale the forward used.
+__device__ __forceinline__ float bc_rms_scale(float ss) { return 1.0f / sqrtf(ss / (float)N + EPS); }
+
 // 1/rms of a token's B and C rows of one group (brow, crow: N values, in
 // device or shared memory; one warp, every lane gets the result: fixed
 // lane-strided sums, then a shuffle butterfly).
@@ -62,8 +67,8 @@ __device__ __forceinline__ void bc_rms(const act_t *brow, const act_t *crow, int
         sb += __shfl_xor_sync(FULL_MASK, sb, o);
         sc += __shfl_xor_sync(FULL_MASK, sc, o);
     }
-    rb = 1.0f / sqrtf(sb / (float)N + EPS);
-    rc = 1.0f / sqrtf(sc / (float)N + EPS);
+    rb = bc_rms_scale(sb);
+    rc = bc_rms_scale(sc);
 }
 
 // A token's maps but k and q, by a block of PREP_THREADS: the BCNorm scales

@@ -82,8 +82,8 @@ prep_bwd_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt,
                 dc += __shfl_xor_sync(FULL_MASK, dc, o);
             }
             if (lane == 0) {
-                rB[g] = 1.0f / sqrtf(sb / (float)N + EPS);
-                rC[g] = 1.0f / sqrtf(sc / (float)N + EPS);
+                rB[g] = bc_rms_scale(sb);
+                rC[g] = bc_rms_scale(sc);
                 dotB[g] = db;
                 dotC[g] = dc;
             }
