@@ -173,19 +173,23 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
     core_bwd_ctx *x = p;
     core_ctx *c = x->c;
     const int tokens = c->batch * c->seqlen;
-    if (x->parts & BK_ANGLES)
-        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, c->ang, NULL, x->rot, NULL, st));
-    if (x->parts & BK_PREP) {
-        /* the chunked path's prep writes the scalars and the 1/rms of B, C
-         * only: its scans build k', q' (as the trainer runs it) */
+    /* As the trainer runs them: the chunked path's prep first (it writes
+     * the scalars and the 1/rms of B, C only: its scans build k', q'), then
+     * the angle table, whose walk reads prep's dt; the sequential path's
+     * angle table first, then prep rotating k', q' by it. */
 #if MODEL_HAS_CHUNKED_BWD
-        if (x->chunked)
-            MG_CUDA(model_launch_prep_scalars_train(tokens, c->proj, c->dt_bias, c->dt, c->adt, c->lam, x->rbc, st));
-        else
+    if (x->chunked && (x->parts & BK_PREP))
+        MG_CUDA(model_launch_prep_scalars_train(tokens, c->proj, c->dt_bias, c->dt, c->adt, c->lam, x->rbc, st));
+    const float *walk_dt = x->chunked ? c->dt : NULL;
+#else
+    const float *walk_dt = NULL;
 #endif
+    if (x->parts & BK_ANGLES)
+        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, walk_dt, c->ang, NULL, x->rot,
+                                          NULL, st));
+    if (!walk_dt && (x->parts & BK_PREP))
         MG_CUDA(model_launch_prep_train(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, x->rot, c->dt,
                             c->adt, c->lam, c->k, c->q, st));
-    }
     if (x->parts & BK_SCAN) {
 #if MODEL_HAS_CHUNKED_BWD
         if (x->chunked)

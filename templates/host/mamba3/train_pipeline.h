@@ -211,22 +211,30 @@ static mg_status colsum(const model_trainer *t, int tokens, int width, const flo
     return MG_OK;
 }
 
-/* The per-token SSM inputs of a layer (weights lw, in_proj output proj),
- * after angles_train has written rot: forward_train's and the backward's
- * recompute (the same kernels: the same bits). The chunked SSM gets dt,
- * A*dt, lambda and rbc (prep_scalars_train: its scans build k', q' in their
- * stage), the sequential one also the per-head k', q' rows (prep_train). */
-static mg_status ssm_prep(const model_trainer *t, int chunked, int tokens, const void *proj, const float *lw)
+/* The per-token SSM inputs of a layer (weights lw, in_proj output proj,
+ * the initial angle ang0, the final one to ang_out, NULL: not kept):
+ * forward_train's and the backward's recompute (the same kernels: the same
+ * bits). The chunked SSM gets dt, A*dt, lambda and rbc (prep_scalars_train:
+ * its scans build k', q' in their stage), then the angle table rot, whose
+ * walk reads that dt; the sequential one gets rot first, then dt, A*dt,
+ * lambda and the per-head k', q' rows rotated by it (prep_train). */
+static mg_status ssm_prep(const model_trainer *t, int chunked, int batch, int seqlen, const void *proj,
+                          const float *lw, const float *ang0, float *ang_out, const unsigned char *start)
 {
+    const int tokens = batch * seqlen;
 #if HAS_CHUNKED_BWD
     if (chunked) {
         MG_CUDA(model_launch_prep_scalars_train(tokens, proj, lw + L0_DT_BIAS, t->dt, t->adt, t->lam, t->rbc,
                                                 t->stream));
+        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, t->dt, ang0, ang_out, t->rot,
+                                          start, t->stream));
         return MG_OK;
     }
 #else
     (void)chunked;
 #endif
+    MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, NULL, ang0, ang_out, t->rot, start,
+                                      t->stream));
     MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
                                     lw + L0_B_BIAS, lw + L0_C_BIAS, t->rot, t->dt, t->adt, t->lam, t->k, t->q,
                                     t->stream));
@@ -295,8 +303,7 @@ static mg_status forward_train(model_trainer *t, const float *w, int batch, int 
             MG_CUDA(cudaMemsetAsync(vp0, 0, (size_t)batch * VPREV_PER_SEQ * sizeof(float), st));
             MG_CUDA(cudaMemsetAsync(ang0, 0, (size_t)batch * ANGLE_PER_SEQ * sizeof(float), st));
         }
-        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, ang_l, t->rot, start, st));
-        CHECK(ssm_prep(t, chunked, tokens, proj, lw));
+        CHECK(ssm_prep(t, chunked, batch, seqlen, proj, lw, ang0, ang_l, start));
 #if HAS_CHUNKED_BWD
         /* chunked: the scan builds k', q' in its stage from proj, rbc and rot
          * (the values prep_train writes, to the bit): no per-head rows */
@@ -489,8 +496,7 @@ static mg_status backward(model_trainer *t, const float *dout, float *gr, float 
         /* recompute the SSM inputs (forward arithmetic), with the rotary
          * cos/sin (the same kernels as the forward: the same bits) */
         if (!(reuse_last && l == N_LAYERS - 1)) {
-            MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, ang0, NULL, t->rot, start, st));
-            CHECK(ssm_prep(t, chunked, tokens, proj, lw));
+            CHECK(ssm_prep(t, chunked, batch, seqlen, proj, lw, ang0, NULL, start));
         }
         /* the SSM, in reverse from the checkpoints */
 #if HAS_CHUNKED_BWD

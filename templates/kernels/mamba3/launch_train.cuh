@@ -38,14 +38,16 @@ extern "C" cudaError_t MG_LAUNCH(prep_scalars_train)(int tokens, const void *pro
 }
 
 extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
-                                               const float *angle_in, float *angle_out, float *rot,
-                                               const unsigned char *start, cudaStream_t st)
+                                               const float *dt, const float *angle_in, float *angle_out,
+                                               float *rot, const unsigned char *start, cudaStream_t st)
 {
     // start [batch][seqlen] (NULL: none): the kernels' STARTS instance only
-    // when a mask is given, here and below
-    const auto kernel = start ? angles_cs_kernel<true> : angles_cs_kernel<false>;
+    // when a mask is given, here and below; dt (NULL: none): the instance
+    // that reads prep's dt
+    const auto kernel = dt ? (start ? angles_cs_kernel<true, true> : angles_cs_kernel<false, true>)
+                           : (start ? angles_cs_kernel<true, false> : angles_cs_kernel<false, false>);
     kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(proj), dt_bias, angle_in, angle_out, rot, start);
+        seqlen, static_cast<const act_t *>(proj), dt_bias, dt, angle_in, angle_out, rot, start);
     return cudaGetLastError();
 }
 

@@ -20,12 +20,15 @@ cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int 
  * [tokens][H][S] f32 of the rotary angles, each reduced to [-pi, pi) as the
  * f32 its cosine and sine are taken of, and the final angle), then
  * prep_train (dt, A*dt, lambda and the per-head k, q, rotated by rot's
- * angles as they are written). The launchers with a start argument take the
+ * angles as they are written). angles_train's dt (NULL: none) is prep's dt
+ * [tokens][H] when it ran first (the chunked path's prep_scalars_train):
+ * the walk reads it instead of taking softplus of the raw entry again for
+ * every angle (the same values). The launchers with a start argument take the
  * episode-start mask [batch][seqlen] (uint8, NULL: none; doc/math.md
  * section 9): the forward restarts every recurrence at a start, the
  * backward passes no gradient across one. */
 cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
-                                    const float *angle_in, float *angle_out, float *rot,
+                                    const float *dt, const float *angle_in, float *angle_out, float *rot,
                                     const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias, const float *B_norm_w,
                                   const float *C_norm_w, const float *B_bias, const float *C_bias,

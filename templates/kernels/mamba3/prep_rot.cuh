@@ -31,15 +31,18 @@ __device__ __forceinline__ float bc_entry(float x, float r, float w, float b) { 
 // the bit) with dt_t[h] = softplus(dd_dt + dt_bias) taken from the in_proj
 // row (head_scalars' expression: prep's dt to the bit), writing every
 // rotation's reduced angle into rot [tok][H][S] (angle_reduced) instead of
-// rotating k and q.
+// rotating k and q. DTF: dt_t[h] read from dt [tok][H] (prep_scalars_kernel's
+// output, the same expression: the same values), where the walk took
+// softplus of the raw entry once per (token, head) in each of its S threads
+// and both passes, a log and an exponential per step of every walk.
 // angle_out (optional) may alias angle_in, as in angles_kernel. STARTS:
 // start [batch][seqlen] restarts the sum, as in angles_kernel.
 // ---------------------------------------------------------------------------
-template <bool STARTS>
+template <bool STARTS, bool DTF>
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
-                 const float *angle_in, float *angle_out, float *__restrict__ rot,
-                 const unsigned char *__restrict__ start)
+                 const float *__restrict__ dt, const float *angle_in, float *angle_out,
+                 float *__restrict__ rot, const unsigned char *__restrict__ start)
 {
     __shared__ double part[ANGLE_SLICES][S];
     __shared__ unsigned char pflag[STARTS ? ANGLE_SLICES : 1][S];
@@ -53,12 +56,14 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
     const int t0 = min(seqlen, sl * len), t1 = min(seqlen, t0 + len);
     const size_t row0 = b * (size_t)seqlen;
 
-    const auto ld = [&](int t) {   // the angle input and the raw dt entry of token t
+    const auto ld = [&](int t) {   // the angle input and dt (DTF) or the raw dt entry of token t
         const act_t *pr = proj + (row0 + t) * NP;
-        return ang_raw<act_t>{pr[OFF_ANG + a], pr[OFF_DT + h]};
+        if constexpr (DTF) return ang_raw<float>{pr[OFF_ANG + a], dt[(row0 + t) * H + h]};
+        else return ang_raw<act_t>{pr[OFF_ANG + a], pr[OFF_DT + h]};
     };
-    const auto inc = [&](const ang_raw<act_t> &x) {   // theta_t - theta_{t-1} before the wrap
-        return angle_inc(tanhf(to_f32(x.ang)), row_dt_of(x.dt, dtb));
+    const auto inc = [&](const auto &x) {   // theta_t - theta_{t-1} before the wrap
+        if constexpr (DTF) return angle_inc(tanhf(to_f32(x.ang)), x.dt);
+        else return angle_inc(tanhf(to_f32(x.ang)), row_dt_of(x.dt, dtb));
     };
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle; one reduced angle per token.
