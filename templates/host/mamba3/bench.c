@@ -143,7 +143,7 @@ static mg_status run_core(void *p, cudaStream_t st)
 typedef struct {
     core_ctx *c;
     int chunked, parts;   /* parts: the kernels to run, BK_* bits (BK_ALL: the whole op) */
-    float *rot, *rbc, *ckpt, *dg, *dy, *dk, *dq, *dv, *dadt, *ddt, *dlam, *partD, *partgw, *gth, *gdtb, *gBn, *gCn;
+    float *rot, *rbc, *tnh, *ckpt, *dg, *dy, *dk, *dq, *dv, *dadt, *ddt, *dlam, *partD, *partgw, *gth, *gdtb, *gBn, *gCn;
     void *dproj;
 } core_bwd_ctx;
 
@@ -179,14 +179,15 @@ static mg_status run_core_bwd(void *p, cudaStream_t st)
      * angle table first, then prep rotating k', q' by it. */
 #if MODEL_HAS_CHUNKED_BWD
     if (x->chunked && (x->parts & BK_PREP))
-        MG_CUDA(model_launch_prep_scalars_train(tokens, c->proj, c->dt_bias, c->dt, c->adt, c->lam, x->rbc, st));
-    const float *walk_dt = x->chunked ? c->dt : NULL;
+        MG_CUDA(model_launch_prep_scalars_train(tokens, c->proj, c->dt_bias, c->dt, c->adt, c->lam, x->rbc,
+                                                x->tnh, st));
+    const float *walk_dt = x->chunked ? c->dt : NULL, *walk_tnh = x->chunked ? x->tnh : NULL;
 #else
-    const float *walk_dt = NULL;
+    const float *walk_dt = NULL, *walk_tnh = NULL;
 #endif
     if (x->parts & BK_ANGLES)
-        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, walk_dt, c->ang, NULL, x->rot,
-                                          NULL, st));
+        MG_CUDA(model_launch_angles_train(c->batch, c->seqlen, c->proj, c->dt_bias, walk_dt, walk_tnh, c->ang, NULL,
+                                          x->rot, NULL, st));
     if (!walk_dt && (x->parts & BK_PREP))
         MG_CUDA(model_launch_prep_train(tokens, c->proj, c->dt_bias, c->Bnw, c->Cnw, c->Bb, c->Cb, x->rot, c->dt,
                             c->adt, c->lam, c->k, c->q, st));
@@ -398,6 +399,7 @@ int main(int argc, char **argv)
             x.partgw = dalloc(sizeof(float) * ((maxtok + MODEL_NORMB_ROWS - 1) / MODEL_NORMB_ROWS) * D_INNER);
             x.gth = dalloc(sizeof(float) * maxtok * N_HEADS * MODEL_N_ANGLES);
             x.rbc = dalloc(sizeof(float) * maxtok * 2 * MODEL_N_GROUPS);
+            x.tnh = dalloc(sizeof(float) * maxtok * MODEL_N_ANGLES);
             x.gdtb = dalloc(sizeof(float) * maxtok * N_HEADS);
             x.gBn = dalloc(sizeof(float) * maxtok * D_STATE);
             x.gCn = dalloc(sizeof(float) * maxtok * D_STATE);
@@ -436,7 +438,7 @@ int main(int argc, char **argv)
             mg_dev_free(x.rot); mg_dev_free(x.ckpt); mg_dev_free(x.dg); mg_dev_free(x.dy); mg_dev_free(x.dk);
             mg_dev_free(x.dq); mg_dev_free(x.dv); mg_dev_free(x.dadt); mg_dev_free(x.ddt); mg_dev_free(x.dlam);
             mg_dev_free(x.partD); mg_dev_free(x.partgw); mg_dev_free(x.gth); mg_dev_free(x.gdtb);
-            mg_dev_free(x.gBn); mg_dev_free(x.gCn); mg_dev_free(x.dproj); mg_dev_free(x.rbc);
+            mg_dev_free(x.gBn); mg_dev_free(x.gCn); mg_dev_free(x.dproj); mg_dev_free(x.rbc); mg_dev_free(x.tnh);
         }
 #endif
         mg_dev_free(fproj);

@@ -36,6 +36,7 @@ struct model_trainer {
     char *k, *q;             /* act [MAX_TOKENS][H][N] rotated k', q' (the storage dtype) */
     float *rot;              /* [MAX_TOKENS][H][S] rotary angles (reduced) */
     float *rbc;              /* [MAX_TOKENS][2G] 1/rms of the raw B, C rows (chunked path: k', q' built in the scans) */
+    float *tnh;              /* [MAX_TOKENS][S] tanh of the angle inputs (chunked path: the angle table's walk) */
     char *g;       /* act [MAX_TOKENS][E]: out_proj input (forward and backward) */
     char *dh_act;  /* act [MAX_TOKENS][D] (LOWP only) */
     char *dproj;   /* act [MAX_TOKENS][NP] gradient of the in_proj output */
@@ -105,6 +106,7 @@ static size_t carve(model_trainer *t, char *p)
     TAKE(q, char *, MT * HN_DIM, ACT_SIZE);
     TAKE(rot, float *, MT * HS_DIM, 4);
     TAKE(rbc, float *, HAS_CHUNKED_BWD ? MT * 2 * N_GROUPS : 1, 4);
+    TAKE(tnh, float *, HAS_CHUNKED_BWD ? MT * N_ANGLES : 1, 4);
     TAKE(g, char *, MT * E, ACT_SIZE);
     TAKE(dh_act, char *, LOWP ? MT * D_MODEL : 1, ACT_SIZE);
     TAKE(dproj, char *, MT * NP_DIM, ACT_SIZE);
@@ -214,9 +216,9 @@ static mg_status colsum(const model_trainer *t, int tokens, int width, const flo
 /* The per-token SSM inputs of a layer (weights lw, in_proj output proj,
  * the initial angle ang0, the final one to ang_out, NULL: not kept):
  * forward_train's and the backward's recompute (the same kernels: the same
- * bits). The chunked SSM gets dt, A*dt, lambda and rbc (prep_scalars_train:
- * its scans build k', q' in their stage), then the angle table rot, whose
- * walk reads that dt; the sequential one gets rot first, then dt, A*dt,
+ * bits). The chunked SSM gets dt, A*dt, lambda, rbc and tnh
+ * (prep_scalars_train: its scans build k', q' in their stage), then the
+ * angle table rot, whose walk reads that dt and tnh; the sequential one gets rot first, then dt, A*dt,
  * lambda and the per-head k', q' rows rotated by it (prep_train). */
 static mg_status ssm_prep(const model_trainer *t, int chunked, int batch, int seqlen, const void *proj,
                           const float *lw, const float *ang0, float *ang_out, const unsigned char *start)
@@ -225,16 +227,16 @@ static mg_status ssm_prep(const model_trainer *t, int chunked, int batch, int se
 #if HAS_CHUNKED_BWD
     if (chunked) {
         MG_CUDA(model_launch_prep_scalars_train(tokens, proj, lw + L0_DT_BIAS, t->dt, t->adt, t->lam, t->rbc,
-                                                t->stream));
-        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, t->dt, ang0, ang_out, t->rot,
-                                          start, t->stream));
+                                                t->tnh, t->stream));
+        MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, t->dt, t->tnh, ang0, ang_out,
+                                          t->rot, start, t->stream));
         return MG_OK;
     }
 #else
     (void)chunked;
 #endif
-    MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, NULL, ang0, ang_out, t->rot, start,
-                                      t->stream));
+    MG_CUDA(model_launch_angles_train(batch, seqlen, proj, lw + L0_DT_BIAS, NULL, NULL, ang0, ang_out, t->rot,
+                                      start, t->stream));
     MG_CUDA(model_launch_prep_train(tokens, proj, lw + L0_DT_BIAS, lw + L0_B_NORM_W, lw + L0_C_NORM_W,
                                     lw + L0_B_BIAS, lw + L0_C_BIAS, t->rot, t->dt, t->adt, t->lam, t->k, t->q,
                                     t->stream));

@@ -31,23 +31,26 @@ extern "C" cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const
 }
 
 extern "C" cudaError_t MG_LAUNCH(prep_scalars_train)(int tokens, const void *proj, const float *dt_bias, float *dt,
-                                                     float *adt, float *lam, float *rbc, cudaStream_t st)
+                                                     float *adt, float *lam, float *rbc, float *tnh, cudaStream_t st)
 {
-    prep_scalars_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt_bias, dt, adt, lam, rbc);
+    prep_scalars_kernel<<<tokens, PREP_THREADS, 0, st>>>(static_cast<const act_t *>(proj), dt_bias, dt, adt, lam, rbc,
+                                                         tnh);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
-                                               const float *dt, const float *angle_in, float *angle_out,
-                                               float *rot, const unsigned char *start, cudaStream_t st)
+                                               const float *dt, const float *tnh, const float *angle_in,
+                                               float *angle_out, float *rot, const unsigned char *start,
+                                               cudaStream_t st)
 {
     // start [batch][seqlen] (NULL: none): the kernels' STARTS instance only
-    // when a mask is given, here and below; dt (NULL: none): the instance
-    // that reads prep's dt
+    // when a mask is given, here and below; dt and tnh (both or neither):
+    // the instance that reads prep's dt and tanh
+    if ((dt == nullptr) != (tnh == nullptr)) return cudaErrorInvalidValue;
     const auto kernel = dt ? (start ? angles_cs_kernel<true, true> : angles_cs_kernel<false, true>)
                            : (start ? angles_cs_kernel<true, false> : angles_cs_kernel<false, false>);
     kernel<<<dim3(ANGLE_BLOCKS, batch), ANGLE_THREADS, 0, st>>>(
-        seqlen, static_cast<const act_t *>(proj), dt_bias, dt, angle_in, angle_out, rot, start);
+        seqlen, static_cast<const act_t *>(proj), dt_bias, dt, tnh, angle_in, angle_out, rot, start);
     return cudaGetLastError();
 }
 

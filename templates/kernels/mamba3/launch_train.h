@@ -20,16 +20,17 @@ cudaError_t MG_LAUNCH(rmsnorm_fwd)(const float *h, const float *w, void *y, int 
  * [tokens][H][S] f32 of the rotary angles, each reduced to [-pi, pi) as the
  * f32 its cosine and sine are taken of, and the final angle), then
  * prep_train (dt, A*dt, lambda and the per-head k, q, rotated by rot's
- * angles as they are written). angles_train's dt (NULL: none) is prep's dt
- * [tokens][H] when it ran first (the chunked path's prep_scalars_train):
- * the walk reads it instead of taking softplus of the raw entry again for
- * every angle (the same values). The launchers with a start argument take the
+ * angles as they are written). angles_train's dt and tnh (NULL: none) are
+ * prep's dt [tokens][H] and tanh of the angle inputs [tokens][S] when it
+ * ran first (the chunked path's prep_scalars_train): the walk reads them
+ * instead of taking softplus of the raw dt entry for every angle and tanh
+ * of the angle input for every head again (the same values). The launchers with a start argument take the
  * episode-start mask [batch][seqlen] (uint8, NULL: none; doc/math.md
  * section 9): the forward restarts every recurrence at a start, the
  * backward passes no gradient across one. */
 cudaError_t MG_LAUNCH(angles_train)(int batch, int seqlen, const void *proj, const float *dt_bias,
-                                    const float *dt, const float *angle_in, float *angle_out, float *rot,
-                                    const unsigned char *start, cudaStream_t st);
+                                    const float *dt, const float *tnh, const float *angle_in, float *angle_out,
+                                    float *rot, const unsigned char *start, cudaStream_t st);
 cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_bias, const float *B_norm_w,
                                   const float *C_norm_w, const float *B_bias, const float *C_bias,
                                   const float *rot, float *dt, float *adt, float *lam, void *k, void *q,
@@ -38,9 +39,10 @@ cudaError_t MG_LAUNCH(prep_train)(int tokens, const void *proj, const float *dt_
  * [tokens][2G] f32, the 1/rms of each group's raw B then C row): the
  * chunked scans build k', q' from the in_proj rows, rbc and rot themselves,
  * the values prep_train would have written to the bit, so no per-head k, q
- * row is written or read on that path. */
+ * row is written or read on that path. tnh (NULL: none) gets [tokens][S]
+ * f32, the tanh of each token's angle inputs, for angles_train. */
 cudaError_t MG_LAUNCH(prep_scalars_train)(int tokens, const void *proj, const float *dt_bias, float *dt,
-                                          float *adt, float *lam, float *rbc, cudaStream_t st);
+                                          float *adt, float *lam, float *rbc, float *tnh, cudaStream_t st);
 cudaError_t MG_LAUNCH(scan_fwd)(int batch, int seqlen, const void *proj, const void *k,
                                 const void *q, const float *dt, const float *adt, const float *lam,
                                 const float *Dskip, const float *ssm_in, const float *kp_in,

@@ -31,18 +31,25 @@ __device__ __forceinline__ float bc_entry(float x, float r, float w, float b) { 
 // the bit) with dt_t[h] = softplus(dd_dt + dt_bias) taken from the in_proj
 // row (head_scalars' expression: prep's dt to the bit), writing every
 // rotation's reduced angle into rot [tok][H][S] (angle_reduced) instead of
-// rotating k and q. DTF: dt_t[h] read from dt [tok][H] (prep_scalars_kernel's
-// output, the same expression: the same values), where the walk took
-// softplus of the raw entry once per (token, head) in each of its S threads
-// and both passes, a log and an exponential per step of every walk.
+// rotating k and q. DTF: dt_t[h] and tanh of the angle input read from dt
+// [tok][H] and tnh [tok][S] (prep_scalars_kernel's outputs, the same
+// expressions: the same values), where the walk took softplus of the raw dt
+// entry in each of a head's S threads and tanh of the angle input in each
+// of H heads' blocks, at every step of both passes.
 // angle_out (optional) may alias angle_in, as in angles_kernel. STARTS:
 // start [batch][seqlen] restarts the sum, as in angles_kernel.
 // ---------------------------------------------------------------------------
+// A token's inputs to its increment when prep ran first: tanh of the angle
+// input and dt, both f32.
+struct ang_tdt {
+    float tn, dt;
+};
+
 template <bool STARTS, bool DTF>
 __global__ void __launch_bounds__(ANGLE_THREADS)
 angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restrict__ dt_bias,
-                 const float *__restrict__ dt, const float *angle_in, float *angle_out,
-                 float *__restrict__ rot, const unsigned char *__restrict__ start)
+                 const float *__restrict__ dt, const float *__restrict__ tnh, const float *angle_in,
+                 float *angle_out, float *__restrict__ rot, const unsigned char *__restrict__ start)
 {
     __shared__ double part[ANGLE_SLICES][S];
     __shared__ unsigned char pflag[STARTS ? ANGLE_SLICES : 1][S];
@@ -56,13 +63,16 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
     const int t0 = min(seqlen, sl * len), t1 = min(seqlen, t0 + len);
     const size_t row0 = b * (size_t)seqlen;
 
-    const auto ld = [&](int t) {   // the angle input and dt (DTF) or the raw dt entry of token t
-        const act_t *pr = proj + (row0 + t) * NP;
-        if constexpr (DTF) return ang_raw<float>{pr[OFF_ANG + a], dt[(row0 + t) * H + h]};
-        else return ang_raw<act_t>{pr[OFF_ANG + a], pr[OFF_DT + h]};
+    const auto ld = [&](int t) {   // token t's tanh and dt (DTF), or its angle input and raw dt entry
+        if constexpr (DTF) {
+            return ang_tdt{tnh[(row0 + t) * S + a], dt[(row0 + t) * H + h]};
+        } else {
+            const act_t *pr = proj + (row0 + t) * NP;
+            return ang_raw<act_t>{pr[OFF_ANG + a], pr[OFF_DT + h]};
+        }
     };
     const auto inc = [&](const auto &x) {   // theta_t - theta_{t-1} before the wrap
-        if constexpr (DTF) return angle_inc(tanhf(to_f32(x.ang)), x.dt);
+        if constexpr (DTF) return angle_inc(x.tn, x.dt);
         else return angle_inc(tanhf(to_f32(x.ang)), row_dt_of(x.dt, dtb));
     };
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
@@ -123,15 +133,19 @@ prep_rot_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bia
 // the per-head dt, A*dt, lambda, and the 1/rms of each group's raw B and C
 // rows, written to rbc [tok][2G]: B's G values, then C's), for the chunked
 // training scans, which build k', q' themselves (kq_build4). Same grid and
-// block as prep_rot_kernel, the same values to the bit.
+// block as prep_rot_kernel, the same values to the bit. tnh (NULL: none)
+// gets the tanh of the token's S angle inputs, for angles_cs_kernel<DTF>.
 // ---------------------------------------------------------------------------
 __global__ void __launch_bounds__(PREP_THREADS)
 prep_scalars_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bias, float *__restrict__ dt,
-                    float *__restrict__ adt, float *__restrict__ lam, float *__restrict__ rbc)
+                    float *__restrict__ adt, float *__restrict__ lam, float *__restrict__ rbc,
+                    float *__restrict__ tnh)
 {
     __shared__ float rB[G], rC[G];
     const size_t tok = blockIdx.x;
     token_maps(proj + tok * NP, tok, dt_bias, rB, rC, dt, adt, lam);
+    if (tnh)
+        for (int a = threadIdx.x; a < S; a += PREP_THREADS) tnh[tok * S + a] = tanhf(to_f32(proj[tok * NP + OFF_ANG + a]));
     __syncthreads();
     for (int g = threadIdx.x; g < G; g += PREP_THREADS) {
         rbc[tok * (2 * G) + g] = rB[g];
