@@ -83,7 +83,10 @@ function M.mamba3(d)
   -- prep writes the scalars and the 1/rms of B and C only, its scans read
   -- the group's B and C (once a token from DRAM, the other heads from L2),
   -- the 1/rms and the angle table instead of k', q'
-  local t_prep_ck = (2 * G * N + 3 * H) * a + 3 * H * 4 + 2 * G * 4   -- B, C, scalars in; dt, adt, lam, rbc out
+  -- (and the tanh of the angle columns, for the angle table's walk, which
+  -- then reads it with dt instead of the columns)
+  local t_prep_ck = (2 * G * N + 3 * H + S) * a + 3 * H * 4 + 2 * G * 4 + S * 4   -- B, C, scalars, angles in; dt, adt, lam, rbc, tanh out
+  local t_angles_ck = S * 4 + H * 4 + 4 * HS                        -- tanh and dt in; rot out
   local t_scan_in_ck = 4 * HS + 2 * G * N * a + 2 * G * 4 + E * a + 3 * H * 4   -- rot, B, C, rbc, v, scalars in
   local t_fscan_seq = t_scan_in + E * 4 + ck_seq                  -- y and the checkpoints out
   local t_fscan_ck = t_scan_in_ck + E * 4 + ck_ck
@@ -133,6 +136,7 @@ function M.mamba3(d)
     tcore_angles_bytes_per_token = t_angles,
     tcore_prep_bytes_per_token = t_prep,
     tcore_prep_ck_bytes_per_token = t_prep_ck,
+    tcore_angles_ck_bytes_per_token = t_angles_ck,
     tcore_fscan_seq_bytes_per_token = t_fscan_seq,
     tcore_fscan_ck_bytes_per_token = t_fscan_ck,
     tcore_gate_bytes_per_token = gate_bytes,   -- the inference gate kernel

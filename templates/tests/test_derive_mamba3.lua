@@ -197,8 +197,10 @@ is(c.core_gate_bytes_per_token, 2048 * (4 + 2 + 2), "perf: gate bytes per token 
 is(c.tcore_fscan_ck_bytes_per_token, 4 * 32 * 32 + 2 * 128 * 2 + 2 * 4 + 2048 * 2 + 3 * 32 * 4 + 2048 * 4
    + 32 * 64 * 128 * 4 // perf.ck_chunk,
    "perf: the chunked training forward scan's bytes: k', q' built from the angle table (f32 per pair), B, C and 1/rms; one checkpoint per chunk")
-is(c.tcore_prep_ck_bytes_per_token, (2 * 128 + 3 * 32) * 2 + 3 * 32 * 4 + 2 * 4,
-   "perf: the chunked path's prep: scalars and the 1/rms of B and C out, no per-head k', q'")
+is(c.tcore_prep_ck_bytes_per_token, (2 * 128 + 3 * 32 + 32) * 2 + 3 * 32 * 4 + 2 * 4 + 32 * 4,
+   "perf: the chunked path's prep: scalars, the 1/rms of B and C and the angles' tanh out, no per-head k', q'")
+is(c.tcore_angles_ck_bytes_per_token, 32 * 4 + 32 * 4 + 4 * 32 * 32,
+   "perf: the chunked path's angle table: tanh and dt in (prep's), the reduced angles out")
 check(c.tcore_fscan_seq_bytes_per_token > c.tcore_fscan_ck_bytes_per_token,
       "perf: the sequential forward's checkpoints (every bscan_tchunk steps) cost more than one per chunk")
 is(perf.ck_threads_source, "default", "perf: derived block size without a tune entry")

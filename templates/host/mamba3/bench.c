@@ -156,7 +156,7 @@ enum { BK_PREP = 1, BK_ANGLES = 2, BK_SCAN = 4, BK_GATE = 8, BK_GATE_BWD = 16, B
 static double core_bwd_bytes(int parts, int chunked)
 {
     double b = 0.0;
-    if (parts & BK_ANGLES) b += MODEL_COST_TCORE_ANGLES_BYTES_PER_TOKEN;
+    if (parts & BK_ANGLES) b += chunked ? MODEL_COST_TCORE_ANGLES_CK_BYTES_PER_TOKEN : MODEL_COST_TCORE_ANGLES_BYTES_PER_TOKEN;
     if (parts & BK_PREP) b += chunked ? MODEL_COST_TCORE_PREP_CK_BYTES_PER_TOKEN : MODEL_COST_TCORE_PREP_BYTES_PER_TOKEN;
     if (parts & BK_SCAN) b += chunked ? MODEL_COST_TCORE_FSCAN_CK_BYTES_PER_TOKEN : MODEL_COST_TCORE_FSCAN_SEQ_BYTES_PER_TOKEN;
     if (parts & BK_GATE) b += MODEL_COST_TCORE_GATE_BYTES_PER_TOKEN;
