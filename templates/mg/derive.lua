@@ -13,6 +13,11 @@
 --                            f64 reference for this storage dtype (f32 1e-5,
 --                            bf16 2e-2, f16 5e-3; the README's tolerance table;
 --                            f32 with allow_tf32: f16's)
+--   d.unit_roundoff          the relative rounding error of a stored activation:
+--                            f32 2^-24, bf16 2^-8, f16 2^-11 (f32 with
+--                            allow_tf32: f16's, TF32 keeps f16's 10 mantissa
+--                            bits); the tests perturb the reference by it
+--                            to measure how well a gradient is determined
 --   d.tf32                   spec.allow_tf32: the projection GEMMs on TF32
 --                            tensor cores (mg_blas_set_tf32 at create)
 --   d.target, d.sm           "sm_90" and 90
@@ -50,9 +55,9 @@
 local M = {}
 
 local DTYPES = {
-  f32  = { act_t = "float",         mg_dtype = "MG_F32",  act_size = 4, check_tol = 1e-5 },
-  bf16 = { act_t = "__nv_bfloat16", mg_dtype = "MG_BF16", act_size = 2, check_tol = 2e-2 },
-  f16  = { act_t = "__half",        mg_dtype = "MG_F16",  act_size = 2, check_tol = 5e-3 },
+  f32  = { act_t = "float",         mg_dtype = "MG_F32",  act_size = 4, check_tol = 1e-5, unit_roundoff = 2^-24 },
+  bf16 = { act_t = "__nv_bfloat16", mg_dtype = "MG_BF16", act_size = 2, check_tol = 2e-2, unit_roundoff = 2^-8 },
+  f16  = { act_t = "__half",        mg_dtype = "MG_F16",  act_size = 2, check_tol = 5e-3, unit_roundoff = 2^-11 },
 }
 
 -- Sequences up to this length use the sequential scan under `scan.mode: auto`.
@@ -101,10 +106,11 @@ local function common(spec, opts)
   local dt = DTYPES[spec.precision]
   d.act_t, d.mg_dtype, d.act_size = dt.act_t, dt.mg_dtype, dt.act_size
   d.check_tol = dt.check_tol
+  d.unit_roundoff = dt.unit_roundoff
   -- allow_tf32 (f32 only): the projection GEMMs round their inputs to TF32's
   -- 10 mantissa bits, as f16 storage rounds activations: f16's tolerances
   d.tf32 = spec.allow_tf32 == true
-  if d.tf32 then d.check_tol = DTYPES.f16.check_tol end
+  if d.tf32 then d.check_tol, d.unit_roundoff = DTYPES.f16.check_tol, DTYPES.f16.unit_roundoff end
   d.target = spec.target
   d.sm = math.tointeger(tonumber(spec.target:match("^sm_(%d+)$")))
   d.pdl = d.sm >= 90

@@ -36,7 +36,9 @@
  *   - a few MSE training steps reduce the loss; the device loss equals the
  *     host loss of forward_train's output;
  *   - weights out of the init range (mg_ref_mamba3_push_ranges: softplus's
- *     argument above its threshold and the a_floor clamp binding): every gradient vs the reference;
+ *     argument above its threshold and the a_floor clamp binding): every gradient vs the reference,
+ *     within the larger of GRAD_TOL and 4x the reference's own spread under a perturbation of the
+ *     storage dtype's rounding (ref_spread);
  *   - bad calls return the right status with a message.
  * Case sizes follow the cost of the CPU reference (MODEL_REF_MACS_PER_TOKEN
  * multiply-adds per token for the forward, about 3x that for the backward); MG_TEST_SCALE
@@ -253,7 +255,7 @@ static const char *grads_tag = "";
  * states (rst; NULL: not compared), every parameter gradient and du, each
  * TAP line named "PREFIX: ...". */
 static void cmp_run(const char *prefix, int B, int T, const run_out *r, const double *rout, double *const rst[NST],
-                    const double *rg, const double *rdu)
+                    const double *rg, const double *rdu, const double *tens_tol, double du_tol)
 {
     char what[240];
     snprintf(what, sizeof what, "%s: forward_train out", prefix);
@@ -264,10 +266,85 @@ static void cmp_run(const char *prefix, int B, int T, const run_out *r, const do
         if (weights_tag[0] && dims.outproj_norm && strcmp(tens[i].key, "dt_bias") == 0)
             cmp_dt_bias_pushed(what, r->grads + tens[i].offset, rg + tens[i].offset, tens[i].numel);
         else
-            cmp_ref(what, r->grads + tens[i].offset, rg + tens[i].offset, tens[i].numel, GRAD_TOL);
+            cmp_ref(what, r->grads + tens[i].offset, rg + tens[i].offset, tens[i].numel,
+                    tens_tol ? tens_tol[i] : GRAD_TOL);
     }
     snprintf(what, sizeof what, "%s: du", prefix);
-    cmp_ref(what, r->du, rdu, n_u(B, T), GRAD_TOL);
+    cmp_ref(what, r->du, rdu, n_u(B, T), du_tol);
+}
+
+/* How well the call's inputs determine its gradients, measured on the
+ * reference: the f64 forward + backward again with every weight and input
+ * entry scaled by 1 + MODEL_UNIT_ROUNDOFF v (v uniform in [-1, 1], a fixed
+ * seed), the storage dtype's rounding of what the GPU stores; spread = the
+ * rel_l2 of that run's gradient against the unperturbed one, per tensor
+ * (tens_spread[n_tens]), of du and of each initial-state gradient
+ * (st_spread[NST]). A gradient is then held to the larger of GRAD_TOL and
+ * SPREAD_K x its spread: the GPU rounds its activations at every layer, so
+ * it cannot do better than the problem's own sensitivity to those
+ * roundings allows. Why: under push_ranges' weights without the gate norm
+ * (outproj_norm false) the gradients below the top layers are that
+ * ill-conditioned (most likely the heads at DT ~ 22 put a large, nearly
+ * linear component into their layer's output, which the next layer's
+ * RMSNorm backward mostly cancels). mamba3_rl's shape without the gate norm
+ * (b=2 T=21): in bf16 the gradients of the two layers below the top two
+ * spread by 0.06-0.20 rel_l2 (the top two's and norm_f's by 0.009-0.025),
+ * and on an H100 they erred by 0.07-0.24 from the reference (0.008-0.023),
+ * at most 1.35x the spread; in f16 at most 1.46x (0.063 against 0.043); in
+ * f32 the same layers erred 2e-6 to 4e-5, under GRAD_TOL (their spread is
+ * smaller than f32 arithmetic's own error, so the bound stays GRAD_TOL).
+ * SPREAD_K = 4 leaves more than twice the largest ratio; a wrong term is of
+ * the order of the gradient itself (rel_l2 ~ 1) and still fails where the
+ * spread is well under 1/4. */
+#define SPREAD_K 4.0
+
+static double rel_l2_d(const double *got, const double *ref, size_t n)
+{
+    double e = 0.0, r = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        e += (got[i] - ref[i]) * (got[i] - ref[i]);
+        r += ref[i] * ref[i];
+    }
+    return r > 0.0 ? sqrt(e / r) : sqrt(e);
+}
+
+static void ref_spread(int B, int T, const float *u, float *const st0[NST], const double *rdout, const double *rg,
+                       const double *rdu, double *const rdst[NST], double *tens_spread, double *du_spread,
+                       double st_spread[NST])
+{
+    float *keep = FALLOC(WFLOATS), *up = FALLOC(n_u(B, T)), *v = FALLOC(WFLOATS + n_u(B, T));
+    memcpy(keep, blob, WFLOATS * sizeof(float));
+    mg_rng r;
+    mg_rng_seed(&r, 0x5eedull);
+    mg_rng_fill_uniform(&r, v, WFLOATS + n_u(B, T), -1.0f, 1.0f);
+    for (size_t i = 0; i < WFLOATS; ++i) blob[i] = (float)(keep[i] * (1.0 + MODEL_UNIT_ROUNDOFF * v[i]));
+    for (size_t i = 0; i < n_u(B, T); ++i) up[i] = (float)(u[i] * (1.0 + MODEL_UNIT_ROUNDOFF * v[WFLOATS + i]));
+    double *pout = DALLOC_H(n_out(B, T)), *pg = DALLOC_H(lay.total), *pdu = DALLOC_H(n_u(B, T));
+    double *pst[NST], *pst0[NST], *pdst[NST];
+    for (int i = 0; i < NST; ++i) {
+        const size_t n = st_floats(i, B);
+        pst[i] = DALLOC_H(n); pst0[i] = DALLOC_H(n); pdst[i] = DALLOC_H(n);
+        for (size_t j = 0; j < n; ++j) pst[i][j] = pst0[i][j] = st0[i][j];
+    }
+    if (mg_ref_mamba3_forward(&dims, &lay, blob, B, T, up, pout, pst[0], pst[1], pst[2], pst[3]) != MG_OK ||
+        mg_ref_mamba3_backward(&dims, &lay, blob, B, T, up, pst0[0], pst0[1], pst0[2], pst0[3], rdout, NULL, NULL,
+                               NULL, NULL, NULL, pg, pdu, pdst[0], pdst[1], pdst[2], pdst[3]) != MG_OK)
+        mg_tap_bail("reference (perturbed)");
+    memcpy(blob, keep, WFLOATS * sizeof(float));
+    for (int i = 0; i < n_tens; ++i)
+        tens_spread[i] = rel_l2_d(pg + tens[i].offset, rg + tens[i].offset, tens[i].numel);
+    *du_spread = rel_l2_d(pdu, rdu, n_u(B, T));
+    for (int i = 0; i < NST; ++i) st_spread[i] = rel_l2_d(pdst[i], rdst[i], st_floats(i, B));
+    free(keep); free(up); free(v); free(pout); free(pg); free(pdu);
+    for (int i = 0; i < NST; ++i) { free(pst[i]); free(pst0[i]); free(pdst[i]); }
+}
+
+/* GRAD_TOL, or SPREAD_K x the spread where that is larger (diag says so). */
+static double spread_tol(const char *what, double spread)
+{
+    const double t = SPREAD_K * spread > GRAD_TOL ? SPREAD_K * spread : GRAD_TOL;
+    mg_tap_diag("%s: the reference's spread at the storage rounding %.3e; bound %.3g", what, spread, t);
+    return t;
 }
 
 static void test_grads(int B, int T, int with_state, uint64_t seed)
@@ -303,8 +380,29 @@ static void test_grads(int B, int T, int with_state, uint64_t seed)
                                rdst[0], rdst[1], rdst[2], rdst[3]) != MG_OK)
         mg_tap_bail("reference backward");
     char what[200];
+    /* under pushed weights: each gradient's bound from the reference's
+     * spread at the storage rounding (ref_spread) */
+    double *ttol = NULL, du_tol = GRAD_TOL, st_tol[NST];
+    for (int i = 0; i < NST; ++i) st_tol[i] = GRAD_TOL;
+    if (weights_tag[0] && with_state) {   /* (push_ranges' call has random states) */
+        double *spread = DALLOC_H(n_tens), du_spread, st_spread[NST];
+        ttol = DALLOC_H(n_tens);
+        ref_spread(B, T, u, st0, rdout, rg, rdu, rdst, spread, &du_spread, st_spread);
+        for (int i = 0; i < n_tens; ++i) {
+            snprintf(what, sizeof what, "b=%d T=%d %s: grad %s", B, T, how, tens[i].name);
+            ttol[i] = spread_tol(what, spread[i]);
+        }
+        snprintf(what, sizeof what, "b=%d T=%d %s: du", B, T, how);
+        du_tol = spread_tol(what, du_spread);
+        for (int i = 0; i < NST; ++i) {
+            snprintf(what, sizeof what, "b=%d T=%d %s: d %s (initial)", B, T, how, st_name[i]);
+            st_tol[i] = spread_tol(what, st_spread[i]);
+        }
+        free(spread);
+    }
     snprintf(what, sizeof what, "b=%d T=%d %s", B, T, how);
-    cmp_run(what, B, T, &r, rout, with_state ? rst : NULL, rg, rdu);
+    cmp_run(what, B, T, &r, rout, with_state ? rst : NULL, rg, rdu, ttol, du_tol);
+    free(ttol);
     for (int i = 0; i < NST; ++i) {
         snprintf(what, sizeof what, "b=%d T=%d %s: d %s (initial)", B, T, how, st_name[i]);
         if (!with_state && i == 3) {
@@ -318,7 +416,7 @@ static void test_grads(int B, int T, int with_state, uint64_t seed)
             mg_tap_skip("the exact gradient is 0 from a fresh start (rotary depends on angle differences only), "
                         "0 vs 0 proves nothing (checked from a random state)", what);
         } else {
-            cmp_ref_state_grad(what, r.dst[i], rdst[i], st_floats(i, B), GRAD_TOL);
+            cmp_ref_state_grad(what, r.dst[i], rdst[i], st_floats(i, B), st_tol[i]);
         }
     }
     size_t bad = 0;
@@ -630,7 +728,7 @@ static void test_grads_starts(int B, int T, int pattern, const char *path, uint6
                                       NULL, NULL, NULL, NULL, rg, rdu, rdst[0], rdst[1], rdst[2], rdst[3], &o) != MG_OK)
             mg_tap_bail("reference backward_ex");
         snprintf(what, sizeof what, "starts b=%d T=%d (%s)", B, T, how);
-        cmp_run(what, B, T, &r, rout, rst, rg, rdu);
+        cmp_run(what, B, T, &r, rout, rst, rg, rdu, NULL, GRAD_TOL);
         size_t nonzero = 0;
         for (int i = 0; i < NST; ++i) {
             snprintf(what, sizeof what, "starts b=%d T=%d (%s): d %s (initial)", B, T, how, st_name[i]);
