@@ -72,6 +72,14 @@
 // The tile products with the staged N-wide operands (row stride ldn): a
 // template argument when the policy is fixed, a runtime one otherwise.
 // A row of nj such tiles sharing A (tile_mma_row: A's fragment loaded once).
+// The fixed form runs all NJ tiles of c and ignores nj, so its callers pass
+// nj == NJ: an output item's row of tiles is declared [Dm::PW_MAX / 8] and
+// used to dm.pw / 8, which a fixed policy makes equal (ck_pw_whole).
+template <class Dm> __host__ __device__ constexpr bool ck_pw_whole()
+{
+    if constexpr (Dm::FIXED) return Dm::PW_MAX == Dm::pw;
+    else return true;
+}
 template <class Dm, int NJ>
 __device__ __forceinline__ void ck_mma_row_ldn(const Dm dm, float (&c)[NJ][4], int nj, const op_t *a, const op_t *bt,
                                                int lane)
@@ -197,6 +205,7 @@ __device__ __forceinline__ void ck_outputs(const Dm dm, const op_t *Qs, const op
     ck_weighted_k(dm, Ks, Kw, fs, tid);
     for (int it = warp; it < CK_NY; it += CK_WARPS) {
         const int mt = it % (CK_Q / 16), t0 = mt * 16, p0 = (it / (CK_Q / 16)) * CK_PW;
+        static_assert(ck_pw_whole<Dm>(), "ck_mma_row_ldn's fixed form fills all PW_MAX / 8 tiles of acc");
         float acc[Dm::PW_MAX / 8][4];
 #pragma unroll
         for (int j = 0; j < Dm::PW_MAX / 8; ++j) if (j < CK_PW / 8) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
