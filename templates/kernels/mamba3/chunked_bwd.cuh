@@ -163,9 +163,6 @@ constexpr bool CKB_RAW = kq_build::raw_fits_bytes(CKB_Q, 2 * CKB_Q * CKB_LDQ * (
 // of items (so every lane reaches each shuffle).
 constexpr bool CKB_VDY = (NP * (int)sizeof(act_t)) % 16 == 0 && (OFF_X * (int)sizeof(act_t)) % 16 == 0 &&
                          P % 8 == 0 && (CKB_Q * P / 8) % 32 == 0;
-struct alignas(16) avec8 {
-    act_t e[8];
-};
 
 template <bool STARTS>
 __global__ void __launch_bounds__(CKB_THREADS, CKB_MIN_BLOCKS)
@@ -305,7 +302,7 @@ scan_bwd_chunked_kernel(int seqlen, const act_t *__restrict__ proj, const kq_bui
             for (int vi = tid; vi < NV8; vi += CKB_THREADS) {
                 const int i = vi / (P / 8), p = 8 * (vi % (P / 8));
                 const size_t tok = row0 + c0 + (i < len ? i : 0);
-                const avec8 vr = *reinterpret_cast<const avec8 *>(proj + tok * NP + OFF_X + h * P + p);
+                const avec<8, 16> vr = *reinterpret_cast<const avec<8, 16> *>(proj + tok * NP + OFF_X + h * P + p);
                 const float4 g0 = *reinterpret_cast<const float4 *>(dy + tok * E + h * P + p);
                 const float4 g1 = *reinterpret_cast<const float4 *>(dy + tok * E + h * P + p + 4);
                 const float gy[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};

@@ -96,9 +96,6 @@
 // unrotated entries n >= 2S of k' and q'.
 constexpr int FV = (NP * (int)sizeof(act_t)) % 16 == 0 ? 16 / (int)sizeof(act_t) : 1;
 constexpr int FVU = (2 * S) % FV == 0 ? FV : 1;
-template <int V> struct alignas(V * sizeof(act_t)) avec {
-    act_t e[V];
-};
 template <int V> __device__ __forceinline__ avec<V> avec_ld(const act_t *p)
 {
     return *reinterpret_cast<const avec<V> *>(p);

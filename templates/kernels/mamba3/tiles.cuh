@@ -18,6 +18,14 @@
 // (exp of cs, of carry - cs) keep expf.
 __device__ __forceinline__ float ck_wdecay(float x) { return __expf(x); }
 
+// V consecutive storage elements as one load or store: aligned to their
+// size by default; the chunked backward's rows of eight are 16-byte
+// aligned in every dtype (avec<8, 16>: 32 bytes of f32 as two 16-byte
+// accesses), where the fused kernel's FV-wide vectors are 16 bytes.
+template <int V, int ALIGN = V * (int)sizeof(act_t)> struct alignas(ALIGN) avec {
+    act_t e[V];
+};
+
 // The staged operands have the storage type (op_t == act_t: f32, bf16 or
 // f16), converted with to_f32 / from_f32. Four consecutive values into a
 // staged row (16-byte aligned for f32, 8-byte for 16-bit types):
