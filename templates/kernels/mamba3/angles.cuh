@@ -237,7 +237,7 @@ angles_kernel(int seqlen, const act_t *__restrict__ proj, const float *__restric
         return ang_raw<float>{proj[tok * NP + OFF_ANG + a], dt[tok * H + h]};
     };
     const auto inc = [](const ang_raw<float> &x) {   // theta_t - theta_{t-1} before the wrap
-        return angle_inc(tanhf(to_f32(x.ang)), x.dt);
+        return angle_inc(ang_tanh_of(x.ang), x.dt);
     };
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle, rotating k and q.

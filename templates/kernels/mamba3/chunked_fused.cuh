@@ -184,7 +184,7 @@ token_prologue_kernel(size_t tokens, const act_t *__restrict__ proj, float *__re
             row[G + g] = rc;
         }
     }
-    for (int a = lane; a < S; a += 32) row[2 * G + a] = tanhf(to_f32(pr[OFF_ANG + a]));
+    for (int a = lane; a < S; a += 32) row[2 * G + a] = ang_tanh_of(pr[OFF_ANG + a]);
 }
 
 // The kernel's modes: the whole sequence per block; a segment's local
@@ -613,7 +613,7 @@ seg_angle_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
                 const int tj = t + j * CK_ASL;
                 if (tj >= t1 || (STARTS && tj < tl)) continue;
                 const float d = row_dt_of(xd[j], dtb);
-                sum += angle_inc(tanhf(to_f32(xa[j])), d);
+                sum += angle_inc(ang_tanh_of(xa[j]), d);
             }
         }
         part[sl][a] = sum;

@@ -417,7 +417,7 @@ dec_mixer_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt_bi
             sc[1] = adt;
             sc[2] = lam;
         }
-        const float tin = tanhf(to_f32(pr[OFF_ANG + a]));
+        const float tin = ang_tanh_of(pr[OFF_ANG + a]);
         double th = wrap_2pi(th0 + 0.0);   // angles_kernel's slice start (prefix 0)
         th = wrap_2pi(th + angle_inc(tin, d));
         angle_cos_sin(th, ca, sa);

@@ -35,6 +35,11 @@ __device__ __forceinline__ void head_scalars(float ddt, float dda, float trap, f
 // expression): the angle walks that need only dt (angles_cs_kernel,
 // seg_angle_kernel) take it from here.
 __device__ __forceinline__ float row_dt_of(act_t x, float dtb) { return softplus(to_f32(x) + dtb); }
+// tanh of an angle input x (raw in_proj entry, or an f32 copy of one): the
+// angle walks, prep's tnh row for them, decode and the prep backward take
+// it from here, so the walk that reads prep's tnh sees the bits its own
+// tanhf would give.
+template <typename T> __device__ __forceinline__ float ang_tanh_of(T x) { return tanhf(to_f32(x)); }
 // ... of head h from the token's in_proj row pr.
 __device__ __forceinline__ void row_head_scalars(const act_t *pr, int h, float dtb, float &d, float &adt, float &lam)
 {

@@ -38,7 +38,7 @@ prep_bwd_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt,
     act_t *dp = dproj + tok * NP;
     const DK *dkt = dk + tok * (size_t)(H * N), *dqt = dq + tok * (size_t)(H * N);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int a = threadIdx.x; a < S; a += PREP_THREADS) stn[a] = tanhf(to_f32(pr[OFF_ANG + a]));
+    for (int a = threadIdx.x; a < S; a += PREP_THREADS) stn[a] = ang_tanh_of(pr[OFF_ANG + a]);
     // BCNorm per group, groups in order. Why this shape: each group's head
     // sums dB^, dC^ are read from dk, dq once, by every thread (one n each,
     // heads in order), into shared memory, where the group's statistics

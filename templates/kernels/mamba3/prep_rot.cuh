@@ -73,7 +73,7 @@ angles_cs_kernel(int seqlen, const act_t *__restrict__ proj, const float *__rest
     };
     const auto inc = [&](const auto &x) {   // theta_t - theta_{t-1} before the wrap
         if constexpr (DTF) return angle_inc(x.tn, x.dt);
-        else return angle_inc(tanhf(to_f32(x.ang)), row_dt_of(x.dt, dtb));
+        else return angle_inc(ang_tanh_of(x.ang), row_dt_of(x.dt, dtb));
     };
     const auto is_start = [&](int t) { return start[row0 + t] != 0; };
     // Walk the slice from its starting angle; one reduced angle per token.
@@ -145,7 +145,7 @@ prep_scalars_kernel(const act_t *__restrict__ proj, const float *__restrict__ dt
     const size_t tok = blockIdx.x;
     token_maps(proj + tok * NP, tok, dt_bias, rB, rC, dt, adt, lam);
     if (tnh)
-        for (int a = threadIdx.x; a < S; a += PREP_THREADS) tnh[tok * S + a] = tanhf(to_f32(proj[tok * NP + OFF_ANG + a]));
+        for (int a = threadIdx.x; a < S; a += PREP_THREADS) tnh[tok * S + a] = ang_tanh_of(proj[tok * NP + OFF_ANG + a]);
     __syncthreads();
     for (int g = threadIdx.x; g < G; g += PREP_THREADS) {
         rbc[tok * (2 * G) + g] = rB[g];
