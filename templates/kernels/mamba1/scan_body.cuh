@@ -175,6 +175,8 @@ __device__ __forceinline__ void scan_prefetch_pass(int t0, int nt, mg_size_t row
     }
 }
 
+__host__ __device__ constexpr int scan_ilog2(int x) { return x <= 1 ? 0 : 1 + scan_ilog2(x / 2); }
+
 // ---------------------------------------------------------------------------
 // scan_group: steps [tt0, tt0 + U) of a staged pass of scan_span (below:
 // what a group computes and why), for the thread's channel c (within the
@@ -196,16 +198,14 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
            act_t *__restrict__ g, Stage sBC, Dm dm, act_t *__restrict__ ysave)
 {
     const int E = dm.E, N = dm.N, ch = dm.channels;
-    float xg[U], dg[U], dxg[U], zg[U], ag[U][Dm::NPT_MAX];
+    float dg[U], dxg[U], ag[U][Dm::NPT_MAX];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int tt = WHOLE ? tt0 + u : min(tt0 + u, nt - 1);
         const float x = sBC[tt][2 * N + c];
         const float delta = sBC[tt][2 * N + ch + c];
-        xg[u] = x;
         dg[u] = delta;
         dxg[u] = delta * x;
-        zg[u] = OUT ? sBC[tt][2 * N + 2 * ch + c] : 0.0f;   // silu(z)
         const float dl = scan_l2e(delta);
 #pragma unroll
         for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) ag[u][j] = scan_decay(dl, A[j]);
@@ -232,18 +232,51 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
         if (!OUT && on) dsum += dg[u];
     }
     if (OUT) {
+        // y of the U steps, each summed over the channel's lanes by the
+        // butterfly's tree (offsets lanes/2, lanes/4, .., 1) but as a
+        // reduce-scatter: at the first levels a lane keeps half of its
+        // steps' partial sums, sends the other half to its partner and adds
+        // what it receives, so U steps take U - 1 shuffles there where a
+        // butterfly per step takes U each level; the levels past log2(U)
+        // (lanes > U) are the butterfly on the one sum left. Every sum adds
+        // the same pairs in the same order as the per-step butterfly (a + b
+        // and b + a are the same bits), so y is unchanged. Lane l then holds
+        // the sums of steps [start, start + vf) and stores them when its
+        // butterfly offsets' bits are 0 (one lane per step group), reading
+        // that step's x and gate from the stage.
+        constexpr int LU = scan_ilog2(U);
+        int start = 0;   // yg[k] holds step start + k
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
+        for (int l = 0; l < LU; ++l) {
+            const int o = (dm.lanes / 2) >> l, h = U >> (l + 1);
+            if (o > 0) {   // constant where the policy is (shipped kernels)
+                const bool up = (lane & o) != 0;
 #pragma unroll
-            for (int o = dm.lanes / 2; o > 0; o >>= 1) yg[u] += __shfl_xor_sync(FULL_MASK, yg[u], o);
+                for (int k = 0; k < h; ++k) {
+                    const float send = up ? yg[k] : yg[k + h];
+                    const float keep = up ? yg[k + h] : yg[k];
+                    yg[k] = keep + __shfl_xor_sync(FULL_MASK, send, o);
+                }
+                if (up) start += h;
+            }
         }
+        // the butterfly levels left: offsets below lanes >> log2(U)
+        const int obf = (dm.lanes / 2) >> LU;
+        for (int o = obf; o > 0; o >>= 1) yg[0] += __shfl_xor_sync(FULL_MASK, yg[0], o);
+        // steps this lane holds: U / lanes where lanes < U, else 1
+        const int vf = dm.lanes >= U ? 1 : U / dm.lanes;
+        const int bmask = obf > 0 ? 2 * obf - 1 : 0;   // the butterfly offsets' bits
+        if (valid && (lane & bmask) == 0) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const float y = yg[u] + dsk * xg[u];
-            const mg_size_t row = row0 + t0 + tt0 + u;
-            if (valid && lane == 0 && (WHOLE || tt0 + u < nt)) {
-                if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
-                g[row * E + e] = from_f32<act_t>(y * zg[u]);
+            for (int k = 0; k < U; ++k) if (k < vf) {
+                const int u = start + k;
+                if (WHOLE || tt0 + u < nt) {
+                    const int tt = tt0 + u;
+                    const float y = yg[k] + dsk * sBC[tt][2 * N + c];
+                    const mg_size_t row = row0 + t0 + tt;
+                    if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
+                    g[row * E + e] = from_f32<act_t>(y * sBC[tt][2 * N + 2 * ch + c]);
+                }
             }
         }
     }
@@ -367,8 +400,9 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
 // computed once per channel.
 // Grid (batch, blocks); block SCAN_THREADS = channels x lanes. A channel's N
 // states live in registers, split over its lanes (npt states each, adjacent
-// lanes in one warp); y is summed by a fixed xor-shuffle butterfly over
-// those lanes, so every lane holds the same bits and lane 0 stores g.
+// lanes in one warp); y is summed over those lanes by a fixed xor-shuffle
+// tree, a group of steps at a time (scan_group), and the lane holding a
+// step's sum stores its g.
 // Channels past E (a partial last block) compute on channel E-1 so that
 // every lane takes part in the shuffles, and store nothing. The final state
 // is written to state_out (may alias state_in; NULL: not written).
