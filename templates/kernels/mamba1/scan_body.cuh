@@ -198,14 +198,16 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
            act_t *__restrict__ g, Stage sBC, Dm dm, act_t *__restrict__ ysave)
 {
     const int E = dm.E, N = dm.N, ch = dm.channels;
-    float dg[U], dxg[U], ag[U][Dm::NPT_MAX];
+    float xg[U], dg[U], dxg[U], zg[U], ag[U][Dm::NPT_MAX];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int tt = WHOLE ? tt0 + u : min(tt0 + u, nt - 1);
         const float x = sBC[tt][2 * N + c];
         const float delta = sBC[tt][2 * N + ch + c];
+        xg[u] = x;
         dg[u] = delta;
         dxg[u] = delta * x;
+        zg[u] = OUT ? sBC[tt][2 * N + 2 * ch + c] : 0.0f;   // silu(z)
         const float dl = scan_l2e(delta);
 #pragma unroll
         for (int j = 0; j < Dm::NPT_MAX; ++j) if (j < dm.npt) ag[u][j] = scan_decay(dl, A[j]);
@@ -242,8 +244,10 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
         // the same pairs in the same order as the per-step butterfly (a + b
         // and b + a are the same bits), so y is unchanged. Lane l then holds
         // the sums of steps [start, start + vf) and stores them when its
-        // butterfly offsets' bits are 0 (one lane per step group), reading
-        // that step's x and gate from the stage.
+        // butterfly offsets' bits are 0 (one lane per step group). The x and
+        // gate of its steps follow by selects (every lane holds all U): read
+        // from the stage at each lane's own step, the lanes of a channel hit
+        // one bank at row strides that are multiples of 32 floats.
         constexpr int LU = scan_ilog2(U);
         int start = 0;   // yg[k] holds step start + k
 #pragma unroll
@@ -256,6 +260,8 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
                     const float send = up ? yg[k] : yg[k + h];
                     const float keep = up ? yg[k + h] : yg[k];
                     yg[k] = keep + __shfl_xor_sync(FULL_MASK, send, o);
+                    xg[k] = up ? xg[k + h] : xg[k];   // the kept step's x and gate ride along
+                    zg[k] = up ? zg[k + h] : zg[k];
                 }
                 if (up) start += h;
             }
@@ -271,11 +277,10 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
             for (int k = 0; k < U; ++k) if (k < vf) {
                 const int u = start + k;
                 if (WHOLE || tt0 + u < nt) {
-                    const int tt = tt0 + u;
-                    const float y = yg[k] + dsk * sBC[tt][2 * N + c];
-                    const mg_size_t row = row0 + t0 + tt;
+                    const float y = yg[k] + dsk * xg[k];
+                    const mg_size_t row = row0 + t0 + tt0 + u;
                     if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
-                    g[row * E + e] = from_f32<act_t>(y * sBC[tt][2 * N + 2 * ch + c]);
+                    g[row * E + e] = from_f32<act_t>(y * zg[k]);
                 }
             }
         }
