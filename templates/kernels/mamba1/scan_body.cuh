@@ -176,6 +176,15 @@ __device__ __forceinline__ void scan_prefetch_pass(int t0, int nt, mg_size_t row
 }
 
 __host__ __device__ constexpr int scan_ilog2(int x) { return x <= 1 ? 0 : 1 + scan_ilog2(x / 2); }
+// Lanes a channel from which scan_group sums y as a reduce-scatter over its
+// steps rather than a butterfly per step. Why a bound: at 16 lanes (d_state
+// 64) the reduce-scatter took mamba1_long's prefill b8 T4096 from 3.565 to
+// 3.496 ms (graph, -1.9%), at 4 lanes (d_state 16) mamba1_rl's b64 T256
+// from 0.847 to 0.877 ms (+3.5%; H100, the same bits both ways,
+// bench/results/h100-2026-12-07e-ab-m1-ytrans.csv, 3fa65d9): there it saves 5
+// shuffles of 8 per group and reads each lane's x and gate from the stage
+// at a stride of 128 floats (one bank).
+constexpr int SCAN_RS_MIN_LANES = 8;
 
 // ---------------------------------------------------------------------------
 // scan_group: steps [tt0, tt0 + U) of a staged pass of scan_span (below:
@@ -233,7 +242,7 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
         yg[u] = y;
         if (!OUT && on) dsum += dg[u];
     }
-    if (OUT) {
+    if (OUT && dm.lanes >= SCAN_RS_MIN_LANES) {
         // y of the U steps, each summed over the channel's lanes by the
         // butterfly's tree (offsets lanes/2, lanes/4, .., 1) but as a
         // reduce-scatter: at the first levels a lane keeps half of its
@@ -244,10 +253,8 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
         // the same pairs in the same order as the per-step butterfly (a + b
         // and b + a are the same bits), so y is unchanged. Lane l then holds
         // the sums of steps [start, start + vf) and stores them when its
-        // butterfly offsets' bits are 0 (one lane per step group). The x and
-        // gate of its steps follow by selects (every lane holds all U): read
-        // from the stage at each lane's own step, the lanes of a channel hit
-        // one bank at row strides that are multiples of 32 floats.
+        // butterfly offsets' bits are 0 (one lane per step group), reading
+        // that step's x and gate from the stage.
         constexpr int LU = scan_ilog2(U);
         int start = 0;   // yg[k] holds step start + k
 #pragma unroll
@@ -260,8 +267,6 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
                     const float send = up ? yg[k] : yg[k + h];
                     const float keep = up ? yg[k + h] : yg[k];
                     yg[k] = keep + __shfl_xor_sync(FULL_MASK, send, o);
-                    xg[k] = up ? xg[k + h] : xg[k];   // the kept step's x and gate ride along
-                    zg[k] = up ? zg[k + h] : zg[k];
                 }
                 if (up) start += h;
             }
@@ -277,11 +282,28 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
             for (int k = 0; k < U; ++k) if (k < vf) {
                 const int u = start + k;
                 if (WHOLE || tt0 + u < nt) {
-                    const float y = yg[k] + dsk * xg[k];
-                    const mg_size_t row = row0 + t0 + tt0 + u;
+                    const int tt = tt0 + u;
+                    const float y = yg[k] + dsk * sBC[tt][2 * N + c];
+                    const mg_size_t row = row0 + t0 + tt;
                     if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
-                    g[row * E + e] = from_f32<act_t>(y * zg[k]);
+                    g[row * E + e] = from_f32<act_t>(y * sBC[tt][2 * N + 2 * ch + c]);
                 }
+            }
+        }
+    } else if (OUT) {
+        // fewer lanes: a butterfly per step, lane 0 stores
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int o = dm.lanes / 2; o > 0; o >>= 1) yg[u] += __shfl_xor_sync(FULL_MASK, yg[u], o);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const float y = yg[u] + dsk * xg[u];
+            const mg_size_t row = row0 + t0 + tt0 + u;
+            if (valid && lane == 0 && (WHOLE || tt0 + u < nt)) {
+                if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
+                g[row * E + e] = from_f32<act_t>(y * zg[u]);
             }
         }
     }
