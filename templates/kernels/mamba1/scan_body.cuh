@@ -181,7 +181,7 @@ __host__ __device__ constexpr int scan_ilog2(int x) { return x <= 1 ? 0 : 1 + sc
 // 64) the reduce-scatter took mamba1_long's prefill b8 T4096 from 3.565 to
 // 3.496 ms (graph, -1.9%), at 4 lanes (d_state 16) mamba1_rl's b64 T256
 // from 0.847 to 0.877 ms (+3.5%; H100, the same bits both ways,
-// bench/results/h100-2026-12-07e-ab-m1-ytrans.csv, 7d9bb3d): there it saves 5
+// bench/results/h100-2026-12-07e-ab-m1-ytrans.csv): there it saves 5
 // shuffles of 8 per group and reads each lane's x and gate from the stage
 // at a stride of 128 floats (one bank).
 constexpr int SCAN_RS_MIN_LANES = 8;
