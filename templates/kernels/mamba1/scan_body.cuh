@@ -175,6 +175,17 @@ __device__ __forceinline__ void scan_prefetch_pass(int t0, int nt, mg_size_t row
     }
 }
 
+__host__ __device__ constexpr int scan_ilog2(int x) { return x <= 1 ? 0 : 1 + scan_ilog2(x / 2); }
+// Lanes a channel from which scan_group sums y as a reduce-scatter over its
+// steps rather than a butterfly per step. Why a bound: at 16 lanes (d_state
+// 64) the reduce-scatter took mamba1_long's prefill b8 T4096 from 3.565 to
+// 3.496 ms (graph, -1.9%), at 4 lanes (d_state 16) mamba1_rl's b64 T256
+// from 0.847 to 0.877 ms (+3.5%; H100, the same bits both ways,
+// bench/results/h100-2026-12-07e-ab-m1-ytrans.csv): there it saves 5
+// shuffles of 8 per group and reads each lane's x and gate from the stage
+// at a stride of 128 floats (one bank).
+constexpr int SCAN_RS_MIN_LANES = 8;
+
 // ---------------------------------------------------------------------------
 // scan_group: steps [tt0, tt0 + U) of a staged pass of scan_span (below:
 // what a group computes and why), for the thread's channel c (within the
@@ -231,7 +242,56 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
         yg[u] = y;
         if (!OUT && on) dsum += dg[u];
     }
-    if (OUT) {
+    if (OUT && dm.lanes >= SCAN_RS_MIN_LANES) {
+        // y of the U steps, each summed over the channel's lanes by the
+        // butterfly's tree (offsets lanes/2, lanes/4, .., 1) but as a
+        // reduce-scatter: at the first levels a lane keeps half of its
+        // steps' partial sums, sends the other half to its partner and adds
+        // what it receives, so U steps take U - 1 shuffles there where a
+        // butterfly per step takes U each level; the levels past log2(U)
+        // (lanes > U) are the butterfly on the one sum left. Every sum adds
+        // the same pairs in the same order as the per-step butterfly (a + b
+        // and b + a are the same bits), so y is unchanged. Lane l then holds
+        // the sums of steps [start, start + vf) and stores them when its
+        // butterfly offsets' bits are 0 (one lane per step group), reading
+        // that step's x and gate from the stage.
+        constexpr int LU = scan_ilog2(U);
+        int start = 0;   // yg[k] holds step start + k
+#pragma unroll
+        for (int l = 0; l < LU; ++l) {
+            const int o = (dm.lanes / 2) >> l, h = U >> (l + 1);
+            if (o > 0) {   // constant where the policy is (shipped kernels)
+                const bool up = (lane & o) != 0;
+#pragma unroll
+                for (int k = 0; k < h; ++k) {
+                    const float send = up ? yg[k] : yg[k + h];
+                    const float keep = up ? yg[k + h] : yg[k];
+                    yg[k] = keep + __shfl_xor_sync(FULL_MASK, send, o);
+                }
+                if (up) start += h;
+            }
+        }
+        // the butterfly levels left: offsets below lanes >> log2(U)
+        const int obf = (dm.lanes / 2) >> LU;
+        for (int o = obf; o > 0; o >>= 1) yg[0] += __shfl_xor_sync(FULL_MASK, yg[0], o);
+        // steps this lane holds: U / lanes where lanes < U, else 1
+        const int vf = dm.lanes >= U ? 1 : U / dm.lanes;
+        const int bmask = obf > 0 ? 2 * obf - 1 : 0;   // the butterfly offsets' bits
+        if (valid && (lane & bmask) == 0) {
+#pragma unroll
+            for (int k = 0; k < U; ++k) if (k < vf) {
+                const int u = start + k;
+                if (WHOLE || tt0 + u < nt) {
+                    const int tt = tt0 + u;
+                    const float y = yg[k] + dsk * sBC[tt][2 * N + c];
+                    const mg_size_t row = row0 + t0 + tt;
+                    if (SAVE) ysave[row * E + e] = from_f32<act_t>(y);
+                    g[row * E + e] = from_f32<act_t>(y * sBC[tt][2 * N + 2 * ch + c]);
+                }
+            }
+        }
+    } else if (OUT) {
+        // fewer lanes: a butterfly per step, lane 0 stores
 #pragma unroll
         for (int u = 0; u < U; ++u) {
 #pragma unroll
@@ -367,8 +427,9 @@ scan_span(int t_begin, int t_end, mg_size_t row0, int lane, int e, bool valid,
 // computed once per channel.
 // Grid (batch, blocks); block SCAN_THREADS = channels x lanes. A channel's N
 // states live in registers, split over its lanes (npt states each, adjacent
-// lanes in one warp); y is summed by a fixed xor-shuffle butterfly over
-// those lanes, so every lane holds the same bits and lane 0 stores g.
+// lanes in one warp); y is summed over those lanes by a fixed xor-shuffle
+// tree, a group of steps at a time (scan_group), and the lane holding a
+// step's sum stores its g.
 // Channels past E (a partial last block) compute on channel E-1 so that
 // every lane takes part in the shuffles, and store nothing. The final state
 // is written to state_out (may alias state_in; NULL: not written).
