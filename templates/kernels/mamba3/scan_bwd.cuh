@@ -22,6 +22,74 @@
 // to it, and d(A dt), the beta parts of d dt and d lambda vanish (alpha and
 // beta multiply only zeros at that step). A stream whose first token is a
 // start gets zero initial-state gradients the same way.
+// The reverse walk's column sums over a warp's rowgroups: each thread's
+// BCS_V values (cq, chk, chv: BNPT columns n = lane + i BL each) summed
+// over the lanes that share its columns (offsets BWSH/2 down to BL), by the
+// butterfly's tree but as a reduce-scatter: at each of the first BCS_HALVE
+// levels a lane keeps half of its values, sends the other half to its
+// partner and adds what it receives; any levels left are the butterfly on
+// the BCS_VF values each lane then holds. Every sum adds the same pairs in
+// the same order as the per-value butterfly (a + b and b + a are the same
+// bits). Then the lanes whose remaining butterfly bits are 0 store their
+// values into the warp's row of red, where lane 0 of each rowgroup 0 column
+// stored all of them. Why: at mamba3_rl's shape (4 lanes a row, 8
+// rowgroups a warp, 16 columns a lane) the butterfly took 144 shuffles and
+// 144 adds a step, the reduce-scatter 42 of each (and 84 selects); the
+// scan backward was about half of mamba3_rl's training step (H100,
+// bench/results/h100-2026-12-07b-bench-3fd91ca.csv: 0.92 of 1.35 ms of a
+// layer's SSM core forward + backward).
+constexpr int bcs_ilog2(int x) { return x <= 1 ? 0 : 1 + bcs_ilog2(x / 2); }
+constexpr int bcs_ctz(int x) { return (x & 1) || x == 0 ? 0 : 1 + bcs_ctz(x / 2); }
+constexpr int BCS_V = 3 * BNPT;                          // values a thread
+constexpr int BCS_LEVELS = bcs_ilog2(BWSH / BL);         // levels of the column sums
+// (at one level the reduce-scatter's selects cost what its shuffles save:
+// the per-value butterfly there, BCS_HALVE 0)
+constexpr int BCS_HALVE = BCS_LEVELS < 2 ? 0 : (BCS_LEVELS < bcs_ctz(BCS_V) ? BCS_LEVELS : bcs_ctz(BCS_V));
+constexpr int BCS_VF = BCS_V >> BCS_HALVE;               // values a lane holds after them
+// Value f of the thread's three arrays, in place (f a constant once the
+// loops below are unrolled, so the arrays stay where the caller has them).
+__device__ __forceinline__ float &bcs_at(float (&cq)[BNPT], float (&chk)[BNPT], float (&chv)[BNPT], int f)
+{
+    return f < BNPT ? cq[f] : (f < 2 * BNPT ? chk[f - BNPT] : chv[f - 2 * BNPT]);
+}
+__device__ __forceinline__ void bcs_reduce_store(float (&cq)[BNPT], float (&chk)[BNPT], float (&chv)[BNPT], int lane,
+                                                 int wl, float *red_w)
+{
+    int start = 0;   // value k holds value start + k of the three arrays
+#pragma unroll
+    for (int l = 0; l < BCS_HALVE; ++l) {
+        const int o = (BWSH / 2) >> l, hv = BCS_V >> (l + 1);
+        const bool up = (wl & o) != 0;
+#pragma unroll
+        for (int k = 0; k < BCS_V / 2; ++k) if (k < hv) {   // constant bounds: the arrays stay in registers
+            float &lo = bcs_at(cq, chk, chv, k);
+            const float hi = bcs_at(cq, chk, chv, k + hv);
+            const float send = up ? lo : hi;
+            const float keep = up ? hi : lo;
+            lo = keep + __shfl_xor_sync(BMASK, send, o);
+        }
+        if (up) start += hv;
+    }
+#pragma unroll
+    for (int l = BCS_HALVE; l < BCS_LEVELS; ++l) {
+        const int o = (BWSH / 2) >> l;
+#pragma unroll
+        for (int k = 0; k < BCS_VF; ++k) {
+            float &x = bcs_at(cq, chk, chv, k);
+            x += __shfl_xor_sync(BMASK, x, o);
+        }
+    }
+    // the butterfly levels' offsets ((BWSH/2) >> l for l >= BCS_HALVE, all >= BL)
+    constexpr int BMASK_BITS = BCS_HALVE < BCS_LEVELS ? 2 * ((BWSH / 2) >> BCS_HALVE) - BL : 0;
+    if ((wl & BMASK_BITS) == 0) {
+#pragma unroll
+        for (int k = 0; k < BCS_VF; ++k) {
+            const int f = start + k, a = f / BNPT, i = f % BNPT;   // array (cq | chk | chv), entry
+            red_w[a * N + lane + i * BL] = bcs_at(cq, chk, chv, k);
+        }
+    }
+}
+
 template <bool STARTS>
 __global__ void __launch_bounds__(BTHREADS)
 scan_bwd_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *__restrict__ k,
@@ -169,13 +237,17 @@ scan_bwd_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *__restri
                 }
             }
             // column sums over the warp's rowgroups, scalars over the warp
+            if constexpr (BCS_HALVE > 0) {
+                bcs_reduce_store(cq, chk, chv, lane, wl, red[warp]);
+            } else {
 #pragma unroll
-            for (int o = BWSH / 2; o >= BL; o >>= 1) {
+                for (int o = BWSH / 2; o >= BL; o >>= 1) {
 #pragma unroll
-                for (int i = 0; i < BNPT; ++i) {
-                    cq[i] += __shfl_xor_sync(BMASK, cq[i], o);
-                    chk[i] += __shfl_xor_sync(BMASK, chk[i], o);
-                    chv[i] += __shfl_xor_sync(BMASK, chv[i], o);
+                    for (int i = 0; i < BNPT; ++i) {
+                        cq[i] += __shfl_xor_sync(BMASK, cq[i], o);
+                        chk[i] += __shfl_xor_sync(BMASK, chk[i], o);
+                        chv[i] += __shfl_xor_sync(BMASK, chv[i], o);
+                    }
                 }
             }
 #pragma unroll
@@ -184,7 +256,7 @@ scan_bwd_kernel(int seqlen, const act_t *__restrict__ proj, const kq_t *__restri
                 sbe += __shfl_xor_sync(BMASK, sbe, o);
                 sga += __shfl_xor_sync(BMASK, sga, o);
             }
-            if (wl < BL) {
+            if (BCS_HALVE == 0 && wl < BL) {
 #pragma unroll
                 for (int i = 0; i < BNPT; ++i) {
                     const int n = lane + i * BL;
