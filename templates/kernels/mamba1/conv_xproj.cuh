@@ -17,6 +17,13 @@ constexpr int cxp_min(int a, int b) { return a < b ? a : b; }
 constexpr int CXP_GROUPS = cxp_min(cxp_min(CONV_BLOCKS, 4), 512 / CONV_THREADS);
 constexpr int CXP_THREADS = CXP_GROUPS * CONV_THREADS;
 constexpr int CXP_WARPS = CXP_THREADS / 32;
+// The x_proj sums' reduce-scatter (below): halving levels (while the tile's
+// token count halves evenly, at most the warp's 5), sums a lane holds after
+// them, and the lane bits of the butterfly levels left.
+constexpr int cxp_ctz(int x) { return (x & 1) || x == 0 ? 0 : 1 + cxp_ctz(x / 2); }
+constexpr int CXP_HALVE = cxp_min(5, cxp_ctz(CONV_TILE));
+constexpr int CXP_VF = CONV_TILE >> CXP_HALVE;
+constexpr int CXP_BFLY_BITS = (32 >> CXP_HALVE) - 1;
 
 // ---------------------------------------------------------------------------
 // conv_xproj_kernel: grid (batch * ntiles), CXP_THREADS threads; block x =
@@ -80,16 +87,39 @@ conv_xproj_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const fl
                 if (e < E) acc[t] += sx[tr][e] * w[i];
             }
         }
+        // The tokens' sums over the warp by the butterfly's tree (offsets
+        // 16, 8, .., 1) as a reduce-scatter: at each of the first CXP_HALVE
+        // levels a lane keeps half of its tokens' partial sums, sends the
+        // other half to its partner and adds what it receives; the levels
+        // left are the butterfly on the CXP_VF sums each lane then holds.
+        // The same pairs in the same order as a butterfly per token (a + b
+        // and b + a are the same bits), with CONV_TILE - 1 shuffles where
+        // those took 5 CONV_TILE (16 tokens: 16 shuffles and 30 selects for
+        // 80 shuffles and 80 adds, against 128 multiply-adds of products).
+        int start = 0;   // acc[k] holds token start + k
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
+        for (int l = 0; l < CXP_HALVE; ++l) {
+            const int o = 16 >> l, h = CONV_TILE >> (l + 1);
+            const bool up = (ln & o) != 0;
 #pragma unroll
-            for (int t = 0; t < CONV_TILE; ++t) acc[t] += __shfl_xor_sync(FULL_MASK, acc[t], o);
+            for (int k = 0; k < CONV_TILE / 2; ++k) if (k < h) {   // constant bounds: acc stays in registers
+                const float send = up ? acc[k] : acc[k + h];
+                const float keep = up ? acc[k + h] : acc[k];
+                acc[k] = keep + __shfl_xor_sync(FULL_MASK, send, o);
+            }
+            if (up) start += h;
         }
-        // every lane holds every sum now: lane t stores token t's
-        float v = acc[0];
 #pragma unroll
-        for (int t = 1; t < CONV_TILE; ++t) v = ln == t ? acc[t] : v;
-        if (ln < n) dbl[(row0 + ln) * XP + j] = from_f32<act_t>(v);
+        for (int l = CXP_HALVE; l < 5; ++l) {
+#pragma unroll
+            for (int k = 0; k < CXP_VF; ++k) acc[k] += __shfl_xor_sync(FULL_MASK, acc[k], 16 >> l);
+        }
+        // the lanes whose butterfly offsets' bits are 0 store their tokens'
+        if ((ln & CXP_BFLY_BITS) == 0) {
+#pragma unroll
+            for (int k = 0; k < CXP_VF; ++k)
+                if (start + k < n) dbl[(row0 + start + k) * XP + j] = from_f32<act_t>(acc[k]);
+        }
     }
 }
 #endif // MG_M1_CONV_XPROJ
