@@ -42,7 +42,7 @@ E.FILES = {
   { path = "mg_dtype.cuh",  copy = "kernels/common/dtype.cuh" },   -- included by NAME_common.cuh
   { arch = "mamba1",   -- the kernels, then the kernel bodies they include (plain CUDA, one header per phase)
     { path = "%s_kernels.cu",        template = "mamba1/kernels.cu.tmpl" },
-    bodies("starts.cuh util.cuh conv.cuh conv_xproj.cuh scan_body.cuh scan_fwd.cuh decode.cuh launch.cuh launch.h"),
+    bodies("starts.cuh warp_sums.cuh util.cuh conv.cuh conv_xproj.cuh scan_body.cuh scan_fwd.cuh decode.cuh launch.cuh launch.h"),
   },
   { arch = "mamba3_siso",   -- the kernel bodies (templates/kernels/mamba3/), then the kernels that include them
     bodies("prep.cuh angles.cuh scan.cuh tiles.cuh chunked_body.cuh chunked_fwd.cuh gate.cuh chunked_fused.cuh"

@@ -20,8 +20,7 @@ constexpr int CXP_WARPS = CXP_THREADS / 32;
 // The x_proj sums' reduce-scatter (below): halving levels (while the tile's
 // token count halves evenly, at most the warp's 5), sums a lane holds after
 // them, and the lane bits of the butterfly levels left.
-constexpr int cxp_ctz(int x) { return (x & 1) || x == 0 ? 0 : 1 + cxp_ctz(x / 2); }
-constexpr int CXP_HALVE = cxp_min(5, cxp_ctz(CONV_TILE));
+constexpr int CXP_HALVE = cxp_min(5, m1_ctz(CONV_TILE));
 constexpr int CXP_VF = CONV_TILE >> CXP_HALVE;
 constexpr int CXP_BFLY_BITS = (32 >> CXP_HALVE) - 1;
 
@@ -96,19 +95,7 @@ conv_xproj_kernel(int seqlen, int ntiles, const act_t *__restrict__ xz, const fl
         // and b + a are the same bits), with CONV_TILE - 1 shuffles where
         // those took 5 CONV_TILE (16 tokens: 16 shuffles and 30 selects for
         // 80 shuffles and 80 adds, against 128 multiply-adds of products).
-        int start = 0;   // acc[k] holds token start + k
-#pragma unroll
-        for (int l = 0; l < CXP_HALVE; ++l) {
-            const int o = 16 >> l, h = CONV_TILE >> (l + 1);
-            const bool up = (ln & o) != 0;
-#pragma unroll
-            for (int k = 0; k < CONV_TILE / 2; ++k) if (k < h) {   // constant bounds: acc stays in registers
-                const float send = up ? acc[k] : acc[k + h];
-                const float keep = up ? acc[k + h] : acc[k];
-                acc[k] = keep + __shfl_xor_sync(FULL_MASK, send, o);
-            }
-            if (up) start += h;
-        }
+        const int start = rs_halve<CXP_HALVE>(acc, ln, 16);   // acc[k] holds token start + k
 #pragma unroll
         for (int l = CXP_HALVE; l < 5; ++l) {
 #pragma unroll

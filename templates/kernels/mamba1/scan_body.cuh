@@ -175,7 +175,6 @@ __device__ __forceinline__ void scan_prefetch_pass(int t0, int nt, mg_size_t row
     }
 }
 
-__host__ __device__ constexpr int scan_ilog2(int x) { return x <= 1 ? 0 : 1 + scan_ilog2(x / 2); }
 // Lanes a channel from which scan_group sums y as a reduce-scatter over its
 // steps rather than a butterfly per step. Why a bound: at 16 lanes (d_state
 // 64) the reduce-scatter took mamba1_long's prefill b8 T4096 from 3.565 to
@@ -255,22 +254,8 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
         // the sums of steps [start, start + vf) and stores them when its
         // butterfly offsets' bits are 0 (one lane per step group), reading
         // that step's x and gate from the stage.
-        constexpr int LU = scan_ilog2(U);
-        int start = 0;   // yg[k] holds step start + k
-#pragma unroll
-        for (int l = 0; l < LU; ++l) {
-            const int o = (dm.lanes / 2) >> l, h = U >> (l + 1);
-            if (o > 0) {   // constant where the policy is (shipped kernels)
-                const bool up = (lane & o) != 0;
-#pragma unroll
-                for (int k = 0; k < h; ++k) {
-                    const float send = up ? yg[k] : yg[k + h];
-                    const float keep = up ? yg[k + h] : yg[k];
-                    yg[k] = keep + __shfl_xor_sync(FULL_MASK, send, o);
-                }
-                if (up) start += h;
-            }
-        }
+        constexpr int LU = m1_ilog2(U);
+        const int start = rs_halve<LU, true>(yg, lane, dm.lanes / 2);   // yg[k] holds step start + k
         // the butterfly levels left: offsets below lanes >> log2(U)
         const int obf = (dm.lanes / 2) >> LU;
         for (int o = obf; o > 0; o >>= 1) yg[0] += __shfl_xor_sync(FULL_MASK, yg[0], o);

@@ -181,10 +181,9 @@ gate_bwd_kernel(size_t n, const act_t *__restrict__ y, const act_t *__restrict__
 // with those bits clear store. With 32 lanes per channel (one channel a
 // warp: BC_LEVELS 0) there is nothing to reduce: every thread stores its
 // own dB and dC values.
-constexpr int mg_ilog2(int x) { return x <= 1 ? 0 : 1 + mg_ilog2(x / 2); }
 constexpr int BC_V = 2 * BW_NPT;
-constexpr int BC_LEVELS = mg_ilog2(32 / BW_LANES);
-constexpr int BC_HALVE = BC_LEVELS < mg_ilog2(BC_V) ? BC_LEVELS : mg_ilog2(BC_V);
+constexpr int BC_LEVELS = m1_ilog2(32 / BW_LANES);
+constexpr int BC_HALVE = BC_LEVELS < m1_ilog2(BC_V) ? BC_LEVELS : m1_ilog2(BC_V);
 constexpr int BC_VF = BC_V >> BC_HALVE;
 constexpr int BC_BUTTERFLY_MASK = BC_HALVE < BC_LEVELS ? 2 * (16 >> BC_HALVE) - BW_LANES : 0;
 static_assert((BC_HALVE >= 1 && BC_VF <= BW_NPT) || (BC_LEVELS == 0 && BC_VF == BC_V),
@@ -382,19 +381,7 @@ scan_bwd_kernel(int seqlen, int tokens, int span_ck, const act_t *__restrict__ x
                 float v[BC_V];
 #pragma unroll
                 for (int j = 0; j < BW_NPT; ++j) { v[j] = cb[j]; v[BW_NPT + j] = cc[j]; }
-                int start = 0;   // v[k] holds original value start + k
-#pragma unroll
-                for (int l = 0; l < BC_HALVE; ++l) {
-                    const int o = 16 >> l, h = BC_V >> (l + 1);
-                    const bool up = (threadIdx.x & o) != 0;
-#pragma unroll
-                    for (int k = 0; k < BC_V / 2; ++k) if (k < h) {   // constant bounds: v stays in registers
-                        const float send = up ? v[k] : v[k + h];
-                        const float keep = up ? v[k + h] : v[k];
-                        v[k] = keep + __shfl_xor_sync(FULL_MASK, send, o);
-                    }
-                    if (up) start += h;
-                }
+                const int start = rs_halve<BC_HALVE>(v, threadIdx.x, 16);   // v[k] holds value start + k
 #pragma unroll
                 for (int l = BC_HALVE; l < BC_LEVELS; ++l) v[0] += __shfl_xor_sync(FULL_MASK, v[0], 16 >> l);
                 if ((threadIdx.x & BC_BUTTERFLY_MASK) == 0) {
