@@ -42,7 +42,8 @@ E.FILES = {
   { path = "mg_dtype.cuh",  copy = "kernels/common/dtype.cuh" },   -- included by NAME_common.cuh
   { arch = "mamba1",   -- the kernels, then the kernel bodies they include (plain CUDA, one header per phase)
     { path = "%s_kernels.cu",        template = "mamba1/kernels.cu.tmpl" },
-    bodies("starts.cuh warp_sums.cuh util.cuh conv.cuh conv_xproj.cuh scan_body.cuh scan_fwd.cuh decode.cuh launch.cuh launch.h"),
+    { path = "mg_warp_sums.cuh", copy = "kernels/common/warp_sums.cuh" },   -- also the Mamba-3 scan backward's
+    bodies("starts.cuh util.cuh conv.cuh conv_xproj.cuh scan_body.cuh scan_fwd.cuh decode.cuh launch.cuh launch.h"),
   },
   { arch = "mamba3_siso",   -- the kernel bodies (templates/kernels/mamba3/), then the kernels that include them
     bodies("prep.cuh angles.cuh scan.cuh tiles.cuh chunked_body.cuh chunked_fwd.cuh gate.cuh chunked_fused.cuh"
@@ -79,6 +80,7 @@ E.FILES = {
   { arch = "mamba3_siso", when = "training",
     bodies("prep_rot.cuh angles_bwd.cuh"),
     { path = "mg_block_sum.cuh",       copy = "kernels/common/block_sum.cuh" },
+    { path = "mg_warp_sums.cuh",       copy = "kernels/common/warp_sums.cuh" },   -- the scan backward's column sums
     bodies("train_util.cuh train_fwd.cuh norm_bwd.cuh gate_bwd.cuh scan_bwd.cuh chunked_bwd.cuh prep_bwd.cuh"
         .. " launch_train.cuh launch_train.h"),
     { path = "%s_backward.cu",         template = "mamba3/backward.cu.tmpl" },

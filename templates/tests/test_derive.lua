@@ -498,14 +498,14 @@ check(ok_n, "emit.files without training", not ok_n and tostring(files_nt))
 if ok_n then
   local names = {}
   for i, f in ipairs(files_nt) do names[i] = f.path end
-  is(table.concat(names, " "), "rl.h rl_common.cuh mg_dtype.cuh rl_kernels.cu mg_m1_starts.cuh mg_m1_warp_sums.cuh mg_m1_util.cuh mg_m1_conv.cuh mg_m1_conv_xproj.cuh mg_m1_scan_body.cuh mg_m1_scan_fwd.cuh mg_m1_decode.cuh mg_m1_launch.cuh mg_m1_launch.h mg_rms_row.cuh mg_norm.cuh mg_convert.cuh mg_launch_norm.cuh mg_launch_convert.cuh mg_packed.cuh mg_launch_packed.cuh rl.c mg_m1_pipeline.h mg_model_host.h mg_packed_host.h model_alias.h rl_test.c fwd_tests.h rl_bench.c bench_util.h rl.pc.in rlConfig.cmake.in rlConfigVersion.cmake Makefile rl.py",
+  is(table.concat(names, " "), "rl.h rl_common.cuh mg_dtype.cuh rl_kernels.cu mg_warp_sums.cuh mg_m1_starts.cuh mg_m1_util.cuh mg_m1_conv.cuh mg_m1_conv_xproj.cuh mg_m1_scan_body.cuh mg_m1_scan_fwd.cuh mg_m1_decode.cuh mg_m1_launch.cuh mg_m1_launch.h mg_rms_row.cuh mg_norm.cuh mg_convert.cuh mg_launch_norm.cuh mg_launch_convert.cuh mg_packed.cuh mg_launch_packed.cuh rl.c mg_m1_pipeline.h mg_model_host.h mg_packed_host.h model_alias.h rl_test.c fwd_tests.h rl_bench.c bench_util.h rl.pc.in rlConfig.cmake.in rlConfigVersion.cmake Makefile rl.py",
     "emit: emit.training = false drops the training files")
 end
 if ok_e then
   local names = {}
   for i, f in ipairs(files) do names[i] = f.path .. "<" .. f.template end
   is(table.concat(names, " "), "rl.h<mamba1/model.h.tmpl rl_common.cuh<mamba1/common.cuh.tmpl mg_dtype.cuh<kernels/common/dtype.cuh rl_kernels.cu<mamba1/kernels.cu.tmpl " ..
-    "mg_m1_starts.cuh<kernels/mamba1/starts.cuh mg_m1_warp_sums.cuh<kernels/mamba1/warp_sums.cuh mg_m1_util.cuh<kernels/mamba1/util.cuh mg_m1_conv.cuh<kernels/mamba1/conv.cuh mg_m1_conv_xproj.cuh<kernels/mamba1/conv_xproj.cuh mg_m1_scan_body.cuh<kernels/mamba1/scan_body.cuh mg_m1_scan_fwd.cuh<kernels/mamba1/scan_fwd.cuh mg_m1_decode.cuh<kernels/mamba1/decode.cuh mg_m1_launch.cuh<kernels/mamba1/launch.cuh mg_m1_launch.h<kernels/mamba1/launch.h " ..
+    "mg_warp_sums.cuh<kernels/common/warp_sums.cuh mg_m1_starts.cuh<kernels/mamba1/starts.cuh mg_m1_util.cuh<kernels/mamba1/util.cuh mg_m1_conv.cuh<kernels/mamba1/conv.cuh mg_m1_conv_xproj.cuh<kernels/mamba1/conv_xproj.cuh mg_m1_scan_body.cuh<kernels/mamba1/scan_body.cuh mg_m1_scan_fwd.cuh<kernels/mamba1/scan_fwd.cuh mg_m1_decode.cuh<kernels/mamba1/decode.cuh mg_m1_launch.cuh<kernels/mamba1/launch.cuh mg_m1_launch.h<kernels/mamba1/launch.h " ..
     "mg_rms_row.cuh<kernels/common/rms_row.cuh mg_norm.cuh<kernels/common/norm.cuh mg_convert.cuh<kernels/common/convert.cuh mg_launch_norm.cuh<kernels/common/launch_norm.cuh mg_launch_convert.cuh<kernels/common/launch_convert.cuh " ..
     "mg_packed.cuh<kernels/common/packed.cuh mg_launch_packed.cuh<kernels/common/launch_packed.cuh " ..
     "rl.c<mamba1/model.c.tmpl mg_m1_pipeline.h<host/mamba1/pipeline.h mg_model_host.h<host/common/model_host.h mg_packed_host.h<host/common/packed_host.h " ..

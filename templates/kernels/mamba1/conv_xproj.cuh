@@ -20,7 +20,7 @@ constexpr int CXP_WARPS = CXP_THREADS / 32;
 // The x_proj sums' reduce-scatter (below): halving levels (while the tile's
 // token count halves evenly, at most the warp's 5), sums a lane holds after
 // them, and the lane bits of the butterfly levels left.
-constexpr int CXP_HALVE = cxp_min(5, m1_ctz(CONV_TILE));
+constexpr int CXP_HALVE = cxp_min(5, ws_ctz(CONV_TILE));
 constexpr int CXP_VF = CONV_TILE >> CXP_HALVE;
 constexpr int CXP_BFLY_BITS = (32 >> CXP_HALVE) - 1;
 

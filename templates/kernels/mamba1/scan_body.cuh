@@ -254,7 +254,7 @@ scan_group(int tt0, int nt, int t0, mg_size_t row0, int lane, int e, int c, bool
         // the sums of steps [start, start + vf) and stores them when its
         // butterfly offsets' bits are 0 (one lane per step group), reading
         // that step's x and gate from the stage.
-        constexpr int LU = m1_ilog2(U);
+        constexpr int LU = ws_ilog2(U);
         const int start = rs_halve<LU, true>(yg, lane, dm.lanes / 2);   // yg[k] holds step start + k
         // the butterfly levels left: offsets below lanes >> log2(U)
         const int obf = (dm.lanes / 2) >> LU;

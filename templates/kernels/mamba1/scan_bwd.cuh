@@ -182,8 +182,8 @@ gate_bwd_kernel(size_t n, const act_t *__restrict__ y, const act_t *__restrict__
 // warp: BC_LEVELS 0) there is nothing to reduce: every thread stores its
 // own dB and dC values.
 constexpr int BC_V = 2 * BW_NPT;
-constexpr int BC_LEVELS = m1_ilog2(32 / BW_LANES);
-constexpr int BC_HALVE = BC_LEVELS < m1_ilog2(BC_V) ? BC_LEVELS : m1_ilog2(BC_V);
+constexpr int BC_LEVELS = ws_ilog2(32 / BW_LANES);
+constexpr int BC_HALVE = BC_LEVELS < ws_ilog2(BC_V) ? BC_LEVELS : ws_ilog2(BC_V);
 constexpr int BC_VF = BC_V >> BC_HALVE;
 constexpr int BC_BUTTERFLY_MASK = BC_HALVE < BC_LEVELS ? 2 * (16 >> BC_HALVE) - BW_LANES : 0;
 static_assert((BC_HALVE >= 1 && BC_VF <= BW_NPT) || (BC_LEVELS == 0 && BC_VF == BC_V),

@@ -25,11 +25,10 @@
 // The reverse walk's column sums over a warp's rowgroups: each thread's
 // BCS_V values (cq, chk, chv: BNPT columns n = lane + i BL each) summed
 // over the lanes that share its columns (offsets BWSH/2 down to BL), by the
-// butterfly's tree but as a reduce-scatter: at each of the first BCS_HALVE
-// levels a lane keeps half of its values, sends the other half to its
-// partner and adds what it receives; any levels left are the butterfly on
-// the BCS_VF values each lane then holds. Every sum adds the same pairs in
-// the same order as the per-value butterfly (a + b and b + a are the same
+// butterfly's tree but as a reduce-scatter (rs_halve_at, mg_warp_sums.cuh)
+// for the first BCS_HALVE levels; any levels left are the butterfly on the
+// BCS_VF values each lane then holds. Every sum adds the same pairs in the
+// same order as the per-value butterfly (a + b and b + a are the same
 // bits). Then the lanes whose remaining butterfly bits are 0 store their
 // values into the warp's row of red, where lane 0 of each rowgroup 0 column
 // stored all of them. Why: at mamba3_rl's shape (4 lanes a row, 8
@@ -38,13 +37,11 @@
 // scan backward was about half of mamba3_rl's training step (H100,
 // bench/results/h100-2026-12-07b-bench-3fd91ca.csv: 0.92 of 1.35 ms of a
 // layer's SSM core forward + backward).
-constexpr int bcs_ilog2(int x) { return x <= 1 ? 0 : 1 + bcs_ilog2(x / 2); }
-constexpr int bcs_ctz(int x) { return (x & 1) || x == 0 ? 0 : 1 + bcs_ctz(x / 2); }
 constexpr int BCS_V = 3 * BNPT;                          // values a thread
-constexpr int BCS_LEVELS = bcs_ilog2(BWSH / BL);         // levels of the column sums
+constexpr int BCS_LEVELS = ws_ilog2(BWSH / BL);          // levels of the column sums
 // (at one level the reduce-scatter's selects cost what its shuffles save:
 // the per-value butterfly there, BCS_HALVE 0)
-constexpr int BCS_HALVE = BCS_LEVELS < 2 ? 0 : (BCS_LEVELS < bcs_ctz(BCS_V) ? BCS_LEVELS : bcs_ctz(BCS_V));
+constexpr int BCS_HALVE = BCS_LEVELS < 2 ? 0 : (BCS_LEVELS < ws_ctz(BCS_V) ? BCS_LEVELS : ws_ctz(BCS_V));
 constexpr int BCS_VF = BCS_V >> BCS_HALVE;               // values a lane holds after them
 // Value f of the thread's three arrays, in place (f a constant once the
 // loops below are unrolled, so the arrays stay where the caller has them).
@@ -55,21 +52,9 @@ __device__ __forceinline__ float &bcs_at(float (&cq)[BNPT], float (&chk)[BNPT], 
 __device__ __forceinline__ void bcs_reduce_store(float (&cq)[BNPT], float (&chk)[BNPT], float (&chv)[BNPT], int lane,
                                                  int wl, float *red_w)
 {
-    int start = 0;   // value k holds value start + k of the three arrays
-#pragma unroll
-    for (int l = 0; l < BCS_HALVE; ++l) {
-        const int o = (BWSH / 2) >> l, hv = BCS_V >> (l + 1);
-        const bool up = (wl & o) != 0;
-#pragma unroll
-        for (int k = 0; k < BCS_V / 2; ++k) if (k < hv) {   // constant bounds: the arrays stay in registers
-            float &lo = bcs_at(cq, chk, chv, k);
-            const float hi = bcs_at(cq, chk, chv, k + hv);
-            const float send = up ? lo : hi;
-            const float keep = up ? hi : lo;
-            lo = keep + __shfl_xor_sync(BMASK, send, o);
-        }
-        if (up) start += hv;
-    }
+    // value k of the three arrays holds value start + k
+    const int start = rs_halve_at<BCS_HALVE, false, BCS_V>(
+        [&](int f) -> float & { return bcs_at(cq, chk, chv, f); }, wl, BWSH / 2, BMASK);
 #pragma unroll
     for (int l = BCS_HALVE; l < BCS_LEVELS; ++l) {
         const int o = (BWSH / 2) >> l;
