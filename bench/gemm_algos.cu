@@ -126,6 +126,215 @@ template <class F> static float median_ms(F run)
     return t[t.size() / 2];
 }
 
+
+// ---------------------------------------------------------------------------
+// An experiment beside the libraries: a plain f32 SIMT GEMM with the inner
+// dimension K a compile-time constant (what a generated kernel would know),
+// for the forward shapes, Y[M][N] = alpha Xn[M][K] W[N][K]^T + beta Y, with
+// Xn = X, or (NORM) the RMSNorm of X's rows with weights nw, applied as the
+// rows are staged (the pipeline's separate RMSNorm kernel and its hn round
+// trip folded into the GEMM). BM x BN tiles (BM, BN in {64, 128}), K steps
+// of 16 through a double-buffered shared stage fed by register prefetch,
+// 256 threads of (BM/16) x (BN/16) outputs, fixed summation order
+// (deterministic).
+template <int K, int BM, int BN, bool NORM>
+__global__ void __launch_bounds__(256, 2)
+gemm_f32_kernel(int M, int N, const float *__restrict__ X, const float *__restrict__ W,
+                const float *__restrict__ nw, float eps, float *__restrict__ Y, float alpha, float beta)
+{
+    constexpr int BK = 16, PAD = 4, KT = K / BK;
+    constexpr int MI = BM / 64, NJ = BN / 64;   // groups of 4 rows / columns a thread
+    static_assert(K % BK == 0, "K a multiple of 16");
+    __shared__ __align__(16) float As[2][BK][BM + PAD];
+    __shared__ __align__(16) float Bs[2][BK][BN + PAD];
+    __shared__ float rs[NORM ? BM : 1];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int lr = tid >> 2, lk = (tid & 3) * 4;   // loader: row lr (+64 i), k lk..lk+3 of the step
+    if constexpr (NORM) {   // row scales: 256 / BM threads a row, float4 loads, fixed-order sums
+        constexpr int TPR = 256 / BM, PER = K / 4 / TPR;
+        const int r = tid / TPR, part = tid % TPR;
+        float ss = 0.0f;
+        if (m0 + r < M) {
+            const float4 *xr = reinterpret_cast<const float4 *>(X + (size_t)(m0 + r) * K);
+#pragma unroll
+            for (int i = 0; i < PER; ++i) {
+                const float4 v = xr[part * PER + i];
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        }
+#pragma unroll
+        for (int o = 1; o < TPR; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (part == 0) rs[r] = 1.0f / sqrtf(ss / (float)K + eps);
+        __syncthreads();
+    }
+    float4 pa[MI], pb[NJ];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+            const int row = m0 + lr + 64 * i;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (row < M) v = *reinterpret_cast<const float4 *>(X + (size_t)row * K + k0 + lk);
+            if constexpr (NORM) {
+                const float r = rs[lr + 64 * i];
+                const float4 w = *reinterpret_cast<const float4 *>(nw + k0 + lk);
+                v.x = v.x * r * w.x, v.y = v.y * r * w.y, v.z = v.z * r * w.z, v.w = v.w * r * w.w;
+            }
+            pa[i] = v;
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const int col = n0 + lr + 64 * j;
+            pb[j] = col < N ? *reinterpret_cast<const float4 *>(W + (size_t)col * K + k0 + lk)
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+            As[buf][lk + 0][lr + 64 * i] = pa[i].x;
+            As[buf][lk + 1][lr + 64 * i] = pa[i].y;
+            As[buf][lk + 2][lr + 64 * i] = pa[i].z;
+            As[buf][lk + 3][lr + 64 * i] = pa[i].w;
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            Bs[buf][lk + 0][lr + 64 * j] = pb[j].x;
+            Bs[buf][lk + 1][lr + 64 * j] = pb[j].y;
+            Bs[buf][lk + 2][lr + 64 * j] = pb[j].z;
+            Bs[buf][lk + 3][lr + 64 * j] = pb[j].w;
+        }
+    };
+    float acc[MI * 4][NJ * 4];
+#pragma unroll
+    for (int i = 0; i < MI * 4; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ * 4; ++j) acc[i][j] = 0.0f;
+    load(0);
+    store(0);
+    __syncthreads();
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+        const int buf = kt & 1;
+        if (kt + 1 < KT) load((kt + 1) * BK);
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            float a[MI * 4], b[NJ * 4];
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                const float4 v = *reinterpret_cast<const float4 *>(&As[buf][k][ty * 4 + 64 * i]);
+                a[4 * i] = v.x, a[4 * i + 1] = v.y, a[4 * i + 2] = v.z, a[4 * i + 3] = v.w;
+            }
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                const float4 v = *reinterpret_cast<const float4 *>(&Bs[buf][k][tx * 4 + 64 * j]);
+                b[4 * j] = v.x, b[4 * j + 1] = v.y, b[4 * j + 2] = v.z, b[4 * j + 3] = v.w;
+            }
+#pragma unroll
+            for (int i = 0; i < MI * 4; ++i)
+#pragma unroll
+                for (int j = 0; j < NJ * 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        if (kt + 1 < KT) store(buf ^ 1);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < MI * 4; ++i) {
+        const int row = m0 + ty * 4 + (i & 3) + 64 * (i >> 2);
+        if (row >= M) continue;
+#pragma unroll
+        for (int jg = 0; jg < NJ; ++jg) {
+            const int c0 = n0 + tx * 4 + 64 * jg;
+            float *y = Y + (size_t)row * N + c0;
+            if ((N & 3) == 0 && c0 + 3 < N) {   // a whole float4
+                float4 o = make_float4(alpha * acc[i][4 * jg], alpha * acc[i][4 * jg + 1], alpha * acc[i][4 * jg + 2],
+                                       alpha * acc[i][4 * jg + 3]);
+                if (beta != 0.0f) {
+                    const float4 old = *reinterpret_cast<const float4 *>(y);
+                    o.x += beta * old.x, o.y += beta * old.y, o.z += beta * old.z, o.w += beta * old.w;
+                }
+                *reinterpret_cast<float4 *>(y) = o;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (c0 + j < N)
+                        y[j] = beta != 0.0f ? alpha * acc[i][4 * jg + j] + beta * y[j] : alpha * acc[i][4 * jg + j];
+            }
+        }
+    }
+}
+
+// A separate RMSNorm of the rows (a warp a row, 8 rows a block), as the
+// pipelines run it before in_proj: the baseline of the fused form.
+template <int K>
+__global__ void rmsnorm_rows_kernel(int M, const float *__restrict__ X, const float *__restrict__ nw, float eps,
+                                    float *__restrict__ Y)
+{
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= M) return;
+    constexpr int V = K / 128;   // float4s a lane
+    float4 v[V > 0 ? V : 1];
+    float ss = 0.0f;
+    const float4 *xr = reinterpret_cast<const float4 *>(X + (size_t)row * K);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        v[i] = xr[lane + 32 * i];
+        ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = 1.0f / sqrtf(ss / (float)K + eps);
+    float4 *yr = reinterpret_cast<float4 *>(Y + (size_t)row * K);
+    const float4 *w4 = reinterpret_cast<const float4 *>(nw);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        const float4 w = w4[lane + 32 * i];
+        yr[lane + 32 * i] = make_float4(v[i].x * r * w.x, v[i].y * r * w.y, v[i].z * r * w.z, v[i].w * r * w.w);
+    }
+}
+
+template <int K, bool NORM>
+static void launch_gemm_f32(int M, int N, const float *X, const float *W, const float *nw, float *Y, float alpha,
+                            float beta, int sms)
+{
+    const long big = (long)((N + 127) / 128) * ((M + 127) / 128);
+    if (big >= 2L * sms) {
+        dim3 grid((N + 127) / 128, (M + 127) / 128);
+        gemm_f32_kernel<K, 128, 128, NORM><<<grid, 256>>>(M, N, X, W, nw, 1e-5f, Y, alpha, beta);
+    } else if (N > 64) {
+        dim3 grid((N + 127) / 128, (M + 63) / 64);
+        gemm_f32_kernel<K, 64, 128, NORM><<<grid, 256>>>(M, N, X, W, nw, 1e-5f, Y, alpha, beta);
+    } else {
+        dim3 grid((N + 63) / 64, (M + 63) / 64);
+        gemm_f32_kernel<K, 64, 64, NORM><<<grid, 256>>>(M, N, X, W, nw, 1e-5f, Y, alpha, beta);
+    }
+}
+
+// Dispatch on K (the shapes' inner dimensions); false where K is not one.
+template <bool NORM>
+static bool gemm_f32(int M, int N, int K, const float *X, const float *W, const float *nw, float *Y, float alpha,
+                     float beta, int sms)
+{
+    switch (K) {
+    case 64: launch_gemm_f32<64, NORM>(M, N, X, W, nw, Y, alpha, beta, sms); return true;
+    case 128: launch_gemm_f32<128, NORM>(M, N, X, W, nw, Y, alpha, beta, sms); return true;
+    case 256: launch_gemm_f32<256, NORM>(M, N, X, W, nw, Y, alpha, beta, sms); return true;
+    case 512: launch_gemm_f32<512, NORM>(M, N, X, W, nw, Y, alpha, beta, sms); return true;
+    default: return false;
+    }
+}
+
+static bool rmsnorm_rows(int M, int K, const float *X, const float *nw, float *Y)
+{
+    const int blocks = (M + 7) / 8;
+    switch (K) {
+    case 128: rmsnorm_rows_kernel<128><<<blocks, 256>>>(M, X, nw, 1e-5f, Y); return true;
+    case 256: rmsnorm_rows_kernel<256><<<blocks, 256>>>(M, X, nw, 1e-5f, Y); return true;
+    case 512: rmsnorm_rows_kernel<512><<<blocks, 256>>>(M, X, nw, 1e-5f, Y); return true;
+    default: return false;
+    }
+}
+
 int main()
 {
     const Shape shapes[] = {
@@ -164,13 +373,15 @@ int main()
     CB(cublasLtCreate(&lt));
     void *ws;
     CK(cudaMalloc(&ws, WS_BYTES));
+    const int sms = prop.multiProcessorCount;
     fprintf(stderr, "# %s, cuBLAS %d; f32 (CUBLAS_COMPUTE_32F_PEDANTIC); median of %d runs\n", prop.name,
             (int)cublasLtGetVersion(), REPS);
     fprintf(stderr, "%-18s %-3s %6s %5s %5s  %9s %9s %6s %5s %6s %9s %9s %s\n", "shape", "op", "M", "N", "K",
             "default", "best_lt", "x", "algos", "tflops", "err_dflt", "err_best", "best: algo tile splitK red rerun");
     printf("gpu,shape,op,M,N,K,beta,default_ms,default_tflops,best_ms,best_tflops,speedup,algos_tried,"
            "best_algo_id,best_tile,best_splitk,best_reduction,best_rerun_identical,default_rel_l2,best_rel_l2,"
-           "compute32f_ms\n");
+           "compute32f_ms,ours_ms,ours_rel_l2,ours_rerun_identical,fused_norm_ms,fused_norm_rel_l2,"
+           "fused_norm_rerun_identical,norm_plus_default_ms\n");
     for (const Shape &s : shapes) {
         const Gemm g = map_shape(s);
         std::vector<float> A(g.a_elems), B(g.b_elems), C0(g.c_elems);
@@ -267,14 +478,81 @@ int main()
             cublasLtMatmulAlgoConfigGetAttribute(&res[bi].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red,
                                                  &w);
         }
+        // 3. The experiment's kernel (forward shapes), and for in_proj the
+        // RMSNorm folded into it against a separate norm + libmgrt's call.
+        float t_o = 0.0f, t_f = 0.0f, t_nd = 0.0f;
+        double err_o = -1.0, err_f = -1.0;
+        int same_o = -1, same_f = -1;
+        const bool fwd = !strcmp(s.op, "fwd");
+        if (fwd && s.K % 16 == 0 && gemm_f32<false>(s.M, s.N, s.K, dB, dA, nullptr, dC, alpha, beta, sms)) {
+            auto run = [&] { gemm_f32<false>(s.M, s.N, s.K, dB, dA, nullptr, dC, alpha, beta, sms); };
+            reset_c();
+            run();
+            CK(cudaGetLastError());
+            CK(cudaMemcpy(got.data(), dC, got.size() * 4, cudaMemcpyDeviceToHost));
+            reset_c();
+            run();
+            CK(cudaMemcpy(got2.data(), dC, got2.size() * 4, cudaMemcpyDeviceToHost));
+            same_o = !memcmp(got.data(), got2.data(), got.size() * 4);
+            err_o = rel_l2(got, ref);
+            t_o = median_ms(run);
+        }
+        if (fwd && strstr(s.name, "in_proj") && s.K % 128 == 0) {
+            std::vector<float> nw(s.K), hn(B.size());
+            for (auto &v : nw) v = 1.0f + 0.5f * rnd();
+            for (int r = 0; r < s.M; ++r) {   // the f64 RMSNorm, rounded once
+                double ss = 0.0;
+                for (int k = 0; k < s.K; ++k) ss += (double)B[(size_t)r * s.K + k] * B[(size_t)r * s.K + k];
+                const double sc = 1.0 / std::sqrt(ss / s.K + 1e-5);
+                for (int k = 0; k < s.K; ++k)
+                    hn[(size_t)r * s.K + k] = (float)(B[(size_t)r * s.K + k] * sc * nw[k]);
+            }
+            std::vector<double> ref_n;
+            ref_gemm(g, A, hn, C0, beta, ref_n);
+            float *dnw, *dhn;
+            CK(cudaMalloc(&dnw, nw.size() * 4));
+            CK(cudaMalloc(&dhn, B.size() * 4));
+            CK(cudaMemcpy(dnw, nw.data(), nw.size() * 4, cudaMemcpyHostToDevice));
+            auto fused = [&] { gemm_f32<true>(s.M, s.N, s.K, dB, dA, dnw, dC, alpha, beta, sms); };
+            auto sep = [&] {
+                rmsnorm_rows(s.M, s.K, dB, dnw, dhn);
+                CB(cublasGemmEx(h, g.ta, g.tb, g.m, g.n, g.k, &alpha, dA, CUDA_R_32F, g.lda, dhn, CUDA_R_32F, g.ldb,
+                                &beta, dC, CUDA_R_32F, g.ldc, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+            };
+            reset_c();
+            fused();
+            CK(cudaGetLastError());
+            CK(cudaMemcpy(got.data(), dC, got.size() * 4, cudaMemcpyDeviceToHost));
+            reset_c();
+            fused();
+            CK(cudaMemcpy(got2.data(), dC, got2.size() * 4, cudaMemcpyDeviceToHost));
+            same_f = !memcmp(got.data(), got2.data(), got.size() * 4);
+            err_f = rel_l2(got, ref_n);
+            reset_c();
+            sep();
+            CK(cudaMemcpy(got2.data(), dC, got2.size() * 4, cudaMemcpyDeviceToHost));
+            const double err_sep = rel_l2(got2, ref_n);
+            t_f = median_ms(fused);
+            t_nd = median_ms(sep);
+            fprintf(stderr, "  %s fused RMSNorm + GEMM %.4f ms (rel_l2 %.2e, rerun %s) vs RMSNorm kernel + default "
+                    "%.4f ms (rel_l2 %.2e): %.2fx\n", s.name, t_f, err_f, same_f ? "same" : "DIFFERS", t_nd, err_sep,
+                    t_nd / t_f);
+            CK(cudaFree(dnw));
+            CK(cudaFree(dhn));
+        }
+        if (t_o > 0.0f)
+            fprintf(stderr, "  %s %s generated-style f32 kernel %.4f ms (%.1f TFLOP/s, rel_l2 %.2e, rerun %s): %.2fx "
+                    "the default\n", s.name, s.op, t_o, 2.0 * g.m * g.n * g.k / (t_o * 1e9), err_o,
+                    same_o ? "same" : "DIFFERS", t_d / t_o);
+
         const double flop = 2.0 * g.m * g.n * g.k;
         const double tf_d = flop / (t_d * 1e9), tf_b = bi >= 0 ? flop / (t_b * 1e9) : 0.0;
         fprintf(stderr, "%-18s %-3s %6d %5d %5d  %9.4f %9.4f %6.2f %5d %6.1f %9.2e %9.2e %d %d %d %d %s\n", s.name, s.op,
                 s.M, s.N, s.K, t_d, bi >= 0 ? t_b : 0.0f, bi >= 0 ? t_d / t_b : 0.0, nres, tf_b, err_d, err_b, algo_id,
                 tile, splitk, red, rerun_b ? "same" : "-");
-        printf("%s,%s,%s,%d,%d,%d,%g,%.6f,%.3f,%.6f,%.3f,%.4f,%d,%d,%d,%d,%d,%d,%.3e,%.3e,%.6f\n", prop.name, s.name, s.op,
+        printf("%s,%s,%s,%d,%d,%d,%g,%.6f,%.3f,%.6f,%.3f,%.4f,%d,%d,%d,%d,%d,%d,%.3e,%.3e,%.6f,%.6f,%.3e,%d,%.6f,%.3e,%d,%.6f\n", prop.name, s.name, s.op,
                s.M, s.N, s.K, s.beta, t_d, tf_d, bi >= 0 ? t_b : 0.0f, tf_b, bi >= 0 ? t_d / t_b : 0.0, nres, algo_id,
-               tile, splitk, red, rerun_b ? 1 : 0, err_d, err_b, t_d32);
+               tile, splitk, red, rerun_b ? 1 : 0, err_d, err_b, t_d32, t_o, err_o, same_o, t_f, err_f, same_f, t_nd);
         fflush(stdout);
         cublasLtMatmulPreferenceDestroy(pref);
         cublasLtMatrixLayoutDestroy(la);
