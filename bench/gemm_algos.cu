@@ -137,6 +137,17 @@ template <class F> static float median_ms(F run)
 // of 16 through a double-buffered shared stage fed by register prefetch,
 // 256 threads of (BM/16) x (BN/16) outputs, fixed summation order
 // (deterministic).
+// A float4 of one row's four consecutive k into column c of a k-major stage
+// (the transpose of the staged tile).
+template <int W>
+__device__ __forceinline__ void put4(float (&S)[16][W], int k, int c, float4 v)
+{
+    S[k][c] = v.x;
+    S[k + 1][c] = v.y;
+    S[k + 2][c] = v.z;
+    S[k + 3][c] = v.w;
+}
+
 template <int K, int BM, int BN, bool NORM>
 __global__ void __launch_bounds__(256, 2)
 gemm_f32_kernel(int M, int N, const float *__restrict__ X, const float *__restrict__ W,
@@ -191,19 +202,9 @@ gemm_f32_kernel(int M, int N, const float *__restrict__ X, const float *__restri
     };
     auto store = [&](int buf) {
 #pragma unroll
-        for (int i = 0; i < MI; ++i) {
-            As[buf][lk + 0][lr + 64 * i] = pa[i].x;
-            As[buf][lk + 1][lr + 64 * i] = pa[i].y;
-            As[buf][lk + 2][lr + 64 * i] = pa[i].z;
-            As[buf][lk + 3][lr + 64 * i] = pa[i].w;
-        }
+        for (int i = 0; i < MI; ++i) put4(As[buf], lk, lr + 64 * i, pa[i]);
 #pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-            Bs[buf][lk + 0][lr + 64 * j] = pb[j].x;
-            Bs[buf][lk + 1][lr + 64 * j] = pb[j].y;
-            Bs[buf][lk + 2][lr + 64 * j] = pb[j].z;
-            Bs[buf][lk + 3][lr + 64 * j] = pb[j].w;
-        }
+        for (int j = 0; j < NJ; ++j) put4(Bs[buf], lk, lr + 64 * j, pb[j]);
     };
     float acc[MI * 4][NJ * 4];
 #pragma unroll
