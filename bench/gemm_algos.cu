@@ -127,16 +127,6 @@ template <class F> static float median_ms(F run)
 }
 
 
-// ---------------------------------------------------------------------------
-// An experiment beside the libraries: a plain f32 SIMT GEMM with the inner
-// dimension K a compile-time constant (what a generated kernel would know),
-// for the forward shapes, Y[M][N] = alpha Xn[M][K] W[N][K]^T + beta Y, with
-// Xn = X, or (NORM) the RMSNorm of X's rows with weights nw, applied as the
-// rows are staged (the pipeline's separate RMSNorm kernel and its hn round
-// trip folded into the GEMM). BM x BN tiles (BM, BN in {64, 128}), K steps
-// of 16 through a double-buffered shared stage fed by register prefetch,
-// 256 threads of (BM/16) x (BN/16) outputs, fixed summation order
-// (deterministic).
 // A float4 of one row's four consecutive k into column c of a k-major stage
 // (the transpose of the staged tile).
 template <int W>
@@ -148,6 +138,16 @@ __device__ __forceinline__ void put4(float (&S)[16][W], int k, int c, float4 v)
     S[k + 3][c] = v.w;
 }
 
+// ---------------------------------------------------------------------------
+// An experiment beside the libraries: a plain f32 SIMT GEMM with the inner
+// dimension K a compile-time constant (what a generated kernel would know),
+// for the forward shapes, Y[M][N] = alpha Xn[M][K] W[N][K]^T + beta Y, with
+// Xn = X, or (NORM) the RMSNorm of X's rows with weights nw, applied as the
+// rows are staged (the pipeline's separate RMSNorm kernel and its hn round
+// trip folded into the GEMM). BM x BN tiles (BM, BN in {64, 128}), K steps
+// of 16 through a double-buffered shared stage fed by register prefetch,
+// 256 threads of (BM/16) x (BN/16) outputs, fixed summation order
+// (deterministic).
 template <int K, int BM, int BN, bool NORM>
 __global__ void __launch_bounds__(256, 2)
 gemm_f32_kernel(int M, int N, const float *__restrict__ X, const float *__restrict__ W,
